@@ -1,0 +1,3 @@
+//! pair-node: the daemon and its CLI.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! pair-sim: emulated engines and the cluster simulator.
+
+fn main() {}

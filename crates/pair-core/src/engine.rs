@@ -1,0 +1,135 @@
+//! Engine kinds and the API flavours they speak.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::CoreError;
+
+/// The inference server behind a node's proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    Ollama,
+    LmStudio,
+    /// Any OpenAI-compatible server: llama.cpp server, vLLM, llama-cpp-python.
+    OpenAiCompat,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 3] = [
+        EngineKind::Ollama,
+        EngineKind::LmStudio,
+        EngineKind::OpenAiCompat,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Ollama => "ollama",
+            EngineKind::LmStudio => "lm-studio",
+            EngineKind::OpenAiCompat => "openai-compat",
+        }
+    }
+
+    /// Whether this engine answers requests of `flavor`. Ollama serves its
+    /// native API plus OpenAI and Anthropic compatible routes; LM Studio
+    /// serves OpenAI and Anthropic routes; plain OpenAI servers only OpenAI.
+    pub fn serves(self, flavor: ApiFlavor) -> bool {
+        match (self, flavor) {
+            (_, ApiFlavor::OpenAi) => true,
+            (EngineKind::Ollama, _) => true,
+            (EngineKind::LmStudio, ApiFlavor::Anthropic) => true,
+            _ => false,
+        }
+    }
+
+    /// Ollama resolves an untagged model name to `:latest`; other engines
+    /// match names exactly.
+    pub fn has_implicit_latest_tag(self) -> bool {
+        matches!(self, EngineKind::Ollama)
+    }
+
+    /// The engine's usual port, which pair's proxy takes over.
+    pub fn usual_port(self) -> u16 {
+        match self {
+            EngineKind::Ollama => 11434,
+            EngineKind::LmStudio | EngineKind::OpenAiCompat => 1234,
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "ollama" => Ok(EngineKind::Ollama),
+            "lm-studio" | "lmstudio" => Ok(EngineKind::LmStudio),
+            "openai-compat" | "openai" | "llama.cpp" | "llamacpp" | "vllm" => {
+                Ok(EngineKind::OpenAiCompat)
+            }
+            _ => Err(CoreError::UnknownName {
+                what: "engine kind",
+                input: s.to_owned(),
+                expected: "ollama, lm-studio, openai-compat",
+            }),
+        }
+    }
+}
+
+/// The API a request was written against, decided by its route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApiFlavor {
+    /// Ollama native: /api/generate, /api/chat, /api/embed, ...
+    Ollama,
+    /// OpenAI: /v1/chat/completions, /v1/completions, /v1/embeddings.
+    OpenAi,
+    /// Anthropic messages: /v1/messages.
+    Anthropic,
+}
+
+impl ApiFlavor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiFlavor::Ollama => "ollama",
+            ApiFlavor::OpenAi => "openai",
+            ApiFlavor::Anthropic => "anthropic",
+        }
+    }
+}
+
+impl fmt::Display for ApiFlavor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_kind_parses_its_own_names_and_aliases() {
+        for k in EngineKind::ALL {
+            assert_eq!(k.as_str().parse::<EngineKind>().unwrap(), k);
+        }
+        assert_eq!("vllm".parse::<EngineKind>().unwrap(), EngineKind::OpenAiCompat);
+        assert!("tgi".parse::<EngineKind>().is_err());
+    }
+
+    #[test]
+    fn flavour_compatibility() {
+        assert!(EngineKind::Ollama.serves(ApiFlavor::Ollama));
+        assert!(EngineKind::Ollama.serves(ApiFlavor::OpenAi));
+        assert!(!EngineKind::OpenAiCompat.serves(ApiFlavor::Ollama));
+        assert!(!EngineKind::LmStudio.serves(ApiFlavor::Ollama));
+        assert!(EngineKind::LmStudio.serves(ApiFlavor::OpenAi));
+    }
+}

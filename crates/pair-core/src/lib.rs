@@ -1,0 +1,26 @@
+//! Shared vocabulary of pair: who the nodes are, which models they hold, how
+//! busy they are, what a request asks for and what happened to it.
+//!
+//! This crate does no I/O, owns no clock and spawns nothing. Times are plain
+//! numbers handed in by the caller (milliseconds since the Unix epoch, or
+//! durations), so every other crate, including the pure scheduler and the
+//! simulator, can reason about the same values in real or virtual time.
+
+pub mod engine;
+pub mod error;
+pub mod id;
+pub mod job;
+pub mod model;
+pub mod request;
+pub mod snapshot;
+
+pub use engine::{ApiFlavor, EngineKind};
+pub use error::{CoreError, RetryAdvice};
+pub use id::{JobId, NodeId, Role};
+pub use job::{JobRecord, JobStatus};
+pub use model::ModelName;
+pub use request::{RequestProfile, SessionKey};
+pub use snapshot::{
+    ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf, NodeSnapshot,
+    Pressure, Workload,
+};

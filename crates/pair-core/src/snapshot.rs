@@ -1,0 +1,373 @@
+//! What one node knows about the cluster at an instant: per-node engines,
+//! models, pending work, GPUs, pressure, learned speed, liveness and RTT.
+//!
+//! Snapshots are plain values, built by the node's async shell from
+//! discovery, telemetry, engine inventories and peers' workload reports, then
+//! published behind an `Arc` and read lock-free by the request path.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiFlavor, EngineKind, ModelName, NodeId};
+
+/// GPU pressure band, 0 (idle) to 3 (saturated), as PAIR defines it:
+/// EWMA utilisation with bands at 40/70/85 % and hysteresis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub struct Pressure(u8);
+
+impl Pressure {
+    pub const IDLE: Pressure = Pressure(0);
+    /// What stale, invalid or missing telemetry counts as (PAIR's rule).
+    pub const UNKNOWN: Pressure = Pressure(1);
+    pub const MAX: Pressure = Pressure(3);
+
+    pub fn new(band: u8) -> Option<Pressure> {
+        (band <= 3).then_some(Pressure(band))
+    }
+    pub fn band(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Pressure::UNKNOWN
+    }
+}
+
+impl TryFrom<u8> for Pressure {
+    type Error = String;
+    fn try_from(v: u8) -> Result<Self, Self::Error> {
+        Pressure::new(v).ok_or_else(|| format!("pressure band {v} is outside 0..=3"))
+    }
+}
+
+impl From<Pressure> for u8 {
+    fn from(p: Pressure) -> u8 {
+        p.0
+    }
+}
+
+/// Whether a node can be routed to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    #[default]
+    Alive,
+    /// Missed announcements or a failed exchange; being probed. Still
+    /// routable (a slow network is not a dead node) but ranked last.
+    Suspect,
+    /// Evicted: never routed to.
+    Dead,
+}
+
+impl Liveness {
+    pub fn is_routable(self) -> bool {
+        !matches!(self, Liveness::Dead)
+    }
+}
+
+/// Speed of one model on one node: learned from finished jobs, or seeded from
+/// a hardware profile until the first jobs finish.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelPerf {
+    /// Prompt tokens processed per second.
+    pub prefill_tps: f32,
+    /// Tokens generated per second by one stream decoding alone.
+    pub decode_tps: f32,
+    /// Time to load the model when it is not in memory, in milliseconds.
+    pub load_ms: u32,
+    /// Fixed cost per request (scheduling, template, first kernel launch).
+    pub overhead_ms: u32,
+}
+
+impl ModelPerf {
+    /// A conservative figure for a node that has told us nothing: a
+    /// mid-range consumer GPU on an 8B model (see engine-figures.md).
+    pub const FALLBACK: ModelPerf = ModelPerf {
+        prefill_tps: 1_000.0,
+        decode_tps: 40.0,
+        load_ms: 3_000,
+        overhead_ms: 30,
+    };
+}
+
+/// One model an engine holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelEntry {
+    pub name: ModelName,
+    /// Size on disk (roughly its memory footprint when loaded), if known.
+    pub size_bytes: Option<u64>,
+    /// Loaded in memory right now (`/api/ps`, LM Studio loaded state).
+    pub loaded: bool,
+    /// Learned or seeded speed for this model on this node.
+    pub perf: Option<ModelPerf>,
+}
+
+/// One engine on a node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineSnapshot {
+    pub kind: EngineKind,
+    /// Answered its last health check.
+    pub healthy: bool,
+    /// Requests it runs at once (Ollama's OLLAMA_NUM_PARALLEL, llama.cpp
+    /// `-np`); at least 1.
+    pub slots: u16,
+    pub models: Vec<ModelEntry>,
+}
+
+impl EngineSnapshot {
+    /// The entry that serves `requested` for `flavor`, if this engine is
+    /// healthy, speaks the flavor and holds the model.
+    pub fn find(&self, requested: &str, flavor: ApiFlavor) -> Option<&ModelEntry> {
+        if !self.healthy || !self.kind.serves(flavor) {
+            return None;
+        }
+        self.models
+            .iter()
+            .find(|m| m.name.matches(requested, self.kind))
+    }
+}
+
+/// One GPU device on a node (PAIR reports only the busiest; we keep all).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    pub index: u32,
+    pub name: String,
+    /// Instantaneous utilisation, percent.
+    pub utilisation_pct: u8,
+    pub vram_used_bytes: u64,
+    pub vram_total_bytes: u64,
+}
+
+impl GpuDevice {
+    pub fn vram_free_bytes(&self) -> u64 {
+        self.vram_total_bytes.saturating_sub(self.vram_used_bytes)
+    }
+}
+
+/// Work a node has accepted and not finished: jobs and estimated tokens.
+///
+/// PAIR counts jobs only; tokens let a 3-token request weigh less than a
+/// 3,000-token one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    /// Requests holding an engine slot.
+    pub running: u32,
+    /// Requests waiting for a slot.
+    pub queued: u32,
+    /// Prompt tokens not yet prefilled (queued and running requests).
+    pub prefill_tokens: u64,
+    /// Output tokens not yet generated (queued and running requests).
+    pub decode_tokens: u64,
+}
+
+impl Workload {
+    /// PAIR's `pending`: queued plus running.
+    pub fn pending(&self) -> u32 {
+        self.running.saturating_add(self.queued)
+    }
+}
+
+/// Everything known about one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeSnapshot {
+    pub id: NodeId,
+    /// Human name (hostname or configured); display only, never identity.
+    pub name: String,
+    pub liveness: Liveness,
+    /// Round-trip time from the node taking this snapshot, in microseconds
+    /// (0 for itself).
+    pub rtt_us: u32,
+    pub engines: Vec<EngineSnapshot>,
+    pub gpus: Vec<GpuDevice>,
+    pub pressure: Pressure,
+    pub workload: Workload,
+    /// When the workload report was made, ms since the epoch (the
+    /// scheduler's reservations older than this are covered by it).
+    pub reported_at_ms: u64,
+    /// Seed speed for models without learned figures on this node.
+    pub base_perf: Option<ModelPerf>,
+}
+
+impl NodeSnapshot {
+    /// A live, empty node; builders fill in the rest.
+    pub fn new(id: NodeId, name: impl Into<String>) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            liveness: Liveness::Alive,
+            rtt_us: 0,
+            engines: Vec::new(),
+            gpus: Vec::new(),
+            pressure: Pressure::UNKNOWN,
+            workload: Workload::default(),
+            reported_at_ms: 0,
+            base_perf: None,
+        }
+    }
+
+    /// The engine and model entry that would serve `requested`, preferring a
+    /// loaded copy when several engines hold it.
+    pub fn find_model(
+        &self,
+        requested: &str,
+        flavor: ApiFlavor,
+    ) -> Option<(&EngineSnapshot, &ModelEntry)> {
+        let mut best: Option<(&EngineSnapshot, &ModelEntry)> = None;
+        for engine in &self.engines {
+            if let Some(entry) = engine.find(requested, flavor) {
+                match best {
+                    Some((_, b)) if b.loaded || !entry.loaded => {}
+                    _ => best = Some((engine, entry)),
+                }
+            }
+        }
+        best
+    }
+
+    /// Routable and holding the model: PAIR's eligibility rule.
+    pub fn is_eligible(&self, requested: &str, flavor: ApiFlavor) -> bool {
+        self.liveness.is_routable() && self.find_model(requested, flavor).is_some()
+    }
+
+    /// Free VRAM summed over devices; `None` on a node without GPUs.
+    pub fn vram_free_bytes(&self) -> Option<u64> {
+        (!self.gpus.is_empty()).then(|| self.gpus.iter().map(GpuDevice::vram_free_bytes).sum())
+    }
+
+    /// Total parallel slots over healthy engines, at least 1.
+    pub fn slots(&self) -> u32 {
+        self.engines
+            .iter()
+            .filter(|e| e.healthy)
+            .map(|e| u32::from(e.slots.max(1)))
+            .sum::<u32>()
+            .max(1)
+    }
+}
+
+/// The whole cluster as seen by one node, sorted by [`NodeId`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSnapshot {
+    /// Increases with every publication; lets consumers skip unchanged ones.
+    pub generation: u64,
+    /// When it was assembled, ms since the epoch.
+    pub taken_at_ms: u64,
+    nodes: Vec<NodeSnapshot>,
+}
+
+impl ClusterSnapshot {
+    /// Builds a snapshot; nodes are sorted by id and duplicates (same id)
+    /// keep the last one given.
+    pub fn new(generation: u64, taken_at_ms: u64, mut nodes: Vec<NodeSnapshot>) -> Self {
+        nodes.reverse();
+        nodes.sort_by_key(|n| n.id);
+        nodes.dedup_by_key(|n| n.id);
+        Self {
+            generation,
+            taken_at_ms,
+            nodes,
+        }
+    }
+
+    pub fn nodes(&self) -> &[NodeSnapshot] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeSnapshot> {
+        self.nodes
+            .binary_search_by_key(&id, |n| n.id)
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    /// Index of a node in [`Self::nodes`], for per-node side tables.
+    pub fn index_of(&self, id: NodeId) -> Option<usize> {
+        self.nodes.binary_search_by_key(&id, |n| n.id).ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u128, models: &[(&str, bool)], kind: EngineKind) -> NodeSnapshot {
+        let mut n = NodeSnapshot::new(NodeId::from_u128(id), format!("n{id}"));
+        n.engines.push(EngineSnapshot {
+            kind,
+            healthy: true,
+            slots: 1,
+            models: models
+                .iter()
+                .map(|(name, loaded)| ModelEntry {
+                    name: ModelName::new(*name).unwrap(),
+                    size_bytes: None,
+                    loaded: *loaded,
+                    perf: None,
+                })
+                .collect(),
+        });
+        n
+    }
+
+    #[test]
+    fn snapshot_sorts_and_dedups_keeping_the_last() {
+        let mut a = node(2, &[], EngineKind::Ollama);
+        let b = node(1, &[], EngineKind::Ollama);
+        let first = a.clone();
+        a.name = "newer".into();
+        let s = ClusterSnapshot::new(1, 0, vec![first, b, a]);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.nodes()[0].id, NodeId::from_u128(1));
+        assert_eq!(s.node(NodeId::from_u128(2)).unwrap().name, "newer");
+        assert_eq!(s.index_of(NodeId::from_u128(2)), Some(1));
+        assert!(s.node(NodeId::from_u128(3)).is_none());
+    }
+
+    #[test]
+    fn eligibility_needs_liveness_flavour_health_and_model() {
+        let mut n = node(1, &[("llama3", false)], EngineKind::Ollama);
+        assert!(n.is_eligible("llama3:latest", ApiFlavor::Ollama));
+        assert!(n.is_eligible("llama3", ApiFlavor::OpenAi));
+        assert!(!n.is_eligible("qwen", ApiFlavor::Ollama));
+        n.liveness = Liveness::Suspect;
+        assert!(n.is_eligible("llama3", ApiFlavor::Ollama));
+        n.liveness = Liveness::Dead;
+        assert!(!n.is_eligible("llama3", ApiFlavor::Ollama));
+        n.liveness = Liveness::Alive;
+        n.engines[0].healthy = false;
+        assert!(!n.is_eligible("llama3", ApiFlavor::Ollama));
+
+        let o = node(2, &[("smollm2", true)], EngineKind::OpenAiCompat);
+        assert!(o.is_eligible("smollm2", ApiFlavor::OpenAi));
+        assert!(!o.is_eligible("smollm2", ApiFlavor::Ollama));
+    }
+
+    #[test]
+    fn find_model_prefers_a_loaded_copy() {
+        let mut n = node(1, &[("m", false)], EngineKind::Ollama);
+        let mut second = n.engines[0].clone();
+        second.kind = EngineKind::LmStudio;
+        second.models[0].loaded = true;
+        n.engines.push(second);
+        let (engine, entry) = n.find_model("m", ApiFlavor::OpenAi).unwrap();
+        assert_eq!(engine.kind, EngineKind::LmStudio);
+        assert!(entry.loaded);
+    }
+
+    #[test]
+    fn pressure_is_bounded() {
+        assert!(Pressure::new(4).is_none());
+        assert!(serde_json::from_str::<Pressure>("7").is_err());
+        assert_eq!(serde_json::from_str::<Pressure>("2").unwrap().band(), 2);
+    }
+}

@@ -1,0 +1,1 @@
+//! Engine performance model and emulated engines speaking the Ollama, OpenAI and LM Studio APIs.

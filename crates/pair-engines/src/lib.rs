@@ -1,0 +1,1 @@
+//! Engine adapters (Ollama, LM Studio, OpenAI-compatible): health, inventory, port inversion.

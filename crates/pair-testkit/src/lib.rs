@@ -1,0 +1,1 @@
+//! Shared test fixtures: temporary identities, emulated engines, a cluster harness.

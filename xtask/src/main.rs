@@ -1,0 +1,3 @@
+//! Repository tasks: cargo xtask ci | bench | fuzz | tidy.
+
+fn main() {}
