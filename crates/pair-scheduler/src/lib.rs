@@ -1,1 +1,94 @@
-//! Pure, embeddable request ranking: cluster snapshot and request profile in, ordered candidates with score breakdowns out.
+//! Pure, embeddable request ranking: cluster snapshot and request profile in,
+//! ordered candidates with score breakdowns out.
+//!
+//! No tokio, no clock, no I/O and no RNG of its own: time (`now_ms`) and
+//! randomness (any [`rand_core::RngCore`]) come in as arguments, so the same
+//! code routes live requests in `pair-node`, replays virtual clusters in
+//! `pair-sim`, and can be dropped into another router.
+//!
+//! The answer is a [`Ranking`]: every eligible node (routable, with a healthy
+//! engine that speaks the request's API and holds the model), in the order a
+//! failover loop should try them, each with the [`Score`] that put it there.
+//! A candidate's `Display` is a route receipt, e.g.
+//! `predicted-latency: predicted ttft 122ms = queue 0 + prefill 100 + ...`.
+//!
+//! # Embedding it in another router
+//!
+//! ```
+//! use pair_scheduler::pair_core::{
+//!     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, ModelEntry, ModelName, ModelPerf,
+//!     NodeId, NodeSnapshot, RequestProfile,
+//! };
+//! use pair_scheduler::{Policy, Ranking, Reservations, Scheduler};
+//!
+//! // 1. Describe the cluster as your router sees it (here: two nodes).
+//! let node = |id: u128, name: &str, slots: u16, decode_tps: f32| {
+//!     let mut n = NodeSnapshot::new(NodeId::from_u128(id), name);
+//!     n.engines.push(EngineSnapshot {
+//!         kind: EngineKind::Ollama,
+//!         healthy: true,
+//!         slots,
+//!         models: vec![ModelEntry {
+//!             name: ModelName::new("llama3.1:8b").unwrap(),
+//!             size_bytes: Some(4_900_000_000),
+//!             loaded: true,
+//!             perf: Some(ModelPerf { decode_tps, ..ModelPerf::FALLBACK }),
+//!         }],
+//!     });
+//!     n
+//! };
+//! let cluster = ClusterSnapshot::new(
+//!     1,
+//!     1_000,
+//!     vec![node(1, "rtx-4090", 4, 130.0), node(2, "laptop", 1, 20.0)],
+//! );
+//!
+//! // 2. One scheduler value and one reservation table for the router's life.
+//! let mut scheduler = Scheduler::with_policy(Policy::PredictedLatency);
+//! let mut reservations = Reservations::new();
+//! let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7); // any rand_core RNG
+//! # use rand_chacha::rand_core::SeedableRng;
+//!
+//! // 3. Per request: rank, reserve the node you dispatch to, walk on failure.
+//! let mut request = RequestProfile::new("llama3.1:8b", ApiFlavor::OpenAi);
+//! request.prompt_tokens = 600;
+//! request.max_output_tokens = 200;
+//! let mut ranking = Ranking::new(); // reuse it: warmed, ranking allocates nothing
+//! let now_ms = 1_010;
+//! scheduler.rank_into(&mut ranking, &cluster, &request, &reservations, now_ms, &mut rng);
+//!
+//! let mut served_by = None;
+//! for candidate in &ranking {
+//!     println!("trying {}: {candidate}", candidate.node); // the route receipt
+//!     let reservation = reservations.reserve(candidate.node, &request, now_ms);
+//!     let ok = true; // ... send the request to candidate.node here ...
+//!     reservations.release(reservation); // finished (or failed): stop counting it
+//!     if ok {
+//!         served_by = Some(candidate.node);
+//!         break;
+//!     }
+//! }
+//! assert_eq!(served_by, Some(NodeId::from_u128(1)), "the 4090 wins");
+//!
+//! // 4. When a fresher workload report arrives, drop what it already covers.
+//! reservations.sync(&cluster);
+//! ```
+
+mod affinity;
+mod error;
+mod learner;
+mod policy;
+pub mod predict;
+mod ranking;
+mod reservations;
+mod scheduler;
+
+pub use pair_core;
+
+pub use affinity::AffinityConfig;
+pub use error::SchedulerError;
+pub use learner::{LearnedRates, Observation, PerfLearner};
+pub use policy::Policy;
+pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
+pub use reservations::{ReservationId, Reservations, Reserved};
+pub use scheduler::{Scheduler, SchedulerConfig};

@@ -1,0 +1,176 @@
+//! Session affinity: a conversation stays on the node that holds its KV
+//! cache unless another node would answer markedly sooner.
+
+use std::collections::BTreeMap;
+
+use pair_core::{NodeId, SessionKey};
+use serde::{Deserialize, Serialize};
+
+use crate::SchedulerError;
+
+/// When a session may leave its node, and how much the table remembers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AffinityConfig {
+    /// Another node must be predicted at least this many ms sooner...
+    pub min_gain_ms: u32,
+    /// ...and at least this many percent sooner, for the session to move.
+    pub min_gain_pct: u8,
+    /// Sessions remembered; the least recently used is forgotten first.
+    pub capacity: usize,
+    /// A session idle this long is forgotten (its KV cache is gone anyway).
+    pub idle_ttl_ms: u64,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        Self {
+            min_gain_ms: 500,
+            min_gain_pct: 25,
+            capacity: 4096,
+            idle_ttl_ms: 30 * 60 * 1000,
+        }
+    }
+}
+
+impl AffinityConfig {
+    pub fn new(
+        min_gain_ms: u32,
+        min_gain_pct: u8,
+        capacity: usize,
+        idle_ttl_ms: u64,
+    ) -> Result<Self, SchedulerError> {
+        if min_gain_pct > 100 {
+            return Err(SchedulerError::BadAffinity {
+                reason: "min_gain_pct must be at most 100",
+            });
+        }
+        if capacity == 0 {
+            return Err(SchedulerError::BadAffinity {
+                reason: "capacity must be at least 1",
+            });
+        }
+        Ok(Self {
+            min_gain_ms,
+            min_gain_pct,
+            capacity,
+            idle_ttl_ms,
+        })
+    }
+
+    /// Whether a node predicted at `other_ms` beats the session's node at
+    /// `sticky_ms` by enough to move the session.
+    pub fn should_move(&self, sticky_ms: u32, other_ms: u32) -> bool {
+        let gain = sticky_ms.saturating_sub(other_ms);
+        gain > self.min_gain_ms
+            && u64::from(gain) * 100 > u64::from(sticky_ms) * u64::from(self.min_gain_pct)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    node: NodeId,
+    last_ms: u64,
+}
+
+/// Session -> node, bounded by [`AffinityConfig::capacity`].
+#[derive(Clone, Debug)]
+pub(crate) struct AffinityTable {
+    config: AffinityConfig,
+    map: BTreeMap<SessionKey, Entry>,
+}
+
+impl AffinityTable {
+    pub(crate) fn new(config: AffinityConfig) -> Self {
+        Self {
+            config,
+            map: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &AffinityConfig {
+        &self.config
+    }
+
+    pub(crate) fn get(&self, session: SessionKey, now_ms: u64) -> Option<NodeId> {
+        self.map
+            .get(&session)
+            .filter(|e| now_ms.saturating_sub(e.last_ms) <= self.config.idle_ttl_ms)
+            .map(|e| e.node)
+    }
+
+    pub(crate) fn bind(&mut self, session: SessionKey, node: NodeId, now_ms: u64) {
+        if !self.map.contains_key(&session) && self.map.len() >= self.config.capacity {
+            // Rare (only when full and a new session arrives), so a scan is fine.
+            if let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(k, e)| (e.last_ms, **k))
+                .map(|(k, _)| *k)
+            {
+                self.map.remove(&oldest);
+            }
+        }
+        self.map.insert(
+            session,
+            Entry {
+                node,
+                last_ms: now_ms,
+            },
+        );
+    }
+
+    pub(crate) fn forget(&mut self, session: SessionKey) -> bool {
+        self.map.remove(&session).is_some()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_refused() {
+        assert!(matches!(
+            AffinityConfig::new(1, 101, 1, 1),
+            Err(SchedulerError::BadAffinity { .. })
+        ));
+        assert!(AffinityConfig::new(1, 10, 0, 1).is_err());
+        assert!(AffinityConfig::new(1, 10, 1, 1).is_ok());
+    }
+
+    #[test]
+    fn moving_needs_both_absolute_and_relative_gain() {
+        let c = AffinityConfig::new(500, 25, 8, 1_000).unwrap();
+        assert!(
+            !c.should_move(1_000, 600),
+            "400 ms is under the absolute bar"
+        );
+        assert!(
+            !c.should_move(10_000, 9_000),
+            "10% is under the relative bar"
+        );
+        assert!(c.should_move(2_000, 1_000));
+        assert!(!c.should_move(1_000, 2_000));
+    }
+
+    #[test]
+    fn table_is_bounded_lru_and_expires() {
+        let c = AffinityConfig::new(0, 0, 2, 100).unwrap();
+        let mut t = AffinityTable::new(c);
+        let n = |i| NodeId::from_u128(i);
+        t.bind(SessionKey(1), n(1), 0);
+        t.bind(SessionKey(2), n(2), 10);
+        t.bind(SessionKey(1), n(1), 20); // refresh 1: 2 is now the oldest
+        t.bind(SessionKey(3), n(3), 30);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.get(SessionKey(2), 30), None);
+        assert_eq!(t.get(SessionKey(1), 30), Some(n(1)));
+        assert_eq!(t.get(SessionKey(1), 121), None, "idle past the ttl");
+        assert!(t.forget(SessionKey(3)));
+        assert!(!t.forget(SessionKey(3)));
+    }
+}

@@ -1,0 +1,266 @@
+//! The latency model behind `predicted-latency`: how long this client would
+//! wait on a given node, from running totals only (no queue is walked).
+//!
+//! Slot-aware: work queued ahead is spread over the node's parallel slots,
+//! and a request that finds a free slot starts at once but shares the engine
+//! with what is already running. Every term is non-decreasing in the work
+//! ahead, so more pending work never makes a node look faster.
+
+use pair_core::{Liveness, ModelEntry, ModelPerf, NodeSnapshot, RequestProfile};
+
+use crate::ranking::{Metric, Prediction, RateSource};
+use crate::reservations::Reserved;
+
+/// Output tokens assumed per job ahead when a report counts jobs but not
+/// tokens (PAIR-style reports), so jobs without token estimates still weigh.
+pub const MIN_DECODE_TOKENS_PER_JOB: u64 = 32;
+
+/// Slowest rate believed, tokens/s: guards against zero or garbage figures.
+const MIN_TPS: f64 = 0.1;
+
+/// Throughput of `k` streams decoding together, in units of one stream.
+/// Batched decoding scales sub-linearly (llama.cpp on an RTX 3090: 1.0 /
+/// 1.8 / 3.0 / 3.7x at 1/2/4/8 streams); k^0.7 gives 1.0 / 1.6 / 2.6 / 4.3.
+fn speedup(k: u32) -> f64 {
+    f64::from(k.max(1)).powf(0.7)
+}
+
+/// Milliseconds, rounded, saturating (NaN cannot occur: rates are clamped).
+fn ms(x: f64) -> u32 {
+    // `as` saturates on overflow, which is what a latency estimate wants.
+    x.round().max(0.0) as u32
+}
+
+fn rate(x: f32, fallback: f32) -> f64 {
+    let x = if x.is_finite() { x } else { fallback };
+    f64::from(x).max(MIN_TPS)
+}
+
+/// The speed figures used for `entry` on `node`, and where they came from.
+pub fn rates_for(node: &NodeSnapshot, entry: &ModelEntry) -> (ModelPerf, RateSource) {
+    match (entry.perf, node.base_perf) {
+        (Some(p), _) => (p, RateSource::Model),
+        (None, Some(p)) => (p, RateSource::Node),
+        (None, None) => (ModelPerf::FALLBACK, RateSource::Fallback),
+    }
+}
+
+/// Whether the model can be brought into free VRAM. A loaded model already
+/// sits in VRAM; without a size or GPU figures nothing can be said.
+pub fn fits_vram(node: &NodeSnapshot, entry: &ModelEntry) -> bool {
+    if entry.loaded {
+        return true;
+    }
+    match (entry.size_bytes, node.vram_free_bytes()) {
+        (Some(size), Some(free)) => size <= free,
+        _ => true,
+    }
+}
+
+/// Predicts what `request` would feel on `node`, served by `entry`, with
+/// `reserved` work dispatched there but not yet reported.
+pub fn predict(
+    node: &NodeSnapshot,
+    entry: &ModelEntry,
+    request: &RequestProfile,
+    reserved: Reserved,
+) -> Prediction {
+    let (perf, rates) = rates_for(node, entry);
+    let fb = ModelPerf::FALLBACK;
+    let prefill_tps = rate(perf.prefill_tps, fb.prefill_tps);
+    let decode_tps = rate(perf.decode_tps, fb.decode_tps);
+    let overhead = f64::from(perf.overhead_ms);
+
+    let slots = node.slots();
+    let w = &node.workload;
+    let jobs_ahead = w.pending().saturating_add(reserved.jobs);
+    let prefill_ahead = w.prefill_tokens.saturating_add(reserved.prefill_tokens);
+    let decode_ahead = w
+        .decode_tokens
+        .saturating_add(reserved.decode_tokens)
+        .max(u64::from(jobs_ahead) * MIN_DECODE_TOKENS_PER_JOB);
+
+    // Waiting for a slot: none if one is free. Otherwise the request starts
+    // once (jobs_ahead - slots + 1) of the jobs ahead have finished; take that
+    // share of the work ahead, processed at the node's aggregate rate.
+    let queue_ms = if jobs_ahead < slots {
+        0.0
+    } else {
+        let work_ms = prefill_ahead as f64 * 1000.0 / prefill_tps
+            + decode_ahead as f64 * 1000.0 / (decode_tps * speedup(slots))
+            + f64::from(jobs_ahead) * overhead;
+        let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
+        work_ms * share
+    };
+
+    // Once running, the request shares the engine with the other streams in
+    // flight; each of `active` streams gets speedup(active)/active of one.
+    let active = jobs_ahead.min(slots - 1) + 1;
+    let sharing = f64::from(active) / speedup(active);
+    let prefill_ms = f64::from(request.prompt_tokens) * 1000.0 / prefill_tps * sharing;
+    let metric = if request.streaming {
+        Metric::FirstToken
+    } else {
+        Metric::WholeAnswer
+    };
+    let decode_ms = match metric {
+        Metric::FirstToken => 0.0,
+        Metric::WholeAnswer => f64::from(request.max_output_tokens) * 1000.0 / decode_tps * sharing,
+    };
+    let load_ms = if entry.loaded { 0 } else { perf.load_ms };
+    let rtt_ms = node.rtt_us.div_ceil(1000);
+
+    let mut p = Prediction {
+        metric,
+        total_ms: 0,
+        queue_ms: ms(queue_ms),
+        prefill_ms: ms(prefill_ms),
+        decode_ms: ms(decode_ms),
+        overhead_ms: perf.overhead_ms,
+        load_ms,
+        rtt_ms,
+        jobs_ahead,
+        slots,
+        fits_vram: fits_vram(node, entry),
+        suspect: node.liveness == Liveness::Suspect,
+        rates,
+    };
+    p.total_ms = [
+        p.queue_ms,
+        p.prefill_ms,
+        p.decode_ms,
+        p.overhead_ms,
+        p.load_ms,
+        p.rtt_ms,
+    ]
+    .into_iter()
+    .fold(0u32, u32::saturating_add);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pair_core::{
+        ApiFlavor, EngineKind, EngineSnapshot, GpuDevice, ModelName, NodeId, Workload,
+    };
+
+    fn node(slots: u16, perf: ModelPerf, loaded: bool) -> NodeSnapshot {
+        let mut n = NodeSnapshot::new(NodeId::from_u128(1), "n");
+        n.engines.push(EngineSnapshot {
+            kind: EngineKind::Ollama,
+            healthy: true,
+            slots,
+            models: vec![ModelEntry {
+                name: ModelName::new("m").unwrap(),
+                size_bytes: Some(5_000_000_000),
+                loaded,
+                perf: Some(perf),
+            }],
+        });
+        n
+    }
+
+    fn req(streaming: bool, prompt: u32, out: u32) -> RequestProfile {
+        let mut r = RequestProfile::new("m", ApiFlavor::Ollama);
+        r.streaming = streaming;
+        r.prompt_tokens = prompt;
+        r.max_output_tokens = out;
+        r
+    }
+
+    const GPU: ModelPerf = ModelPerf {
+        prefill_tps: 4_000.0,
+        decode_tps: 100.0,
+        load_ms: 2_000,
+        overhead_ms: 20,
+    };
+
+    fn one(n: &NodeSnapshot, r: &RequestProfile) -> Prediction {
+        predict(n, &n.engines[0].models[0], r, Reserved::default())
+    }
+
+    #[test]
+    fn idle_warm_streaming_is_prefill_plus_overhead_plus_rtt() {
+        let mut n = node(1, GPU, true);
+        n.rtt_us = 1_500;
+        let p = one(&n, &req(true, 400, 100));
+        assert_eq!(p.metric, Metric::FirstToken);
+        assert_eq!(
+            (p.queue_ms, p.prefill_ms, p.decode_ms, p.load_ms),
+            (0, 100, 0, 0)
+        );
+        assert_eq!(p.rtt_ms, 2);
+        assert_eq!(p.total_ms, 100 + 20 + 2);
+        assert_eq!(
+            p.to_string(),
+            "predicted ttft 122ms = queue 0 + prefill 100 + overhead 20 + load 0 + rtt 2 \
+             [0 ahead on 1 slot; model rates]"
+        );
+    }
+
+    #[test]
+    fn whole_answer_adds_decode_and_exceeds_first_token() {
+        let n = node(1, GPU, true);
+        let s = one(&n, &req(true, 400, 100));
+        let w = one(&n, &req(false, 400, 100));
+        assert_eq!(w.metric, Metric::WholeAnswer);
+        assert_eq!(w.decode_ms, 1_000);
+        assert_eq!(w.total_ms, s.total_ms + 1_000);
+        assert!(w.to_string().contains("+ decode 1000"));
+    }
+
+    #[test]
+    fn queued_work_on_a_single_slot_is_waited_for_in_full() {
+        let mut n = node(1, GPU, true);
+        n.workload = Workload {
+            running: 1,
+            queued: 0,
+            prefill_tokens: 0,
+            decode_tokens: 200,
+        };
+        let p = one(&n, &req(true, 0, 0));
+        assert_eq!(p.queue_ms, 2_000 + 20);
+    }
+
+    #[test]
+    fn jobs_without_token_estimates_still_weigh() {
+        let mut n = node(1, GPU, true);
+        n.workload.queued = 2;
+        let p = one(&n, &req(true, 0, 0));
+        assert!(p.queue_ms >= 2 * 32 * 10, "{p}");
+    }
+
+    #[test]
+    fn cold_adds_load_and_vram_fit_is_judged_only_when_cold() {
+        let mut n = node(1, GPU, false);
+        n.gpus.push(GpuDevice {
+            index: 0,
+            name: "g".into(),
+            utilisation_pct: 0,
+            vram_used_bytes: 20_000_000_000,
+            vram_total_bytes: 24_000_000_000,
+        });
+        let p = one(&n, &req(true, 0, 0));
+        assert_eq!(p.load_ms, 2_000);
+        assert!(!p.fits_vram);
+        assert!(p.to_string().contains("does not fit"));
+        n.engines[0].models[0].loaded = true;
+        let p = one(&n, &req(true, 0, 0));
+        assert_eq!(p.load_ms, 0);
+        assert!(p.fits_vram);
+    }
+
+    #[test]
+    fn garbage_rates_are_clamped_not_propagated() {
+        let bad = ModelPerf {
+            prefill_tps: f32::NAN,
+            decode_tps: 0.0,
+            load_ms: 0,
+            overhead_ms: 0,
+        };
+        let p = one(&node(1, bad, true), &req(false, 100, 10));
+        assert_eq!(p.prefill_ms, 100);
+        assert_eq!(p.decode_ms, 100_000);
+    }
+}

@@ -1,0 +1,366 @@
+//! Reservations: requests this router has dispatched but that no workload
+//! report shows yet. They count on their target at once, so a burst of
+//! requests spreads over the cluster instead of piling onto the node that
+//! looked idle in the last report.
+
+use std::collections::VecDeque;
+
+use pair_core::{ClusterSnapshot, NodeId, RequestProfile};
+
+/// Handle for one reservation, returned by [`Reservations::reserve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReservationId {
+    node: NodeId,
+    seq: u64,
+}
+
+impl ReservationId {
+    /// The node the request was dispatched to.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+}
+
+/// Work reserved on one node and not yet covered by its workload report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reserved {
+    pub jobs: u32,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Reservation {
+    seq: u64,
+    at_ms: u64,
+    prefill: u32,
+    decode: u32,
+}
+
+/// One node's reservations, oldest first, with running totals so ranking
+/// never walks them.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeReservations {
+    pub(crate) node: NodeId,
+    items: VecDeque<Reservation>,
+    totals: Reserved,
+}
+
+impl NodeReservations {
+    fn new(node: NodeId) -> Self {
+        Self {
+            node,
+            items: VecDeque::new(),
+            totals: Reserved::default(),
+        }
+    }
+
+    fn newest_at(&self) -> Option<u64> {
+        self.items.back().map(|r| r.at_ms)
+    }
+
+    fn push(&mut self, r: Reservation) {
+        self.totals.jobs = self.totals.jobs.saturating_add(1);
+        self.totals.prefill_tokens += u64::from(r.prefill);
+        self.totals.decode_tokens += u64::from(r.decode);
+        self.items.push_back(r);
+    }
+
+    fn take(&mut self, r: &Reservation) {
+        self.totals.jobs = self.totals.jobs.saturating_sub(1);
+        self.totals.prefill_tokens = self
+            .totals
+            .prefill_tokens
+            .saturating_sub(u64::from(r.prefill));
+        self.totals.decode_tokens = self
+            .totals
+            .decode_tokens
+            .saturating_sub(u64::from(r.decode));
+    }
+
+    fn pop_front_while(&mut self, mut covered: impl FnMut(&Reservation) -> bool) {
+        while let Some(front) = self.items.front().copied() {
+            if !covered(&front) {
+                break;
+            }
+            self.take(&front);
+            self.items.pop_front();
+        }
+    }
+
+    /// Reservations newer than a report made at `reported_at_ms`. O(1) when
+    /// [`Reservations::sync`] has run since the report; otherwise walks only
+    /// this node's (bounded) list.
+    pub(crate) fn uncovered(&self, reported_at_ms: u64) -> Reserved {
+        match (self.items.front(), self.items.back()) {
+            (Some(oldest), _) if oldest.at_ms > reported_at_ms => self.totals,
+            (_, Some(newest)) if newest.at_ms > reported_at_ms => {
+                let mut out = Reserved::default();
+                for r in self.items.iter().filter(|r| r.at_ms > reported_at_ms) {
+                    out.jobs += 1;
+                    out.prefill_tokens += u64::from(r.prefill);
+                    out.decode_tokens += u64::from(r.decode);
+                }
+                out
+            }
+            _ => Reserved::default(),
+        }
+    }
+}
+
+/// Every outstanding reservation, per node, sorted by node id.
+///
+/// Memory is bounded: at most [`Reservations::MAX_PER_NODE`] per node (the
+/// oldest go first), at most [`Reservations::MAX_NODES`] nodes, and nothing
+/// older than the time-to-live survives [`Reservations::expire`].
+#[derive(Clone, Debug)]
+pub struct Reservations {
+    nodes: Vec<NodeReservations>,
+    next_seq: u64,
+    ttl_ms: u64,
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Reservations {
+    /// More reservations than this on one node means releases are being
+    /// lost; the oldest are dropped.
+    pub const MAX_PER_NODE: usize = 1024;
+    pub const MAX_NODES: usize = 4096;
+    /// A dispatched request neither released nor reported within this long
+    /// is forgotten (a lost release must not weigh on a node forever).
+    pub const DEFAULT_TTL_MS: u64 = 10 * 60 * 1000;
+
+    pub fn new() -> Self {
+        Self::with_ttl(Self::DEFAULT_TTL_MS)
+    }
+
+    pub fn with_ttl(ttl_ms: u64) -> Self {
+        Self {
+            nodes: Vec::new(),
+            next_seq: 0,
+            ttl_ms,
+        }
+    }
+
+    /// Counts `profile` on `node` from `now_ms` until it is released or a
+    /// workload report made at or after `now_ms` covers it.
+    pub fn reserve(
+        &mut self,
+        node: NodeId,
+        profile: &RequestProfile,
+        now_ms: u64,
+    ) -> ReservationId {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let i = match self.nodes.binary_search_by_key(&node, |n| n.node) {
+            Ok(i) => i,
+            Err(_) => {
+                if self.nodes.len() >= Self::MAX_NODES {
+                    self.evict_stalest_node();
+                }
+                let i = self.nodes.partition_point(|n| n.node < node);
+                self.nodes.insert(i, NodeReservations::new(node));
+                i
+            }
+        };
+        let entry = &mut self.nodes[i];
+        if entry.items.len() >= Self::MAX_PER_NODE {
+            let mut dropped = false;
+            entry.pop_front_while(|_| !std::mem::replace(&mut dropped, true));
+        }
+        // Keep each list in time order even if the caller's clock steps back:
+        // a reservation then simply counts a little longer.
+        let at_ms = entry.newest_at().map_or(now_ms, |t| t.max(now_ms));
+        entry.push(Reservation {
+            seq,
+            at_ms,
+            prefill: profile.prompt_tokens,
+            decode: profile.max_output_tokens,
+        });
+        ReservationId { node, seq }
+    }
+
+    /// The request finished (or failed); returns whether it was still counted.
+    pub fn release(&mut self, id: ReservationId) -> bool {
+        let Ok(i) = self.nodes.binary_search_by_key(&id.node, |n| n.node) else {
+            return false;
+        };
+        let entry = &mut self.nodes[i];
+        let Ok(j) = entry.items.binary_search_by_key(&id.seq, |r| r.seq) else {
+            return false;
+        };
+        if let Some(r) = entry.items.remove(j) {
+            entry.take(&r);
+        }
+        if entry.items.is_empty() {
+            self.nodes.remove(i);
+        }
+        true
+    }
+
+    /// Drops every reservation that a node's workload report covers (the
+    /// report was made at or after the reservation). Call it whenever a new
+    /// snapshot is published; ranking is correct without it, only slower.
+    pub fn sync(&mut self, cluster: &ClusterSnapshot) {
+        for entry in &mut self.nodes {
+            if let Some(node) = cluster.node(entry.node) {
+                let reported = node.reported_at_ms;
+                entry.pop_front_while(|r| r.at_ms <= reported);
+            }
+        }
+        self.nodes.retain(|n| !n.items.is_empty());
+    }
+
+    /// Forgets reservations older than the time-to-live.
+    pub fn expire(&mut self, now_ms: u64) {
+        let ttl = self.ttl_ms;
+        for entry in &mut self.nodes {
+            entry.pop_front_while(|r| now_ms.saturating_sub(r.at_ms) > ttl);
+        }
+        self.nodes.retain(|n| !n.items.is_empty());
+    }
+
+    /// Work reserved on `node` that a report made at `reported_at_ms` does
+    /// not show yet.
+    pub fn on_node(&self, node: NodeId, reported_at_ms: u64) -> Reserved {
+        self.nodes
+            .binary_search_by_key(&node, |n| n.node)
+            .map_or_else(
+                |_| Reserved::default(),
+                |i| self.nodes[i].uncovered(reported_at_ms),
+            )
+    }
+
+    /// Outstanding reservations over all nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.iter().map(|n| n.items.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Per-node lists sorted by node id, for a merge walk beside the
+    /// (equally sorted) cluster snapshot.
+    pub(crate) fn sorted(&self) -> &[NodeReservations] {
+        &self.nodes
+    }
+
+    fn evict_stalest_node(&mut self) {
+        if let Some((i, _)) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, n)| (n.newest_at(), n.node))
+        {
+            self.nodes.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pair_core::{ApiFlavor, NodeSnapshot};
+
+    fn profile(prompt: u32, out: u32) -> RequestProfile {
+        let mut p = RequestProfile::new("m", ApiFlavor::Ollama);
+        p.prompt_tokens = prompt;
+        p.max_output_tokens = out;
+        p
+    }
+
+    fn id(n: u128) -> NodeId {
+        NodeId::from_u128(n)
+    }
+
+    #[test]
+    fn reserve_counts_at_once_and_release_undoes_it() {
+        let mut r = Reservations::new();
+        let a = r.reserve(id(1), &profile(100, 10), 5);
+        let b = r.reserve(id(1), &profile(50, 20), 6);
+        r.reserve(id(2), &profile(1, 1), 6);
+        assert_eq!(
+            r.on_node(id(1), 0),
+            Reserved {
+                jobs: 2,
+                prefill_tokens: 150,
+                decode_tokens: 30
+            }
+        );
+        assert!(r.release(a));
+        assert!(!r.release(a), "second release is a no-op");
+        assert_eq!(r.on_node(id(1), 0).jobs, 1);
+        assert!(r.release(b));
+        assert_eq!(r.on_node(id(1), 0), Reserved::default());
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn a_fresher_report_covers_older_reservations() {
+        let mut r = Reservations::new();
+        r.reserve(id(1), &profile(10, 10), 100);
+        r.reserve(id(1), &profile(20, 20), 200);
+        // Without sync the uncovered view is already right.
+        assert_eq!(r.on_node(id(1), 99).jobs, 2);
+        assert_eq!(r.on_node(id(1), 100).jobs, 1);
+        assert_eq!(r.on_node(id(1), 150).prefill_tokens, 20);
+        assert_eq!(r.on_node(id(1), 200).jobs, 0);
+
+        let mut n = NodeSnapshot::new(id(1), "a");
+        n.reported_at_ms = 150;
+        r.sync(&ClusterSnapshot::new(1, 150, vec![n.clone()]));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.on_node(id(1), 0).prefill_tokens, 20);
+        n.reported_at_ms = 200;
+        r.sync(&ClusterSnapshot::new(2, 200, vec![n]));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn memory_is_bounded_per_node_and_by_age() {
+        let mut r = Reservations::with_ttl(1_000);
+        for t in 0..(Reservations::MAX_PER_NODE as u64 + 10) {
+            r.reserve(id(1), &profile(1, 1), t);
+        }
+        assert_eq!(r.len(), Reservations::MAX_PER_NODE);
+        assert_eq!(
+            r.on_node(id(1), 0).jobs as usize,
+            Reservations::MAX_PER_NODE
+        );
+        r.expire(1_500);
+        assert!(r.len() < Reservations::MAX_PER_NODE);
+        r.expire(1_000_000);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn node_count_is_bounded() {
+        let mut r = Reservations::new();
+        for n in 0..(Reservations::MAX_NODES as u128 + 5) {
+            r.reserve(id(n), &profile(1, 1), n as u64);
+        }
+        assert_eq!(r.sorted().len(), Reservations::MAX_NODES);
+        // The stalest nodes went first.
+        assert_eq!(r.on_node(id(0), 0).jobs, 0);
+        assert_eq!(
+            r.on_node(id(Reservations::MAX_NODES as u128 + 4), 0).jobs,
+            1
+        );
+        assert!(r.sorted().windows(2).all(|w| w[0].node < w[1].node));
+    }
+
+    #[test]
+    fn backwards_clock_keeps_lists_ordered() {
+        let mut r = Reservations::new();
+        r.reserve(id(1), &profile(1, 1), 500);
+        let late = r.reserve(id(1), &profile(2, 2), 100);
+        assert_eq!(r.on_node(id(1), 499).jobs, 2);
+        assert!(r.release(late));
+    }
+}
