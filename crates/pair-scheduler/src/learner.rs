@@ -259,10 +259,8 @@ mod tests {
             !l.observe(&obs(1, 10, 5, 3, 9)),
             "too small to mean anything"
         );
-        assert!(
-            !l.observe(&obs(1, 1, 0, 100, 50)),
-            "ttft 0 and duration < ttft"
-        );
+        assert!(!l.observe(&obs(1, 1000, 0, 0, 0)), "zero ttft");
+        assert!(!l.observe(&obs(1, 10, 50, 100, 40)), "duration < ttft");
         assert!(!l.observe(&obs(1, u32::MAX, 1, 0, 0)), "absurd rate");
         assert!(l.is_empty());
         assert_eq!(

@@ -335,3 +335,334 @@ fn index_below<R: RngCore + ?Sized>(rng: &mut R, n: usize) -> usize {
     let wide = u128::from(rng.next_u64()) * n as u128;
     usize::try_from(wide >> 64).unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pair_core::{
+        ApiFlavor, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelName,
+        ModelPerf, NodeSnapshot, Pressure, Workload,
+    };
+    use rand_chacha::ChaCha8Rng;
+    use rand_chacha::rand_core::SeedableRng;
+
+    const FAST: ModelPerf = ModelPerf {
+        prefill_tps: 7_000.0,
+        decode_tps: 130.0,
+        load_ms: 2_000,
+        overhead_ms: 20,
+    };
+    const LAPTOP: ModelPerf = ModelPerf {
+        prefill_tps: 300.0,
+        decode_tps: 20.0,
+        load_ms: 4_000,
+        overhead_ms: 40,
+    };
+
+    fn id(n: u128) -> NodeId {
+        NodeId::from_u128(n)
+    }
+
+    fn node(n: u128, slots: u16, perf: ModelPerf, loaded: bool) -> NodeSnapshot {
+        let mut s = NodeSnapshot::new(id(n), format!("n{n}"));
+        s.pressure = Pressure::IDLE;
+        s.engines.push(EngineSnapshot {
+            kind: EngineKind::Ollama,
+            healthy: true,
+            slots,
+            models: vec![ModelEntry {
+                name: ModelName::new("llama3.1:8b").unwrap(),
+                size_bytes: Some(4_900_000_000),
+                loaded,
+                perf: Some(perf),
+            }],
+        });
+        s
+    }
+
+    fn req(streaming: bool) -> RequestProfile {
+        let mut r = RequestProfile::new("llama3.1:8b", ApiFlavor::Ollama);
+        r.streaming = streaming;
+        r.prompt_tokens = 500;
+        r.max_output_tokens = 200;
+        r
+    }
+
+    fn rank(s: &mut Scheduler, nodes: Vec<NodeSnapshot>, r: &RequestProfile) -> Ranking {
+        rank_with(s, nodes, r, &Reservations::new(), 0)
+    }
+
+    fn rank_with(
+        s: &mut Scheduler,
+        nodes: Vec<NodeSnapshot>,
+        r: &RequestProfile,
+        res: &Reservations,
+        now_ms: u64,
+    ) -> Ranking {
+        let cluster = ClusterSnapshot::new(1, now_ms, nodes);
+        s.rank(&cluster, r, res, now_ms, &mut ChaCha8Rng::seed_from_u64(1))
+    }
+
+    fn order(r: &Ranking) -> Vec<NodeId> {
+        r.nodes().collect()
+    }
+
+    #[test]
+    fn a_fast_four_slot_node_with_one_busy_beats_an_idle_one_slot_laptop() {
+        let mut fast = node(2, 4, FAST, true);
+        fast.workload = Workload {
+            running: 1,
+            queued: 0,
+            prefill_tokens: 0,
+            decode_tokens: 400,
+        };
+        fast.pressure = Pressure::new(2).unwrap();
+        let laptop = node(1, 1, LAPTOP, true);
+        for streaming in [true, false] {
+            let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+            let r = rank(&mut s, vec![fast.clone(), laptop.clone()], &req(streaming));
+            assert_eq!(order(&r), [id(2), id(1)], "{}", r.candidates()[0]);
+        }
+        // PAIR's rule counts the busy job and the pressure, and picks the laptop.
+        let mut s = Scheduler::with_policy(Policy::Pair);
+        let r = rank(&mut s, vec![fast, laptop], &req(true));
+        assert_eq!(order(&r), [id(1), id(2)]);
+    }
+
+    #[test]
+    fn warm_beats_cold_on_identical_nodes() {
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        // The cold node has the lower id, so only the prediction can put it second.
+        let r = rank(
+            &mut s,
+            vec![node(1, 1, FAST, false), node(2, 1, FAST, true)],
+            &req(true),
+        );
+        assert_eq!(order(&r), [id(2), id(1)]);
+        let cold = r.candidates()[1].score.prediction().copied().unwrap();
+        assert_eq!(cold.load_ms, FAST.load_ms);
+    }
+
+    #[test]
+    fn a_model_that_does_not_fit_in_free_vram_sinks_but_stays_listed() {
+        let mut full = node(1, 4, FAST, false);
+        full.gpus.push(GpuDevice {
+            index: 0,
+            name: "RTX 4090".into(),
+            utilisation_pct: 0,
+            vram_used_bytes: 22_000_000_000,
+            vram_total_bytes: 24_000_000_000,
+        });
+        // Even a very slow node that can load it comes first.
+        let slow = node(2, 1, LAPTOP, false);
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let r = rank(&mut s, vec![full, slow], &req(false));
+        assert_eq!(order(&r), [id(2), id(1)]);
+        let sunk = r.candidates()[1].score.prediction().copied().unwrap();
+        assert!(!sunk.fits_vram);
+        assert!(sunk.total_ms < r.candidates()[0].score.prediction().unwrap().total_ms);
+    }
+
+    #[test]
+    fn suspect_nodes_rank_after_live_ones_and_dead_ones_not_at_all() {
+        let mut fast = node(1, 4, FAST, true);
+        fast.liveness = Liveness::Suspect;
+        let mut dead = node(3, 4, FAST, true);
+        dead.liveness = Liveness::Dead;
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let r = rank(
+            &mut s,
+            vec![fast, node(2, 1, LAPTOP, true), dead],
+            &req(true),
+        );
+        assert_eq!(order(&r), [id(2), id(1)]);
+        assert!(r.candidates()[1].to_string().contains("node suspect"));
+    }
+
+    #[test]
+    fn streaming_predicts_first_token_and_non_streaming_the_whole_answer() {
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let nodes = vec![node(1, 1, FAST, true)];
+        let st = rank(&mut s, nodes.clone(), &req(true));
+        let wh = rank(&mut s, nodes, &req(false));
+        let (st, wh) = (
+            *st.first().unwrap().score.prediction().unwrap(),
+            *wh.first().unwrap().score.prediction().unwrap(),
+        );
+        assert_eq!(st.metric, crate::Metric::FirstToken);
+        assert_eq!(wh.metric, crate::Metric::WholeAnswer);
+        assert_eq!(st.decode_ms, 0);
+        // 200 tokens at 130 tok/s.
+        assert_eq!(wh.decode_ms, 1_538);
+        assert_eq!(wh.total_ms, st.total_ms + wh.decode_ms);
+        assert!(st.to_string().starts_with("predicted ttft "));
+        assert!(wh.to_string().starts_with("predicted total "));
+    }
+
+    #[test]
+    fn streaming_and_whole_answer_can_choose_differently() {
+        // Quick to start but slow to decode vs slower to start, fast decode.
+        let quick_start = ModelPerf {
+            prefill_tps: 20_000.0,
+            decode_tps: 10.0,
+            load_ms: 0,
+            overhead_ms: 5,
+        };
+        let fast_decode = ModelPerf {
+            prefill_tps: 1_000.0,
+            decode_tps: 150.0,
+            load_ms: 0,
+            overhead_ms: 5,
+        };
+        let nodes = vec![node(1, 1, quick_start, true), node(2, 1, fast_decode, true)];
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        assert_eq!(order(&rank(&mut s, nodes.clone(), &req(true)))[0], id(1));
+        assert_eq!(order(&rank(&mut s, nodes, &req(false)))[0], id(2));
+    }
+
+    #[test]
+    fn affinity_sticks_until_another_node_is_markedly_sooner() {
+        let cfg = SchedulerConfig {
+            policy: Policy::PredictedLatency,
+            affinity: Some(AffinityConfig::new(500, 25, 16, 60_000).unwrap()),
+        };
+        let mut s = Scheduler::new(cfg);
+        let session = pair_core::SessionKey(42);
+        let mut r = req(true);
+        r.session = Some(session);
+        s.bind_session(session, id(2), 0);
+        assert_eq!(s.session_node(session, 10), Some(id(2)));
+
+        // Home (2) a little busier than 1: stays (gain under the bars).
+        let mut home = node(2, 1, FAST, true);
+        home.workload = Workload {
+            running: 1,
+            queued: 0,
+            prefill_tokens: 0,
+            decode_tokens: 40,
+        };
+        let other = node(1, 1, FAST, true);
+        let ranked = rank_with(
+            &mut s,
+            vec![home.clone(), other.clone()],
+            &r,
+            &Reservations::new(),
+            10,
+        );
+        assert_eq!(order(&ranked), [id(2), id(1)]);
+        assert_eq!(ranked.candidates()[0].reason, Reason::Affinity);
+        let p = |i: usize| ranked.candidates()[i].score.prediction().unwrap().total_ms;
+        assert!(p(0) > p(1), "affinity, not the prediction, kept it first");
+
+        // Home far busier: the bounded gain is exceeded and the session moves.
+        home.workload.decode_tokens = 4_000;
+        let ranked = rank_with(&mut s, vec![home, other], &r, &Reservations::new(), 10);
+        assert_eq!(order(&ranked), [id(1), id(2)]);
+        assert_eq!(
+            ranked.candidates()[0].reason,
+            Reason::Policy(Policy::PredictedLatency)
+        );
+
+        // Without a session key nothing sticks.
+        assert_eq!(s.sessions(), 1);
+        assert!(s.forget_session(session));
+        assert_eq!(s.session_node(session, 10), None);
+    }
+
+    #[test]
+    fn affinity_expires_and_can_be_switched_off() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            policy: Policy::PredictedLatency,
+            affinity: None,
+        });
+        s.bind_session(pair_core::SessionKey(1), id(2), 0);
+        assert_eq!(s.sessions(), 0);
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        s.bind_session(pair_core::SessionKey(1), id(2), 0);
+        let ttl = AffinityConfig::default().idle_ttl_ms;
+        assert_eq!(s.session_node(pair_core::SessionKey(1), ttl), Some(id(2)));
+        assert_eq!(s.session_node(pair_core::SessionKey(1), ttl + 1), None);
+    }
+
+    #[test]
+    fn pinned_goes_first_even_when_worst() {
+        for policy in Policy::ALL {
+            let mut s = Scheduler::with_policy(policy);
+            let mut r = req(true);
+            r.pinned = Some(id(1));
+            let mut busy = node(1, 1, LAPTOP, false);
+            busy.workload.queued = 9;
+            let ranked = rank(&mut s, vec![busy, node(2, 4, FAST, true)], &r);
+            assert_eq!(order(&ranked)[0], id(1), "{policy}");
+            assert_eq!(ranked.candidates()[0].reason, Reason::Pinned);
+            // A pin on a node without the model is ignored.
+            r.pinned = Some(id(9));
+            let ranked = rank(&mut s, vec![node(2, 4, FAST, true)], &r);
+            assert_eq!(order(&ranked), [id(2)]);
+        }
+    }
+
+    #[test]
+    fn round_robin_rotates_one_step_per_request() {
+        let mut s = Scheduler::with_policy(Policy::RoundRobin);
+        let nodes = vec![
+            node(1, 1, FAST, true),
+            node(2, 1, FAST, true),
+            node(3, 1, FAST, true),
+        ];
+        let firsts: Vec<_> = (0..4)
+            .map(|_| order(&rank(&mut s, nodes.clone(), &req(true)))[0])
+            .collect();
+        assert_eq!(firsts, [id(1), id(2), id(3), id(1)]);
+        let r = rank(&mut s, nodes, &req(true));
+        assert_eq!(order(&r), [id(2), id(3), id(1)]);
+        assert_eq!(r.candidates()[2].to_string(), "round-robin: turn 2");
+    }
+
+    #[test]
+    fn p2c_puts_the_less_loaded_sample_first_and_the_rest_by_id() {
+        let mut s = Scheduler::with_policy(Policy::P2c);
+        let mut nodes: Vec<_> = (1..=5).map(|n| node(n, 1, FAST, true)).collect();
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.workload.queued = 5 - i as u32;
+        }
+        let r = rank(&mut s, nodes, &req(true));
+        let sampled: Vec<_> = r
+            .iter()
+            .filter(|c| matches!(c.score, Score::P2c { sampled: true, .. }))
+            .collect();
+        assert_eq!(sampled.len(), 2);
+        assert_eq!(r.candidates()[0].node, sampled[0].node);
+        assert_eq!(r.candidates()[1].node, sampled[1].node);
+        assert!(sampled[0].score.pending() <= sampled[1].score.pending());
+        let rest: Vec<_> = r.nodes().skip(2).collect();
+        assert!(rest.windows(2).all(|w| w[0] < w[1]));
+        assert!(r.iter().skip(2).all(|c| c.reason == Reason::Fallback));
+    }
+
+    #[test]
+    fn reservations_spread_a_burst_under_pair() {
+        let mut s = Scheduler::with_policy(Policy::Pair);
+        let nodes: Vec<_> = (1..=3).map(|n| node(n, 1, FAST, true)).collect();
+        let mut res = Reservations::new();
+        let mut firsts = Vec::new();
+        for t in 0..3 {
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 1 + t);
+            let first = r.first().unwrap();
+            assert!(first.to_string().starts_with("pair: pending+pressure"));
+            firsts.push(first.node);
+            res.reserve(first.node, &req(true), 1 + t);
+        }
+        assert_eq!(firsts, [id(1), id(2), id(3)]);
+    }
+
+    #[test]
+    fn nothing_eligible_is_an_empty_ranking() {
+        let mut s = Scheduler::default();
+        let mut r = req(true);
+        r.model = "qwen3".into();
+        let ranked = rank(&mut s, vec![node(1, 1, FAST, true)], &r);
+        assert!(ranked.is_empty());
+        assert_eq!(ranked.policy(), Policy::PredictedLatency);
+    }
+}

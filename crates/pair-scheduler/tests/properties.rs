@@ -1,0 +1,458 @@
+//! Property tests of the ranking contract over random clusters, requests and
+//! reservations, for every policy.
+
+use std::collections::BTreeMap;
+
+use pair_scheduler::pair_core::{
+    ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
+    ModelName, ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, Workload,
+};
+use pair_scheduler::{Policy, Ranking, Reservations, Scheduler, SchedulerConfig};
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::SeedableRng;
+
+const NAMES: [&str; 4] = ["llama3", "llama3:latest", "qwen2.5:7b", "Mistral"];
+const REQUESTED: [&str; 5] = ["llama3", "llama3", "qwen2.5:7b", "mistral", "absent"];
+
+fn perf() -> impl Strategy<Value = ModelPerf> {
+    (1.0f32..20_000.0, 0.5f32..300.0, 0u32..5_000, 0u32..100).prop_map(
+        |(prefill_tps, decode_tps, load_ms, overhead_ms)| ModelPerf {
+            prefill_tps,
+            decode_tps,
+            load_ms,
+            overhead_ms,
+        },
+    )
+}
+
+fn entry() -> impl Strategy<Value = ModelEntry> {
+    (
+        prop::sample::select(&NAMES[..]),
+        prop::option::of(1u64..30_000_000_000),
+        any::<bool>(),
+        prop::option::of(perf()),
+    )
+        .prop_map(|(name, size_bytes, loaded, perf)| ModelEntry {
+            name: ModelName::new(name).unwrap(),
+            size_bytes,
+            loaded,
+            perf,
+        })
+}
+
+fn engine() -> impl Strategy<Value = EngineSnapshot> {
+    (
+        prop::sample::select(&EngineKind::ALL[..]),
+        prop::bool::weighted(0.9),
+        0u16..6,
+        prop::collection::vec(entry(), 1..4),
+    )
+        .prop_map(|(kind, healthy, slots, models)| EngineSnapshot {
+            kind,
+            healthy,
+            slots,
+            models,
+        })
+}
+
+fn workload() -> impl Strategy<Value = Workload> {
+    (0u32..6, 0u32..6, 0u64..20_000, 0u64..5_000).prop_map(
+        |(running, queued, prefill_tokens, decode_tokens)| Workload {
+            running,
+            queued,
+            prefill_tokens,
+            decode_tokens,
+        },
+    )
+}
+
+fn node() -> impl Strategy<Value = NodeSnapshot> {
+    (
+        any::<u128>(),
+        prop::sample::select(
+            &[
+                Liveness::Alive,
+                Liveness::Alive,
+                Liveness::Suspect,
+                Liveness::Dead,
+            ][..],
+        ),
+        0u32..20_000,
+        prop::collection::vec(engine(), 1..3),
+        prop::option::of((0u64..20_000_000_000, 0u64..24_000_000_000)),
+        0u8..4,
+        workload(),
+        0u64..100,
+        prop::option::of(perf()),
+    )
+        .prop_map(
+            |(
+                id,
+                liveness,
+                rtt_us,
+                engines,
+                gpu,
+                pressure,
+                workload,
+                reported_at_ms,
+                base_perf,
+            )| {
+                let mut n = NodeSnapshot::new(NodeId::from_u128(id), "n");
+                n.liveness = liveness;
+                n.rtt_us = rtt_us;
+                n.engines = engines;
+                n.gpus = gpu
+                    .map(|(used, total)| GpuDevice {
+                        index: 0,
+                        name: "g".into(),
+                        utilisation_pct: 50,
+                        vram_used_bytes: used,
+                        vram_total_bytes: total,
+                    })
+                    .into_iter()
+                    .collect();
+                n.pressure = Pressure::new(pressure).unwrap();
+                n.workload = workload;
+                n.reported_at_ms = reported_at_ms;
+                n.base_perf = base_perf;
+                n
+            },
+        )
+}
+
+/// A request; `pin` picks one of the nodes (by index modulo their count).
+fn request() -> impl Strategy<Value = (RequestProfile, Option<usize>)> {
+    (
+        prop::sample::select(&REQUESTED[..]),
+        prop::sample::select(
+            &[
+                ApiFlavor::OpenAi,
+                ApiFlavor::OpenAi,
+                ApiFlavor::Ollama,
+                ApiFlavor::Anthropic,
+            ][..],
+        ),
+        any::<bool>(),
+        prop_oneof![Just(0u32), 0u32..4_000],
+        prop_oneof![Just(0u32), 0u32..1_000],
+        prop::option::of(any::<usize>()),
+    )
+        .prop_map(|(model, flavor, streaming, prompt, out, pin)| {
+            let mut r = RequestProfile::new(model, flavor);
+            r.streaming = streaming;
+            r.prompt_tokens = prompt;
+            r.max_output_tokens = out;
+            (r, pin)
+        })
+}
+
+/// (node index, at_ms) reservations to make.
+fn reservation_plan() -> impl Strategy<Value = Vec<(usize, u64)>> {
+    prop::collection::vec((any::<usize>(), 0u64..200), 0..20)
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    cluster: ClusterSnapshot,
+    request: RequestProfile,
+    reservations: Reservations,
+    /// (node, at_ms) of every reservation made, for reference computations.
+    made: Vec<(NodeId, u64)>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(node(), 0..12),
+        request(),
+        reservation_plan(),
+    )
+        .prop_map(|(nodes, (mut request, pin), plan)| {
+            let cluster = ClusterSnapshot::new(1, 100, nodes);
+            let ids: Vec<NodeId> = cluster.nodes().iter().map(|n| n.id).collect();
+            if !ids.is_empty() {
+                request.pinned = pin.map(|i| ids[i % ids.len()]);
+            }
+            let mut reservations = Reservations::new();
+            let mut made = Vec::new();
+            if !ids.is_empty() {
+                let mut plan = plan;
+                plan.sort_by_key(|(_, at)| *at);
+                for (i, at) in plan {
+                    let id = ids[i % ids.len()];
+                    reservations.reserve(id, &request, at);
+                    made.push((id, at));
+                }
+            }
+            Case {
+                cluster,
+                request,
+                reservations,
+                made,
+            }
+        })
+}
+
+fn rank(policy: Policy, c: &Case, seed: u64) -> Ranking {
+    Scheduler::with_policy(policy).rank(
+        &c.cluster,
+        &c.request,
+        &c.reservations,
+        100,
+        &mut ChaCha8Rng::seed_from_u64(seed),
+    )
+}
+
+fn eligible(c: &Case) -> Vec<NodeId> {
+    c.cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_eligible(&c.request.model, c.request.flavor))
+        .map(|n| n.id)
+        .collect()
+}
+
+/// PAIR's rule written out plainly, without the scheduler's machinery.
+fn reference_pair(c: &Case) -> Vec<NodeId> {
+    let mut rows: Vec<(u64, u8, NodeId)> = c
+        .cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.liveness != Liveness::Dead)
+        .filter(|n| {
+            n.engines.iter().any(|e| {
+                e.healthy
+                    && e.kind.serves(c.request.flavor)
+                    && e.models
+                        .iter()
+                        .any(|m| m.name.matches(&c.request.model, e.kind))
+            })
+        })
+        .map(|n| {
+            let reserved = c
+                .made
+                .iter()
+                .filter(|(id, at)| *id == n.id && *at > n.reported_at_ms)
+                .count() as u64;
+            let pending = u64::from(n.workload.running) + u64::from(n.workload.queued) + reserved;
+            let pressure = n.pressure.band();
+            (pending + u64::from(pressure), pressure, n.id)
+        })
+        .collect();
+    rows.sort();
+    let mut order: Vec<NodeId> = rows.into_iter().map(|(_, _, id)| id).collect();
+    if let Some(p) = c.request.pinned
+        && let Some(i) = order.iter().position(|id| *id == p)
+    {
+        let pinned = order.remove(i);
+        order.insert(0, pinned);
+    }
+    order
+}
+
+/// The generators must make eligible nodes common, or the properties
+/// below would hold vacuously.
+#[test]
+fn generated_cases_usually_have_several_eligible_nodes() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut with_two = 0;
+    for _ in 0..200 {
+        let c = case().new_tree(&mut runner).unwrap().current();
+        if eligible(&c).len() >= 2 {
+            with_two += 1;
+        }
+    }
+    assert!(
+        with_two >= 60,
+        "only {with_two} of 200 cases have 2+ eligible nodes"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn ranking_is_a_permutation_of_the_eligible_nodes(c in case(), seed in any::<u64>()) {
+        let mut want = eligible(&c);
+        want.sort();
+        for policy in Policy::ALL {
+            let r = rank(policy, &c, seed);
+            let mut got: Vec<NodeId> = r.nodes().collect();
+            got.sort();
+            prop_assert_eq!(&got, &want, "{}", policy);
+            for cand in &r {
+                let n = c.cluster.node(cand.node).unwrap();
+                prop_assert!(n.liveness.is_routable());
+                prop_assert!(n.find_model(&c.request.model, c.request.flavor).is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn same_inputs_and_seed_give_the_same_ranking(c in case(), seed in any::<u64>()) {
+        for policy in Policy::ALL {
+            let a = rank(policy, &c, seed);
+            let b = rank(policy, &c, seed);
+            prop_assert_eq!(&a, &b, "{}", policy);
+            // Reusing a dirty buffer changes nothing either.
+            let mut reused = rank(policy, &c, seed ^ 1);
+            Scheduler::with_policy(policy).rank_into(
+                &mut reused, &c.cluster, &c.request, &c.reservations, 100,
+                &mut ChaCha8Rng::seed_from_u64(seed),
+            );
+            prop_assert_eq!(&a, &reused, "{}", policy);
+        }
+    }
+
+    #[test]
+    fn a_pinned_eligible_node_comes_first(c in case(), seed in any::<u64>()) {
+        let pinned_eligible = c.request.pinned.filter(|p| eligible(&c).contains(p));
+        for policy in Policy::ALL {
+            let r = rank(policy, &c, seed);
+            if let Some(p) = pinned_eligible {
+                prop_assert_eq!(r.first().map(|x| x.node), Some(p), "{}", policy);
+            }
+            prop_assert!(
+                r.iter().skip(1).all(|x| Some(x.node) != c.request.pinned),
+                "{}", policy
+            );
+        }
+    }
+
+    #[test]
+    fn more_pending_work_never_moves_a_node_up(
+        c in case(),
+        seed in any::<u64>(),
+        which in any::<usize>(),
+        extra in workload(),
+    ) {
+        prop_assume!(!c.cluster.is_empty());
+        let target = c.cluster.nodes()[which % c.cluster.len()].id;
+        let mut nodes = c.cluster.nodes().to_vec();
+        for n in nodes.iter_mut().filter(|n| n.id == target) {
+            n.workload.running += extra.running;
+            n.workload.queued += extra.queued;
+            n.workload.prefill_tokens += extra.prefill_tokens;
+            n.workload.decode_tokens += extra.decode_tokens;
+        }
+        let busier = Case {
+            cluster: ClusterSnapshot::new(1, 100, nodes),
+            request: c.request.clone(),
+            reservations: c.reservations.clone(),
+            made: c.made.clone(),
+        };
+        for policy in [Policy::LeastPending, Policy::Pair, Policy::PredictedLatency, Policy::P2c] {
+            let before = rank(policy, &c, seed).position(target);
+            let after = rank(policy, &busier, seed).position(target);
+            prop_assert_eq!(before.is_some(), after.is_some());
+            prop_assert!(after >= before, "{}: {:?} -> {:?}", policy, before, after);
+        }
+    }
+
+    #[test]
+    fn pair_matches_a_plain_reference_of_pairs_rule(c in case()) {
+        let got: Vec<NodeId> = rank(Policy::Pair, &c, 0).nodes().collect();
+        prop_assert_eq!(got, reference_pair(&c));
+    }
+
+    #[test]
+    fn a_burst_over_identical_idle_nodes_spreads_evenly(
+        n in 1usize..8,
+        k in 1usize..40,
+        slots in 1u16..5,
+        p in perf(),
+        loaded in any::<bool>(),
+        streaming in any::<bool>(),
+        prompt in prop_oneof![Just(0u32), 0u32..2_000],
+        out in prop_oneof![Just(0u32), 0u32..500],
+    ) {
+        let nodes: Vec<NodeSnapshot> = (0..n)
+            .map(|i| {
+                let mut node = NodeSnapshot::new(NodeId::from_u128(i as u128 + 1), "twin");
+                node.pressure = Pressure::IDLE;
+                node.engines.push(EngineSnapshot {
+                    kind: EngineKind::Ollama,
+                    healthy: true,
+                    slots,
+                    models: vec![ModelEntry {
+                        name: ModelName::new("m").unwrap(),
+                        size_bytes: None,
+                        loaded,
+                        perf: Some(p),
+                    }],
+                });
+                node
+            })
+            .collect();
+        let cluster = ClusterSnapshot::new(1, 0, nodes);
+        let mut request = RequestProfile::new("m", ApiFlavor::Ollama);
+        request.streaming = streaming;
+        request.prompt_tokens = prompt;
+        request.max_output_tokens = out;
+        for policy in [Policy::Pair, Policy::LeastPending, Policy::PredictedLatency] {
+            let mut s = Scheduler::new(SchedulerConfig { policy, affinity: None });
+            let mut reservations = Reservations::new();
+            let mut counts: BTreeMap<NodeId, usize> = BTreeMap::new();
+            let mut rng = ChaCha8Rng::seed_from_u64(0);
+            for t in 0..k as u64 {
+                let r = s.rank(&cluster, &request, &reservations, t + 1, &mut rng);
+                let first = r.first().unwrap().node;
+                reservations.reserve(first, &request, t + 1);
+                *counts.entry(first).or_default() += 1;
+            }
+            let max = counts.values().copied().max().unwrap_or(0);
+            prop_assert!(max <= k.div_ceil(n), "{}: {:?}", policy, counts);
+        }
+    }
+
+    #[test]
+    fn reservations_match_a_plain_model(
+        ops in prop::collection::vec((0u8..4, 0u128..4, 0u64..100, 0u32..1000), 0..60),
+    ) {
+        // op 0/1: reserve; 2: release the n-th made; 3: sync with a report at t.
+        let mut res = Reservations::new();
+        let mut model: Vec<(pair_scheduler::ReservationId, NodeId, u64, u32)> = Vec::new();
+        let mut clock = 0u64;
+        for (op, node, t, tokens) in ops {
+            let id = NodeId::from_u128(node);
+            clock += t % 7;
+            match op {
+                0 | 1 => {
+                    let mut r = RequestProfile::new("m", ApiFlavor::Ollama);
+                    r.prompt_tokens = tokens;
+                    let rid = res.reserve(id, &r, clock);
+                    model.push((rid, id, clock, tokens));
+                }
+                2 => {
+                    if !model.is_empty() {
+                        let (rid, ..) = model.remove(tokens as usize % model.len());
+                        prop_assert!(res.release(rid));
+                    }
+                }
+                _ => {
+                    let mut n = NodeSnapshot::new(id, "n");
+                    n.reported_at_ms = t;
+                    res.sync(&ClusterSnapshot::new(1, t, vec![n]));
+                    model.retain(|(_, nid, at, _)| *nid != id || *at > t);
+                }
+            }
+            for probe in 0..4u128 {
+                let pid = NodeId::from_u128(probe);
+                for reported in [0, clock / 2, clock] {
+                    let want: Vec<_> = model
+                        .iter()
+                        .filter(|(_, nid, at, _)| *nid == pid && *at > reported)
+                        .collect();
+                    let got = res.on_node(pid, reported);
+                    prop_assert_eq!(got.jobs as usize, want.len());
+                    prop_assert_eq!(
+                        got.prefill_tokens,
+                        want.iter().map(|(.., tok)| u64::from(*tok)).sum::<u64>()
+                    );
+                }
+            }
+            prop_assert_eq!(res.len(), model.len());
+        }
+    }
+}
