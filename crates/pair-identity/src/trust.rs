@@ -1,0 +1,348 @@
+//! The trust store: one pinned record per paired peer, on disk and live in memory.
+//!
+//! The file is written whole, atomically (temp file, fsync, rename), so a
+//! crash leaves either the old set of pins or the new one. In memory the
+//! store is a snapshot behind a lock that TLS verifiers read on every
+//! handshake, plus a broadcast of changes so the proxy can close the open
+//! connections of a peer the moment it is unpaired.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pair_core::{NodeId, Role};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::fsutil;
+
+const FORMAT_VERSION: u32 = 1;
+
+/// One paired peer: what we pinned and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerRecord {
+    pub id: NodeId,
+    pub name: String,
+    pub role: Role,
+    /// The peer's certificate, exactly as pinned (base64 DER on disk).
+    #[serde(with = "crate::wire::b64")]
+    pub cert_der: Vec<u8>,
+    pub fingerprint: Fingerprint,
+    /// Seconds since the Unix epoch.
+    pub paired_at: u64,
+}
+
+impl PeerRecord {
+    pub fn paired_at_time(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.paired_at)
+    }
+}
+
+/// A change of the trust store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TrustEvent {
+    /// A peer was pinned (or re-pinned with a new certificate).
+    Added(PeerRecord),
+    /// A peer's pin was removed: close its connections.
+    Removed(NodeId),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreFile {
+    v: u32,
+    peers: Vec<PeerRecord>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `None` for an in-memory store (tests, emulated clusters).
+    path: Option<PathBuf>,
+    peers: RwLock<Arc<BTreeMap<NodeId, PeerRecord>>>,
+    /// Serialises writers so file order equals memory order.
+    write: Mutex<()>,
+    events: broadcast::Sender<TrustEvent>,
+}
+
+/// A live handle on the trust store. Cheap to clone; every clone sees every
+/// change at once.
+#[derive(Clone, Debug)]
+pub struct TrustStore {
+    inner: Arc<Inner>,
+}
+
+impl TrustStore {
+    /// The default file name under a state directory.
+    pub fn default_path(state_dir: &Path) -> PathBuf {
+        state_dir.join("trust.json")
+    }
+
+    /// Opens (or starts empty) the store at `path`. Temp files left by a
+    /// crashed write are removed; a damaged file is an error naming it.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        fsutil::clean_leftovers(&path);
+        let peers = match fsutil::read_optional(&path)? {
+            None => BTreeMap::new(),
+            Some(bytes) => parse_file(&path, &bytes)?,
+        };
+        Ok(Self::with(Some(path), peers))
+    }
+
+    /// A store that lives only in memory.
+    pub fn in_memory() -> Self {
+        Self::with(None, BTreeMap::new())
+    }
+
+    fn with(path: Option<PathBuf>, peers: BTreeMap<NodeId, PeerRecord>) -> Self {
+        let (events, _) = broadcast::channel(64);
+        Self {
+            inner: Arc::new(Inner {
+                path,
+                peers: RwLock::new(Arc::new(peers)),
+                write: Mutex::new(()),
+                events,
+            }),
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// The current set of pins, as one consistent snapshot.
+    pub fn snapshot(&self) -> Arc<BTreeMap<NodeId, PeerRecord>> {
+        match self.inner.peers.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    pub fn peers(&self) -> Vec<PeerRecord> {
+        self.snapshot().values().cloned().collect()
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<PeerRecord> {
+        self.snapshot().get(&id).cloned()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.snapshot().is_empty()
+    }
+
+    /// The pinned record whose certificate is exactly `der`, if any.
+    pub fn pinned(&self, der: &[u8]) -> Option<PeerRecord> {
+        let fp = Fingerprint::of(der);
+        self.snapshot()
+            .values()
+            .find(|r| r.fingerprint == fp && r.cert_der == der)
+            .cloned()
+    }
+
+    /// Pins a peer (replacing any earlier record with the same id), durably,
+    /// then tells subscribers.
+    pub fn insert(&self, record: PeerRecord) -> Result<()> {
+        self.update(|peers| {
+            peers.insert(record.id, record.clone());
+            Some(TrustEvent::Added(record.clone()))
+        })
+        .map(|_| ())
+    }
+
+    /// Removes a peer's pin, durably, then tells subscribers. Returns the
+    /// removed record (`None` when the peer was not paired).
+    pub fn remove(&self, id: NodeId) -> Result<Option<PeerRecord>> {
+        let mut removed = None;
+        self.update(|peers| {
+            removed = peers.remove(&id);
+            removed.as_ref().map(|_| TrustEvent::Removed(id))
+        })?;
+        Ok(removed)
+    }
+
+    /// Every change from now on. A lagging receiver should re-read
+    /// [`TrustStore::snapshot`].
+    pub fn subscribe(&self) -> broadcast::Receiver<TrustEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Resolves when `id` is no longer pinned (at once if it is not pinned
+    /// now). The proxy races each peer connection against this and drops the
+    /// connection when it fires.
+    pub async fn revoked(&self, id: NodeId) {
+        let mut events = self.subscribe();
+        loop {
+            // Checked after subscribing so a removal in between is not missed.
+            if self.get(id).is_none() {
+                return;
+            }
+            match events.recv().await {
+                Ok(TrustEvent::Removed(gone)) if gone == id => return,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                // The store (every handle) is gone: nothing is trusted any more.
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    fn update(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<NodeId, PeerRecord>) -> Option<TrustEvent>,
+    ) -> Result<Option<TrustEvent>> {
+        let _writer = self
+            .inner
+            .write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = (*self.snapshot()).clone();
+        let Some(event) = change(&mut next) else {
+            return Ok(None);
+        };
+        if let Some(path) = &self.inner.path {
+            // Disk first: memory never trusts what a restart would forget.
+            let file = StoreFile {
+                v: FORMAT_VERSION,
+                peers: next.values().cloned().collect(),
+            };
+            let bytes = serde_json::to_vec_pretty(&file).map_err(|source| Error::DamagedJson {
+                path: path.clone(),
+                source,
+            })?;
+            fsutil::write_atomic(path, &bytes, 0o600)?;
+        }
+        {
+            let mut guard = self
+                .inner
+                .peers
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *guard = Arc::new(next);
+        }
+        let _ = self.inner.events.send(event.clone());
+        Ok(Some(event))
+    }
+}
+
+fn parse_file(path: &Path, bytes: &[u8]) -> Result<BTreeMap<NodeId, PeerRecord>> {
+    let file: StoreFile = serde_json::from_slice(bytes).map_err(|source| Error::DamagedJson {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let damaged = |reason: String| Error::Damaged {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if file.v != FORMAT_VERSION {
+        return Err(damaged(format!("unsupported format version {}", file.v)));
+    }
+    let mut peers = BTreeMap::new();
+    for record in file.peers {
+        // A record whose fingerprint does not match its certificate was
+        // edited by hand or corrupted: refuse rather than half-trust it.
+        if Fingerprint::of(&record.cert_der) != record.fingerprint {
+            return Err(damaged(format!(
+                "fingerprint mismatch for peer {}",
+                record.id
+            )));
+        }
+        if peers.insert(record.id, record).is_some() {
+            return Err(damaged("duplicate peer record".into()));
+        }
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u128) -> PeerRecord {
+        let cert = format!("cert-{n}").into_bytes();
+        PeerRecord {
+            id: NodeId::from_u128(n),
+            name: format!("peer-{n}"),
+            role: Role::Node,
+            fingerprint: Fingerprint::of(&cert),
+            cert_der: cert,
+            paired_at: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn records_survive_reopen_and_removal_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = TrustStore::default_path(dir.path());
+        let store = TrustStore::open(&path).unwrap();
+        store.insert(record(1)).unwrap();
+        store.insert(record(2)).unwrap();
+        assert_eq!(store.remove(NodeId::from_u128(1)).unwrap(), Some(record(1)));
+        let again = TrustStore::open(&path).unwrap();
+        assert_eq!(again.peers(), vec![record(2)]);
+        assert_eq!(again.pinned(b"cert-2"), Some(record(2)));
+        assert_eq!(again.pinned(b"cert-1"), None);
+    }
+
+    #[test]
+    fn trust_store_survives_crash_mid_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = TrustStore::default_path(dir.path());
+        let store = TrustStore::open(&path).unwrap();
+        store.insert(record(1)).unwrap();
+        // A crash after the temp file was half written, before the rename.
+        let leftover = fsutil::temp_path(&path);
+        std::fs::write(&leftover, br#"{"v":1,"peers":[{"id":"#).unwrap();
+        let reopened = TrustStore::open(&path).unwrap();
+        assert_eq!(reopened.peers(), vec![record(1)]);
+        assert!(!leftover.exists(), "leftover temp file is cleaned");
+        reopened.insert(record(2)).unwrap();
+        assert_eq!(TrustStore::open(&path).unwrap().peers().len(), 2);
+    }
+
+    #[test]
+    fn damaged_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = TrustStore::default_path(dir.path());
+        std::fs::write(&path, b"{ not json").unwrap();
+        let err = TrustStore::open(&path).unwrap_err();
+        assert!(matches!(&err, Error::DamagedJson { path: p, .. } if *p == path));
+        assert!(err.to_string().contains("trust.json"), "{err}");
+
+        let mut bad = record(1);
+        bad.fingerprint = Fingerprint::of(b"other");
+        let file = StoreFile {
+            v: 1,
+            peers: vec![bad],
+        };
+        std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        assert!(matches!(
+            TrustStore::open(&path).unwrap_err(),
+            Error::Damaged { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn subscribers_see_removal_and_revoked_fires() {
+        let store = TrustStore::in_memory();
+        store.insert(record(7)).unwrap();
+        let mut events = store.subscribe();
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.revoked(NodeId::from_u128(7)).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        store.remove(NodeId::from_u128(7)).unwrap();
+        assert_eq!(
+            events.recv().await.unwrap(),
+            TrustEvent::Removed(NodeId::from_u128(7))
+        );
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
