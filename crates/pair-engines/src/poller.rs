@@ -1,0 +1,118 @@
+//! The async poller: one owned task per engine that polls on an interval,
+//! folds each poll into [`EngineState`] and publishes the latest
+//! [`EngineReport`] on a `watch` channel. A dead or hung engine only delays
+//! its own task (every request has a deadline); readers never wait on it.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pair_core::EngineSnapshot;
+use tokio::sync::{Notify, watch};
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::{EngineConfig, EngineError, EngineProbe, EngineReport, EngineState, PollConfig};
+
+/// The reading end of one engine's poller.
+#[derive(Clone, Debug)]
+pub struct EngineHandle {
+    config: EngineConfig,
+    rx: watch::Receiver<EngineReport>,
+    refresh: Arc<Notify>,
+}
+
+impl EngineHandle {
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The latest report (a clone; cheap, engines hold few models).
+    pub fn report(&self) -> EngineReport {
+        self.rx.borrow().clone()
+    }
+
+    /// The latest snapshot, as the cluster snapshot embeds it.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        self.rx.borrow().snapshot.clone()
+    }
+
+    /// A receiver that wakes when the report changes materially (health,
+    /// models, slots, queue, version, failure kind).
+    pub fn subscribe(&self) -> watch::Receiver<EngineReport> {
+        self.rx.clone()
+    }
+
+    /// Polls now, reading the full inventory: for when the engine answered
+    /// 404 for a model it advertised, or the user pulled a model.
+    pub fn request_refresh(&self) {
+        self.refresh.notify_one();
+    }
+}
+
+/// Starts polling `config` on a task owned by `tasks`, stopped by `cancel`.
+/// The first poll runs at once; until it answers the engine is unhealthy.
+pub fn spawn_poller(
+    config: EngineConfig,
+    poll: PollConfig,
+    tasks: &TaskTracker,
+    cancel: CancellationToken,
+) -> Result<EngineHandle, EngineError> {
+    let probe = EngineProbe::new(config.clone(), poll.timeout)?;
+    let state = EngineState::new(&config, poll.fail_threshold, poll.inventory_every);
+    let (tx, rx) = watch::channel(state.report().clone());
+    let refresh = Arc::new(Notify::new());
+    tasks.spawn(run(probe, state, poll, tx, Arc::clone(&refresh), cancel));
+    Ok(EngineHandle {
+        config,
+        rx,
+        refresh,
+    })
+}
+
+async fn run(
+    mut probe: EngineProbe,
+    mut state: EngineState,
+    poll: PollConfig,
+    tx: watch::Sender<EngineReport>,
+    refresh: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(poll.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = ticker.tick() => {}
+            () = refresh.notified() => state.request_refresh(),
+        }
+        let read = state.inventory_read();
+        let obs = tokio::select! {
+            () = cancel.cancelled() => break,
+            obs = probe.poll(read) => obs,
+        };
+        let was_healthy = state.is_healthy();
+        let changed = state.apply(obs, now_ms());
+        if was_healthy != state.is_healthy() {
+            let r = state.report();
+            tracing::info!(
+                engine = %probe.config().kind,
+                url = %probe.config().base_url,
+                healthy = r.snapshot.healthy,
+                failure = ?r.last_failure,
+                models = r.snapshot.models.len(),
+                "engine health changed"
+            );
+        }
+        tx.send_if_modified(|current| {
+            *current = state.report().clone();
+            changed
+        });
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
