@@ -1,0 +1,66 @@
+//! Throughput of the pure engine model: jobs pushed through per second, the
+//! figure the simulator's "one million requests on 16 nodes" budget rests on.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, ModelSpec};
+
+/// Runs `jobs` requests with Poisson-like spacing through one engine and
+/// returns the number of events it produced.
+fn drive(profile: &HardwareProfile, jobs: u64) -> usize {
+    let models = [
+        ModelSpec::guess("llama3.1:8b"),
+        ModelSpec::guess("qwen2.5:3b"),
+    ];
+    let mut engine = EngineModel::new(profile, &models, None);
+    let _ = engine.preload(0);
+    let mut events = Vec::with_capacity(64);
+    let mut count = 0;
+    let mut now = 0u64;
+    // A cheap xorshift keeps the bench free of RNG crates and deterministic.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for id in 0..jobs {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        now += x % 400_000;
+        let job = JobSpec {
+            id,
+            model: usize::from(x % 10 == 0),
+            prompt_tokens: 50 + (x % 900) as u32,
+            output_tokens: 10 + ((x >> 20) % 300) as u32,
+        };
+        engine.advance(now, &mut events);
+        count += events.len();
+        events.clear();
+        let _ = engine.submit(now, job);
+    }
+    while let Some(t) = engine.next_event_at() {
+        engine.advance(t, &mut events);
+        count += events
+            .iter()
+            .filter(|e| matches!(e, EngineEvent::Finished(_)))
+            .count();
+        events.clear();
+    }
+    count
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_model");
+    const JOBS: u64 = 10_000;
+    g.throughput(Throughput::Elements(JOBS));
+    for profile in [
+        HardwareProfile::rtx4090(),
+        HardwareProfile::cpu_smollm2_135m(),
+    ] {
+        g.bench_function(format!("{}_10k_jobs", profile.name), |b| {
+            b.iter(|| black_box(drive(&profile, JOBS)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,179 @@
+//! Deterministic content for emulated answers: generated words, embedding
+//! vectors, digests and timestamps. Same seed and request, same bytes.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+
+/// Words the emulated model "generates". Each token is one word plus a space.
+const WORDS: [&str; 64] = [
+    "the", "a", "model", "cluster", "node", "token", "fast", "quiet", "river", "stone", "light",
+    "answer", "pair", "route", "engine", "slot", "queue", "warm", "cold", "memory", "prompt",
+    "stream", "peer", "latency", "gentle", "bright", "north", "south", "ember", "cloud", "signal",
+    "harbor", "meadow", "copper", "silver", "amber", "orbit", "pulse", "whisper", "lantern",
+    "compass", "garden", "thread", "window", "mirror", "candle", "feather", "shadow", "summit",
+    "valley", "forest", "ocean", "desert", "canyon", "island", "bridge", "castle", "market",
+    "library", "village", "station", "tower", "harvest", "morning",
+];
+
+/// A 64-bit seed for one request, from the engine seed and the request text.
+pub(crate) fn request_seed(seed: u64, model: &str, prompt: &str) -> u64 {
+    let mut h = Sha256::new();
+    h.update(seed.to_le_bytes());
+    h.update(model.as_bytes());
+    h.update([0]);
+    h.update(prompt.as_bytes());
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// splitmix64: a tiny deterministic mixer, so token `i` needs no state.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The text of token `i` of a request.
+pub(crate) fn token(seed: u64, i: u32) -> String {
+    let w = WORDS[(mix(seed ^ u64::from(i).wrapping_mul(0xA24B_AED4_963E_E407)) % 64) as usize];
+    if i == 0 {
+        let mut s = w.to_owned();
+        if let Some(c) = s.get_mut(0..1) {
+            c.make_ascii_uppercase();
+        }
+        s
+    } else {
+        format!(" {w}")
+    }
+}
+
+/// The whole answer of `n` tokens.
+pub fn generated_text(seed: u64, n: u32) -> String {
+    (0..n).map(|i| token(seed, i)).collect()
+}
+
+/// A unit-length embedding of `dims` values.
+pub(crate) fn embedding(seed: u64, dims: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..dims as u64)
+        .map(|i| {
+            ((mix(seed ^ i.wrapping_mul(0x1000_0000_01B3)) >> 11) as f64 / (1u64 << 53) as f64
+                * 2.0
+                - 1.0) as f32
+        })
+        .collect();
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::MIN_POSITIVE);
+    for x in &mut v {
+        *x /= norm;
+    }
+    v
+}
+
+/// Prompt tokens for a text: about four characters a token, as BPE
+/// tokenisers average on English.
+pub(crate) fn count_tokens(text: &str) -> u32 {
+    u32::try_from(text.len().div_ceil(4))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// A stable sha256 digest (hex) for a model name, like Ollama's digests.
+pub(crate) fn digest(name: &str) -> String {
+    hex::encode(Sha256::digest(name.as_bytes()))
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// RFC 3339 UTC time with nanoseconds, as Ollama writes `created_at`.
+pub(crate) fn rfc3339_now() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d.as_secs(), d.subsec_nanos())
+}
+
+pub(crate) fn rfc3339(secs: u64, nanos: u32) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_deterministic_per_seed_and_request() {
+        let a = request_seed(1, "m", "hello");
+        assert_eq!(
+            generated_text(a, 12),
+            generated_text(request_seed(1, "m", "hello"), 12)
+        );
+        assert_ne!(
+            generated_text(a, 12),
+            generated_text(request_seed(2, "m", "hello"), 12)
+        );
+        assert_ne!(
+            generated_text(a, 12),
+            generated_text(request_seed(1, "m", "hullo"), 12)
+        );
+        assert_eq!(generated_text(a, 5).split(' ').count(), 5);
+        assert!(
+            generated_text(a, 1)
+                .chars()
+                .next()
+                .unwrap()
+                .is_ascii_uppercase()
+        );
+    }
+
+    #[test]
+    fn embeddings_are_unit_vectors() {
+        let v = embedding(9, 64);
+        let n: f32 = v.iter().map(|x| x * x).sum();
+        assert!((n - 1.0).abs() < 1e-4);
+        assert_eq!(v, embedding(9, 64));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000000000Z");
+        assert_eq!(rfc3339(1_709_251_200, 5), "2024-03-01T00:00:00.000000005Z");
+        assert_eq!(
+            rfc3339(951_782_400 - 1, 0),
+            "2000-02-28T23:59:59.000000000Z"
+        );
+    }
+}
