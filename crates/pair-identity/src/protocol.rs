@@ -160,21 +160,26 @@ pub struct FailureLedger {
 }
 
 impl FailureLedger {
+    /// Whether a failure at `t` counts at `now`: inside the window, or in
+    /// the future by less than a window (the clock stepped back; counting it
+    /// fails closed). Entries further ahead are garbage and ignored.
+    fn counts(t: u64, now: u64, limits: &Limits) -> bool {
+        let window = limits.failure_window.as_secs();
+        t > now.saturating_sub(window) && t <= now.saturating_add(window)
+    }
+
     fn prune(&mut self, now: u64, limits: &Limits) {
-        let horizon = now.saturating_sub(limits.failure_window.as_secs());
-        self.failures
-            .retain(|&t| t > horizon && t <= now.saturating_add(60));
+        self.failures.retain(|&t| Self::counts(t, now, limits));
     }
 
     /// Seconds until pairing is allowed again, when locked out.
     pub fn locked_for(&self, now: SystemTime, limits: &Limits) -> Option<u64> {
         let now = unix(now);
-        let horizon = now.saturating_sub(limits.failure_window.as_secs());
         let mut recent: Vec<u64> = self
             .failures
             .iter()
             .copied()
-            .filter(|&t| t > horizon)
+            .filter(|&t| Self::counts(t, now, limits))
             .collect();
         let cap = usize::try_from(limits.failures_per_window).unwrap_or(usize::MAX);
         if recent.len() < cap {
@@ -182,18 +187,23 @@ impl FailureLedger {
         }
         // Allowed again once enough failures age out of the window.
         recent.sort_unstable();
-        let freeing = recent[recent.len() - cap];
+        let window = limits.failure_window.as_secs();
+        let freeing = recent.get(recent.len() - cap).copied().unwrap_or(now);
         Some(
-            (freeing + limits.failure_window.as_secs())
+            freeing
+                .saturating_add(window)
                 .saturating_sub(now)
-                .max(1),
+                .clamp(1, window.max(1)),
         )
     }
 
     /// Failures counted in the current window.
     pub fn count(&self, now: SystemTime, limits: &Limits) -> usize {
-        let horizon = unix(now).saturating_sub(limits.failure_window.as_secs());
-        self.failures.iter().filter(|&&t| t > horizon).count()
+        let now = unix(now);
+        self.failures
+            .iter()
+            .filter(|&&t| Self::counts(t, now, limits))
+            .count()
     }
 
     fn record(&mut self, at: u64, limits: &Limits) {
@@ -726,3 +736,301 @@ impl<R: rand::RngCore + ?Sized> rand_core_06::RngCore for Rng06<'_, R> {
 }
 
 impl<R: rand::CryptoRng + ?Sized> rand_core_06::CryptoRng for Rng06<'_, R> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    struct World {
+        inviter: Inviter,
+        joiner_me: LocalParty,
+        rng: StdRng,
+    }
+
+    fn world(limits: Limits) -> World {
+        let inv = Identity::generate(Role::Node).unwrap();
+        let joi = Identity::generate(Role::Client).unwrap();
+        World {
+            inviter: Inviter::new(
+                LocalParty::new(&inv, "big-box").unwrap(),
+                limits,
+                FailureLedger::default(),
+            ),
+            joiner_me: LocalParty::new(&joi, "laptop").unwrap(),
+            rng: StdRng::seed_from_u64(42),
+        }
+    }
+
+    fn refusal<T: fmt::Debug>(r: Result<T>) -> Refusal {
+        r.unwrap_err().refusal().unwrap()
+    }
+
+    #[test]
+    fn matching_pins_pair_and_both_sides_agree() {
+        let mut w = world(Limits::default());
+        let pin = w.inviter.open_invite(t(0), &mut w.rng).unwrap();
+        let (joiner, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        let reply = w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+        assert!(w.inviter.take_ledger_changed());
+        assert_eq!(w.inviter.ledger().count(t(1), &Limits::default()), 1);
+        let (confirmed, confirm) = joiner.on_inviter_hello(&reply, t(2)).unwrap();
+        let (done, joiner_record) = w.inviter.on_joiner_confirm(&confirm, t(3)).unwrap();
+        let inviter_record = confirmed.on_inviter_done(&done).unwrap();
+        assert_eq!(joiner_record.id, w.joiner_me.id);
+        assert_eq!(joiner_record.role, Role::Client);
+        assert_eq!(
+            joiner_record.fingerprint,
+            Fingerprint::of(w.joiner_me.cert.as_slice())
+        );
+        assert_eq!(inviter_record.id, w.inviter.me.id);
+        assert_eq!(inviter_record.name, "big-box");
+        // Success refunds the provisional failure and uses the invite up.
+        assert_eq!(w.inviter.ledger().count(t(3), &Limits::default()), 0);
+        assert!(w.inviter.invite_status(t(3)).is_none());
+        // The confirmation cannot be replayed.
+        assert_eq!(
+            refusal(w.inviter.on_joiner_confirm(&confirm, t(4))),
+            Refusal::UnknownSession
+        );
+    }
+
+    #[test]
+    fn replay_against_a_new_invite_with_the_same_pin_fails() {
+        let mut w = world(Limits::default());
+        // The worst case: the new invite happens to have the same PIN.
+        let pin = w
+            .inviter
+            .open_invite(t(0), &mut StdRng::seed_from_u64(7))
+            .unwrap();
+        let (joiner, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        let reply = w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+        let (_, confirm) = joiner.on_inviter_hello(&reply, t(2)).unwrap();
+        w.inviter.on_joiner_confirm(&confirm, t(3)).unwrap();
+
+        let again = w
+            .inviter
+            .open_invite(t(10), &mut StdRng::seed_from_u64(7))
+            .unwrap();
+        assert_eq!(again, pin);
+        // Replayed hello: the inviter answers with a fresh session and share...
+        let fresh = w
+            .inviter
+            .on_joiner_hello(&hello, t(11), &mut w.rng)
+            .unwrap();
+        assert_ne!(fresh.session, reply.session);
+        assert_ne!(fresh.nonce, reply.nonce);
+        // ...so the recorded confirmation, re-targeted, does not verify.
+        let forged = JoinerConfirm {
+            session: fresh.session,
+            confirm: confirm.confirm,
+        };
+        assert_eq!(
+            refusal(w.inviter.on_joiner_confirm(&forged, t(12))),
+            Refusal::ConfirmationFailed
+        );
+
+        // A recorded inviter reply replayed to a new joiner fails too.
+        let (joiner2, _) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        assert_eq!(
+            refusal(joiner2.on_inviter_hello(&reply, t(13))),
+            Refusal::ConfirmationFailed
+        );
+    }
+
+    #[test]
+    fn a_mac_reflected_back_does_not_verify() {
+        let mut w = world(Limits::default());
+        let pin = w.inviter.open_invite(t(0), &mut w.rng).unwrap();
+        let (_joiner, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        let reply = w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+        let reflected = JoinerConfirm {
+            session: reply.session,
+            confirm: reply.confirm,
+        };
+        assert_eq!(
+            refusal(w.inviter.on_joiner_confirm(&reflected, t(2))),
+            Refusal::ConfirmationFailed
+        );
+    }
+
+    #[test]
+    fn five_failures_close_the_invite() {
+        let mut w = world(Limits::default());
+        let pin = w.inviter.open_invite(t(0), &mut w.rng).unwrap();
+        let wrong: Pin = if pin.reveal() == "111111" {
+            "222222"
+        } else {
+            "111111"
+        }
+        .parse()
+        .unwrap();
+        for i in 0..5 {
+            let (joiner, hello) = Joiner::start(&w.joiner_me, &wrong, &mut w.rng);
+            let reply = w.inviter.on_joiner_hello(&hello, t(i), &mut w.rng).unwrap();
+            assert_eq!(
+                refusal(joiner.on_inviter_hello(&reply, t(i))),
+                Refusal::ConfirmationFailed
+            );
+        }
+        let (_, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&hello, t(6), &mut w.rng)),
+            Refusal::InviteClosed
+        );
+        assert_eq!(w.inviter.ledger().count(t(6), &Limits::default()), 5);
+    }
+
+    #[test]
+    fn invites_and_sessions_expire() {
+        let mut w = world(Limits::default());
+        let pin = w.inviter.open_invite(t(0), &mut w.rng).unwrap();
+        assert_eq!(w.inviter.invite_status(t(1)).unwrap().attempts_left, 5);
+        let (joiner, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        let reply = w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+        let (_, confirm) = joiner.on_inviter_hello(&reply, t(2)).unwrap();
+        // 30 s session timeout.
+        assert_eq!(
+            refusal(w.inviter.on_joiner_confirm(&confirm, t(40))),
+            Refusal::SessionExpired
+        );
+        // 5 min invite.
+        assert!(w.inviter.invite_status(t(301)).is_none());
+        let (_, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&hello, t(301), &mut w.rng)),
+            Refusal::InviteExpired
+        );
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&hello, t(302), &mut w.rng)),
+            Refusal::NoInvite
+        );
+    }
+
+    #[test]
+    fn session_cap_and_identity_checks() {
+        let limits = Limits {
+            attempts_per_invite: 100,
+            failures_per_window: 100,
+            max_sessions: 2,
+            ..Limits::default()
+        };
+        let mut w = world(limits);
+        let pin = w.inviter.open_invite(t(0), &mut w.rng).unwrap();
+        for _ in 0..2 {
+            let (_, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+            w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+        }
+        let (_, hello) = Joiner::start(&w.joiner_me, &pin, &mut w.rng);
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng)),
+            Refusal::Busy
+        );
+        // Sessions time out, freeing room.
+        w.inviter
+            .on_joiner_hello(&hello, t(40), &mut w.rng)
+            .unwrap();
+
+        // A claimed id that is not the certificate's.
+        let mut lying = hello.clone();
+        lying.joiner.id = NodeId::from_u128(9);
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&lying, t(41), &mut w.rng)),
+            Refusal::IdentityMismatch
+        );
+        let mut wrong_role = hello.clone();
+        wrong_role.joiner.role = Role::Node;
+        assert_eq!(
+            refusal(w.inviter.on_joiner_hello(&wrong_role, t(41), &mut w.rng)),
+            Refusal::IdentityMismatch
+        );
+    }
+
+    #[test]
+    fn lockout_after_twenty_failures_an_hour() {
+        let limits = Limits::default();
+        let mut w = world(limits.clone());
+        for round in 0..4 {
+            let pin = w.inviter.open_invite(t(round * 10), &mut w.rng).unwrap();
+            let wrong: Pin = if pin.reveal() == "111111" {
+                "222222"
+            } else {
+                "111111"
+            }
+            .parse()
+            .unwrap();
+            for _ in 0..5 {
+                let (_, hello) = Joiner::start(&w.joiner_me, &wrong, &mut w.rng);
+                w.inviter
+                    .on_joiner_hello(&hello, t(round * 10 + 1), &mut w.rng)
+                    .unwrap();
+            }
+        }
+        let err = w.inviter.open_invite(t(100), &mut w.rng).unwrap_err();
+        assert!(
+            matches!(err, Error::Pairing { refusal: Refusal::LockedOut, retry_after_secs: Some(s) } if s > 3000)
+        );
+        // After the oldest failures leave the window, invites are allowed again.
+        w.inviter.open_invite(t(3602), &mut w.rng).unwrap();
+    }
+
+    #[test]
+    fn pin_parsing_and_redaction() {
+        assert_eq!("123 456".parse::<Pin>().unwrap().reveal(), "123456");
+        assert_eq!("123-456".parse::<Pin>().unwrap().reveal(), "123456");
+        for bad in ["12345", "1234567", "12a456", ""] {
+            assert!(bad.parse::<Pin>().is_err(), "{bad}");
+        }
+        let pin: Pin = "987654".parse().unwrap();
+        assert!(!format!("{pin:?}").contains("987654"));
+    }
+
+    proptest! {
+        #[test]
+        fn generated_pins_are_six_digits_and_parse_back(seed in any::<u64>()) {
+            let pin = Pin::generate(&mut StdRng::seed_from_u64(seed));
+            prop_assert_eq!(pin.reveal().len(), 6);
+            prop_assert!(pin.reveal().bytes().all(|b| b.is_ascii_digit()));
+            prop_assert_eq!(pin.reveal().parse::<Pin>().unwrap(), pin);
+        }
+
+        #[test]
+        fn ledger_locks_exactly_at_the_cap(offsets in proptest::collection::vec(0u64..7200, 0..40), now in 0u64..7200) {
+            let limits = Limits::default();
+            let mut ledger = FailureLedger::default();
+            for &o in &offsets {
+                ledger.failures.push(1_800_000_000 + o);
+            }
+            let now_t = t(now);
+            let in_window = offsets.iter().filter(|&&o| o + 3600 > now && o <= now + 3600).count();
+            let locked = ledger.locked_for(now_t, &limits);
+            prop_assert_eq!(locked.is_some(), in_window >= 20);
+            if let Some(s) = locked {
+                prop_assert!((1..=3600).contains(&s));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        #[test]
+        fn pairing_succeeds_iff_the_pins_match(a in 0u32..1_000_000, same in any::<bool>(), seed in any::<u64>()) {
+            let mut w = world(Limits::default());
+            let pin = w.inviter.open_invite(t(0), &mut StdRng::seed_from_u64(seed)).unwrap();
+            let typed: Pin = if same { pin.clone() } else { format!("{a:06}").parse().unwrap() };
+            let (joiner, hello) = Joiner::start(&w.joiner_me, &typed, &mut w.rng);
+            let reply = w.inviter.on_joiner_hello(&hello, t(1), &mut w.rng).unwrap();
+            let result = joiner.on_inviter_hello(&reply, t(2));
+            prop_assert_eq!(result.is_ok(), typed == pin);
+            if let Ok((_, confirm)) = result {
+                prop_assert!(w.inviter.on_joiner_confirm(&confirm, t(3)).is_ok());
+            }
+        }
+    }
+}
