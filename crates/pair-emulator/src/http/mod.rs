@@ -481,6 +481,8 @@ fn cut_after(resp: Response, n: u32) -> Response {
         .take(n as usize)
         .map(|r| r.map_err(std::io::Error::other))
         .chain(futures_util::stream::once(async {
+            // Let hyper flush the chunks already sent before the reset.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             Err::<Bytes, _>(std::io::Error::other("emulated fault: connection closed"))
         }));
     Response::from_parts(parts, Body::from_stream(stream))

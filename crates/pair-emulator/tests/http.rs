@@ -1,0 +1,622 @@
+//! Every route and every fault of the emulated engines, over real sockets.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use pair_emulator::{
+    EmulatedEngine, EngineConfig, FaultAction, FaultRule, Flavor, HardwareProfile,
+};
+use serde_json::{Value, json};
+
+const CHAT: &str = "llama3.2:3b";
+const EMBED: &str = "nomic-embed-text:137m";
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn start(flavor: Flavor) -> EmulatedEngine {
+    start_with(EngineConfig::new(flavor, [CHAT, EMBED])).await
+}
+
+async fn start_with(cfg: EngineConfig) -> EmulatedEngine {
+    // A thousand times faster than real time keeps tests quick while the
+    // model's order of events stays the same.
+    EmulatedEngine::start(cfg.with_time_scale(0.001).with_seed(7))
+        .await
+        .unwrap()
+}
+
+async fn post(e: &EmulatedEngine, path: &str, body: Value) -> reqwest::Response {
+    client()
+        .post(format!("{}{path}", e.base_url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn get(e: &EmulatedEngine, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}{path}", e.base_url()))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn lines(resp: reqwest::Response) -> Vec<String> {
+    let text = resp.text().await.unwrap();
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn ollama_generate_streams_ndjson_then_matches_the_whole_answer() {
+    let e = start(Flavor::Ollama).await;
+    let body = json!({ "model": "llama3.2:3b", "prompt": "why is the sky blue?", "options": { "num_predict": 5 } });
+    let resp = post(&e, "/api/generate", body.clone()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let chunks: Vec<Value> = lines(resp)
+        .await
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 6);
+    let streamed: String = chunks[..5]
+        .iter()
+        .map(|c| c["response"].as_str().unwrap())
+        .collect();
+    let last = &chunks[5];
+    assert_eq!(last["done"], true);
+    assert_eq!(last["done_reason"], "length");
+    assert_eq!(last["eval_count"], 5);
+    assert!(last["total_duration"].as_u64().unwrap() > 0);
+    assert!(
+        last["load_duration"].as_u64().unwrap() > 0,
+        "first use is a cold load"
+    );
+    assert_eq!(last["model"], "llama3.2:3b");
+
+    let mut whole_req = body;
+    whole_req["stream"] = json!(false);
+    let whole: Value = post(&e, "/api/generate", whole_req)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whole["response"], streamed.as_str());
+    assert_eq!(whole["load_duration"], 0, "second use is warm");
+    assert_eq!(streamed.split(' ').count(), 5);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn ollama_chat_defaults_and_latest_tag() {
+    let e = start_with(EngineConfig::new(Flavor::Ollama, ["qwen2.5"])).await;
+    let body = json!({ "model": "qwen2.5", "stream": false, "messages": [{ "role": "user", "content": "hi" }] });
+    let v: Value = post(&e, "/api/chat", body).await.json().await.unwrap();
+    assert_eq!(v["model"], "qwen2.5:latest");
+    assert_eq!(v["message"]["role"], "assistant");
+    assert_eq!(
+        v["message"]["content"].as_str().unwrap().split(' ').count(),
+        32
+    );
+    assert_eq!(v["done_reason"], "stop");
+    assert_eq!(v["prompt_eval_count"], 5);
+    let streamed = lines(
+        post(
+            &e,
+            "/api/chat",
+            json!({ "model": "qwen2.5:latest", "messages": [] }),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(streamed.len(), 33);
+    assert_eq!(e.hits_for("/api/chat"), 2);
+    assert_eq!(e.hits_for_model("qwen2.5"), 1);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn ollama_listing_routes() {
+    let e = start(Flavor::Ollama).await;
+    let tags: Value = get(&e, "/api/tags").await.json().await.unwrap();
+    let models = tags["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2);
+    assert_eq!(models[0]["name"], CHAT);
+    assert_eq!(models[0]["size"], 1_845_000_000u64);
+    assert_eq!(models[0]["digest"].as_str().unwrap().len(), 64);
+    assert_eq!(models[0]["details"]["family"], "llama");
+    assert_eq!(models[0]["details"]["parameter_size"], "3.0B");
+
+    let ps: Value = get(&e, "/api/ps").await.json().await.unwrap();
+    assert!(ps["models"].as_array().unwrap().is_empty());
+    let body = json!({ "model": CHAT, "prompt": "x", "stream": false });
+    assert_eq!(post(&e, "/api/generate", body).await.status(), 200);
+    let ps: Value = get(&e, "/api/ps").await.json().await.unwrap();
+    assert_eq!(ps["models"][0]["name"], CHAT);
+    assert_eq!(ps["models"][0]["size_vram"], 1_845_000_000u64);
+    assert!(
+        ps["models"][0]["expires_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+    assert_eq!(e.loaded_models(), [CHAT]);
+
+    let show = post(&e, "/api/show", json!({ "model": CHAT })).await;
+    assert_eq!(show.status(), 200);
+    let show: Value = show.json().await.unwrap();
+    assert_eq!(show["details"]["format"], "gguf");
+    assert_eq!(show["capabilities"][0], "completion");
+    let v: Value = get(&e, "/api/version").await.json().await.unwrap();
+    assert!(v["version"].is_string());
+    assert_eq!(
+        get(&e, "/").await.text().await.unwrap(),
+        "Ollama is running"
+    );
+    let models: Value = get(&e, "/v1/models").await.json().await.unwrap();
+    assert_eq!(models["data"][1]["id"], EMBED);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn ollama_embeddings_are_deterministic() {
+    let e = start(Flavor::Ollama).await;
+    let v: Value = post(
+        &e,
+        "/api/embed",
+        json!({ "model": EMBED, "input": ["a", "b", "a"] }),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let embs = v["embeddings"].as_array().unwrap();
+    assert_eq!(embs.len(), 3);
+    assert_eq!(embs[0].as_array().unwrap().len(), 64);
+    assert_eq!(embs[0], embs[2]);
+    assert_ne!(embs[0], embs[1]);
+    let old: Value = post(
+        &e,
+        "/api/embeddings",
+        json!({ "model": EMBED, "prompt": "a" }),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(old["embedding"], embs[0]);
+    let oa: Value = post(
+        &e,
+        "/v1/embeddings",
+        json!({ "model": EMBED, "input": "a" }),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(oa["data"][0]["embedding"], embs[0]);
+    assert_eq!(oa["object"], "list");
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_models_answer_like_each_engine() {
+    let o = start(Flavor::Ollama).await;
+    for path in ["/api/chat", "/api/generate", "/api/embed", "/api/show"] {
+        let r = post(&o, path, json!({ "model": "nope", "prompt": "x" })).await;
+        assert_eq!(r.status(), 404, "{path}");
+        assert_eq!(
+            r.json::<Value>().await.unwrap(),
+            json!({ "error": "model 'nope' not found" })
+        );
+    }
+    let r = post(
+        &o,
+        "/v1/chat/completions",
+        json!({ "model": "nope", "messages": [] }),
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    assert!(
+        r.json::<Value>().await.unwrap()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
+    o.shutdown().await;
+
+    for flavor in [Flavor::OpenAi, Flavor::LmStudio] {
+        let e = start(flavor).await;
+        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+            let r = post(
+                &e,
+                path,
+                json!({ "model": "nope", "prompt": "x", "input": "x" }),
+            )
+            .await;
+            assert_eq!(r.status(), 404);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "model_not_found", "{flavor} {path}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+            assert_eq!(v["error"]["param"], "model");
+        }
+        assert_eq!(get(&e, "/v1/models/nope").await.status(), 404);
+        assert_eq!(get(&e, &format!("/v1/models/{CHAT}")).await.status(), 200);
+        e.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_in_the_engines_shape() {
+    let o = start(Flavor::Ollama).await;
+    let r = client()
+        .post(format!("{}/api/chat", o.base_url()))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.json::<Value>().await.unwrap()["error"].is_string());
+    let r = post(&o, "/api/chat", json!({ "messages": [] })).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "model is required"
+    );
+    o.shutdown().await;
+
+    let e = start(Flavor::OpenAi).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", e.base_url()))
+        .body("[1,")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "invalid_request_error"
+    );
+    assert_eq!(get(&e, "/api/tags").await.status(), 404);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_chat_streams_sse_with_usage_and_done() {
+    let e = start(Flavor::OpenAi).await;
+    let body = json!({
+        "model": CHAT, "stream": true, "max_tokens": 4,
+        "stream_options": { "include_usage": true },
+        "messages": [{ "role": "user", "content": [{ "type": "text", "text": "hello" }] }],
+    });
+    let resp = post(&e, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let events = lines(resp).await;
+    assert!(events.iter().all(|l| l.starts_with("data: ")));
+    assert_eq!(events.last().unwrap(), "data: [DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|l| serde_json::from_str(&l[6..]).unwrap())
+        .collect();
+    assert_eq!(
+        chunks.len(),
+        6,
+        "4 tokens, the finish chunk, the usage chunk"
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[5]["usage"]["completion_tokens"], 4);
+    assert_eq!(chunks[5]["choices"], json!([]));
+    let streamed: String = chunks[..4]
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
+
+    let mut plain = body;
+    plain["stream"] = json!(false);
+    let v: Value = post(&e, "/v1/chat/completions", plain)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], streamed.as_str());
+    assert_eq!(
+        v["usage"]["total_tokens"],
+        v["usage"]["prompt_tokens"].as_u64().unwrap() + 4
+    );
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_completions_stream_and_whole() {
+    let e = start(Flavor::LmStudio).await;
+    let body = json!({ "model": CHAT, "prompt": "Once", "max_tokens": 3, "stream": true });
+    let events = lines(post(&e, "/v1/completions", body).await).await;
+    assert_eq!(events.len(), 5);
+    let first: Value = serde_json::from_str(&events[0][6..]).unwrap();
+    assert_eq!(first["object"], "text_completion");
+    let v: Value = post(
+        &e,
+        "/v1/completions",
+        json!({ "model": CHAT, "prompt": "Once" }),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 32);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn lmstudio_listings_show_loaded_state() {
+    let e = start(Flavor::LmStudio).await;
+    let v0: Value = get(&e, "/api/v0/models").await.json().await.unwrap();
+    assert_eq!(v0["data"][0]["state"], "not-loaded");
+    assert_eq!(v0["data"][1]["type"], "embeddings");
+    let body =
+        json!({ "model": CHAT, "messages": [{ "role": "user", "content": "x" }], "max_tokens": 1 });
+    assert_eq!(post(&e, "/v1/chat/completions", body).await.status(), 200);
+    let v0: Value = get(&e, "/api/v0/models").await.json().await.unwrap();
+    assert_eq!(v0["data"][0]["state"], "loaded");
+    assert_eq!(v0["data"][1]["state"], "not-loaded");
+    let one: Value = get(&e, &format!("/api/v0/models/{CHAT}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["state"], "loaded");
+    let v1: Value = get(&e, "/api/v1/models").await.json().await.unwrap();
+    assert_eq!(v1["models"][0]["key"], CHAT);
+    assert_eq!(
+        v1["models"][0]["loaded_instances"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        v1["models"][1]["loaded_instances"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_flavor_starts_warm() {
+    let e = start(Flavor::OpenAi).await;
+    assert_eq!(e.loaded_models(), [CHAT, EMBED]);
+    assert_eq!(get(&e, "/health").await.status(), 200);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_slot_queues_the_next_request() {
+    let cfg = EngineConfig::new(Flavor::Ollama, [CHAT])
+        .with_slots(1)
+        .with_preload(true);
+    // Slower than the other tests, so real-time jitter between the two
+    // arrivals stays small next to the modelled 0.6 s answers.
+    let e = EmulatedEngine::start(cfg.with_time_scale(0.02))
+        .await
+        .unwrap();
+    let body =
+        json!({ "model": CHAT, "prompt": "x", "stream": false, "options": { "num_predict": 200 } });
+    let (a, b) = tokio::join!(
+        post(&e, "/api/generate", body.clone()),
+        post(&e, "/api/generate", body)
+    );
+    let a: Value = a.json().await.unwrap();
+    let b: Value = b.json().await.unwrap();
+    let (first, second) = if a["total_duration"].as_u64() < b["total_duration"].as_u64() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let field = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    let waited = field(&second, "total_duration")
+        - field(&second, "load_duration")
+        - field(&second, "prompt_eval_duration")
+        - field(&second, "eval_duration");
+    // The second waited for most of the first's answer.
+    assert!(
+        waited >= field(&first, "eval_duration") / 2,
+        "{first} {second}"
+    );
+    assert_eq!(
+        field(&first, "total_duration"),
+        field(&first, "prompt_eval_duration") + field(&first, "eval_duration")
+    );
+    assert_eq!(e.workload().pending(), 0);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn status_faults_count_down_and_hits_are_exact() {
+    let e = start(Flavor::Ollama).await;
+    e.faults().fail(Some(CHAT), 500, Some(2));
+    let body =
+        json!({ "model": CHAT, "prompt": "x", "stream": false, "options": { "num_predict": 1 } });
+    for _ in 0..2 {
+        let r = post(&e, "/api/generate", body.clone()).await;
+        assert_eq!(r.status(), 500);
+        assert!(r.json::<Value>().await.unwrap()["error"].is_string());
+    }
+    assert_eq!(post(&e, "/api/generate", body.clone()).await.status(), 200);
+    assert_eq!(e.hits_for("/api/generate"), 3);
+    assert_eq!(e.hits_for_model(CHAT), 3);
+    assert!(e.faults().list().is_empty());
+
+    e.faults().fail(None, 429, None);
+    let r = get(&e, "/api/tags").await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    e.faults().clear();
+    e.faults().fail(Some(CHAT), 404, Some(1));
+    let r = post(&e, "/api/generate", body.clone()).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        format!("model '{CHAT}' not found")
+    );
+    e.faults().fail(Some(CHAT), 400, Some(1));
+    assert_eq!(post(&e, "/api/generate", body.clone()).await.status(), 400);
+    // A rule for another model leaves this one alone.
+    e.faults().fail(Some(EMBED), 500, None);
+    assert_eq!(post(&e, "/api/generate", body).await.status(), 200);
+    assert_eq!(e.hits(), 7);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn hang_never_answers_until_shutdown() {
+    let e = start(Flavor::OpenAi).await;
+    e.faults().hang(Some(CHAT));
+    let req = client()
+        .post(format!("{}/v1/chat/completions", e.base_url()))
+        .timeout(Duration::from_millis(300))
+        .json(&json!({ "model": CHAT, "messages": [] }))
+        .send()
+        .await;
+    assert!(req.unwrap_err().is_timeout());
+    assert_eq!(e.hits_for("/v1/chat/completions"), 1);
+    // Other models still answer.
+    assert_eq!(get(&e, "/v1/models").await.status(), 200);
+    // A hung request does not hold shutdown up.
+    let url = format!("{}/v1/chat/completions", e.base_url());
+    let pending = tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&json!({ "model": CHAT, "messages": [] }))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::timeout(Duration::from_secs(5), e.shutdown())
+        .await
+        .unwrap();
+    let _ = pending.await;
+}
+
+#[tokio::test]
+async fn close_after_chunks_cuts_the_stream() {
+    let e = start(Flavor::Ollama).await;
+    e.faults().close_after_chunks(Some(CHAT), 3);
+    let body = json!({ "model": CHAT, "prompt": "x", "options": { "num_predict": 20 } });
+    let resp = post(&e, "/api/generate", body).await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut got = Vec::new();
+    let mut failed = false;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(b) => got.extend_from_slice(&b),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(failed, "the stream must end in an error, not cleanly");
+    let text = String::from_utf8(got).unwrap();
+    assert_eq!(text.lines().count(), 3);
+    assert!(!text.contains("\"done\":true"));
+    // The model's slot was given back.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(e.workload().pending(), 0);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_first_byte_and_extra_delay() {
+    let e = start(Flavor::OpenAi).await;
+    e.faults()
+        .slow_first_byte(Some(CHAT), Duration::from_millis(300));
+    let t = Instant::now();
+    let r = post(
+        &e,
+        "/v1/chat/completions",
+        json!({ "model": CHAT, "messages": [], "max_tokens": 1 }),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    e.faults().clear();
+    e.faults().extra_delay(None, Duration::from_millis(200));
+    let t = Instant::now();
+    assert_eq!(get(&e, "/v1/models").await.status(), 200);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn admin_routes_set_faults_and_report_stats() {
+    let e = start(Flavor::LmStudio).await;
+    let c = client();
+    let url = format!("{}/_emulator/faults", e.base_url());
+    let rule = FaultRule::for_model(CHAT, FaultAction::Status(503)).times(1);
+    let r = c.post(&url).json(&rule).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(e.faults().list(), [rule]);
+    let r = post(
+        &e,
+        "/v1/chat/completions",
+        json!({ "model": CHAT, "messages": [] }),
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "server_error"
+    );
+    let r = c
+        .post(&url)
+        .body(r#"[{"action":"hang"},{"action":{"extra_delay_ms":5}}]"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap().as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(c.delete(&url).send().await.unwrap().status(), 204);
+    assert!(e.faults().list().is_empty());
+    assert_eq!(c.post(&url).body("{").send().await.unwrap().status(), 400);
+
+    let stats: Value = get(&e, "/_emulator/stats").await.json().await.unwrap();
+    assert_eq!(stats["hits"]["total"], 1);
+    assert_eq!(stats["hits"]["by_route"]["/v1/chat/completions"], 1);
+    assert_eq!(stats["hits"]["by_model"][CHAT], 1);
+    assert_eq!(stats["workload"]["running"], 0);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn small_memory_evicts_the_idle_model() {
+    let mut profile = HardwareProfile::rtx3060();
+    profile.memory_bytes = 3_000_000_000;
+    let cfg = EngineConfig::new(Flavor::Ollama, ["a:3b", "b:3b"]).with_profile(profile);
+    let e = start_with(cfg).await;
+    for m in ["a:3b", "b:3b"] {
+        let body =
+            json!({ "model": m, "prompt": "x", "stream": false, "options": { "num_predict": 1 } });
+        let v: Value = post(&e, "/api/generate", body).await.json().await.unwrap();
+        assert!(v["load_duration"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(e.loaded_models(), ["b:3b"]);
+    e.shutdown().await;
+}
