@@ -1,3 +1,311 @@
-//! pair-sim: emulated engines and the cluster simulator.
+//! pair-sim: emulated engines and the cluster simulator (thin CLI shell).
+//!
+//! `run` compares routing policies on scenario files, `bench` times the
+//! simulator, `engine` serves an emulated Ollama / OpenAI / LM Studio engine.
+//! Bad configuration exits with code 64 and a one-line reason.
 
-fn main() {}
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use pair_emulator::HardwareProfile;
+use pair_emulator::http::{EngineConfig, Flavor};
+use pair_sim::{CompareOptions, Scenario, SimError, report};
+
+/// Exit code for bad configuration (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pair-sim",
+    version,
+    about = "Cluster simulator and emulated engines for pair"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Simulate scenarios under one or all routing policies.
+    Run {
+        /// Scenario files (TOML).
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// A policy name, a comma-separated list, or `all`.
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Write the full results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write SVG plots into this directory.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Skip the users-at-SLO search (one run per policy only).
+        #[arg(long)]
+        no_search: bool,
+        /// Run policies one after another instead of on threads.
+        #[arg(long)]
+        sequential: bool,
+    },
+    /// Time the simulator on a synthetic open-loop cluster.
+    Bench {
+        #[arg(long, default_value_t = 1_000_000)]
+        requests: u64,
+        #[arg(long, default_value_t = 16)]
+        nodes: usize,
+        #[arg(long, default_value = "predicted-latency")]
+        policy: String,
+    },
+    /// Serve an emulated engine on a TCP address until Ctrl-C.
+    Engine {
+        /// ollama, openai or lmstudio.
+        #[arg(long)]
+        flavor: String,
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Comma-separated model names (sizes are guessed from names like `8b`).
+        #[arg(long, value_delimiter = ',', required = true)]
+        models: Vec<String>,
+        /// Hardware profile (rtx4090, rtx3060, laptop, m3-max, cpu, cpu-smollm2-135m).
+        #[arg(long, default_value = "rtx4090")]
+        profile: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Wall seconds per modelled second (0.01 = a hundred times faster).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+    },
+}
+
+/// Errors the shell distinguishes: configuration (64) or anything else (1).
+enum Failure {
+    Config(String),
+    Other(anyhow::Error),
+}
+
+impl From<SimError> for Failure {
+    fn from(e: SimError) -> Self {
+        if e.is_config() {
+            Failure::Config(chain(&e))
+        } else {
+            Failure::Other(e.into())
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+/// An error and its sources on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string().replace('\n', " "));
+        src = inner.source();
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run {
+            scenarios,
+            policy,
+            json,
+            svg,
+            seed,
+            no_search,
+            sequential,
+        } => run(scenarios, &policy, json, svg, seed, !no_search, !sequential),
+        Command::Bench {
+            requests,
+            nodes,
+            policy,
+        } => bench(requests, nodes, &policy),
+        Command::Engine {
+            flavor,
+            listen,
+            models,
+            profile,
+            seed,
+            time_scale,
+        } => engine(&flavor, listen, models, &profile, seed, time_scale),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(reason)) => {
+            eprintln!("pair-sim: bad configuration: {reason}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("pair-sim: {}", chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(
+    paths: Vec<PathBuf>,
+    policy: &str,
+    json: Option<PathBuf>,
+    svg: Option<PathBuf>,
+    seed: Option<u64>,
+    search: bool,
+    parallel: bool,
+) -> Result<(), Failure> {
+    let policies = pair_sim::parse_policies(policy)?;
+    // Parse every scenario before running any: a typo in the last file
+    // should not cost the minutes the first ones take.
+    let mut scenarios = Vec::with_capacity(paths.len());
+    for p in &paths {
+        let mut s = Scenario::load(p).map_err(|e| match e {
+            e if e.is_config() => Failure::Config(format!("{}: {}", p.display(), chain(&e))),
+            e => Failure::from(e),
+        })?;
+        if let Some(seed) = seed {
+            s.seed = seed;
+        }
+        scenarios.push(s);
+    }
+    let opts = CompareOptions {
+        policies,
+        search,
+        parallel,
+    };
+    let total: u64 = scenarios
+        .iter()
+        .map(|s| report::planned_simulations(s, &opts))
+        .sum();
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/~{len} {msg}",
+        ) {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut reports = Vec::with_capacity(scenarios.len());
+    for scn in &scenarios {
+        let tick = |msg: &str| {
+            bar.inc(1);
+            bar.set_message(msg.to_owned());
+        };
+        let r = pair_sim::compare(scn, &opts, &tick)?;
+        bar.suspend(|| println!("{}", report::render_table(&r)));
+        if let Some(dir) = &svg {
+            let files = report::write_svgs(&r, dir)?;
+            for f in files {
+                tracing::info!(file = %f.display(), "wrote plot");
+            }
+        }
+        reports.push(r);
+    }
+    bar.finish_and_clear();
+    if let Some(path) = &json {
+        let text = report::to_json(&reports)?;
+        std::fs::write(path, text).map_err(|source| SimError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    if let Some(dir) = &svg {
+        println!("plots written to {}", dir.display());
+    }
+    Ok(())
+}
+
+fn bench(requests: u64, nodes: usize, policy: &str) -> Result<(), Failure> {
+    let policies = pair_sim::parse_policies(policy)?;
+    for p in policies {
+        let r = pair_sim::bench::run_bench(requests, nodes, p)?;
+        println!(
+            "{:<18} {} requests on {} nodes ({:.0} simulated s, {} events): wall {:.2} s, cpu {}, {:.2} M requests/s; p95 TTFT {:.0} ms",
+            r.policy.as_str(),
+            r.requests,
+            r.nodes,
+            r.simulated_s,
+            r.events,
+            r.wall_s,
+            r.cpu_s.map_or("n/a".to_owned(), |c| format!("{c:.2} s")),
+            r.requests as f64 / r.wall_s.max(1e-9) / 1e6,
+            r.ttft_p95_ms
+        );
+    }
+    Ok(())
+}
+
+fn engine(
+    flavor: &str,
+    listen: SocketAddr,
+    models: Vec<String>,
+    profile: &str,
+    seed: u64,
+    time_scale: f64,
+) -> Result<(), Failure> {
+    let flavor: Flavor = flavor
+        .parse()
+        .map_err(|e: pair_emulator::EmulatorError| Failure::Config(chain(&e)))?;
+    let profile = HardwareProfile::by_name(profile).map_err(|e| Failure::Config(chain(&e)))?;
+    if !(time_scale.is_finite() && time_scale > 0.0) {
+        return Err(Failure::Config(
+            "--time-scale must be a positive number".into(),
+        ));
+    }
+    let config = EngineConfig::new(flavor, models)
+        .with_profile(profile)
+        .with_seed(seed)
+        .with_time_scale(time_scale);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr().context("no local address")?;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let ctrl_c = shutdown.clone();
+        let watcher = tokio::spawn(async move {
+            // Ctrl-C (or a failed signal handler) ends the server gracefully.
+            let _ = tokio::signal::ctrl_c().await;
+            ctrl_c.cancel();
+        });
+        println!(
+            "emulated {} engine listening on http://{addr}",
+            flavor.as_str()
+        );
+        let served = pair_emulator::http::serve(config, listener, shutdown.clone()).await;
+        shutdown.cancel();
+        watcher.abort();
+        let _ = watcher.await;
+        served.map_err(|e| match e {
+            pair_emulator::EmulatorError::BadConfig { .. } => Failure::Config(chain(&e)),
+            e => Failure::Other(e.into()),
+        })
+    })
+}

@@ -1,0 +1,283 @@
+//! Per-request records and their summaries: exact percentiles (by sorting),
+//! throughput, per-node shares of requests and of SLO misses.
+
+use serde::Serialize;
+
+use crate::scenario::{Micros, US_PER_MS, US_PER_S};
+
+/// What happened to one measured request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub arrival: Micros,
+    /// Node index; `None` when no node could take it.
+    pub node: Option<u16>,
+    pub source: u16,
+    /// Time to first token as the client sees it (network included).
+    pub ttft: Micros,
+    /// Whole answer as the client sees it.
+    pub e2e: Micros,
+    /// Waiting for a slot on the engine.
+    pub queue: Micros,
+    pub output_tokens: u32,
+    pub cold: bool,
+}
+
+/// p50/p95/p99 (nearest rank), mean and max, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    /// Sorts `values` (microseconds) in place and summarises them.
+    pub fn of(values: &mut [Micros]) -> Percentiles {
+        if values.is_empty() {
+            return Percentiles::default();
+        }
+        values.sort_unstable();
+        let sum: u128 = values.iter().map(|v| u128::from(*v)).sum();
+        Percentiles {
+            p50_ms: to_ms(nearest_rank(values, 50)),
+            p95_ms: to_ms(nearest_rank(values, 95)),
+            p99_ms: to_ms(nearest_rank(values, 99)),
+            mean_ms: round3(sum as f64 / values.len() as f64 / US_PER_MS as f64),
+            max_ms: to_ms(values[values.len() - 1]),
+        }
+    }
+}
+
+/// The nearest-rank percentile of sorted values: the smallest value with at
+/// least `pct` % of the values at or below it.
+pub fn nearest_rank(sorted: &[Micros], pct: u32) -> Micros {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let n = sorted.len();
+    let rank = (n * pct as usize).div_ceil(100).clamp(1, n);
+    sorted[rank - 1]
+}
+
+/// Milliseconds with three decimals (microsecond resolution), so JSON stays
+/// short and byte-stable.
+pub fn to_ms(us: Micros) -> f64 {
+    round3(us as f64 / US_PER_MS as f64)
+}
+
+pub fn round3(v: f64) -> f64 {
+    (v * 1_000.0).round() / 1_000.0
+}
+
+/// One node's part in a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeSummary {
+    pub name: String,
+    pub profile: String,
+    pub requests: u64,
+    /// Share of all measured requests, 0..=1.
+    pub request_share: f64,
+    /// Requests whose TTFT exceeded the miss threshold.
+    pub slo_misses: u64,
+    /// Share of all SLO misses, 0..=1.
+    pub miss_share: f64,
+    /// Busy (prefilling or decoding) share of the run, 0..=1.
+    pub utilisation: f64,
+    pub ttft_p95_ms: f64,
+    pub cold_starts: u64,
+}
+
+/// Summary of one simulated run under one policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Requests measured (arrived after warm-up and served).
+    pub requests: u64,
+    /// Every request generated, warm-up included.
+    pub generated: u64,
+    pub completed: u64,
+    pub rejected: u64,
+    pub ttft: Percentiles,
+    pub e2e: Percentiles,
+    pub queue: Percentiles,
+    /// Measured requests completed per second over the measured window.
+    pub throughput_rps: f64,
+    pub output_tokens_per_s: f64,
+    pub slo_misses: u64,
+    pub simulated_s: f64,
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// Builds the summary, and the sorted TTFTs (for CDF plots) on request.
+pub fn summarise(
+    records: &[Record],
+    nodes: &[(String, String, f64)],
+    miss_threshold: Micros,
+    generated: u64,
+    completed: u64,
+    window: (Micros, Micros),
+) -> (RunSummary, Vec<Micros>) {
+    let mut ttft: Vec<Micros> = Vec::with_capacity(records.len());
+    let mut e2e: Vec<Micros> = Vec::with_capacity(records.len());
+    let mut queue: Vec<Micros> = Vec::with_capacity(records.len());
+    let mut per_node_ttft: Vec<Vec<Micros>> = vec![Vec::new(); nodes.len()];
+    let mut per_node = vec![(0u64, 0u64, 0u64); nodes.len()];
+    let mut rejected = 0u64;
+    let mut misses = 0u64;
+    let mut tokens = 0u64;
+    for r in records {
+        let Some(n) = r.node else {
+            rejected += 1;
+            continue;
+        };
+        ttft.push(r.ttft);
+        e2e.push(r.e2e);
+        queue.push(r.queue);
+        tokens += u64::from(r.output_tokens);
+        let miss = r.ttft > miss_threshold;
+        misses += u64::from(miss);
+        if let Some(p) = per_node.get_mut(usize::from(n)) {
+            p.0 += 1;
+            p.1 += u64::from(miss);
+            p.2 += u64::from(r.cold);
+            per_node_ttft[usize::from(n)].push(r.ttft);
+        }
+    }
+    let served = ttft.len() as u64;
+    let span_s = (window.1.saturating_sub(window.0)).max(1) as f64 / US_PER_S as f64;
+    let share = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            round3(a as f64 / b as f64)
+        }
+    };
+    let node_summaries = nodes
+        .iter()
+        .zip(per_node.iter().zip(per_node_ttft.iter_mut()))
+        .map(
+            |((name, profile, util), (&(req, miss, cold), t))| NodeSummary {
+                name: name.clone(),
+                profile: profile.clone(),
+                requests: req,
+                request_share: share(req, served),
+                slo_misses: miss,
+                miss_share: share(miss, misses),
+                utilisation: round3(*util),
+                ttft_p95_ms: {
+                    t.sort_unstable();
+                    to_ms(nearest_rank(t, 95))
+                },
+                cold_starts: cold,
+            },
+        )
+        .collect();
+    let summary = RunSummary {
+        requests: served,
+        generated,
+        completed,
+        rejected,
+        ttft: Percentiles::of(&mut ttft),
+        e2e: Percentiles::of(&mut e2e),
+        queue: Percentiles::of(&mut queue),
+        throughput_rps: round3(served as f64 / span_s),
+        output_tokens_per_s: round3(tokens as f64 / span_s),
+        slo_misses: misses,
+        simulated_s: round3(window.1 as f64 / US_PER_S as f64),
+        nodes: node_summaries,
+    };
+    (summary, ttft)
+}
+
+/// Downsamples a sorted sample into at most `points` (ms, fraction) pairs
+/// for a CDF plot; always keeps the first and last value.
+pub fn cdf_points(sorted: &[Micros], points: usize) -> Vec<(f64, f64)> {
+    let n = sorted.len();
+    if n == 0 || points == 0 {
+        return Vec::new();
+    }
+    let step = n.div_ceil(points).max(1);
+    let mut out: Vec<(f64, f64)> = (0..n)
+        .step_by(step)
+        .map(|i| (to_ms(sorted[i]), round3((i + 1) as f64 / n as f64)))
+        .collect();
+    if out.last().map(|p| p.1) != Some(1.0) {
+        out.push((to_ms(sorted[n - 1]), 1.0));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nearest_rank_matches_the_definition() {
+        let v: Vec<Micros> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v, 50), 50);
+        assert_eq!(nearest_rank(&v, 95), 95);
+        assert_eq!(nearest_rank(&v, 99), 99);
+        assert_eq!(nearest_rank(&[7], 95), 7);
+        assert_eq!(nearest_rank(&[], 95), 0);
+        let mut w = vec![3_000, 1_000, 2_000];
+        let p = Percentiles::of(&mut w);
+        assert_eq!(
+            (p.p50_ms, p.p95_ms, p.max_ms, p.mean_ms),
+            (2.0, 3.0, 3.0, 2.0)
+        );
+    }
+
+    #[test]
+    fn shares_and_misses_add_up() {
+        let rec = |node, ttft| Record {
+            arrival: 0,
+            node,
+            source: 0,
+            ttft,
+            e2e: ttft * 2,
+            queue: 0,
+            output_tokens: 10,
+            cold: false,
+        };
+        let records = vec![
+            rec(Some(0), 100),
+            rec(Some(0), 5_000),
+            rec(Some(1), 9_000),
+            rec(None, 0),
+        ];
+        let nodes = vec![
+            ("a".to_owned(), "rtx4090".to_owned(), 0.5),
+            ("b".to_owned(), "laptop".to_owned(), 0.25),
+        ];
+        let (s, sorted) = summarise(&records, &nodes, 1_000, 4, 3, (0, US_PER_S));
+        assert_eq!(s.requests, 3);
+        assert_eq!(s.rejected, 1);
+        assert_eq!(s.slo_misses, 2);
+        assert_eq!(s.nodes[0].requests, 2);
+        assert_eq!(s.nodes[1].miss_share, 0.5);
+        assert_eq!(sorted, vec![100, 5_000, 9_000]);
+        assert_eq!(s.throughput_rps, 3.0);
+    }
+
+    proptest! {
+        #[test]
+        fn percentiles_are_ordered_and_within_range(mut v in proptest::collection::vec(0u64..10_000_000, 1..500)) {
+            let lo = *v.iter().min().unwrap();
+            let hi = *v.iter().max().unwrap();
+            let p = Percentiles::of(&mut v);
+            prop_assert!(p.p50_ms <= p.p95_ms && p.p95_ms <= p.p99_ms && p.p99_ms <= p.max_ms);
+            prop_assert!(p.p50_ms >= to_ms(lo) && p.max_ms == to_ms(hi));
+        }
+
+        #[test]
+        fn cdf_is_monotone_and_ends_at_one(mut v in proptest::collection::vec(0u64..1_000_000, 1..3_000), pts in 1usize..200) {
+            v.sort_unstable();
+            let c = cdf_points(&v, pts);
+            prop_assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+            prop_assert_eq!(c.last().map(|p| p.1), Some(1.0));
+            prop_assert!(c.len() <= pts + 2);
+        }
+    }
+}

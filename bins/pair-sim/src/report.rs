@@ -1,0 +1,320 @@
+//! Comparing policies on one scenario: the runs, the users-at-SLO searches,
+//! and their presentation as a terminal table, JSON and SVG files.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use pair_scheduler::Policy;
+use serde::Serialize;
+
+use crate::SimError;
+use crate::metrics::{RunSummary, cdf_points};
+use crate::scenario::{Micros, Scenario, US_PER_MS};
+use crate::search::{Probe, SearchOutcome, users_at_slo};
+use crate::sim::{Cluster, simulate};
+use crate::svg;
+
+/// One policy's results on a scenario.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyResult {
+    pub policy: Policy,
+    /// The run with the scenario's own users and duration.
+    pub run: RunSummary,
+    /// Users at SLO (absent when the scenario has no closed-loop source or
+    /// the search was not asked for).
+    pub search: Option<SearchOutcome>,
+    /// (TTFT ms, fraction) points of the run's TTFT CDF.
+    pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+/// Everything `pair-sim run` found on one scenario.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub description: String,
+    pub seed: u64,
+    pub slo_ttft_p95_ms: f64,
+    pub nodes: Vec<NodeInfo>,
+    pub users: Option<u32>,
+    pub policies: Vec<PolicyResult>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub profile: String,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    pub policies: Vec<Policy>,
+    /// Search users at SLO (one full simulation per probe).
+    pub search: bool,
+    /// Run policies on separate threads (results are identical either way).
+    pub parallel: bool,
+}
+
+/// Runs every policy (and its users-at-SLO search) on a scenario. `tick` is
+/// called after each simulation with a short description, for progress.
+pub fn compare(
+    scn: &Scenario,
+    opts: &CompareOptions,
+    tick: &(dyn Fn(&str) + Sync),
+) -> Result<ScenarioReport, SimError> {
+    let plan = Cluster::build(scn)?;
+    let one = |policy: Policy| -> Result<PolicyResult, SimError> {
+        let out = simulate(scn, &plan, policy)?;
+        tick(&format!("{} {policy}: run", scn.name));
+        let search = match (opts.search, scn.search.source) {
+            (true, Some(_)) => Some(users_at_slo(scn.search.max_users, |users| {
+                let probe_scn = scn.with_users(users);
+                let r = simulate(&probe_scn, &plan, policy)?;
+                tick(&format!("{} {policy}: {users} users", scn.name));
+                Ok::<_, SimError>(Probe {
+                    users,
+                    ttft_p95_ms: r.summary.ttft.p95_ms,
+                    e2e_p95_ms: r.summary.e2e.p95_ms,
+                    pass: slo_met(&r.summary, scn.slo.ttft_p95),
+                })
+            })?),
+            _ => None,
+        };
+        Ok(PolicyResult {
+            policy,
+            ttft_cdf: cdf_points(&out.ttft_sorted, 240),
+            run: out.summary,
+            search,
+        })
+    };
+    let results: Vec<Result<PolicyResult, SimError>> = if opts.parallel && opts.policies.len() > 1 {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = opts
+                .policies
+                .iter()
+                .map(|&p| s.spawn(move || one(p)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok(r) => r,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                })
+                .collect()
+        })
+    } else {
+        opts.policies.iter().map(|&p| one(p)).collect()
+    };
+    let policies = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(ScenarioReport {
+        scenario: scn.name.clone(),
+        description: scn.description.clone(),
+        seed: scn.seed,
+        slo_ttft_p95_ms: scn.slo.ttft_p95 as f64 / US_PER_MS as f64,
+        nodes: plan
+            .names()
+            .into_iter()
+            .map(|(name, profile)| NodeInfo { name, profile })
+            .collect(),
+        users: scn.configured_users(),
+        policies,
+    })
+}
+
+/// The SLO test of the search: p95 TTFT within the target, and at least one
+/// measured request (an empty run proves nothing).
+pub fn slo_met(run: &RunSummary, ttft_p95: Micros) -> bool {
+    run.requests > 0 && run.ttft.p95_ms <= ttft_p95 as f64 / US_PER_MS as f64
+}
+
+/// Upper bound on the number of simulations `compare` runs, for a progress
+/// bar: one run per policy plus a search's worst case.
+pub fn planned_simulations(scn: &Scenario, opts: &CompareOptions) -> u64 {
+    let per_search = if opts.search && scn.search.source.is_some() {
+        let bits = u64::from(32 - scn.search.max_users.max(1).leading_zeros());
+        2 * bits + 1
+    } else {
+        0
+    };
+    opts.policies.len() as u64 * (1 + per_search)
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1}s", v / 1_000.0)
+    } else if v >= 1_000.0 {
+        format!("{:.2}s", v / 1_000.0)
+    } else {
+        format!("{v:.0}ms")
+    }
+}
+
+/// The terminal table: one row per policy, then each node's share.
+pub fn render_table(r: &ScenarioReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {} (seed {}, SLO p95 TTFT {}){}",
+        r.scenario,
+        r.seed,
+        fmt_ms(r.slo_ttft_p95_ms),
+        r.users.map_or(String::new(), |u| format!(", {u} users"))
+    );
+    if !r.description.is_empty() {
+        let _ = writeln!(out, "  {}", r.description);
+    }
+    let _ = writeln!(
+        out,
+        "{:<18} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "policy",
+        "users@SLO",
+        "ttft p50",
+        "ttft p95",
+        "ttft p99",
+        "e2e p50",
+        "e2e p95",
+        "e2e p99",
+        "queue95",
+        "req/s",
+        "misses"
+    );
+    for p in &r.policies {
+        let users = match &p.search {
+            Some(s) if s.capped => format!(">={}", s.users_at_slo),
+            Some(s) => s.users_at_slo.to_string(),
+            None => "-".into(),
+        };
+        let miss_pct = if p.run.requests == 0 {
+            0.0
+        } else {
+            p.run.slo_misses as f64 * 100.0 / p.run.requests as f64
+        };
+        let _ = writeln!(
+            out,
+            "{:<18} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.2} {:>6.1}%",
+            p.policy.as_str(),
+            users,
+            fmt_ms(p.run.ttft.p50_ms),
+            fmt_ms(p.run.ttft.p95_ms),
+            fmt_ms(p.run.ttft.p99_ms),
+            fmt_ms(p.run.e2e.p50_ms),
+            fmt_ms(p.run.e2e.p95_ms),
+            fmt_ms(p.run.e2e.p99_ms),
+            fmt_ms(p.run.queue.p95_ms),
+            p.run.throughput_rps,
+            miss_pct
+        );
+    }
+    let _ = writeln!(
+        out,
+        "per node: share of requests / share of SLO misses / utilisation"
+    );
+    let _ = write!(out, "{:<18} {:<17}", "node", "profile");
+    for p in &r.policies {
+        let _ = write!(out, " {:>18}", p.policy.as_str());
+    }
+    out.push('\n');
+    for (i, n) in r.nodes.iter().enumerate() {
+        let _ = write!(out, "{:<18} {:<17}", n.name, n.profile);
+        for p in &r.policies {
+            if let Some(s) = p.run.nodes.get(i) {
+                let cell = format!(
+                    "{:.0}/{:.0}/{:.0}%",
+                    s.request_share * 100.0,
+                    s.miss_share * 100.0,
+                    s.utilisation * 100.0
+                );
+                let _ = write!(out, " {cell:>18}");
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes the three plots for a scenario into `dir`; returns their paths.
+pub fn write_svgs(r: &ScenarioReport, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
+    std::fs::create_dir_all(dir).map_err(|source| SimError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    let mut put = |name: String, body: String| -> Result<(), SimError> {
+        let path = dir.join(name);
+        std::fs::write(&path, body).map_err(|source| SimError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        written.push(path);
+        Ok(())
+    };
+    let cdf: Vec<(String, Vec<(f64, f64)>)> = r
+        .policies
+        .iter()
+        .map(|p| (p.policy.as_str().to_owned(), p.ttft_cdf.clone()))
+        .collect();
+    put(
+        format!("{}-ttft-cdf.svg", r.scenario),
+        svg::ttft_cdf(
+            &format!("{}: TTFT CDF per policy", r.scenario),
+            &cdf,
+            r.slo_ttft_p95_ms,
+        ),
+    )?;
+    let users: Vec<svg::UsersSeries> = r
+        .policies
+        .iter()
+        .filter_map(|p| {
+            p.search.as_ref().map(|s| svg::UsersSeries {
+                policy: p.policy.as_str().to_owned(),
+                points: s.probes.iter().map(|x| (x.users, x.ttft_p95_ms)).collect(),
+                users_at_slo: s.users_at_slo,
+            })
+        })
+        .collect();
+    if !users.is_empty() {
+        put(
+            format!("{}-users.svg", r.scenario),
+            svg::p95_vs_users(
+                &format!("{}: p95 TTFT against users", r.scenario),
+                &users,
+                r.slo_ttft_p95_ms,
+            ),
+        )?;
+    }
+    let rows: Vec<svg::ShareRow> = r
+        .policies
+        .iter()
+        .map(|p| svg::ShareRow {
+            policy: p.policy.as_str().to_owned(),
+            shares: p
+                .run
+                .nodes
+                .iter()
+                .map(|n| (n.request_share, n.miss_share))
+                .collect(),
+        })
+        .collect();
+    let names: Vec<String> = r.nodes.iter().map(|n| n.name.clone()).collect();
+    put(
+        format!("{}-nodes.svg", r.scenario),
+        svg::node_shares(
+            &format!("{}: where requests and SLO misses go", r.scenario),
+            &names,
+            &rows,
+        ),
+    )?;
+    Ok(written)
+}
+
+/// The report as pretty JSON (byte-identical for the same seed).
+pub fn to_json(reports: &[ScenarioReport]) -> Result<String, SimError> {
+    let mut s = if reports.len() == 1 {
+        serde_json::to_string_pretty(&reports[0])
+    } else {
+        serde_json::to_string_pretty(reports)
+    }
+    .map_err(SimError::Json)?;
+    s.push('\n');
+    Ok(s)
+}

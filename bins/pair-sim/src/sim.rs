@@ -1,0 +1,757 @@
+//! The discrete-event cluster simulation: nodes running pair-emulator's
+//! engine model, one router ranking with the real pair-scheduler, and the
+//! information delays a real pair node lives with.
+//!
+//! What the router knows, and when:
+//! - Each node samples GPU utilisation every `telemetry_interval` and keeps
+//!   PAIR's EWMA pressure band; each node sends a workload report (jobs,
+//!   tokens, loaded models, VRAM, pressure) every `report_interval`, which
+//!   arrives `network_delay` later.
+//! - The router republishes its `ClusterSnapshot` every `PUBLISH_INTERVAL`
+//!   from the reports that have arrived (a real node swaps an `Arc` the same
+//!   way), syncing its reservations against it.
+//! - Dispatches are reserved at once and released when the answer ends.
+//! - Speed is learned by pair-scheduler's `PerfLearner` from the durations
+//!   the engine reports with each answer (Ollama's `prompt_eval_duration` and
+//!   `eval_duration`), seeded from the hardware profile when the scenario
+//!   says the node advertises one.
+//!
+//! Engines reuse a conversation's KV cache when the previous turn ran on the
+//! same node and is still among the last `slots` conversations there (as
+//! llama.cpp and Ollama do with prompt caching): only new tokens prefill.
+//!
+//! Everything is seeded and ordered by (time, insertion sequence), so a run
+//! is a pure function of the scenario, the policy and the seed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use pair_core::{
+    ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
+    ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, SessionKey, Workload,
+};
+use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
+use pair_scheduler::{
+    Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::SimError;
+use crate::metrics::{Record, RunSummary, summarise};
+use crate::pressure::{PairPressure, pair_pressure_seen};
+use crate::scenario::{Micros, Scenario, SeedPerf, US_PER_MS};
+use crate::workload::{Demand, SourceState, stream_seed};
+
+/// How often the router republishes its cluster snapshot.
+pub const PUBLISH_INTERVAL: Micros = 250 * US_PER_MS;
+
+/// A finished run.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    pub policy: Policy,
+    pub summary: RunSummary,
+    /// Every measured TTFT, sorted (for CDF plots).
+    pub ttft_sorted: Vec<Micros>,
+    /// Events processed (for the bench's events/s figure).
+    pub events: u64,
+}
+
+/// The fixed part of a scenario's nodes, resolved once and shared by runs.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    nodes: Vec<NodePlan>,
+}
+
+#[derive(Clone, Debug)]
+struct NodePlan {
+    id: NodeId,
+    name: String,
+    profile: HardwareProfile,
+    engine: EngineModel,
+    /// Scenario model index -> engine model index.
+    local: Vec<Option<usize>>,
+    /// Seed figures per engine model (None: the node advertises nothing).
+    seed: Vec<Option<ModelPerf>>,
+    base_perf: Option<ModelPerf>,
+    rtt: Micros,
+}
+
+impl Cluster {
+    /// Resolves profiles and builds the engines in their starting state.
+    pub fn build(scn: &Scenario) -> Result<Cluster, SimError> {
+        let mut nodes = Vec::with_capacity(scn.nodes.len());
+        for (i, n) in scn.nodes.iter().enumerate() {
+            let profile = HardwareProfile::by_name(&n.profile).map_err(|_| SimError::Unknown {
+                field: format!("nodes[{i}].profile (node {})", n.name),
+                what: "hardware profile",
+                name: n.profile.clone(),
+            })?;
+            let specs: Vec<pair_emulator::ModelSpec> = n
+                .models
+                .iter()
+                .map(|&m| {
+                    pair_emulator::ModelSpec::new(
+                        scn.models[m].name.as_str(),
+                        scn.models[m].size_bytes,
+                    )
+                })
+                .collect();
+            let mut engine = EngineModel::new(&profile, &specs, n.slots.map(u32::from));
+            let mut local = vec![None; scn.models.len()];
+            for (k, &m) in n.models.iter().enumerate() {
+                local[m] = Some(k);
+            }
+            for &m in &n.preloaded {
+                if let Some(k) = local[m] {
+                    engine.preload(k).map_err(|source| SimError::Engine {
+                        node: n.name.clone(),
+                        source,
+                    })?;
+                }
+            }
+            let seed = specs
+                .iter()
+                .map(|s| match n.seed_perf {
+                    SeedPerf::Profile => Some(profile.rates(s.size_bytes).to_perf()),
+                    SeedPerf::None => None,
+                })
+                .collect();
+            let base_perf = match n.seed_perf {
+                SeedPerf::Profile => Some(profile.rates(profile.reference_model_bytes).to_perf()),
+                SeedPerf::None => None,
+            };
+            nodes.push(NodePlan {
+                id: node_id(&n.name),
+                name: n.name.clone(),
+                profile,
+                engine,
+                local,
+                seed,
+                base_perf,
+                rtt: n.rtt,
+            });
+        }
+        let mut ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
+        ids.sort();
+        ids.dedup();
+        if ids.len() != nodes.len() {
+            return Err(SimError::invalid("nodes", "two node names hash to one id"));
+        }
+        Ok(Cluster { nodes })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// (name, profile) per node, in scenario order.
+    pub fn names(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.profile.name.clone()))
+            .collect()
+    }
+}
+
+/// A stable node id from the node's name, so ties broken by id do not move
+/// when the seed changes.
+pub fn node_id(name: &str) -> NodeId {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    let hi = stream_seed(h, 0x5EED, 1);
+    let lo = stream_seed(h, 0x5EED, 2);
+    NodeId::from_u128((u128::from(hi) << 64) | u128::from(lo))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Publish,
+    Telemetry,
+    Report(u16),
+    Engine(u16),
+    Arrival(u16),
+    Wake(u16, u32),
+}
+
+/// A report on its way to the router.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    arrives: Micros,
+    made: Micros,
+    workload: Workload,
+    /// Bit k: engine model k is loaded.
+    loaded: u64,
+    memory_used: u64,
+    utilisation_pct: u8,
+    pressure: Option<(Pressure, Micros)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    demand: Demand,
+    arrival: Micros,
+    node: u16,
+    reservation: ReservationId,
+}
+
+/// Per-node state the simulation keeps beside the engine.
+#[derive(Clone, Debug)]
+struct NodeState {
+    engine: EngineModel,
+    due: Option<Micros>,
+    pressure: PairPressure,
+    last_busy: Micros,
+    last_util_pct: u8,
+    last_sample: Option<(Pressure, Micros)>,
+    /// The latest band (and when it was sampled) the router has received.
+    router_pressure: Option<(Pressure, Micros)>,
+    reports: std::collections::VecDeque<Report>,
+    /// Declared (router-visible) output tokens of in-flight jobs, and their
+    /// real output tokens: the report's decode estimate is built from what
+    /// the node's proxy knows, not from the engine's future.
+    declared_out: u64,
+    actual_out: u64,
+    /// Recent conversations whose KV cache the engine still holds:
+    /// (session, cached tokens, last use).
+    kv: Vec<(SessionKey, u32, Micros)>,
+    kv_capacity: usize,
+}
+
+struct Sim<'a> {
+    scn: &'a Scenario,
+    plan: &'a Cluster,
+    nodes: Vec<NodeState>,
+    /// Scenario node index by position in the id-sorted snapshot.
+    by_snapshot: Vec<usize>,
+    /// The router's mirror of the cluster, id-sorted like the snapshot.
+    view: Vec<NodeSnapshot>,
+    snapshot: ClusterSnapshot,
+    generation: u64,
+    scheduler: Scheduler,
+    reservations: Reservations,
+    learner: PerfLearner,
+    rng: ChaCha8Rng,
+    ranking: Ranking,
+    profile: RequestProfile,
+    heap: BinaryHeap<Reverse<(Micros, u64, Ev)>>,
+    seq: u64,
+    sources: Vec<SourceState>,
+    inflight: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    live: usize,
+    records: Vec<Record>,
+    generated: u64,
+    completed: u64,
+    batch: Vec<Demand>,
+    engine_events: Vec<EngineEvent>,
+    events: u64,
+    last_finish: Micros,
+}
+
+/// Runs one scenario under one policy.
+pub fn simulate(scn: &Scenario, plan: &Cluster, policy: Policy) -> Result<RunOutput, SimError> {
+    let mut sim = Sim::new(scn, plan, policy);
+    sim.run();
+    Ok(sim.finish(policy))
+}
+
+impl<'a> Sim<'a> {
+    fn new(scn: &'a Scenario, plan: &'a Cluster, policy: Policy) -> Self {
+        let mut order: Vec<usize> = (0..plan.nodes.len()).collect();
+        order.sort_by_key(|&i| plan.nodes[i].id);
+        let nodes: Vec<NodeState> = plan
+            .nodes
+            .iter()
+            .map(|p| NodeState {
+                engine: p.engine.clone(),
+                due: None,
+                pressure: PairPressure::default(),
+                last_busy: 0,
+                last_util_pct: 0,
+                last_sample: None,
+                router_pressure: None,
+                reports: std::collections::VecDeque::new(),
+                declared_out: 0,
+                actual_out: 0,
+                kv: Vec::new(),
+                kv_capacity: p.engine.slots() as usize,
+            })
+            .collect();
+        let view: Vec<NodeSnapshot> = order
+            .iter()
+            .map(|&i| initial_view(scn, &plan.nodes[i], &nodes[i].engine))
+            .collect();
+        let sources = scn
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SourceState::new(scn.seed, i, s))
+            .collect();
+        let policy_index = Policy::ALL.iter().position(|p| *p == policy).unwrap_or(0);
+        Sim {
+            scn,
+            plan,
+            nodes,
+            by_snapshot: order,
+            snapshot: ClusterSnapshot::new(0, 0, view.clone()),
+            view,
+            generation: 0,
+            scheduler: Scheduler::with_policy(policy),
+            reservations: Reservations::new(),
+            learner: PerfLearner::new(),
+            rng: ChaCha8Rng::seed_from_u64(stream_seed(scn.seed, 0xD1CE, policy_index as u64)),
+            ranking: Ranking::with_capacity(plan.nodes.len()),
+            profile: RequestProfile::new(String::with_capacity(64), ApiFlavor::Ollama),
+            heap: BinaryHeap::with_capacity(1024),
+            seq: 0,
+            sources,
+            inflight: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            records: Vec::new(),
+            generated: 0,
+            completed: 0,
+            batch: Vec::new(),
+            engine_events: Vec::new(),
+            events: 0,
+            last_finish: 0,
+        }
+    }
+
+    fn push(&mut self, at: Micros, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    /// Whether periodic machinery must keep ticking.
+    fn active(&self, now: Micros) -> bool {
+        now < self.scn.duration || self.live > 0
+    }
+
+    fn run(&mut self) {
+        let n = self.nodes.len();
+        self.push(0, Ev::Publish);
+        self.push(self.scn.info.telemetry_interval, Ev::Telemetry);
+        for i in 0..n {
+            // Stagger reports across the interval, as independent nodes do.
+            let phase = self.scn.info.report_interval * i as u64 / n as u64;
+            self.push(phase, Ev::Report(i as u16));
+        }
+        for s in 0..self.scn.sources.len() {
+            let src = &self.scn.sources[s];
+            if let Some(t) = self.sources[s].next_arrival(src, 0)
+                && t < self.scn.duration
+            {
+                self.push(t, Ev::Arrival(s as u16));
+            }
+            for u in 0..self.sources[s].users() {
+                let t = self.sources[s].first_wake(src, u);
+                self.push(t, Ev::Wake(s as u16, u));
+            }
+        }
+        while let Some(Reverse((now, _, ev))) = self.heap.pop() {
+            self.events += 1;
+            match ev {
+                Ev::Arrival(s) => self.on_arrival(now, usize::from(s)),
+                Ev::Wake(s, u) => self.on_wake(now, usize::from(s), u),
+                Ev::Engine(i) => self.on_engine(now, usize::from(i)),
+                Ev::Report(i) => self.on_report(now, usize::from(i)),
+                Ev::Telemetry => self.on_telemetry(now),
+                Ev::Publish => self.on_publish(now),
+            }
+        }
+    }
+
+    fn on_arrival(&mut self, now: Micros, s: usize) {
+        let src = &self.scn.sources[s];
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        self.sources[s].open_loop_batch(src, &mut batch);
+        for d in &batch {
+            self.dispatch(now, *d);
+        }
+        self.batch = batch;
+        if let Some(t) = self.sources[s].next_arrival(src, now)
+            && t < self.scn.duration
+        {
+            self.push(t, Ev::Arrival(s as u16));
+        }
+    }
+
+    fn on_wake(&mut self, now: Micros, s: usize, u: u32) {
+        if now >= self.scn.duration {
+            return;
+        }
+        let src = &self.scn.sources[s];
+        if let Some(d) = self.sources[s].user_request(src, u) {
+            self.dispatch(now, d);
+        }
+    }
+
+    fn dispatch(&mut self, now: Micros, d: Demand) {
+        self.generated += 1;
+        let now_ms = now / US_PER_MS;
+        let model = &self.scn.models[usize::from(d.model)];
+        self.profile.model.clear();
+        self.profile.model.push_str(model.name.as_str());
+        self.profile.streaming = d.streaming;
+        self.profile.prompt_tokens = d.prompt_tokens;
+        self.profile.max_output_tokens = d.declared_output;
+        self.profile.session = d.session;
+        self.scheduler.rank_into(
+            &mut self.ranking,
+            &self.snapshot,
+            &self.profile,
+            &self.reservations,
+            now_ms,
+            &mut self.rng,
+        );
+        let Some(first) = self.ranking.first() else {
+            // No eligible node: the client gets a 502 at once.
+            self.record(Record {
+                arrival: now,
+                node: None,
+                source: d.source,
+                ttft: 0,
+                e2e: 0,
+                queue: 0,
+                output_tokens: 0,
+                cold: false,
+            });
+            self.completed += 1;
+            self.user_done(now, d);
+            return;
+        };
+        let node_id = first.node;
+        let Some(pos) = self.snapshot.index_of(node_id) else {
+            return;
+        };
+        let i = self.by_snapshot[pos];
+        let reservation = self.reservations.reserve(node_id, &self.profile, now_ms);
+        if let Some(session) = d.session {
+            self.scheduler.bind_session(session, node_id, now_ms);
+        }
+        let Some(local) = self.plan.nodes[i].local[usize::from(d.model)] else {
+            return;
+        };
+        let slot = match self.free.pop() {
+            Some(k) => k,
+            None => {
+                self.inflight.push(None);
+                self.inflight.len() - 1
+            }
+        };
+        self.inflight[slot] = Some(InFlight {
+            demand: d,
+            arrival: now,
+            node: i as u16,
+            reservation,
+        });
+        self.live += 1;
+        let node = &mut self.nodes[i];
+        // Prompt caching: a conversation's previous context is still in the
+        // engine's KV cache if it is among the recent ones here.
+        let cached = d
+            .session
+            .and_then(|s| node.kv.iter().find(|e| e.0 == s).map(|e| e.1))
+            .unwrap_or(0);
+        let prompt = d.prompt_tokens.saturating_sub(cached).max(1);
+        node.declared_out += u64::from(d.declared_output);
+        node.actual_out += u64::from(d.output_tokens);
+        // The model index is the engine's own; it cannot be out of range.
+        let _ = node.engine.submit(
+            now,
+            JobSpec {
+                id: slot as u64,
+                model: local,
+                prompt_tokens: prompt,
+                output_tokens: d.output_tokens,
+            },
+        );
+        self.reschedule(i);
+    }
+
+    fn reschedule(&mut self, i: usize) {
+        let at = self.nodes[i].engine.next_event_at();
+        if at != self.nodes[i].due {
+            self.nodes[i].due = at;
+            if let Some(t) = at {
+                self.push(t, Ev::Engine(i as u16));
+            }
+        }
+    }
+
+    fn on_engine(&mut self, now: Micros, i: usize) {
+        if self.nodes[i].due != Some(now) {
+            return; // superseded
+        }
+        self.nodes[i].due = None;
+        let mut events = std::mem::take(&mut self.engine_events);
+        events.clear();
+        self.nodes[i].engine.advance(now, &mut events);
+        for ev in &events {
+            if let EngineEvent::Finished(t) = ev {
+                self.on_finished(i, t);
+            }
+        }
+        self.engine_events = events;
+        self.reschedule(i);
+    }
+
+    fn on_finished(&mut self, i: usize, t: &pair_emulator::JobTiming) {
+        let slot = t.id as usize;
+        let Some(f) = self.inflight.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.free.push(slot);
+        self.live -= 1;
+        self.completed += 1;
+        self.last_finish = self.last_finish.max(t.finished_us);
+        self.reservations.release(f.reservation);
+        let plan = &self.plan.nodes[i];
+        let rtt = plan.rtt;
+        let node = &mut self.nodes[i];
+        node.declared_out = node
+            .declared_out
+            .saturating_sub(u64::from(f.demand.declared_output));
+        node.actual_out = node
+            .actual_out
+            .saturating_sub(u64::from(f.demand.output_tokens));
+        if let Some(s) = f.demand.session {
+            let ctx = f
+                .demand
+                .prompt_tokens
+                .saturating_add(f.demand.output_tokens);
+            match node.kv.iter_mut().find(|e| e.0 == s) {
+                Some(e) => *e = (s, ctx, t.finished_us),
+                None => {
+                    if node.kv.len() >= node.kv_capacity
+                        && let Some(oldest) = node
+                            .kv
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, e)| e.2)
+                            .map(|(k, _)| k)
+                    {
+                        node.kv.swap_remove(oldest);
+                    }
+                    node.kv.push((s, ctx, t.finished_us));
+                }
+            }
+        }
+        // The engine's own durations (Ollama reports prompt_eval_duration and
+        // eval_duration); a cold job's prefill time includes its load.
+        if !t.cold {
+            let ms = |us: u64| u32::try_from(us.div_ceil(US_PER_MS)).unwrap_or(u32::MAX);
+            let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
+            self.learner.observe(&Observation {
+                node: plan.id,
+                model,
+                prompt_tokens: t.prompt_tokens,
+                ttft_ms: ms(t.first_token_us - t.started_us),
+                output_tokens: t.output_tokens,
+                duration_ms: ms(t.finished_us - t.started_us),
+            });
+        }
+        self.record(Record {
+            arrival: f.arrival,
+            node: Some(f.node),
+            source: f.demand.source,
+            ttft: t.first_token_us - f.arrival + rtt,
+            e2e: t.finished_us - f.arrival + rtt,
+            queue: t.started_us - t.submitted_us,
+            output_tokens: t.output_tokens,
+            cold: t.cold,
+        });
+        self.user_done(t.finished_us + rtt, f.demand);
+    }
+
+    fn record(&mut self, r: Record) {
+        if r.arrival >= self.scn.warmup {
+            self.records.push(r);
+        }
+    }
+
+    /// A closed-loop user got its answer at `at`: think, then ask again.
+    fn user_done(&mut self, at: Micros, d: Demand) {
+        if let Some(u) = d.user {
+            let s = usize::from(d.source);
+            let think = self.sources[s].think(&self.scn.sources[s], u);
+            let wake = at + think.max(1);
+            if wake < self.scn.duration {
+                self.push(wake, Ev::Wake(d.source, u));
+            }
+        }
+    }
+
+    fn on_telemetry(&mut self, now: Micros) {
+        let interval = self.scn.info.telemetry_interval;
+        for node in &mut self.nodes {
+            let busy = node.engine.busy_us(now);
+            let util = (busy - node.last_busy) as f64 / interval as f64 * 100.0;
+            node.last_busy = busy;
+            node.last_util_pct = util.round().clamp(0.0, 100.0) as u8;
+            let band = node.pressure.sample(util);
+            node.last_sample = Some((band, now));
+        }
+        if self.active(now) {
+            self.push(now + interval, Ev::Telemetry);
+        }
+    }
+
+    fn on_report(&mut self, now: Micros, i: usize) {
+        let delay = self.scn.info.network_delay;
+        let node = &mut self.nodes[i];
+        let engine_w = node.engine.workload(now);
+        let generated = node.actual_out.saturating_sub(engine_w.decode_tokens);
+        let workload = Workload {
+            decode_tokens: node.declared_out.saturating_sub(generated),
+            ..engine_w
+        };
+        let mut loaded = 0u64;
+        for m in node.engine.models() {
+            if matches!(m.residency, Residency::Loaded) && m.index < 64 {
+                loaded |= 1 << m.index;
+            }
+        }
+        let report = Report {
+            arrives: now + delay,
+            made: now,
+            workload,
+            loaded,
+            memory_used: node.engine.memory_used_bytes(),
+            utilisation_pct: node.last_util_pct,
+            pressure: node.last_sample,
+        };
+        node.reports.push_back(report);
+        if self.active(now) {
+            self.push(now + self.scn.info.report_interval, Ev::Report(i as u16));
+        }
+    }
+
+    fn on_publish(&mut self, now: Micros) {
+        let info = self.scn.info;
+        for (pos, &i) in self.by_snapshot.iter().enumerate() {
+            let node = &mut self.nodes[i];
+            let mut latest = None;
+            while node.reports.front().is_some_and(|r| r.arrives <= now) {
+                latest = node.reports.pop_front();
+            }
+            let v = &mut self.view[pos];
+            if let Some(r) = latest {
+                v.workload = r.workload;
+                v.reported_at_ms = r.made / US_PER_MS;
+                if let Some(engine) = v.engines.first_mut() {
+                    for (k, entry) in engine.models.iter_mut().enumerate() {
+                        entry.loaded = k < 64 && r.loaded & (1 << k) != 0;
+                    }
+                }
+                if let Some(g) = v.gpus.first_mut() {
+                    g.vram_used_bytes = r.memory_used;
+                    g.utilisation_pct = r.utilisation_pct;
+                }
+                if r.pressure.is_some() {
+                    node.router_pressure = r.pressure;
+                }
+            }
+            // Telemetry ages between reports and turns stale (pressure 1).
+            v.pressure = match node.router_pressure {
+                Some((band, at)) => pair_pressure_seen(Some(band), at, now, info.stale_after),
+                None => Pressure::UNKNOWN,
+            };
+            let plan = &self.plan.nodes[i];
+            if let Some(engine) = v.engines.first_mut() {
+                for (k, entry) in engine.models.iter_mut().enumerate() {
+                    let seed = plan.seed[k];
+                    entry.perf = match self.learner.rates(plan.id, entry.name.as_str()) {
+                        Some(r) => Some(r.over(seed.unwrap_or(ModelPerf::FALLBACK))),
+                        None => seed,
+                    };
+                }
+            }
+        }
+        self.generation += 1;
+        self.snapshot = ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
+        self.reservations.sync(&self.snapshot);
+        if self.active(now) {
+            self.push(now + PUBLISH_INTERVAL, Ev::Publish);
+        }
+    }
+
+    fn finish(mut self, policy: Policy) -> RunOutput {
+        let end = self.last_finish.max(self.scn.duration);
+        let names: Vec<(String, String, f64)> = self
+            .plan
+            .nodes
+            .iter()
+            .zip(&self.nodes)
+            .map(|(p, n)| {
+                (
+                    p.name.clone(),
+                    p.profile.name.clone(),
+                    n.engine.busy_us(end) as f64 / end.max(1) as f64,
+                )
+            })
+            .collect();
+        let records = std::mem::take(&mut self.records);
+        let (summary, ttft_sorted) = summarise(
+            &records,
+            &names,
+            self.scn.slo.ttft_miss,
+            self.generated,
+            self.completed,
+            (self.scn.warmup, self.scn.duration),
+        );
+        RunOutput {
+            policy,
+            summary,
+            ttft_sorted,
+            events: self.events,
+        }
+    }
+}
+
+fn initial_view(scn: &Scenario, plan: &NodePlan, engine: &EngineModel) -> NodeSnapshot {
+    let mut v = NodeSnapshot::new(plan.id, plan.name.clone());
+    v.liveness = Liveness::Alive;
+    v.rtt_us = u32::try_from(plan.rtt).unwrap_or(u32::MAX);
+    let models = engine
+        .models()
+        .map(|m| ModelEntry {
+            name: scn.models[scn
+                .models
+                .iter()
+                .position(|x| x.name.as_str() == m.spec.name)
+                .unwrap_or(0)]
+            .name
+            .clone(),
+            size_bytes: Some(m.spec.size_bytes),
+            loaded: matches!(m.residency, Residency::Loaded),
+            perf: plan.seed.get(m.index).copied().flatten(),
+        })
+        .collect();
+    v.engines.push(EngineSnapshot {
+        kind: EngineKind::Ollama,
+        healthy: true,
+        slots: u16::try_from(engine.slots()).unwrap_or(u16::MAX),
+        models,
+    });
+    v.gpus.push(GpuDevice {
+        index: 0,
+        name: plan.profile.name.clone(),
+        utilisation_pct: 0,
+        vram_used_bytes: engine.memory_used_bytes(),
+        vram_total_bytes: engine.memory_bytes(),
+    });
+    v.pressure = Pressure::UNKNOWN;
+    v.base_perf = plan.base_perf;
+    v
+}
