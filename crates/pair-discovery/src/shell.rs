@@ -1,0 +1,435 @@
+//! The async shell: runs the mDNS daemon (advertise + browse) on the
+//! configured interfaces only, the active probes and the static peers, feeds
+//! the pure [`PeerTable`], and publishes it through `tokio::sync::watch`.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mdns_sd::{IfKind, IfPredicate, ServiceDaemon, ServiceEvent, ServiceInfo};
+use pair_core::NodeId;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::DiscoveryError;
+use crate::addrs::{
+    Interfaces, advertised_addrs, is_link_local, is_virtual_interface, local_addrs,
+};
+use crate::config::{DiscoveryConfig, StaticPeer};
+use crate::probe::probe;
+use crate::table::{PeerSet, PeerTable, ProbeFailure, ProbeOk};
+use crate::txt::{TxtRecord, decode_txt, encode_txt};
+
+/// The mDNS service type of pair nodes.
+pub const SERVICE_TYPE: &str = "_pair-node._tcp.local.";
+
+/// How long shutdown waits for the mDNS daemon to send goodbyes and stop.
+const DAEMON_STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Running discovery: owns the mDNS daemon and the event-loop task.
+pub struct Discovery {
+    peers: watch::Receiver<PeerSet>,
+    commands: mpsc::UnboundedSender<Command>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    daemon: Option<ServiceDaemon>,
+    instance: Option<String>,
+    advertised: Vec<IpAddr>,
+}
+
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discovery")
+            .field("instance", &self.instance)
+            .field("advertised", &self.advertised)
+            .field("mdns", &self.daemon.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+enum Command {
+    ExchangeFailed(NodeId),
+}
+
+impl Discovery {
+    /// Starts the mDNS daemon on the chosen interfaces, announces this node
+    /// (when `advertise`), browses for peers and starts probing. Stops when
+    /// `cancel` fires (without waiting: call [`Discovery::shutdown`] for the
+    /// goodbye).
+    pub async fn start(
+        config: DiscoveryConfig,
+        cancel: CancellationToken,
+    ) -> Result<Discovery, DiscoveryError> {
+        let local = local_addrs().map_err(DiscoveryError::Interfaces)?;
+        let advertised = advertised_addrs(&config.interfaces, &local);
+        let mut daemon = None;
+        let mut instance = None;
+        let mut browse = None;
+        if config.mdns {
+            if config.advertise && advertised.is_empty() {
+                return Err(DiscoveryError::NoAddress(config.interfaces.clone()));
+            }
+            let d = ServiceDaemon::new_with_port(config.mdns_port).map_err(DiscoveryError::Mdns)?;
+            select_interfaces(&d, &config.interfaces)?;
+            if config.advertise {
+                let info = service_info(&config, &advertised)?;
+                instance = Some(info.get_fullname().to_owned());
+                d.register(info).map_err(DiscoveryError::Mdns)?;
+            }
+            browse = Some(d.browse(SERVICE_TYPE).map_err(DiscoveryError::Mdns)?);
+            daemon = Some(d);
+        }
+        tracing::info!(
+            id = %config.node_id, interfaces = ?config.interfaces, advertised = ?advertised,
+            mdns_port = config.mdns_port, static_peers = config.static_peers.len(),
+            "discovery started"
+        );
+
+        let (peers_tx, peers_rx) = watch::channel(PeerSet::default());
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let cancel = cancel.child_token();
+        let tracker = TaskTracker::new();
+        let event_loop = EventLoop {
+            table: PeerTable::new(config.node_id, config.liveness),
+            config,
+            started: Instant::now(),
+            peers_tx,
+            static_ids: Vec::new(),
+            static_in_flight: Vec::new(),
+        };
+        tracker.spawn(event_loop.run(browse, cmd_rx, cancel.clone()));
+        tracker.close();
+        Ok(Discovery {
+            peers: peers_rx,
+            commands: cmd_tx,
+            cancel,
+            tracker,
+            daemon,
+            instance,
+            advertised,
+        })
+    }
+
+    /// The live peer table.
+    pub fn peers(&self) -> watch::Receiver<PeerSet> {
+        self.peers.clone()
+    }
+
+    /// The addresses this node advertises in TXT, best first.
+    pub fn advertised_addrs(&self) -> &[IpAddr] {
+        &self.advertised
+    }
+
+    /// Another component's exchange with `id` failed: probe it now.
+    pub fn report_exchange_failed(&self, id: NodeId) {
+        // The loop is gone only during shutdown, when nobody cares.
+        let _ = self.commands.send(Command::ExchangeFailed(id));
+    }
+
+    /// Graceful stop: goodbye (TTL 0) so peers drop us at once, then stop
+    /// the daemon and wait for the event loop.
+    pub async fn shutdown(mut self) {
+        if let (Some(d), Some(name)) = (&self.daemon, &self.instance) {
+            match d.unregister(name) {
+                Ok(rx) => {
+                    let _ = tokio::time::timeout(DAEMON_STOP_WAIT, rx.recv_async()).await;
+                }
+                Err(err) => tracing::warn!(error = %err, "mDNS goodbye failed"),
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Stops without a goodbye, as a crash would: peers must notice through
+    /// their probes. For tests and fault injection.
+    pub async fn abort(mut self) {
+        if let Some(d) = &self.daemon {
+            // With no interface left, the daemon has nowhere to send goodbyes.
+            let _ = d.disable_interface(IfKind::All);
+        }
+        self.instance = None;
+        self.stop().await;
+    }
+
+    async fn stop(&mut self) {
+        self.cancel.cancel();
+        self.tracker.wait().await;
+        if let Some(d) = self.daemon.take() {
+            match d.shutdown() {
+                Ok(rx) => {
+                    let _ = tokio::time::timeout(DAEMON_STOP_WAIT, rx.recv_async()).await;
+                }
+                Err(err) => tracing::debug!(error = %err, "mDNS daemon already stopped"),
+            }
+        }
+    }
+}
+
+/// Restricts the daemon to the configured interfaces: everything is
+/// disabled first, then only the selection is enabled, so multicast never
+/// touches an interface nobody chose.
+fn select_interfaces(d: &ServiceDaemon, interfaces: &Interfaces) -> Result<(), DiscoveryError> {
+    d.disable_interface(IfKind::All)
+        .map_err(DiscoveryError::Mdns)?;
+    let enable: Vec<IfKind> = match interfaces {
+        Interfaces::LoopbackOnly => vec![IfKind::LoopbackV4],
+        Interfaces::Named(names) => names.iter().map(|n| IfKind::Name(n.clone())).collect(),
+        Interfaces::AllExceptVirtual => vec![IfKind::Predicate(IfPredicate::new(|i| {
+            !i.is_loopback() && !is_virtual_interface(&i.name) && !is_link_local(i.ip())
+        }))],
+    };
+    d.enable_interface(enable).map_err(DiscoveryError::Mdns)
+}
+
+/// The mDNS record of this node. The instance name is the node UUID, so it
+/// never conflicts and survives renames; the host name carries the short id
+/// too, because two machines (or namespaces) may share a hostname.
+fn service_info(
+    config: &DiscoveryConfig,
+    advertised: &[IpAddr],
+) -> Result<ServiceInfo, DiscoveryError> {
+    let record = TxtRecord {
+        id: config.node_id,
+        cluster_port: config.cluster_port,
+        addrs: advertised.to_vec(),
+    };
+    let txt = encode_txt(&record);
+    let host = format!(
+        "{}-{}.local.",
+        dns_label(&config.node_name),
+        config.node_id.short()
+    );
+    let mut info = ServiceInfo::new(
+        SERVICE_TYPE,
+        &config.node_id.to_string(),
+        &host,
+        advertised,
+        config.cluster_port,
+        txt.as_slice(),
+    )
+    .map_err(DiscoveryError::Mdns)?;
+    // The UUID instance name cannot collide: announce at once (discovery
+    // within 2 s needs it; probing would add ~750 ms).
+    info.set_requires_probe(false);
+    Ok(info)
+}
+
+/// `name` reduced to a DNS label: lowercase letters, digits and dashes.
+fn dns_label(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    s = s.trim_matches('-').to_owned();
+    if s.is_empty() { "pair".to_owned() } else { s }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+enum ProbeDone {
+    Peer(NodeId, Result<ProbeOk, ProbeFailure>),
+    Static(usize, Option<ProbeOk>),
+}
+
+struct EventLoop {
+    config: DiscoveryConfig,
+    table: PeerTable,
+    started: Instant,
+    peers_tx: watch::Sender<PeerSet>,
+    static_ids: Vec<Option<NodeId>>,
+    static_in_flight: Vec<bool>,
+}
+
+impl EventLoop {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    async fn run(
+        mut self,
+        browse: Option<mdns_sd::Receiver<ServiceEvent>>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        cancel: CancellationToken,
+    ) {
+        let mut probes: JoinSet<ProbeDone> = JoinSet::new();
+        let mut tick = tokio::time::interval(self.config.tick.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut static_tick =
+            tokio::time::interval(self.config.static_interval.max(Duration::from_millis(100)));
+        static_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        self.static_ids = vec![None; self.config.static_peers.len()];
+        self.static_in_flight = vec![false; self.config.static_peers.len()];
+        let mut browsing = browse.is_some();
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                ev = recv_event(browse.as_ref()), if browsing => match ev {
+                    Some(ev) => self.on_mdns(ev),
+                    None => {
+                        tracing::warn!("mDNS browse channel closed; continuing with probes only");
+                        browsing = false;
+                    }
+                },
+                Some(done) = probes.join_next(), if !probes.is_empty() => match done {
+                    Ok(done) => self.on_probe_done(done),
+                    Err(err) => tracing::warn!(error = %err, "probe task failed"),
+                },
+                _ = tick.tick() => {
+                    let now = self.now();
+                    for req in self.table.tick(now) {
+                        let timeout = self.config.probe_timeout;
+                        probes.spawn(async move {
+                            let result = match probe(&req.addrs, req.port, timeout).await {
+                                Ok(ok) if ok.id == req.id => Ok(ok),
+                                Ok(ok) => Err(ProbeFailure::WrongIdentity(ok.id)),
+                                Err(err) => {
+                                    tracing::debug!(peer = %req.id, error = %err, "probe failed");
+                                    Err(ProbeFailure::Unreachable)
+                                }
+                            };
+                            ProbeDone::Peer(req.id, result)
+                        });
+                    }
+                }
+                _ = static_tick.tick() => self.probe_static_peers(&mut probes),
+                Some(cmd) = commands.recv() => match cmd {
+                    Command::ExchangeFailed(id) => self.table.on_exchange_failed(self.now(), id),
+                },
+            }
+            self.publish();
+        }
+        probes.shutdown().await;
+    }
+
+    fn publish(&mut self) {
+        let view = self.table.view(self.now(), epoch_ms());
+        self.peers_tx.send_if_modified(|cur| {
+            // Only last-seen stamps moved: not worth waking every reader.
+            let changed = cur.own_network_suspect != view.own_network_suspect
+                || cur.peers.len() != view.peers.len()
+                || cur.peers.iter().zip(&view.peers).any(|(a, b)| {
+                    a.id != b.id
+                        || a.state != b.state
+                        || a.addrs != b.addrs
+                        || a.cluster_port != b.cluster_port
+                        || a.name != b.name
+                        || a.rtt_us != b.rtt_us
+                        || a.via_mdns != b.via_mdns
+                        || a.via_static != b.via_static
+                });
+            if changed {
+                *cur = view;
+            }
+            changed
+        });
+    }
+
+    fn on_mdns(&mut self, ev: ServiceEvent) {
+        let now = self.now();
+        match ev {
+            ServiceEvent::ServiceResolved(svc) => {
+                let entries = svc.txt_properties.iter().map(|p| (p.key(), p.val()));
+                match decode_txt(entries) {
+                    Ok(record) => {
+                        let resolved: Vec<IpAddr> =
+                            svc.addresses.iter().map(|a| a.to_ip_addr()).collect();
+                        tracing::debug!(peer = %record.id, instance = %svc.fullname, "mDNS resolved");
+                        self.table
+                            .on_announce(now, &svc.fullname, &record, &resolved);
+                    }
+                    Err(err) => {
+                        tracing::debug!(instance = %svc.fullname, error = %err, "ignoring malformed TXT")
+                    }
+                }
+            }
+            ServiceEvent::ServiceRemoved(_, fullname) => {
+                if let Some(id) = self.table.on_goodbye(now, &fullname) {
+                    tracing::info!(peer = %id, "peer said goodbye");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_probe_done(&mut self, done: ProbeDone) {
+        let now = self.now();
+        match done {
+            ProbeDone::Peer(id, result) => self.table.on_probe_result(now, id, result),
+            ProbeDone::Static(i, found) => {
+                if let Some(flag) = self.static_in_flight.get_mut(i) {
+                    *flag = false;
+                }
+                if let Some(ok) = found {
+                    if let Some(slot) = self.static_ids.get_mut(i) {
+                        *slot = Some(ok.id);
+                    }
+                    self.table.on_static_found(now, &ok);
+                }
+            }
+        }
+    }
+
+    /// Static peer addresses whose node is unknown or evicted are probed
+    /// (resolving the host name each time: DHCP may have moved it).
+    fn probe_static_peers(&mut self, probes: &mut JoinSet<ProbeDone>) {
+        for (i, target) in self.config.static_peers.iter().enumerate() {
+            let known_live = self.static_ids[i].is_some_and(|id| self.table.is_routable(id));
+            if known_live || self.static_in_flight[i] {
+                continue;
+            }
+            self.static_in_flight[i] = true;
+            let target: StaticPeer = target.clone();
+            let timeout = self.config.probe_timeout;
+            probes.spawn(async move {
+                let addrs: Vec<IpAddr> = match tokio::net::lookup_host((target.host.as_str(), target.port)).await {
+                    Ok(it) => it.map(|a| a.ip()).collect(),
+                    Err(err) => {
+                        tracing::debug!(peer = %target, error = %err, "static peer did not resolve");
+                        return ProbeDone::Static(i, None);
+                    }
+                };
+                match probe(&addrs, target.port, timeout).await {
+                    Ok(ok) => ProbeDone::Static(i, Some(ok)),
+                    Err(err) => {
+                        tracing::debug!(peer = %target, error = %err, "static peer probe failed");
+                        ProbeDone::Static(i, None)
+                    }
+                }
+            });
+        }
+    }
+}
+
+async fn recv_event(rx: Option<&mdns_sd::Receiver<ServiceEvent>>) -> Option<ServiceEvent> {
+    match rx {
+        Some(rx) => rx.recv_async().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels_are_safe() {
+        assert_eq!(dns_label("My Box_1"), "my-box-1");
+        assert_eq!(dns_label("..."), "pair");
+        assert_eq!(dns_label(&"x".repeat(100)).len(), 40);
+    }
+}
