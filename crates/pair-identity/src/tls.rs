@@ -237,17 +237,8 @@ pub fn tls_connector(
 
 /// The server name to pass to [`tokio_rustls::TlsConnector::connect`].
 pub fn server_name() -> ServerName<'static> {
-    ServerName::DnsName(
-        rustls_pki_types::DnsName::try_from_str(SERVER_NAME)
-            .map_or_else(|_| unreachable_dns(), |n| n.to_owned()),
-    )
-}
-
-#[cold]
-fn unreachable_dns() -> rustls_pki_types::DnsName<'static> {
-    // SERVER_NAME is a valid DNS name; this keeps the function total.
-    rustls_pki_types::DnsName::try_from("invalid")
-        .map_or_else(|_| unreachable_dns(), |n| n.to_owned())
+    ServerName::try_from(SERVER_NAME)
+        .unwrap_or(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()))
 }
 
 /// A reqwest client builder presenting this identity over mTLS and

@@ -174,16 +174,27 @@ impl TrustStore {
     /// now). The proxy races each peer connection against this and drops the
     /// connection when it fires.
     pub async fn revoked(&self, id: NodeId) {
+        self.wait_until(|peers| !peers.contains_key(&id)).await;
+    }
+
+    /// Resolves when no pin has this certificate fingerprint any more: the
+    /// peer was unpaired, or re-paired with a new certificate. Use it for a
+    /// connection authenticated with that exact certificate.
+    pub async fn cert_revoked(&self, fingerprint: Fingerprint) {
+        self.wait_until(|peers| !peers.values().any(|r| r.fingerprint == fingerprint))
+            .await;
+    }
+
+    async fn wait_until(&self, done: impl Fn(&BTreeMap<NodeId, PeerRecord>) -> bool) {
         let mut events = self.subscribe();
         loop {
-            // Checked after subscribing so a removal in between is not missed.
-            if self.get(id).is_none() {
+            // Checked after subscribing so a change in between is not missed.
+            if done(&self.snapshot()) {
                 return;
             }
             match events.recv().await {
-                Ok(TrustEvent::Removed(gone)) if gone == id => return,
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                // The store (every handle) is gone: nothing is trusted any more.
+                // Unreachable while `self` holds the sender; fail closed.
                 Err(broadcast::error::RecvError::Closed) => return,
             }
         }
@@ -344,5 +355,27 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn re_pairing_with_a_new_certificate_revokes_the_old_one() {
+        let store = TrustStore::in_memory();
+        let old = record(3);
+        store.insert(old.clone()).unwrap();
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.cert_revoked(old.fingerprint).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let mut new = record(3);
+        new.cert_der = b"new-cert".to_vec();
+        new.fingerprint = Fingerprint::of(&new.cert_der);
+        store.insert(new).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(store.get(NodeId::from_u128(3)).is_some());
     }
 }

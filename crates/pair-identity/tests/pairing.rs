@@ -2,6 +2,8 @@
 //! invite closing, a certificate-swapping relay, replays, and the
 //! persisted hourly failure cap.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 

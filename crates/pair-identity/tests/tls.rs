@@ -2,6 +2,8 @@
 //! refused, paired ones are identified, unpairing refuses new connections
 //! and closes open ones through the trust store's revocation event.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use pair_core::{NodeId, Role};
