@@ -362,6 +362,24 @@ async fn terminate_group(pgid: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any argv, each word single-quoted (with `'` written as `'\''`),
+        /// parses back to itself.
+        #[test]
+        fn quoted_argv_round_trips(argv in proptest::collection::vec("[^\\x00]{0,12}", 1..6)) {
+            prop_assume!(!argv[0].is_empty());
+            let line = argv
+                .iter()
+                .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let c = EngineCommand::parse(&line).unwrap();
+            prop_assert_eq!(c.program(), argv[0].as_str());
+            prop_assert_eq!(c.args(), &argv[1..]);
+        }
+    }
 
     #[test]
     fn command_lines_split_like_a_shell_without_expansion() {

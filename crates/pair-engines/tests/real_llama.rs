@@ -128,6 +128,65 @@ async fn recovered_engine_comes_back_with_its_inventory() -> anyhow::Result<()> 
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_llama_cpp_python_stays_healthy_while_generating() -> anyhow::Result<()> {
+    let server = LlamaServer::start(free_port()).await?;
+    let tasks = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let config = EngineConfig::new(EngineKind::OpenAiCompat, &server.url(), None)?;
+    let handle = spawn_poller(config, fast_poll(), &tasks, cancel.clone())?;
+    let mut rx = handle.subscribe();
+    wait_for(&mut rx, Duration::from_secs(20), "healthy", |r| {
+        r.snapshot.healthy && !r.snapshot.models.is_empty()
+    })
+    .await?;
+
+    // A long generation (end-of-text tokens banned, so it runs its full
+    // length) holds llama-cpp-python's model lock for seconds.
+    let client = pair_engines::http_client(Duration::from_secs(120))?;
+    let body = serde_json::json!({
+        "model": "smollm2", "prompt": "Once upon a time", "max_tokens": 256,
+        "logit_bias": {"0": -100.0, "1": -100.0, "2": -100.0},
+    });
+    let url = format!("{}/v1/completions", server.url());
+    let generation = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<serde_json::Value>()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = handle.report().last_ok_ms;
+    let mut healthy_throughout = true;
+    while !generation.is_finished() {
+        healthy_throughout &= handle.snapshot().healthy;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = generation.await??;
+    let after = handle.report();
+    assert!(
+        healthy_throughout,
+        "a busy engine is not a dead one: {after:#?}"
+    );
+    assert!(
+        after.last_ok_ms > during,
+        "polls kept succeeding during the generation"
+    );
+    assert_eq!(
+        answer["choices"][0]["finish_reason"], "length",
+        "the polls did not cut the generation short: {answer}"
+    );
+
+    cancel.cancel();
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await?;
+    Ok(())
+}
+
 fn supervisor_config(usual: u16, moved: u16) -> SupervisorConfig {
     let mut cfg = SupervisorConfig::new(EngineKind::OpenAiCompat);
     cfg.ports = PortPair { usual, moved };
