@@ -111,14 +111,20 @@ impl EngineProbe {
                 .get("/api/version")
                 .await
                 .map(|b| parse_ollama_version(&b).is_ok()),
-            EngineKind::LmStudio => match self.get("/api/v1/models").await {
-                Ok(b) => Ok(parse_lmstudio_v1(&b).is_ok()),
-                Err(ProbeFailure::Status(404)) => match self.get("/api/v0/models").await {
-                    Ok(b) => Ok(parse_lmstudio_v0(&b).is_ok()),
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
+            EngineKind::LmStudio => {
+                let mut answer = Ok(false);
+                for (path, parse) in [
+                    ("/api/v1/models", lms_v1 as fn(&[u8]) -> bool),
+                    ("/api/v0/models", lms_v0),
+                    ("/v1/models", lms_openai),
+                ] {
+                    answer = self.get(path).await.map(|b| parse(&b));
+                    if matches!(answer, Ok(true) | Err(ProbeFailure::Refused)) {
+                        break;
+                    }
+                }
+                answer
+            }
             EngineKind::OpenAiCompat => self
                 .get("/v1/models")
                 .await
@@ -213,8 +219,11 @@ impl EngineProbe {
                         LmsApi::V0 => parse_lmstudio_v0(&b),
                         LmsApi::OpenAi => parse_openai_models(EngineKind::LmStudio, &b),
                     };
+                    // Older builds may answer an unknown route with an
+                    // error body and 200: try the next listing then too.
                     let Ok(models) = parsed else {
-                        return Observation::failed(ProbeFailure::BadBody);
+                        last = ProbeFailure::BadBody;
+                        continue;
                     };
                     self.lms_api = Some(api);
                     return Observation {
@@ -284,6 +293,18 @@ impl EngineProbe {
         }
         obs
     }
+}
+
+fn lms_v1(b: &[u8]) -> bool {
+    parse_lmstudio_v1(b).is_ok()
+}
+
+fn lms_v0(b: &[u8]) -> bool {
+    parse_lmstudio_v0(b).is_ok()
+}
+
+fn lms_openai(b: &[u8]) -> bool {
+    parse_openai_models(EngineKind::LmStudio, b).is_ok()
 }
 
 fn classify(e: reqwest::Error) -> ProbeFailure {
