@@ -36,6 +36,10 @@ pub enum Refusal {
     IdentityMismatch,
     /// A node tried to pair with itself.
     SelfPairing,
+    /// This id is already paired with a different certificate: unpair it
+    /// first (anyone can mint a certificate claiming any id, so a new
+    /// certificate never silently replaces a pin).
+    ConflictingPin,
 }
 
 impl Refusal {
@@ -64,6 +68,9 @@ impl Refusal {
                 "the peer's certificate does not match the identity it claimed"
             }
             Refusal::SelfPairing => "a machine cannot pair with itself",
+            Refusal::ConflictingPin => {
+                "this machine id is already paired with a different certificate; unpair it first"
+            }
         }
     }
 

@@ -140,6 +140,10 @@ async fn start(State(svc): State<PairingService>, body: Bytes) -> Response {
             return refusal_response(e.refusal(), None);
         }
     };
+    if conflicts(&svc.inner.trust, &hello.joiner) {
+        tracing::warn!(step = "start", peer = %hello.joiner.id, "pairing attempt failed: id already paired with another certificate");
+        return refusal_response(Refusal::ConflictingPin, None);
+    }
     match svc.with_inviter(|inv| inv.on_joiner_hello(&hello, SystemTime::now(), &mut rand::rng())) {
         Ok(reply) => message_response(&reply),
         Err(e) => error_response(&e),
@@ -209,6 +213,7 @@ pub fn refusal_status(refusal: Refusal) -> StatusCode {
         | Refusal::UnsupportedVersion
         | Refusal::IdentityMismatch
         | Refusal::SelfPairing => StatusCode::BAD_REQUEST,
+        Refusal::ConflictingPin => StatusCode::CONFLICT,
     }
 }
 
@@ -270,11 +275,22 @@ pub async fn join(
         .map_err(Error::HttpClient)?;
     let (joiner, hello) = Joiner::start(&me, pin, &mut rand::rng());
     let reply: InviterHello = exchange(&http, &format!("{base}{START_PATH}"), &hello).await?;
+    if conflicts(trust, &reply.inviter) {
+        tracing::warn!(peer = %reply.inviter.id, "pairing refused: id already paired with another certificate");
+        return Err(Error::refused(Refusal::ConflictingPin));
+    }
     let (confirmed, confirm) = joiner.on_inviter_hello(&reply, SystemTime::now())?;
     let done: InviterDone = exchange(&http, &format!("{base}{CONFIRM_PATH}"), &confirm).await?;
     let record = confirmed.on_inviter_done(&done)?;
     trust.insert(record.clone())?;
     Ok(record)
+}
+
+/// Whether `party` claims an id we pinned with another certificate.
+fn conflicts(trust: &TrustStore, party: &crate::wire::Party) -> bool {
+    trust
+        .get(party.id)
+        .is_some_and(|r| r.fingerprint != crate::Fingerprint::of(party.cert.as_slice()))
 }
 
 /// One round trip: POST a message, decode the answer or the refusal.

@@ -194,7 +194,16 @@ pub fn server_config(identity: &Identity, trust: &TrustStore) -> Result<ServerCo
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(PinnedClientVerifier::new(trust.clone())))
         .with_single_cert(vec![identity.cert_der().clone()], identity.key_der())?;
-    Ok(config)
+    Ok(without_resumption_server(config))
+}
+
+/// A resumed TLS 1.3 session skips certificate verification, so a peer
+/// unpaired after its first handshake could come back on a ticket. Pins are
+/// checked on every connection instead; connections are pooled anyway.
+fn without_resumption_server(mut config: ServerConfig) -> ServerConfig {
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+    config
 }
 
 /// A TLS 1.3 client config that presents this identity and accepts only the
@@ -212,6 +221,9 @@ pub fn client_config(
             expect,
         )))
         .with_client_auth_cert(vec![identity.cert_der().clone()], identity.key_der())?;
+    let mut config = config;
+    // See `without_resumption_server`: the server's pin is checked every time.
+    config.resumption = rustls::client::Resumption::disabled();
     Ok(config)
 }
 

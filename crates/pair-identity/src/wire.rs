@@ -374,6 +374,7 @@ mod tests {
             Just(Refusal::UnsupportedVersion),
             Just(Refusal::IdentityMismatch),
             Just(Refusal::SelfPairing),
+            Just(Refusal::ConflictingPin),
         ]
     }
 

@@ -371,3 +371,54 @@ async fn the_hourly_failure_cap_persists_across_restart() {
         again.open_invite(later).unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_new_certificate_for_a_pinned_id_is_refused_until_unpaired() {
+    let mut tasks = JoinSet::new();
+    let inv = inviter(&mut tasks).await;
+    let (me, my_trust) = joiner(Role::Node);
+    let pin = inv.service.open_invite(SystemTime::now()).unwrap();
+    join(&inv.addr, &pin, &me, &my_trust, "laptop")
+        .await
+        .unwrap();
+
+    // Someone mints a certificate claiming the same id.
+    let impostor = Identity::generate_with_id(me.id(), Role::Node).unwrap();
+    let pin = inv.service.open_invite(SystemTime::now()).unwrap();
+    let r = join(
+        &inv.addr,
+        &pin,
+        &impostor,
+        &TrustStore::in_memory(),
+        "laptop",
+    )
+    .await;
+    assert_eq!(refusal(r), Refusal::ConflictingPin);
+    assert_eq!(
+        inv.trust.get(me.id()).unwrap().fingerprint,
+        me.fingerprint()
+    );
+
+    // Re-pairing with the same certificate is fine (it refreshes the name).
+    join(&inv.addr, &pin, &me, &my_trust, "renamed")
+        .await
+        .unwrap();
+    assert_eq!(inv.trust.get(me.id()).unwrap().name, "renamed");
+
+    // After an explicit unpair, a new certificate may pair.
+    inv.trust.remove(me.id()).unwrap();
+    let pin = inv.service.open_invite(SystemTime::now()).unwrap();
+    join(
+        &inv.addr,
+        &pin,
+        &impostor,
+        &TrustStore::in_memory(),
+        "laptop",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        inv.trust.get(me.id()).unwrap().fingerprint,
+        impostor.fingerprint()
+    );
+}
