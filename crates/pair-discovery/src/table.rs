@@ -180,6 +180,10 @@ struct Peer {
     failures: u32,
     rtt_us: Option<u32>,
     in_flight: bool,
+    /// When the probe in flight (or the last one) was handed out: the next
+    /// is due one period after it started, so a timeout does not stretch
+    /// the period.
+    probe_started: Duration,
     next_probe: Duration,
 }
 
@@ -242,6 +246,7 @@ impl PeerTable {
             failures: 0,
             rtt_us: None,
             in_flight: false,
+            probe_started: now,
             next_probe: now,
         });
         peer.instance = Some(instance.to_owned());
@@ -299,6 +304,7 @@ impl PeerTable {
             failures: 0,
             rtt_us: None,
             in_flight: false,
+            probe_started: now,
             next_probe: now,
         });
         peer.via_static = true;
@@ -346,7 +352,7 @@ impl PeerTable {
             if peer.state == PeerState::Alive && peer.failures >= suspect_after {
                 peer.state = PeerState::Suspect;
             }
-            peer.next_probe = now
+            peer.next_probe = peer.probe_started
                 + if peer.state == PeerState::Dead {
                     dead_interval
                 } else {
@@ -377,6 +383,7 @@ impl PeerTable {
         for (id, p) in self.peers.iter_mut() {
             if !p.in_flight && p.next_probe <= now && !p.addrs.is_empty() {
                 p.in_flight = true;
+                p.probe_started = now;
                 due.push(ProbeRequest {
                     id: *id,
                     addrs: p.addrs.clone(),
@@ -449,7 +456,7 @@ impl PeerTable {
             let a = peer.addrs.remove(i);
             peer.addrs.insert(0, a);
         }
-        peer.next_probe = now + interval;
+        peer.next_probe = peer.probe_started.max(now.saturating_sub(interval)) + interval;
     }
 
     fn evict(&mut self, now: Duration) {
