@@ -185,8 +185,9 @@ fn select_interfaces(d: &ServiceDaemon, interfaces: &Interfaces) -> Result<(), D
 }
 
 /// The mDNS record of this node. The instance name is the node UUID, so it
-/// never conflicts and survives renames; the host name carries the short id
-/// too, because two machines (or namespaces) may share a hostname.
+/// never conflicts and survives renames; the host name carries the whole id
+/// too, because two machines (or namespaces) may share a hostname and their
+/// address records would otherwise merge.
 fn service_info(
     config: &DiscoveryConfig,
     advertised: &[IpAddr],
@@ -228,7 +229,7 @@ fn dns_label(name: &str) -> String {
                 '-'
             }
         })
-        .take(40)
+        .take(20)
         .collect();
     s = s.trim_matches('-').to_owned();
     if s.is_empty() { "pair".to_owned() } else { s }
@@ -430,6 +431,6 @@ mod tests {
     fn dns_labels_are_safe() {
         assert_eq!(dns_label("My Box_1"), "my-box-1");
         assert_eq!(dns_label("..."), "pair");
-        assert_eq!(dns_label(&"x".repeat(100)).len(), 40);
+        assert_eq!(dns_label(&"x".repeat(100)).len(), 20);
     }
 }

@@ -209,8 +209,8 @@ impl PeerTable {
     }
 
     /// An mDNS announcement resolved to `record` under `instance`.
-    /// `resolved` are the A/AAAA addresses that came with it; they are kept
-    /// after the ranked TXT ones.
+    /// The ranked TXT addresses are authoritative; `resolved` (the A/AAAA
+    /// records that came with it) are used only when TXT lists none.
     pub fn on_announce(
         &mut self,
         now: Duration,
@@ -221,12 +221,11 @@ impl PeerTable {
         if record.id == self.me {
             return;
         }
-        let mut addrs = record.addrs.clone();
-        for ip in resolved {
-            if !addrs.contains(ip) {
-                addrs.push(*ip);
-            }
-        }
+        let addrs = if record.addrs.is_empty() {
+            resolved.to_vec()
+        } else {
+            record.addrs.clone()
+        };
         // Another UUID announced under this instance name before: that entry
         // no longer owns the instance (a host re-installed with a new UUID).
         for (id, p) in self.peers.iter_mut() {

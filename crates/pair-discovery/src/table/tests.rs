@@ -72,17 +72,38 @@ fn run(
 fn announced_peer_is_routable_only_after_its_identity_probe() {
     let mut t = table();
     let now = Duration::from_secs(1);
-    t.on_announce(now, &inst(1), &rec(1, "10.0.0.1"), &[ip("10.0.0.9")]);
+    let two = TxtRecord {
+        addrs: vec![ip("10.0.0.1"), ip("10.0.0.9")],
+        ..rec(1, "10.0.0.1")
+    };
+    t.on_announce(now, &inst(1), &two, &[ip("10.0.0.77")]);
+    t.on_announce(
+        now,
+        &inst(5),
+        &TxtRecord {
+            addrs: vec![],
+            ..rec(5, "10.0.0.5")
+        },
+        &[ip("10.0.0.5")],
+    );
     assert_eq!(t.state(id(1)), Some(PeerState::Unverified));
     assert!(!t.is_routable(id(1)));
     let due = t.tick(now);
+    // TXT addresses win; A records only stand in when TXT has none.
     assert_eq!(
         due,
-        vec![ProbeRequest {
-            id: id(1),
-            addrs: vec![ip("10.0.0.1"), ip("10.0.0.9")],
-            port: 14318
-        }]
+        vec![
+            ProbeRequest {
+                id: id(1),
+                addrs: vec![ip("10.0.0.1"), ip("10.0.0.9")],
+                port: 14318
+            },
+            ProbeRequest {
+                id: id(5),
+                addrs: vec![ip("10.0.0.5")],
+                port: 14318
+            }
+        ]
     );
     // In flight: not handed out twice.
     assert!(t.tick(now + 600 * MS).is_empty());
