@@ -23,6 +23,9 @@ pub struct PolicyResult {
     /// Users at SLO (absent when the scenario has no closed-loop source or
     /// the search was not asked for).
     pub search: Option<SearchOutcome>,
+    /// The same user counts for every policy (see [`sweep_grid`]), for the
+    /// p95-against-users plot.
+    pub sweep: Vec<Probe>,
     /// (TTFT ms, fraction) points of the run's TTFT CDF.
     pub ttft_cdf: Vec<(f64, f64)>,
 }
@@ -55,44 +58,31 @@ pub struct CompareOptions {
     pub parallel: bool,
 }
 
-/// Runs every policy (and its users-at-SLO search) on a scenario. `tick` is
-/// called after each simulation with a short description, for progress.
-pub fn compare(
-    scn: &Scenario,
-    opts: &CompareOptions,
-    tick: &(dyn Fn(&str) + Sync),
-) -> Result<ScenarioReport, SimError> {
-    let plan = Cluster::build(scn)?;
-    let one = |policy: Policy| -> Result<PolicyResult, SimError> {
-        let out = simulate(scn, &plan, policy)?;
-        tick(&format!("{} {policy}: run", scn.name));
-        let search = match (opts.search, scn.search.source) {
-            (true, Some(_)) => Some(users_at_slo(scn.search.max_users, |users| {
-                let probe_scn = scn.with_users(users);
-                let r = simulate(&probe_scn, &plan, policy)?;
-                tick(&format!("{} {policy}: {users} users", scn.name));
-                Ok::<_, SimError>(Probe {
-                    users,
-                    ttft_p95_ms: r.summary.ttft.p95_ms,
-                    e2e_p95_ms: r.summary.e2e.p95_ms,
-                    pass: slo_met(&r.summary, scn.slo.ttft_p95),
-                })
-            })?),
-            _ => None,
-        };
-        Ok(PolicyResult {
-            policy,
-            ttft_cdf: cdf_points(&out.ttft_sorted, 240),
-            run: out.summary,
-            search,
-        })
-    };
-    let results: Vec<Result<PolicyResult, SimError>> = if opts.parallel && opts.policies.len() > 1 {
+/// One full simulation at `users` closed-loop users, as a search probe.
+fn probe(scn: &Scenario, plan: &Cluster, policy: Policy, users: u32) -> Result<Probe, SimError> {
+    let r = simulate(&scn.with_users(users), plan, policy)?;
+    Ok(Probe {
+        users,
+        ttft_p95_ms: r.summary.ttft.p95_ms,
+        e2e_p95_ms: r.summary.e2e.p95_ms,
+        pass: slo_met(&r.summary, scn.slo.ttft_p95),
+    })
+}
+
+/// Runs `f` for every policy, on threads when asked; results keep the
+/// policies' order, so output does not depend on scheduling.
+fn per_policy<T: Send>(
+    policies: &[Policy],
+    parallel: bool,
+    f: impl Fn(usize, Policy) -> Result<T, SimError> + Sync,
+) -> Result<Vec<T>, SimError> {
+    let results: Vec<Result<T, SimError>> = if parallel && policies.len() > 1 {
         std::thread::scope(|s| {
-            let handles: Vec<_> = opts
-                .policies
+            let f = &f;
+            let handles: Vec<_> = policies
                 .iter()
-                .map(|&p| s.spawn(move || one(p)))
+                .enumerate()
+                .map(|(i, &p)| s.spawn(move || f(i, p)))
                 .collect();
             handles
                 .into_iter()
@@ -103,9 +93,81 @@ pub fn compare(
                 .collect()
         })
     } else {
-        opts.policies.iter().map(|&p| one(p)).collect()
+        policies.iter().enumerate().map(|(i, &p)| f(i, p)).collect()
     };
-    let policies = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    results.into_iter().collect()
+}
+
+/// The common user counts every policy is also run at, so the users plot
+/// compares policies on the same x values: about a dozen points up to half
+/// again the best policy's users at SLO.
+pub fn sweep_grid(best: u32, max_users: u32) -> Vec<u32> {
+    let top = (best.saturating_mul(3) / 2).max(4).min(max_users.max(1));
+    let step = top.div_ceil(12).max(1);
+    let mut grid: Vec<u32> = (1..=top).filter(|u| u % step == 0 || *u == 1).collect();
+    if grid.last() != Some(&top) {
+        grid.push(top);
+    }
+    grid
+}
+
+/// Runs every policy (and its users-at-SLO search) on a scenario. `tick` is
+/// called after each simulation with a short description, for progress.
+pub fn compare(
+    scn: &Scenario,
+    opts: &CompareOptions,
+    tick: &(dyn Fn(&str) + Sync),
+) -> Result<ScenarioReport, SimError> {
+    let plan = Cluster::build(scn)?;
+    let plan = &plan;
+    let searching = opts.search && scn.search.source.is_some();
+    let mut results = per_policy(&opts.policies, opts.parallel, |_, policy| {
+        let out = simulate(scn, plan, policy)?;
+        tick(&format!("{} {policy}: run", scn.name));
+        let search = if searching {
+            Some(users_at_slo(scn.search.max_users, |users| {
+                let p = probe(scn, plan, policy, users)?;
+                tick(&format!("{} {policy}: {users} users", scn.name));
+                Ok::<_, SimError>(p)
+            })?)
+        } else {
+            None
+        };
+        Ok(PolicyResult {
+            policy,
+            ttft_cdf: cdf_points(&out.ttft_sorted, 240),
+            run: out.summary,
+            search,
+            sweep: Vec::new(),
+        })
+    })?;
+    if searching {
+        let best = results
+            .iter()
+            .filter_map(|r| r.search.as_ref().map(|s| s.users_at_slo))
+            .max()
+            .unwrap_or(0);
+        let grid = sweep_grid(best, scn.search.max_users);
+        let sweeps = per_policy(&opts.policies, opts.parallel, |i, policy| {
+            let known = results[i]
+                .search
+                .as_ref()
+                .map_or(&[][..], |s| &s.probes[..]);
+            grid.iter()
+                .map(|&u| match known.iter().find(|p| p.users == u) {
+                    Some(p) => Ok(*p),
+                    None => {
+                        let p = probe(scn, plan, policy, u)?;
+                        tick(&format!("{} {policy}: sweep {u} users", scn.name));
+                        Ok(p)
+                    }
+                })
+                .collect::<Result<Vec<_>, SimError>>()
+        })?;
+        for (r, sweep) in results.iter_mut().zip(sweeps) {
+            r.sweep = sweep;
+        }
+    }
     Ok(ScenarioReport {
         scenario: scn.name.clone(),
         description: scn.description.clone(),
@@ -117,7 +179,7 @@ pub fn compare(
             .map(|(name, profile)| NodeInfo { name, profile })
             .collect(),
         users: scn.configured_users(),
-        policies,
+        policies: results,
     })
 }
 
@@ -136,7 +198,7 @@ pub fn planned_simulations(scn: &Scenario, opts: &CompareOptions) -> u64 {
     } else {
         0
     };
-    opts.policies.len() as u64 * (1 + per_search)
+    opts.policies.len() as u64 * (1 + per_search + if per_search > 0 { 13 } else { 0 })
 }
 
 fn fmt_ms(v: f64) -> String {
@@ -265,10 +327,22 @@ pub fn write_svgs(r: &ScenarioReport, dir: &Path) -> Result<Vec<PathBuf>, SimErr
         .policies
         .iter()
         .filter_map(|p| {
-            p.search.as_ref().map(|s| svg::UsersSeries {
-                policy: p.policy.as_str().to_owned(),
-                points: s.probes.iter().map(|x| (x.users, x.ttft_p95_ms)).collect(),
-                users_at_slo: s.users_at_slo,
+            p.search.as_ref().map(|s| {
+                // The common sweep plus the search's probes within its range.
+                let top = p.sweep.iter().map(|x| x.users).max().unwrap_or(0);
+                let mut points: Vec<(u32, f64)> = p
+                    .sweep
+                    .iter()
+                    .chain(s.probes.iter().filter(|x| x.users <= top))
+                    .map(|x| (x.users, x.ttft_p95_ms))
+                    .collect();
+                points.sort_by_key(|x| x.0);
+                points.dedup_by_key(|x| x.0);
+                svg::UsersSeries {
+                    policy: p.policy.as_str().to_owned(),
+                    points,
+                    users_at_slo: s.users_at_slo,
+                }
             })
         })
         .collect();
@@ -317,4 +391,21 @@ pub fn to_json(reports: &[ScenarioReport]) -> Result<String, SimError> {
     .map_err(SimError::Json)?;
     s.push('\n');
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn sweep_grid_is_short_sorted_and_bounded(best in 0u32..5_000, max in 1u32..5_000) {
+            let g = sweep_grid(best, max);
+            prop_assert!(!g.is_empty() && g.len() <= 14, "{:?}", g);
+            prop_assert!(g.windows(2).all(|w| w[0] < w[1]));
+            prop_assert_eq!(g[0], 1);
+            prop_assert!(*g.last().unwrap() <= max.max(1));
+        }
+    }
 }

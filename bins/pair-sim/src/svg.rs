@@ -6,10 +6,10 @@
 
 use std::fmt::Write as _;
 
-const W: f64 = 760.0;
+const W: f64 = 820.0;
 const H: f64 = 440.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 190.0;
+const RIGHT: f64 = 240.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 55.0;
 
@@ -38,9 +38,13 @@ fn esc(s: &str) -> String {
 }
 
 fn header(out: &mut String, title: &str) {
+    header_h(out, title, H);
+}
+
+fn header_h(out: &mut String, title: &str, h: f64) {
     let _ = write!(
         out,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" \
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{h}\" viewBox=\"0 0 {W} {h}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{x:.1}\" y=\"22\" font-size=\"15\" font-weight=\"bold\" text-anchor=\"middle\">{t}</text>\n",
@@ -355,9 +359,11 @@ pub struct ShareRow {
 /// misses bar.
 pub fn node_shares(title: &str, nodes: &[String], rows: &[ShareRow]) -> String {
     let mut out = String::new();
-    header(&mut out, title);
     let bar_h = 14.0;
     let gap = 10.0;
+    let height = (TOP + 16.0 + rows.len() as f64 * (2.0 * (bar_h + 2.0) + gap))
+        .max(TOP + 30.0 + nodes.len() as f64 * 20.0);
+    header_h(&mut out, title, height);
     let label_w = 150.0;
     let x0 = LEFT + label_w - 60.0;
     let width = W - RIGHT - x0;
