@@ -130,7 +130,7 @@ async fn recovered_engine_comes_back_with_its_inventory() -> anyhow::Result<()> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_llama_cpp_python_stays_healthy_while_generating() -> anyhow::Result<()> {
-    let server = LlamaServer::start(free_port()).await?;
+    let mut server = LlamaServer::start(free_port()).await?;
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
     let config = EngineConfig::new(EngineKind::OpenAiCompat, &server.url(), None)?;
@@ -166,7 +166,15 @@ async fn busy_llama_cpp_python_stays_healthy_while_generating() -> anyhow::Resul
         healthy_throughout &= handle.snapshot().healthy;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let answer = generation.await??;
+    let answer = match generation.await? {
+        Ok(answer) => answer,
+        Err(e) if !server.is_running() => anyhow::bail!(
+            "llama-cpp-python died while generating ({e}). If dmesg shows `trap invalid opcode` in \
+             libggml-cpu.so, its llama.cpp was built with -march=native on a CPU advertising AMX \
+             it cannot run; rebuild it with CMAKE_ARGS=-DGGML_NATIVE=OFF"
+        ),
+        Err(e) => return Err(e.into()),
+    };
     let after = handle.report();
     assert!(
         healthy_throughout,
