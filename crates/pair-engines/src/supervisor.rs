@@ -177,6 +177,7 @@ pub struct EngineSupervisor {
     engine: EngineConfig,
     plan: PortPlan,
     child: Option<OwnedChild>,
+    stop_grace: Duration,
 }
 
 impl EngineSupervisor {
@@ -200,6 +201,7 @@ impl EngineSupervisor {
             engine,
             plan,
             child,
+            stop_grace: cfg.stop_grace,
         })
     }
 
@@ -226,9 +228,11 @@ impl EngineSupervisor {
     }
 
     /// Stops the engine if this supervisor started it: SIGTERM to its
-    /// process group, SIGKILL after the grace period. An adopted engine is
-    /// left running. Returns the child's exit status, if there was a child.
-    pub async fn shutdown(mut self, grace: Duration) -> Result<Option<ExitStatus>, EngineError> {
+    /// process group, SIGKILL after [`SupervisorConfig::stop_grace`]. An
+    /// adopted engine is left running. Returns the child's exit status, if
+    /// there was a child.
+    pub async fn shutdown(mut self) -> Result<Option<ExitStatus>, EngineError> {
+        let grace = self.stop_grace;
         let Some(mut owned) = self.child.take() else {
             return Ok(None);
         };

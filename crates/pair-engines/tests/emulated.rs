@@ -403,7 +403,7 @@ async fn supervisor_decisions_with_engines_listening() {
             .unwrap();
         assert_eq!(sup.plan(), PortPlan::Adopt, "{flavor}");
         assert_eq!(sup.engine().base_url.port(), moved);
-        assert_eq!(sup.shutdown(Duration::from_secs(1)).await.unwrap(), None);
+        assert_eq!(sup.shutdown().await.unwrap(), None);
         assert_eq!(
             inspect_port(
                 flavor.engine_kind(),

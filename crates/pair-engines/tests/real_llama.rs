@@ -234,7 +234,7 @@ async fn supervisor_launches_the_engine_on_the_moved_port_and_stops_it() -> anyh
         "the usual port stays free for the proxy"
     );
 
-    let status = sup.shutdown(Duration::from_secs(10)).await?;
+    let status = sup.shutdown().await?;
     assert!(status.is_some(), "the child it started is reaped");
     assert_eq!(
         inspect_port(
@@ -259,7 +259,7 @@ async fn supervisor_adopts_a_running_engine_and_never_stops_it() -> anyhow::Resu
     let sup = EngineSupervisor::start(cfg).await?;
     assert_eq!(sup.plan(), PortPlan::Adopt);
     assert_eq!(sup.child_pid(), None);
-    assert_eq!(sup.shutdown(Duration::from_secs(2)).await?, None);
+    assert_eq!(sup.shutdown().await?, None);
     assert!(server.is_running(), "an adopted engine is not ours to stop");
     assert_eq!(
         inspect_port(
