@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use pair_core::NodeId;
+use pair_telemetry::NodeInfo;
 use serde::Deserialize;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -87,13 +88,17 @@ pub async fn probe_addr(addr: SocketAddr) -> Result<ProbeOk, DiscoveryError> {
             .await
             .map_err(|source| DiscoveryError::Body { addr, source })?
             .to_bytes();
-        serde_json::from_slice::<Identity>(&body)
-            .map_err(|source| DiscoveryError::Json { addr, source })
+        let identity = serde_json::from_slice::<Identity>(&body)
+            .map_err(|source| DiscoveryError::Json { addr, source })?;
+        // The full document is a bonus: a peer of another version may
+        // differ in the telemetry fields, never in the identity.
+        let info = serde_json::from_slice::<NodeInfo>(&body).ok().map(Box::new);
+        Ok((identity, info))
     };
     // The connection future must be polled alongside the exchange; it is
     // owned here rather than spawned, so nothing outlives the probe.
     tokio::pin!(exchange);
-    let identity = tokio::select! {
+    let (identity, info) = tokio::select! {
         r = &mut exchange => r?,
         c = conn => {
             c.map_err(|source| DiscoveryError::Http { addr, source })?;
@@ -106,5 +111,6 @@ pub async fn probe_addr(addr: SocketAddr) -> Result<ProbeOk, DiscoveryError> {
         addr: addr.ip(),
         port: addr.port(),
         rtt_us,
+        info,
     })
 }

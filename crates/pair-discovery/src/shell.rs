@@ -39,6 +39,17 @@ pub struct Discovery {
     advertised: Vec<IpAddr>,
 }
 
+impl Drop for Discovery {
+    /// Dropped without [`Discovery::shutdown`]: stop the loop and the
+    /// daemon anyway (the daemon still sends its goodbyes as it exits).
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(d) = self.daemon.take() {
+            let _ = d.shutdown();
+        }
+    }
+}
+
 impl std::fmt::Debug for Discovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Discovery")
@@ -332,6 +343,7 @@ impl EventLoop {
                         || a.rtt_us != b.rtt_us
                         || a.via_mdns != b.via_mdns
                         || a.via_static != b.via_static
+                        || a.info != b.info
                 });
             if changed {
                 *cur = view;

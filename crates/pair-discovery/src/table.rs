@@ -28,6 +28,7 @@ use pair_core::{Liveness, NodeId};
 use serde::{Deserialize, Serialize};
 
 use crate::txt::TxtRecord;
+use pair_telemetry::NodeInfo;
 
 /// Timings of the liveness machine. Defaults meet the targets: a new node is
 /// verified one probe round trip after its announcement arrives (well under
@@ -90,7 +91,7 @@ impl PeerState {
 }
 
 /// What a successful probe learned.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProbeOk {
     /// The UUID node info answered with.
     pub id: NodeId,
@@ -101,6 +102,9 @@ pub struct ProbeOk {
     pub port: u16,
     /// TCP connect time, microseconds.
     pub rtt_us: u32,
+    /// The whole node-info document, when it parsed (the peer's telemetry:
+    /// pressure, GPUs, free VRAM), so nobody needs to poll it again.
+    pub info: Option<Box<NodeInfo>>,
 }
 
 /// Why a probe failed.
@@ -140,6 +144,10 @@ pub struct PeerView {
     pub rtt_us: Option<u32>,
     pub via_mdns: bool,
     pub via_static: bool,
+    /// The peer's node-info document from the last successful probe (at
+    /// most one probe period old while the peer is alive). Its
+    /// `taken_at_ms` is on the peer's clock.
+    pub info: Option<Box<NodeInfo>>,
 }
 
 /// The published table: every known peer, sorted by id.
@@ -179,6 +187,7 @@ struct Peer {
     last_ok: Option<Duration>,
     failures: u32,
     rtt_us: Option<u32>,
+    info: Option<Box<NodeInfo>>,
     in_flight: bool,
     /// When the probe in flight (or the last one) was handed out: the next
     /// is due one period after it started, so a timeout does not stretch
@@ -244,6 +253,7 @@ impl PeerTable {
             last_ok: None,
             failures: 0,
             rtt_us: None,
+            info: None,
             in_flight: false,
             probe_started: now,
             next_probe: now,
@@ -302,6 +312,7 @@ impl PeerTable {
             last_ok: None,
             failures: 0,
             rtt_us: None,
+            info: None,
             in_flight: false,
             probe_started: now,
             next_probe: now,
@@ -432,6 +443,7 @@ impl PeerTable {
                         rtt_us: p.rtt_us,
                         via_mdns: p.instance.is_some(),
                         via_static: p.via_static,
+                        info: p.info.clone(),
                     }
                 })
                 .collect(),
@@ -449,6 +461,9 @@ impl PeerTable {
         peer.last_seen = now;
         peer.rtt_us = Some(ok.rtt_us);
         peer.name = Some(ok.name.clone());
+        if ok.info.is_some() {
+            peer.info = ok.info.clone();
+        }
         // The address that answered goes first (PAIR ranks addresses a peer
         // actually reached first too).
         if let Some(i) = peer.addrs.iter().position(|a| *a == ok.addr) {

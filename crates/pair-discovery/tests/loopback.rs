@@ -60,6 +60,10 @@ async fn two_nodes_discover_each_other_on_loopback() {
     );
     assert!(p.rtt_us.is_some());
     assert!(p.via_mdns && !p.via_static);
+    // The probe's node-info answer rides along: the peer's telemetry.
+    let info = p.info.as_ref().expect("node info of the peer");
+    assert_eq!(info.id, b_id);
+    assert_eq!(info.cluster_port, b.cluster_port);
     assert!(set.get(a_id).is_none(), "a node never lists itself");
     assert_eq!(
         a.discovery.advertised_addrs(),

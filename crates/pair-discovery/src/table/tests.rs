@@ -36,6 +36,7 @@ fn ok(n: u128, addr: &str) -> Result<ProbeOk, ProbeFailure> {
         addr: ip(addr),
         port: 14318,
         rtt_us: 250,
+        info: None,
     })
 }
 
