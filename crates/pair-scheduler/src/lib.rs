@@ -77,6 +77,7 @@
 mod affinity;
 mod error;
 mod learner;
+mod matcher;
 mod policy;
 pub mod predict;
 mod ranking;

@@ -11,12 +11,31 @@ use crate::Policy;
 /// Ordered candidates for one request. Failover walks it front to back; an
 /// empty ranking means no eligible node holds the model.
 ///
-/// Reuse one value with [`crate::Scheduler::rank_into`]: once its buffer has
-/// grown to the cluster's size, ranking allocates nothing.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Reuse one value with [`crate::Scheduler::rank_into`]: once its buffers
+/// have grown to the cluster's size, ranking allocates nothing.
+#[derive(Clone, Default)]
 pub struct Ranking {
     pub(crate) policy: Policy,
     pub(crate) candidates: Vec<Candidate>,
+    /// Candidates in node-id order, before sorting.
+    pub(crate) scratch: Vec<Candidate>,
+    /// Packed sort keys (see [`SortKey::pack`]), sorted as plain integers.
+    pub(crate) keys: Vec<u128>,
+}
+
+impl PartialEq for Ranking {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy == other.policy && self.candidates == other.candidates
+    }
+}
+
+impl fmt::Debug for Ranking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ranking")
+            .field("policy", &self.policy)
+            .field("candidates", &self.candidates)
+            .finish()
+    }
 }
 
 impl Ranking {
@@ -29,6 +48,8 @@ impl Ranking {
         Self {
             policy: Policy::default(),
             candidates: Vec::with_capacity(nodes),
+            scratch: Vec::with_capacity(nodes),
+            keys: Vec::with_capacity(nodes),
         }
     }
 
@@ -113,6 +134,20 @@ impl SortKey {
     pub(crate) const AFFINITY: u8 = 1;
     pub(crate) const POLICY: u8 = 2;
     pub(crate) const FALLBACK: u8 = 3;
+
+    /// The key as one integer with `index` (the candidate's place in
+    /// node-id order) in the low bits, so that sorting integers sorts by key
+    /// then node id. `primary` saturates at 48 bits and `secondary` at 32,
+    /// far beyond any real queue (saturation only merges absurd values, and
+    /// never reverses an order).
+    pub(crate) fn pack(&self, index: u32) -> u128 {
+        const P: u64 = (1 << 48) - 1;
+        u128::from(self.tier) << 120
+            | u128::from(self.class) << 112
+            | u128::from(self.primary.min(P)) << 64
+            | u128::from(self.secondary.min(u64::from(u32::MAX))) << 32
+            | u128::from(index)
+    }
 }
 
 /// Why a candidate holds its place.

@@ -6,6 +6,7 @@ use rand_core::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::affinity::AffinityTable;
+use crate::matcher::Wanted;
 use crate::predict::predict;
 use crate::ranking::{Candidate, Reason, Score, SortKey};
 use crate::reservations::Reserved;
@@ -104,8 +105,10 @@ impl Scheduler {
     ) {
         out.policy = self.policy;
         out.candidates.clear();
-        self.score_eligible(&mut out.candidates, cluster, request, reservations);
-        let c = &mut out.candidates;
+        out.scratch.clear();
+        out.keys.clear();
+        self.score_eligible(&mut out.scratch, cluster, request, reservations);
+        let c = &mut out.scratch;
         match self.policy {
             Policy::RoundRobin => self.order_round_robin(c),
             Policy::P2c => order_p2c(c, rng),
@@ -113,12 +116,22 @@ impl Scheduler {
             Policy::PredictedLatency => self.apply_affinity(c, request, now_ms),
         }
         if let Some(pinned) = request.pinned
-            && let Some(cand) = c.iter_mut().find(|x| x.node == pinned)
+            && let Ok(i) = c.binary_search_by_key(&pinned, |x| x.node)
         {
-            cand.key.tier = SortKey::PINNED;
-            cand.reason = Reason::Pinned;
+            c[i].key.tier = SortKey::PINNED;
+            c[i].reason = Reason::Pinned;
         }
-        c.sort_unstable_by(|a, b| (a.key, a.node).cmp(&(b.key, b.node)));
+        // Sort packed integer keys, not the (large) candidates, then gather.
+        // `scratch` is in node-id order, so the index in the low bits breaks
+        // ties by node id.
+        out.keys.extend(
+            c.iter()
+                .enumerate()
+                .map(|(i, x)| x.key.pack(u32::try_from(i).unwrap_or(u32::MAX))),
+        );
+        out.keys.sort_unstable();
+        out.candidates
+            .extend(out.keys.iter().map(|k| out.scratch[(*k as u32) as usize]));
     }
 
     /// Remembers that `session` is served by `node` (call it when a request
@@ -154,15 +167,19 @@ impl Scheduler {
         reservations: &Reservations,
     ) {
         let reserved_lists = reservations.sorted();
+        let wanted = Wanted::new(&request.model, request.flavor);
         let mut r = 0;
         for node in cluster.nodes() {
             if !node.liveness.is_routable() {
                 continue;
             }
-            let Some((_, entry)) = node.find_model(&request.model, request.flavor) else {
+            let Some(entry) = wanted.find(node) else {
                 continue;
             };
-            while r < reserved_lists.len() && reserved_lists[r].node < node.id {
+            // Ids compared as integers: big-endian u128 order is the ids' order,
+            // and it spares a memcmp call per step.
+            let id = node.id.as_uuid().as_u128();
+            while r < reserved_lists.len() && reserved_lists[r].node.as_uuid().as_u128() < id {
                 r += 1;
             }
             let reserved = match reserved_lists.get(r) {
@@ -265,20 +282,25 @@ impl Scheduler {
         if request.pinned == Some(home) {
             return;
         }
-        let Some(h) = c.iter().position(|x| x.node == home) else {
+        // `c` is in node-id order.
+        let Ok(h) = c.binary_search_by_key(&home, |x| x.node) else {
             return;
         };
+        let pinned = request
+            .pinned
+            .and_then(|p| c.binary_search_by_key(&p, |x| x.node).ok());
         let best_other = c
             .iter()
             .enumerate()
-            .filter(|(i, x)| *i != h && Some(x.node) != request.pinned)
-            .map(|(_, x)| (x.key, x.node))
-            .min();
+            .filter(|(i, _)| *i != h && Some(*i) != pinned)
+            .map(|(i, x)| x.key.pack(u32::try_from(i).unwrap_or(u32::MAX)))
+            .min()
+            .map(|packed| c[(packed as u32) as usize].key);
         let home_key = c[h].key;
         let stay = match best_other {
             None => true,
-            Some((other, _)) if other.class != home_key.class => home_key.class < other.class,
-            Some((other, _)) => !table.config().should_move(
+            Some(other) if other.class != home_key.class => home_key.class < other.class,
+            Some(other) => !table.config().should_move(
                 u32::try_from(home_key.primary).unwrap_or(u32::MAX),
                 u32::try_from(other.primary).unwrap_or(u32::MAX),
             ),

@@ -1,6 +1,9 @@
 //! Property tests of the ranking contract over random clusters, requests and
 //! reservations, for every policy.
 
+// Strategy helpers outside `#[test]` functions unwrap values they just built.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 
 use pair_scheduler::pair_core::{

@@ -1,0 +1,68 @@
+//! Heap check: once its output buffer is warm, `rank_into` allocates nothing,
+//! for every policy, with reservations, a pin and a bound session in play.
+//!
+//! Runs without libtest's harness (`harness = false`): the harness's own
+//! threads allocate now and then, and dhat counts every thread.
+
+mod common;
+
+use pair_scheduler::{Policy, Ranking, Reservations, Scheduler};
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::SeedableRng;
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+fn main() {
+    a_warmed_rank_into_allocates_nothing();
+    println!("test a_warmed_rank_into_allocates_nothing ... ok");
+}
+
+fn a_warmed_rank_into_allocates_nothing() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+
+    let cluster = common::cluster(64, 11);
+    let mut request = common::request();
+    request.pinned = Some(cluster.nodes()[3].id);
+    let mut reservations = Reservations::new();
+    for (i, node) in cluster.nodes().iter().enumerate().step_by(3) {
+        reservations.reserve(node.id, &request, 1_000 + i as u64);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+
+    for policy in Policy::ALL {
+        let mut scheduler = Scheduler::with_policy(policy);
+        if let Some(session) = request.session {
+            scheduler.bind_session(session, cluster.nodes()[10].id, 1_000);
+        }
+        let mut ranking = Ranking::new();
+        scheduler.rank_into(
+            &mut ranking,
+            &cluster,
+            &request,
+            &reservations,
+            1_100,
+            &mut rng,
+        );
+        assert!(ranking.len() > 10, "the fixture must exercise real work");
+
+        let before = dhat::HeapStats::get();
+        for now in 0..20 {
+            scheduler.rank_into(
+                &mut ranking,
+                &cluster,
+                &request,
+                &reservations,
+                1_100 + now,
+                &mut rng,
+            );
+        }
+        let after = dhat::HeapStats::get();
+        dhat::assert_eq!(
+            after.total_blocks,
+            before.total_blocks,
+            "{} allocated while ranking",
+            policy
+        );
+    }
+}
