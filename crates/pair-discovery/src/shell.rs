@@ -301,31 +301,35 @@ impl EventLoop {
                     Ok(done) => self.on_probe_done(done),
                     Err(err) => tracing::warn!(error = %err, "probe task failed"),
                 },
-                _ = tick.tick() => {
-                    let now = self.now();
-                    for req in self.table.tick(now) {
-                        let timeout = self.config.probe_timeout;
-                        probes.spawn(async move {
-                            let result = match probe(&req.addrs, req.port, timeout).await {
-                                Ok(ok) if ok.id == req.id => Ok(ok),
-                                Ok(ok) => Err(ProbeFailure::WrongIdentity(ok.id)),
-                                Err(err) => {
-                                    tracing::debug!(peer = %req.id, error = %err, "probe failed");
-                                    Err(ProbeFailure::Unreachable)
-                                }
-                            };
-                            ProbeDone::Peer(req.id, result)
-                        });
-                    }
-                }
+                _ = tick.tick() => {}
                 _ = static_tick.tick() => self.probe_static_peers(&mut probes),
                 Some(cmd) = commands.recv() => match cmd {
                     Command::ExchangeFailed(id) => self.table.on_exchange_failed(self.now(), id),
                 },
             }
+            // After every event, not only on ticks: a fresh announcement or
+            // a failed exchange is probed at once.
+            self.start_due_probes(&mut probes);
             self.publish();
         }
         probes.shutdown().await;
+    }
+
+    fn start_due_probes(&mut self, probes: &mut JoinSet<ProbeDone>) {
+        let timeout = self.config.probe_timeout;
+        for req in self.table.tick(self.now()) {
+            probes.spawn(async move {
+                let result = match probe(&req.addrs, req.port, timeout).await {
+                    Ok(ok) if ok.id == req.id => Ok(ok),
+                    Ok(ok) => Err(ProbeFailure::WrongIdentity(ok.id)),
+                    Err(err) => {
+                        tracing::debug!(peer = %req.id, error = %err, "probe failed");
+                        Err(ProbeFailure::Unreachable)
+                    }
+                };
+                ProbeDone::Peer(req.id, result)
+            });
+        }
     }
 
     fn publish(&mut self) {
