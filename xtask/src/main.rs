@@ -1,3 +1,144 @@
-//! Repository tasks: cargo xtask ci | bench | fuzz | tidy.
+//! Repository tasks. `cargo xtask ci` runs exactly what CI runs, so a
+//! developer can reproduce CI with one command on a fresh machine.
 
-fn main() {}
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod tidy;
+
+#[derive(Parser)]
+#[command(about = "pair repository tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the tests need, then fmt, clippy, test, doc, deny, tidy, sim smoke.
+    Ci {
+        /// Skip the idempotent install step (apt, cargo-deny, Python venvs).
+        #[arg(long)]
+        no_setup: bool,
+    },
+    /// Install test prerequisites only (idempotent).
+    Setup,
+    /// Repository invariants (dependency direction, file headers).
+    Tidy,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = project_root();
+    match cli.task {
+        Task::Ci { no_setup } => {
+            if !no_setup {
+                setup(&root)?;
+            }
+            ci(&root)
+        }
+        Task::Setup => setup(&root),
+        Task::Tidy => tidy::run(&root),
+    }
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn setup(root: &Path) -> Result<()> {
+    run(root, "bash", &["scripts/setup.sh"])
+}
+
+fn ci(root: &Path) -> Result<()> {
+    let py = python_env(root)?;
+    run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
+    run(
+        root,
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    let mut test = Command::new("cargo");
+    test.current_dir(root)
+        .args(["test", "--workspace", "--all-targets"])
+        .envs(py.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    status(test, "cargo test")?;
+    run(root, "cargo", &["test", "--workspace", "--doc"])?;
+    let mut doc = Command::new("cargo");
+    doc.current_dir(root)
+        .args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    status(doc, "cargo doc")?;
+    run(
+        root,
+        "cargo",
+        &["deny", "check", "bans", "licenses", "sources"],
+    )?;
+    tidy::run(root)?;
+    run(
+        root,
+        "cargo",
+        &[
+            "run",
+            "--quiet",
+            "-p",
+            "pair-sim",
+            "--",
+            "run",
+            "scenarios/ci-smoke.toml",
+            "--policy",
+            "all",
+        ],
+    )?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// The `KEY=VALUE` lines scripts/setup-python.sh prints (it is idempotent and
+/// fast on a warm cache), passed to the tests as environment.
+fn python_env(root: &Path) -> Result<Vec<(String, String)>> {
+    let out = Command::new("bash")
+        .arg("scripts/setup-python.sh")
+        .current_dir(root)
+        .output()
+        .context("running scripts/setup-python.sh")?;
+    if !out.status.success() {
+        bail!(
+            "scripts/setup-python.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+fn run(root: &Path, program: &str, args: &[&str]) -> Result<()> {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(root).args(args);
+    status(cmd, &format!("{program} {}", args.join(" ")))
+}
+
+fn status(mut cmd: Command, what: &str) -> Result<()> {
+    eprintln!("xtask: {what}");
+    let st = cmd.status().with_context(|| format!("starting {what}"))?;
+    if !st.success() {
+        bail!("{what} failed ({st})");
+    }
+    Ok(())
+}

@@ -36,12 +36,12 @@ impl EngineKind {
     /// native API plus OpenAI and Anthropic compatible routes; LM Studio
     /// serves OpenAI and Anthropic routes; plain OpenAI servers only OpenAI.
     pub fn serves(self, flavor: ApiFlavor) -> bool {
-        match (self, flavor) {
-            (_, ApiFlavor::OpenAi) => true,
-            (EngineKind::Ollama, _) => true,
-            (EngineKind::LmStudio, ApiFlavor::Anthropic) => true,
-            _ => false,
-        }
+        matches!(
+            (self, flavor),
+            (_, ApiFlavor::OpenAi)
+                | (EngineKind::Ollama, _)
+                | (EngineKind::LmStudio, ApiFlavor::Anthropic)
+        )
     }
 
     /// Ollama resolves an untagged model name to `:latest`; other engines
@@ -120,7 +120,10 @@ mod tests {
         for k in EngineKind::ALL {
             assert_eq!(k.as_str().parse::<EngineKind>().unwrap(), k);
         }
-        assert_eq!("vllm".parse::<EngineKind>().unwrap(), EngineKind::OpenAiCompat);
+        assert_eq!(
+            "vllm".parse::<EngineKind>().unwrap(),
+            EngineKind::OpenAiCompat
+        );
         assert!("tgi".parse::<EngineKind>().is_err());
     }
 

@@ -69,12 +69,19 @@ mod tests {
             RetryAdvice::for_status(404, true),
             Some(RetryAdvice::BeforeFirstByte)
         );
-        assert_eq!(RetryAdvice::for_status(404, false), Some(RetryAdvice::Never));
+        assert_eq!(
+            RetryAdvice::for_status(404, false),
+            Some(RetryAdvice::Never)
+        );
         for s in [408, 429, 500, 502, 503, 504] {
             assert!(RetryAdvice::for_status(s, true).unwrap().may_retry(), "{s}");
         }
         for s in [400, 401, 403, 413, 422] {
-            assert_eq!(RetryAdvice::for_status(s, true), Some(RetryAdvice::Never), "{s}");
+            assert_eq!(
+                RetryAdvice::for_status(s, true),
+                Some(RetryAdvice::Never),
+                "{s}"
+            );
         }
     }
 }

@@ -123,7 +123,10 @@ mod tests {
         assert!(!m("llama3:8b").matches("llama3", o));
         assert!(m("library/qwen2.5:0.5b").matches("library/qwen2.5:0.5b", o));
         assert!(m("host:5000/ns/model").matches("host:5000/ns/model:latest", o));
-        assert_eq!(m("host:5000/ns/model").canonical(o), "host:5000/ns/model:latest");
+        assert_eq!(
+            m("host:5000/ns/model").canonical(o),
+            "host:5000/ns/model:latest"
+        );
         assert_eq!(m("a:").canonical(o), "a:latest");
     }
 

@@ -1,0 +1,149 @@
+//! The cluster port (default 14318): one LAN port for everything between
+//! nodes. A connection whose first byte is a TLS handshake record is mutual
+//! TLS (relay, reports, jobs), and only pinned peers get past the handshake;
+//! anything else is plain HTTP, which serves only node info and pairing (the
+//! PAKE protects pairing; node info is public telemetry, as in PAIR).
+//!
+//! A peer's connections are closed the moment it is unpaired.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Extension;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use pair_identity::TrustStore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use crate::relay::PeerIdentity;
+
+/// First byte of a TLS record carrying a handshake.
+const TLS_HANDSHAKE: u8 = 0x16;
+/// A connection that sends nothing, or does not finish its TLS handshake,
+/// within this is dropped (slowloris guard).
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// In-flight streams get this long to finish at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What the cluster port serves.
+#[derive(Clone)]
+pub struct ClusterPort {
+    /// Plain HTTP: node info and pairing.
+    pub plain: Router,
+    /// Behind mTLS; requests carry [`PeerIdentity`] in their extensions.
+    pub secure: Router,
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub trust: TrustStore,
+}
+
+impl std::fmt::Debug for ClusterPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterPort").finish_non_exhaustive()
+    }
+}
+
+/// Accepts until `shutdown`; connection tasks are tracked by `tasks`.
+pub async fn serve(
+    listener: TcpListener,
+    port: ClusterPort,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "cluster port accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let port = port.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(reason) = connection(tcp, port, shutdown).await {
+                tracing::debug!(%remote, reason, "cluster connection closed");
+            }
+        });
+    }
+}
+
+async fn connection(
+    tcp: TcpStream,
+    port: ClusterPort,
+    shutdown: CancellationToken,
+) -> Result<(), &'static str> {
+    let mut first = [0u8; 1];
+    let n = tokio::time::timeout(HANDSHAKE_DEADLINE, tcp.peek(&mut first))
+        .await
+        .map_err(|_| "silent client")?
+        .map_err(|_| "peek failed")?;
+    if n == 0 {
+        return Ok(());
+    }
+    if first[0] != TLS_HANDSHAKE {
+        let svc = port.plain.clone();
+        return serve_http(TokioIo::new(tcp), svc, shutdown, None).await;
+    }
+    let tls = tokio::time::timeout(HANDSHAKE_DEADLINE, port.acceptor.accept(tcp))
+        .await
+        .map_err(|_| "tls handshake timed out")?
+        .map_err(|_| "tls handshake refused (unpaired or bad certificate)")?;
+    let record = pair_identity::tls::peer_of_server_conn(&tls, &port.trust)
+        .map_err(|_| "peer not pinned")?;
+    let peer = PeerIdentity {
+        id: record.id,
+        role: record.role,
+    };
+    let svc = port.secure.clone().layer(Extension(peer));
+    let trust = port.trust.clone();
+    let revoked = async move { trust.revoked(peer.id).await };
+    serve_http(TokioIo::new(tls), svc, shutdown, Some(Box::pin(revoked))).await
+}
+
+type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+async fn serve_http<IO>(
+    io: TokioIo<IO>,
+    router: Router,
+    shutdown: CancellationToken,
+    revoked: Option<Revoked>,
+) -> Result<(), &'static str>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = router.map_request(|r: http::Request<Incoming>| r.map(axum::body::Body::new));
+    let svc = TowerToHyperService::new(svc.map_err(|e: Infallible| match e {}));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Some(Duration::from_secs(30)))
+        .serve_connection(io, svc);
+    let mut conn = std::pin::pin!(conn);
+    let revoked = async move {
+        match revoked {
+            Some(r) => r.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = conn.as_mut() => return r.map_err(|_| "http error"),
+        () = revoked => return Err("peer unpaired: connection closed"),
+        () = shutdown.cancelled() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    match tokio::time::timeout(SHUTDOWN_GRACE, conn).await {
+        Ok(r) => r.map_err(|_| "http error"),
+        Err(_) => Err("shutdown grace elapsed"),
+    }
+}

@@ -1,0 +1,326 @@
+//! The local faces: the Ollama face (11434) and the OpenAI / LM Studio face
+//! (1234), plain HTTP for apps on this machine only. Inference routes go
+//! through the failover executor, listings are merged across the cluster,
+//! everything else passes through to the local engine unchanged.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use pair_core::{ApiFlavor, EngineKind};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::{self, Hop, RequestHead};
+use crate::error::json_error;
+use crate::forward::{self, Inference};
+use crate::listing::{self, engine_answers};
+use crate::route::{self, Listing, RouteClass};
+use crate::state::ProxyState;
+
+/// Which API a face speaks natively (for its own errors and passthrough).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Face {
+    /// Port 11434: the Ollama API, plus the OpenAI routes Ollama serves.
+    Ollama,
+    /// Port 1234: OpenAI / LM Studio.
+    OpenAi,
+}
+
+impl Face {
+    fn flavor(self) -> ApiFlavor {
+        match self {
+            Face::Ollama => ApiFlavor::Ollama,
+            Face::OpenAi => ApiFlavor::OpenAi,
+        }
+    }
+
+    /// Engines this face passes unclassified requests to, best first.
+    fn passthrough_kinds(self) -> &'static [EngineKind] {
+        match self {
+            Face::Ollama => &[EngineKind::Ollama],
+            Face::OpenAi => &[
+                EngineKind::LmStudio,
+                EngineKind::OpenAiCompat,
+                EngineKind::Ollama,
+            ],
+        }
+    }
+}
+
+#[derive(Clone)]
+struct FaceState {
+    st: Arc<ProxyState>,
+    face: Face,
+}
+
+/// The face's router. `control` holds the daemon's own routes (`/_pair/...`,
+/// `/ui`), merged in; every route is loopback-only.
+pub fn router(st: Arc<ProxyState>, face: Face, control: Router) -> Router {
+    let fs = FaceState { st, face };
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(handle)
+        .with_state(fs.clone())
+        .merge(control)
+        .layer(middleware::from_fn_with_state(fs, loopback_only))
+}
+
+/// Serves a face until `shutdown`, then lets in-flight requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
+}
+
+async fn loopback_only(
+    State(fs): State<FaceState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response<Body> {
+    if peer.ip().is_loopback() {
+        next.run(req).await
+    } else {
+        tracing::info!(%peer, "refused a non-loopback client on a local face");
+        json_error(
+            StatusCode::FORBIDDEN,
+            fs.face.flavor(),
+            "forbidden",
+            "pair's local faces only accept connections from this machine; other machines join the cluster by pairing",
+            None,
+        )
+    }
+}
+
+async fn metrics(State(fs): State<FaceState>) -> impl IntoResponse {
+    let m = &fs.st.metrics;
+    m.pending.set(i64::from(fs.st.load.in_flight()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
+    let st = &fs.st;
+    let class = route::classify(req.method(), req.uri().path());
+    let (parts, body) = req.into_parts();
+    let head = RequestHead {
+        method: parts.method.clone(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers: parts.headers,
+    };
+    let flavor = match class {
+        RouteClass::Inference { flavor, .. } => flavor,
+        _ => fs.face.flavor(),
+    };
+    let body = match read_capped(body, &head.headers, st.body_cap).await {
+        Ok(b) => b,
+        Err(resp) => return resp(flavor),
+    };
+    match class {
+        RouteClass::Inference {
+            flavor,
+            work,
+            route,
+        } => {
+            forward::execute(
+                st,
+                Inference {
+                    head,
+                    body,
+                    flavor,
+                    work,
+                    route,
+                },
+            )
+            .await
+        }
+        RouteClass::Listing(kind) => merged_listing(st, kind).await,
+        RouteClass::Passthrough => passthrough(st, fs.face, head, body).await,
+    }
+}
+
+type ErrorFn = Box<dyn FnOnce(ApiFlavor) -> Response<Body> + Send>;
+
+/// Reads the whole body up to `cap` bytes (kept for replay on failover).
+pub(crate) async fn read_capped(
+    body: Body,
+    headers: &http::HeaderMap,
+    cap: usize,
+) -> Result<Bytes, ErrorFn> {
+    let too_big = move |flavor| {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            flavor,
+            "body_too_large",
+            &format!("request body exceeds the {} MiB limit", cap / (1024 * 1024)),
+            None,
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(Box::new(too_big));
+    }
+    match axum::body::to_bytes(body, cap).await {
+        Ok(b) => Ok(b),
+        Err(e) => {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over {
+                Err(Box::new(too_big))
+            } else {
+                Err(Box::new(move |flavor| {
+                    json_error(
+                        StatusCode::BAD_REQUEST,
+                        flavor,
+                        "body_read_failed",
+                        &format!("could not read the request body: {e}"),
+                        None,
+                    )
+                }))
+            }
+        }
+    }
+}
+
+async fn passthrough(
+    st: &Arc<ProxyState>,
+    face: Face,
+    head: RequestHead,
+    body: Bytes,
+) -> Response<Body> {
+    let engines = st.engines();
+    let Some(engine) = face
+        .passthrough_kinds()
+        .iter()
+        .find_map(|k| engines.iter().find(|e| e.kind == *k))
+    else {
+        return json_error(
+            StatusCode::BAD_GATEWAY,
+            face.flavor(),
+            "no_local_engine",
+            &format!(
+                "{} is not a routed path and this node has no local engine to pass it to",
+                head.path_and_query
+            ),
+            None,
+        );
+    };
+    let hop = Hop::Local {
+        base: engine.base.clone(),
+    };
+    match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
+        Ok(resp) => {
+            let (parts, incoming) = resp.into_parts();
+            Response::from_parts(parts, Body::new(incoming))
+        }
+        Err(e) => json_error(
+            StatusCode::BAD_GATEWAY,
+            face.flavor(),
+            "engine_unreachable",
+            &format!("the local engine did not answer: {e}"),
+            None,
+        ),
+    }
+}
+
+/// This node's own listing: its engines that answer `kind`, merged.
+pub async fn local_listing(st: &ProxyState, kind: Listing) -> Vec<Value> {
+    let engines = st.engines();
+    let calls = engines
+        .iter()
+        .filter(|e| engine_answers(kind, e.kind))
+        .map(|e| {
+            let hop = Hop::Local {
+                base: e.base.clone(),
+            };
+            async move { fetch_json(st, &hop, kind).await }
+        });
+    join_all(calls).await.into_iter().flatten().collect()
+}
+
+async fn merged_listing(st: &Arc<ProxyState>, kind: Listing) -> Response<Body> {
+    let mut docs = local_listing(st, kind).await;
+    let cluster = st.cluster();
+    let peers = st.peer_links();
+    let remote = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.id != st.node.id && n.liveness.is_routable())
+        .filter_map(|n| peers.get(&n.id).cloned())
+        .map(|link| {
+            let st = Arc::clone(st);
+            async move { fetch_json(&st, &Hop::Peer(Box::new(link)), kind).await }
+        });
+    docs.extend(join_all(remote).await.into_iter().flatten());
+    let merged = listing::merge(kind, &docs);
+    let mut resp = Response::new(Body::from(merged.to_string()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+const LISTING_DEADLINE: Duration = Duration::from_secs(3);
+
+async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> {
+    use http_body_util::BodyExt;
+    let path = match kind {
+        Listing::OllamaTags => "/api/tags",
+        Listing::OllamaPs => "/api/ps",
+        Listing::OpenAiModels => "/v1/models",
+    };
+    let head = RequestHead {
+        method: Method::GET,
+        path_and_query: path.to_owned(),
+        headers: http::HeaderMap::new(),
+    };
+    let mut timeouts = st.timeouts;
+    timeouts.first_byte = LISTING_DEADLINE;
+    let fut = async {
+        let resp = dispatch::send(&st.local_client, hop, &head, Bytes::new(), &[], timeouts)
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        serde_json::from_slice(&bytes).ok()
+    };
+    tokio::time::timeout(LISTING_DEADLINE, fut)
+        .await
+        .ok()
+        .flatten()
+}

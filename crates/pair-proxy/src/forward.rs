@@ -1,0 +1,473 @@
+//! The failover executor: walks the scheduler's ordered candidates and
+//! commits to the first that starts answering.
+//!
+//! Rules (see ARCHITECTURE.md): a transport error, refused connection,
+//! first-byte deadline, 404 from an advertised owner, 408, 429 or 5xx moves
+//! to the next candidate, but only before the first response body byte. 400,
+//! 422 and other 4xx go back as they are, never retried. At most
+//! [`MAX_ATTEMPTS`] dispatches. Once a byte has reached the client there is
+//! no resend: a failure ends the stream with an error event.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use pair_core::{
+    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
+    SessionKey,
+};
+use pair_scheduler::Ranking;
+use serde_json::json;
+
+use crate::body::{self, RequestFacts};
+use crate::dispatch::{self, DispatchError, Hop, JOB_HEADER, ORIGIN_HEADER, RequestHead};
+use crate::error::json_error;
+use crate::load::LoadGuard;
+use crate::metrics::{FailoverLabels, RequestLabels, RouteLabels};
+use crate::route::Work;
+use crate::state::{MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
+use crate::stream::{Ending, Framing, Relay, Watcher};
+
+/// Asks for a particular node (UUID or name); it goes first if eligible.
+pub const PIN_HEADER: &str = "x-pair-node-pin";
+/// Names a conversation for session affinity.
+pub const SESSION_HEADER: &str = "x-pair-session";
+
+/// One dispatch and how it ended, for receipts and error bodies.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attempt {
+    pub node: NodeId,
+    pub name: String,
+    /// An HTTP status or a transport class (`connect`, `first-byte-timeout`).
+    pub outcome: String,
+}
+
+/// What the client asked, as the executor needs it.
+#[derive(Debug)]
+pub struct Inference {
+    pub head: RequestHead,
+    pub body: Bytes,
+    pub flavor: ApiFlavor,
+    pub work: Work,
+    pub route: &'static str,
+}
+
+/// Routes one inference request through the cluster.
+pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
+    let created_at_ms = now_ms();
+    let t0 = Instant::now();
+    let facts = match body::extract(&req.body, req.flavor, req.work) {
+        Ok(f) => f,
+        Err(e) => {
+            count(st, req.route, 400, "none");
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                req.flavor,
+                "invalid_request",
+                &e.to_string(),
+                None,
+            );
+        }
+    };
+    let cluster = st.cluster();
+    let profile = profile_for(&facts, &req, &cluster);
+    let mut ranking = Ranking::with_capacity(cluster.len());
+    st.rank(&cluster, &profile, &mut ranking);
+    if ranking.is_empty() {
+        count(st, req.route, 502, "none");
+        return json_error(
+            StatusCode::BAD_GATEWAY,
+            req.flavor,
+            "no_eligible_node",
+            &format!(
+                "no node in the cluster serves model '{}' for this API",
+                facts.model
+            ),
+            Some(json!({ "model": facts.model, "nodes": cluster.len() })),
+        );
+    }
+
+    let job = JobId::from_uuid(uuid::Uuid::new_v4());
+    let mut attempts: Vec<Attempt> = Vec::with_capacity(MAX_ATTEMPTS.min(ranking.len()));
+    let mut deadline_hit = false;
+    for cand in ranking.iter().take(MAX_ATTEMPTS) {
+        let node = cand.node;
+        let name = cluster
+            .node(node)
+            .map_or_else(|| node.short(), |n| n.name.clone());
+        let hop = match hop_for(st, &cluster, node, &facts.model, req.flavor) {
+            Ok(h) => h,
+            Err(e) => {
+                fail(st, &mut attempts, node, name, e.class());
+                continue;
+            }
+        };
+        let reservation = st.reserve(node, &profile);
+        let guard = matches!(hop, Hop::Local { .. }).then(|| {
+            st.load
+                .begin(profile.prompt_tokens, profile.max_output_tokens)
+        });
+        let extra = relay_headers(st, job, &hop);
+        let sent = dispatch::send(
+            &st.local_client,
+            &hop,
+            &req.head,
+            req.body.clone(),
+            &extra,
+            st.timeouts,
+        )
+        .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                deadline_hit |= matches!(e, DispatchError::Deadline(_));
+                tracing::debug!(%node, error = %e, "attempt failed");
+                fail(st, &mut attempts, node, name, e.class());
+                continue;
+            }
+        };
+        let status = resp.status();
+        let advice = RetryAdvice::for_status(status.as_u16(), true);
+        if advice.is_some_and(RetryAdvice::may_retry) {
+            fail(st, &mut attempts, node, name, status.as_str());
+            continue;
+        }
+        let (parts, mut upstream) = resp.into_parts();
+        let first = if advice.is_none() {
+            // Success: wait for the first body byte before committing, so an
+            // engine that dies between head and body is still retried.
+            let left = st.timeouts.first_byte.saturating_sub(t0.elapsed());
+            match first_data(&mut upstream, left).await {
+                Ok(first) => first,
+                Err(class) => {
+                    deadline_hit |= class == "first-byte-timeout";
+                    fail(st, &mut attempts, node, name, class);
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        attempts.push(Attempt {
+            node,
+            name: name.clone(),
+            outcome: status.as_str().to_owned(),
+        });
+        st.bind_session(&profile, node);
+        let ttft = t0.elapsed();
+        let record = JobRecord {
+            id: job,
+            model: facts.model.clone(),
+            flavor: req.flavor,
+            route: req.route.to_owned(),
+            streaming: profile.streaming,
+            origin: st.node.id,
+            ran_on: Some(node),
+            attempts: u8::try_from(attempts.len()).unwrap_or(u8::MAX),
+            status: JobStatus::Running,
+            http_status: Some(status.as_u16()),
+            created_at_ms,
+            ttft_ms: Some(millis(ttft)),
+            duration_ms: None,
+            prompt_tokens: Some(profile.prompt_tokens),
+            output_tokens: None,
+            error: None,
+        };
+        st.metrics
+            .ttft
+            .get_or_create(&RouteLabels {
+                route: req.route.to_owned(),
+            })
+            .observe(ttft.as_secs_f64());
+        let framing = Framing::from_content_type(parts.headers.get(http::header::CONTENT_TYPE));
+        let watcher = JobWatcher {
+            st: Arc::clone(st),
+            record,
+            t0,
+            node_name: name.clone(),
+            guard,
+            _reservation: reservation,
+        };
+        let relay = Relay::new(first, upstream, framing, req.flavor, watcher);
+        let mut out = Response::from_parts(parts, Body::new(relay));
+        strip_hop_headers(out.headers_mut());
+        receipt(
+            st,
+            out.headers_mut(),
+            &name,
+            node,
+            attempts.len(),
+            job,
+            &cand.to_string(),
+        );
+        return out;
+    }
+
+    // Every candidate failed before answering.
+    let status = if deadline_hit {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    count(st, req.route, status.as_u16(), "none");
+    st.finish_job(JobRecord {
+        id: job,
+        model: facts.model.clone(),
+        flavor: req.flavor,
+        route: req.route.to_owned(),
+        streaming: profile.streaming,
+        origin: st.node.id,
+        ran_on: None,
+        attempts: u8::try_from(attempts.len()).unwrap_or(u8::MAX),
+        status: JobStatus::Failed,
+        http_status: Some(status.as_u16()),
+        created_at_ms,
+        ttft_ms: None,
+        duration_ms: Some(millis(t0.elapsed())),
+        prompt_tokens: Some(profile.prompt_tokens),
+        output_tokens: None,
+        error: Some("all attempts failed".into()),
+    });
+    let tried: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("{} ({})", a.name, a.outcome))
+        .collect();
+    let mut resp = json_error(
+        status,
+        req.flavor,
+        "all_attempts_failed",
+        &format!(
+            "every node that serves '{}' failed before answering: {}",
+            facts.model,
+            tried.join(", ")
+        ),
+        Some(json!({ "attempts": attempts, "job": job })),
+    );
+    if let Ok(v) = HeaderValue::from_str(&attempts.len().to_string()) {
+        resp.headers_mut().insert("x-pair-attempts", v);
+    }
+    resp
+}
+
+fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
+    let mut p = facts.profile(req.flavor, req.work, req.body.len());
+    let headers = &req.head.headers;
+    if let Some(v) = headers.get(PIN_HEADER).and_then(|v| v.to_str().ok()) {
+        p.pinned = v.parse::<NodeId>().ok().or_else(|| {
+            cluster
+                .nodes()
+                .iter()
+                .find(|n| n.name.eq_ignore_ascii_case(v))
+                .map(|n| n.id)
+        });
+    }
+    if let Some(v) = headers.get(SESSION_HEADER) {
+        p.session = Some(SessionKey(fnv1a(v.as_bytes())));
+    }
+    p
+}
+
+/// Stable across processes and versions (unlike std's SipHash keys), so
+/// every node maps a session header to the same key.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The local engine that holds the model, or the peer's link.
+pub(crate) fn hop_for(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    node: NodeId,
+    model: &str,
+    flavor: ApiFlavor,
+) -> Result<Hop, DispatchError> {
+    if node != st.node.id {
+        return st
+            .peer(node)
+            .map(|l| Hop::Peer(Box::new(l)))
+            .ok_or(DispatchError::NoLink(node));
+    }
+    let kind = cluster
+        .node(node)
+        .and_then(|n| n.find_model(model, flavor))
+        .map(|(e, _)| e.kind);
+    let engines = st.engines();
+    engines
+        .iter()
+        .find(|e| Some(e.kind) == kind)
+        .or_else(|| engines.iter().find(|e| e.kind.serves(flavor)))
+        .map(|e| Hop::Local {
+            base: e.base.clone(),
+        })
+        .ok_or(DispatchError::NoLink(node))
+}
+
+fn relay_headers(st: &ProxyState, job: JobId, hop: &Hop) -> Vec<(HeaderName, HeaderValue)> {
+    if !matches!(hop, Hop::Peer(_)) {
+        return Vec::new();
+    }
+    let mut v = Vec::with_capacity(2);
+    if let Ok(h) = HeaderValue::from_str(&st.node.id.to_string()) {
+        v.push((HeaderName::from_static(ORIGIN_HEADER), h));
+    }
+    if let Ok(h) = HeaderValue::from_str(&job.to_string()) {
+        v.push((HeaderName::from_static(JOB_HEADER), h));
+    }
+    v
+}
+
+/// Reads until the first data frame (trailers-only bodies end the same way).
+async fn first_data(body: &mut Incoming, within: Duration) -> Result<Option<Bytes>, &'static str> {
+    let read = async {
+        loop {
+            match body.frame().await {
+                None => return Ok(None),
+                Some(Err(_)) => return Err("body"),
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data()
+                        && !data.is_empty()
+                    {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or(Err("first-byte-timeout"))
+}
+
+fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String, outcome: &str) {
+    st.metrics
+        .failovers
+        .get_or_create(&FailoverLabels {
+            reason: outcome.to_owned(),
+        })
+        .inc();
+    attempts.push(Attempt {
+        node,
+        name,
+        outcome: outcome.to_owned(),
+    });
+}
+
+fn count(st: &ProxyState, route: &str, status: u16, node: &str) {
+    st.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            route: route.to_owned(),
+            status,
+            node: node.to_owned(),
+        })
+        .inc();
+}
+
+fn strip_hop_headers(h: &mut http::HeaderMap) {
+    for name in ["connection", "keep-alive", "transfer-encoding"] {
+        h.remove(name);
+    }
+}
+
+/// Route receipt: which node served it, after how many tries, and why.
+fn receipt(
+    st: &ProxyState,
+    h: &mut http::HeaderMap,
+    name: &str,
+    node: NodeId,
+    attempts: usize,
+    job: JobId,
+    why: &str,
+) {
+    let pairs = [
+        ("x-pair-node", format!("{name} ({node})")),
+        ("x-pair-attempts", attempts.to_string()),
+        ("x-pair-policy", st.policy().to_string()),
+        ("x-pair-route", why.to_owned()),
+        ("x-pair-job", job.to_string()),
+    ];
+    for (k, v) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(HeaderName::from_static(k), v);
+        }
+    }
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Finishes the job record when the answer ends, however it ends.
+struct JobWatcher {
+    st: Arc<ProxyState>,
+    record: JobRecord,
+    t0: Instant,
+    node_name: String,
+    guard: Option<LoadGuard>,
+    _reservation: Reservation,
+}
+
+impl Watcher for JobWatcher {
+    fn progress(&mut self, events: u32) {
+        if let Some(g) = self.guard.as_mut() {
+            g.prefill_done();
+            g.decoded(events);
+        }
+    }
+
+    fn finish(&mut self, ending: Ending, events: u32, _bytes: u64) {
+        let elapsed = self.t0.elapsed();
+        let rec = &mut self.record;
+        rec.duration_ms = Some(millis(elapsed));
+        rec.output_tokens = (events > 0).then_some(events);
+        let ok = rec.http_status.is_some_and(|s| s < 400);
+        rec.status = match ending {
+            Ending::Completed if ok => JobStatus::Completed,
+            Ending::Completed => JobStatus::Failed,
+            Ending::Failed { .. } => JobStatus::Failed,
+            Ending::Cancelled => JobStatus::Cancelled,
+        };
+        rec.error = match ending {
+            Ending::Failed { class } => Some(class.to_owned()),
+            Ending::Cancelled => Some("client went away".into()),
+            Ending::Completed if !ok => rec.http_status.map(|s| format!("engine answered {s}")),
+            Ending::Completed => None,
+        };
+        let route = rec.route.clone();
+        let m = &self.st.metrics;
+        m.requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status: rec.http_status.unwrap_or(0),
+                node: self.node_name.clone(),
+            })
+            .inc();
+        m.duration
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        m.attempts
+            .get_or_create(&RouteLabels { route })
+            .observe(f64::from(rec.attempts));
+        self.guard.take();
+        self.st.finish_job(rec.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,117 @@
+//! This node's own workload: requests running on its engines, whether they
+//! came from its faces or were relayed by peers. Peers see it in workload
+//! reports; PAIR's `pending` is `running + queued` of this tracker.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use pair_core::Workload;
+
+/// Lock-free counters; one [`LoadGuard`] per request in flight.
+#[derive(Debug, Default)]
+pub struct LocalLoad {
+    in_flight: AtomicU32,
+    prefill_tokens: AtomicU64,
+    decode_tokens: AtomicU64,
+    /// Requests served since start, for reports and metrics.
+    served: AtomicU64,
+}
+
+impl LocalLoad {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Counts a request against this node until the guard drops.
+    pub fn begin(self: &Arc<Self>, prompt_tokens: u32, output_tokens: u32) -> LoadGuard {
+        self.in_flight.fetch_add(1, Relaxed);
+        self.prefill_tokens
+            .fetch_add(u64::from(prompt_tokens), Relaxed);
+        self.decode_tokens
+            .fetch_add(u64::from(output_tokens), Relaxed);
+        LoadGuard {
+            load: Arc::clone(self),
+            prefill_left: prompt_tokens,
+            decode_left: output_tokens,
+        }
+    }
+
+    /// The workload as the scheduler models it: `slots` requests run at
+    /// once on the engines, the rest wait.
+    pub fn workload(&self, slots: u32) -> Workload {
+        let n = self.in_flight.load(Relaxed);
+        let running = n.min(slots.max(1));
+        Workload {
+            running,
+            queued: n - running,
+            prefill_tokens: self.prefill_tokens.load(Relaxed),
+            decode_tokens: self.decode_tokens.load(Relaxed),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Relaxed)
+    }
+
+    pub fn served(&self) -> u64 {
+        self.served.load(Relaxed)
+    }
+}
+
+/// One request's share of [`LocalLoad`]; the counts fall as the answer
+/// streams and vanish when it ends, however it ends.
+#[derive(Debug)]
+pub struct LoadGuard {
+    load: Arc<LocalLoad>,
+    prefill_left: u32,
+    decode_left: u32,
+}
+
+impl LoadGuard {
+    /// The first token arrived: the prompt is no longer pending work.
+    pub fn prefill_done(&mut self) {
+        let n = std::mem::take(&mut self.prefill_left);
+        self.load.prefill_tokens.fetch_sub(u64::from(n), Relaxed);
+    }
+
+    /// `n` more output tokens were produced.
+    pub fn decoded(&mut self, n: u32) {
+        let n = n.min(self.decode_left);
+        self.decode_left -= n;
+        self.load.decode_tokens.fetch_sub(u64::from(n), Relaxed);
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.prefill_done();
+        self.decoded(self.decode_left);
+        self.load.in_flight.fetch_sub(1, Relaxed);
+        self.load.served.fetch_add(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guards_count_and_release() {
+        let load = LocalLoad::new();
+        let mut a = load.begin(100, 50);
+        let b = load.begin(10, 5);
+        let w = load.workload(1);
+        assert_eq!((w.running, w.queued), (1, 1));
+        assert_eq!((w.prefill_tokens, w.decode_tokens), (110, 55));
+        a.prefill_done();
+        a.decoded(20);
+        a.decoded(1000);
+        let w = load.workload(4);
+        assert_eq!((w.running, w.queued), (2, 0));
+        assert_eq!((w.prefill_tokens, w.decode_tokens), (10, 5));
+        drop(a);
+        drop(b);
+        assert_eq!(load.workload(1), Workload::default());
+        assert_eq!(load.served(), 2);
+    }
+}

@@ -1,0 +1,210 @@
+//! The serving side of a peer hop, mounted on the cluster port behind mutual
+//! TLS: relayed inference runs on this node's own engine (never re-routed,
+//! so a request cannot loop), listings answer with this node's own models,
+//! and peers push their workload reports and job records here.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, Json, Request, State};
+use axum::routing::{any, post};
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, Role};
+
+use crate::body;
+use crate::dispatch::{self, Hop, RELAY_PREFIX, RequestHead};
+use crate::error::json_error;
+use crate::face::{local_listing, read_capped};
+use crate::forward::hop_for;
+use crate::gossip::PeerReports;
+use crate::listing;
+use crate::load::LoadGuard;
+use crate::route::{self, RouteClass};
+use crate::state::ProxyState;
+use crate::stream::{Ending, Framing, Relay, Watcher};
+
+/// Who is on the other end of an mTLS connection; the cluster server puts it
+/// in every request's extensions after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub id: NodeId,
+    pub role: Role,
+}
+
+pub const REPORT_PATH: &str = "/pair/v1/report";
+pub const JOBS_PATH: &str = "/pair/v1/jobs";
+
+#[derive(Clone)]
+struct RelayState {
+    st: Arc<ProxyState>,
+    reports: Arc<PeerReports>,
+}
+
+/// Routes served to authenticated peers.
+pub fn router(st: Arc<ProxyState>, reports: Arc<PeerReports>) -> Router {
+    Router::new()
+        .route(&format!("{RELAY_PREFIX}/{{*path}}"), any(relay))
+        .route(REPORT_PATH, post(report))
+        .route(JOBS_PATH, post(jobs))
+        .with_state(RelayState { st, reports })
+}
+
+async fn report(
+    State(rs): State<RelayState>,
+    Extension(peer): Extension<PeerIdentity>,
+    Json(snapshot): Json<NodeSnapshot>,
+) -> StatusCode {
+    if peer.role != Role::Node || snapshot.id != peer.id {
+        // A node reports only for itself; clients never report.
+        return StatusCode::FORBIDDEN;
+    }
+    rs.reports.accept(snapshot);
+    StatusCode::NO_CONTENT
+}
+
+async fn jobs(
+    State(rs): State<RelayState>,
+    Extension(peer): Extension<PeerIdentity>,
+    Json(records): Json<Vec<JobRecord>>,
+) -> StatusCode {
+    if peer.role != Role::Node {
+        return StatusCode::FORBIDDEN;
+    }
+    for rec in records.into_iter().take(1_000) {
+        // Peers only speak for jobs they originated.
+        if rec.origin == peer.id {
+            rs.st.jobs.record(rec);
+        }
+    }
+    StatusCode::NO_CONTENT
+}
+
+async fn relay(
+    State(rs): State<RelayState>,
+    Extension(peer): Extension<PeerIdentity>,
+    req: Request,
+) -> Response<Body> {
+    let st = &rs.st;
+    let (parts, body) = req.into_parts();
+    let inner = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str())
+        .strip_prefix(RELAY_PREFIX)
+        .unwrap_or("/")
+        .to_owned();
+    let path = inner.split('?').next().unwrap_or("/");
+    let class = route::classify(&parts.method, path);
+    let flavor = match class {
+        RouteClass::Inference { flavor, .. } => flavor,
+        _ => ApiFlavor::OpenAi,
+    };
+    let body = match read_capped(body, &parts.headers, st.body_cap).await {
+        Ok(b) => b,
+        Err(resp) => return resp(flavor),
+    };
+    match class {
+        RouteClass::Listing(kind) => {
+            let merged = listing::merge(kind, &local_listing(st, kind).await);
+            let mut resp = Response::new(Body::from(merged.to_string()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        RouteClass::Inference { flavor, work, .. } => {
+            let head = RequestHead {
+                method: parts.method,
+                path_and_query: inner,
+                headers: parts.headers,
+            };
+            run_locally(st, peer, head, body, flavor, work).await
+        }
+        RouteClass::Passthrough => json_error(
+            StatusCode::FORBIDDEN,
+            flavor,
+            "not_relayable",
+            "only inference and listing routes can be relayed between nodes",
+            None,
+        ),
+    }
+}
+
+async fn run_locally(
+    st: &Arc<ProxyState>,
+    peer: PeerIdentity,
+    head: RequestHead,
+    body: Bytes,
+    flavor: ApiFlavor,
+    work: route::Work,
+) -> Response<Body> {
+    let facts = match body::extract(&body, flavor, work) {
+        Ok(f) => f,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                flavor,
+                "invalid_request",
+                &e.to_string(),
+                None,
+            );
+        }
+    };
+    let cluster = st.cluster();
+    let holds = cluster
+        .node(st.node.id)
+        .is_some_and(|n| n.find_model(&facts.model, flavor).is_some());
+    let hop = match hop_for(st, &cluster, st.node.id, &facts.model, flavor) {
+        Ok(h @ Hop::Local { .. }) if holds => h,
+        _ => {
+            // The origin's view was stale; a 404 from an advertised owner
+            // sends it to its next candidate.
+            return json_error(
+                StatusCode::NOT_FOUND,
+                flavor,
+                "model_not_found",
+                &format!("model '{}' not found on node {}", facts.model, st.node.name),
+                None,
+            );
+        }
+    };
+    st.metrics.relayed_in.inc();
+    let profile = facts.profile(flavor, work, body.len());
+    let guard = st
+        .load
+        .begin(profile.prompt_tokens, profile.max_output_tokens);
+    tracing::debug!(peer = %peer.id, model = %facts.model, "running a relayed request");
+    match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
+        Ok(resp) => {
+            let (parts, incoming) = resp.into_parts();
+            let framing = Framing::from_content_type(parts.headers.get(header::CONTENT_TYPE));
+            let relay = Relay::new(None, incoming, framing, flavor, LoadWatcher(Some(guard)));
+            Response::from_parts(parts, Body::new(relay))
+        }
+        Err(e) => json_error(
+            StatusCode::BAD_GATEWAY,
+            flavor,
+            "engine_unreachable",
+            &format!("node {}'s engine did not answer: {e}", st.node.name),
+            None,
+        ),
+    }
+}
+
+/// Keeps a relayed request counted in this node's workload while it streams.
+struct LoadWatcher(Option<LoadGuard>);
+
+impl Watcher for LoadWatcher {
+    fn progress(&mut self, events: u32) {
+        if let Some(g) = self.0.as_mut() {
+            g.prefill_done();
+            g.decoded(events);
+        }
+    }
+    fn finish(&mut self, _ending: Ending, _events: u32, _bytes: u64) {
+        self.0.take();
+    }
+}

@@ -1,0 +1,214 @@
+//! The node's shared routing state: the published cluster snapshot (read
+//! lock-free on every request), the scheduler with its reservations, the
+//! hops (local engines, peer links), and the job log and metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use http::Uri;
+use pair_core::{ClusterSnapshot, EngineKind, JobRecord, ModelPerf, NodeId, RequestProfile};
+use pair_scheduler::{
+    Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
+    SchedulerConfig,
+};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::dispatch::{self, HttpClient, PeerLink, Timeouts};
+use crate::jobs::JobLog;
+use crate::load::LocalLoad;
+use crate::metrics::Metrics;
+
+/// Request bodies above this are refused with 413 (PAIR's cap), and bodies
+/// up to it are kept whole so a failed attempt can be replayed.
+pub const DEFAULT_BODY_CAP: usize = 32 * 1024 * 1024;
+/// Dispatches per request, including the one that answers.
+pub const MAX_ATTEMPTS: usize = 5;
+
+/// An engine on this machine, behind the node's proxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalEngine {
+    pub kind: EngineKind,
+    /// e.g. `http://127.0.0.1:11435`.
+    pub base: Uri,
+}
+
+/// Static facts about this node, fixed at start-up.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    pub id: NodeId,
+    pub name: String,
+}
+
+#[derive(Debug)]
+struct Sched {
+    scheduler: Scheduler,
+    reservations: Reservations,
+    rng: SmallRng,
+}
+
+/// Everything the faces and the relay share.
+#[derive(Debug)]
+pub struct ProxyState {
+    pub node: NodeIdentity,
+    pub timeouts: Timeouts,
+    pub body_cap: usize,
+    pub(crate) local_client: HttpClient,
+    cluster: ArcSwap<ClusterSnapshot>,
+    engines: ArcSwap<Vec<LocalEngine>>,
+    peers: ArcSwap<HashMap<NodeId, PeerLink>>,
+    sched: Mutex<Sched>,
+    policy: Policy,
+    pub load: Arc<LocalLoad>,
+    pub jobs: Arc<JobLog>,
+    pub metrics: Arc<Metrics>,
+    pub learner: Mutex<PerfLearner>,
+}
+
+/// How to build a [`ProxyState`].
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub node: NodeIdentity,
+    pub scheduler: SchedulerConfig,
+    pub timeouts: Timeouts,
+    pub body_cap: usize,
+    pub engines: Vec<LocalEngine>,
+}
+
+impl ProxyState {
+    pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
+        Arc::new(Self {
+            local_client: dispatch::local_client(config.timeouts),
+            cluster: ArcSwap::from_pointee(ClusterSnapshot::default()),
+            engines: ArcSwap::from_pointee(config.engines),
+            peers: ArcSwap::from_pointee(HashMap::new()),
+            policy: config.scheduler.policy,
+            sched: Mutex::new(Sched {
+                scheduler: Scheduler::new(config.scheduler),
+                reservations: Reservations::new(),
+                rng: SmallRng::from_os_rng(),
+            }),
+            node: config.node,
+            timeouts: config.timeouts,
+            body_cap: config.body_cap,
+            load: LocalLoad::new(),
+            jobs,
+            metrics: Arc::new(Metrics::new()),
+            learner: Mutex::new(PerfLearner::new()),
+        })
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The current snapshot (an `Arc` clone: no lock, no copy).
+    pub fn cluster(&self) -> Arc<ClusterSnapshot> {
+        self.cluster.load_full()
+    }
+
+    /// Publishes a new snapshot; reservations it covers are dropped.
+    pub fn publish(&self, snapshot: ClusterSnapshot) {
+        if let Ok(mut s) = self.sched.lock() {
+            s.reservations.sync(&snapshot);
+            s.reservations.expire(now_ms());
+        }
+        self.metrics
+            .peers
+            .set(i64::try_from(snapshot.len().saturating_sub(1)).unwrap_or(i64::MAX));
+        self.cluster.store(Arc::new(snapshot));
+    }
+
+    pub fn engines(&self) -> Arc<Vec<LocalEngine>> {
+        self.engines.load_full()
+    }
+
+    pub fn set_engines(&self, engines: Vec<LocalEngine>) {
+        self.engines.store(Arc::new(engines));
+    }
+
+    pub fn peer(&self, id: NodeId) -> Option<PeerLink> {
+        self.peers.load().get(&id).cloned()
+    }
+
+    pub fn peer_links(&self) -> Arc<HashMap<NodeId, PeerLink>> {
+        self.peers.load_full()
+    }
+
+    pub fn set_peers(&self, peers: HashMap<NodeId, PeerLink>) {
+        self.peers.store(Arc::new(peers));
+    }
+
+    /// Ranks `request` over the current snapshot into `out`.
+    pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile, out: &mut Ranking) {
+        let now = now_ms();
+        if let Ok(s) = self.sched.lock().as_deref_mut() {
+            let Sched {
+                scheduler,
+                reservations,
+                rng,
+            } = s;
+            scheduler.rank_into(out, cluster, request, reservations, now, rng);
+        }
+    }
+
+    /// Counts `request` on `node` at once, until the guard drops.
+    pub fn reserve(self: &Arc<Self>, node: NodeId, request: &RequestProfile) -> Reservation {
+        let id = self
+            .sched
+            .lock()
+            .ok()
+            .map(|mut s| s.reservations.reserve(node, request, now_ms()));
+        Reservation {
+            state: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// Remembers which node a session's request committed to.
+    pub fn bind_session(&self, request: &RequestProfile, node: NodeId) {
+        if let (Some(session), Ok(mut s)) = (request.session, self.sched.lock()) {
+            s.scheduler.bind_session(session, node, now_ms());
+        }
+    }
+
+    /// Records a finished job and learns the serving node's speed from it.
+    pub fn finish_job(&self, rec: JobRecord) {
+        if let (Some(obs), Ok(mut l)) = (Observation::from_job(&rec), self.learner.lock()) {
+            l.observe(&obs);
+        }
+        self.jobs.record(rec);
+    }
+
+    /// Learned speed of `model` on `node` over `seed`, if jobs taught us any.
+    pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
+        let l = self.learner.lock().ok()?;
+        l.rates(node, model).map(|r| r.over(seed))
+    }
+}
+
+/// A scheduler reservation, released when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    state: Arc<ProxyState>,
+    id: Option<ReservationId>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take()
+            && let Ok(mut s) = self.state.sched.lock()
+        {
+            s.reservations.release(id);
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

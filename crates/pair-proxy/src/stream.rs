@@ -1,0 +1,264 @@
+//! The response body handed to the client: upstream frames pass through as
+//! they arrive (nothing buffers a response), progress is counted, and a
+//! failure after the first byte ends a stream with an explicit error event
+//! instead of a silent truncation that looks like success.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use pair_core::ApiFlavor;
+
+/// How the answer is framed, from its content type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// `application/x-ndjson` (Ollama streams).
+    Ndjson,
+    /// `text/event-stream` (OpenAI and Anthropic streams).
+    Sse,
+    /// A single document.
+    Whole,
+}
+
+impl Framing {
+    pub fn from_content_type(ct: Option<&http::HeaderValue>) -> Self {
+        let ct = ct.and_then(|v| v.to_str().ok()).unwrap_or("");
+        if ct.starts_with("application/x-ndjson") {
+            Framing::Ndjson
+        } else if ct.starts_with("text/event-stream") {
+            Framing::Sse
+        } else {
+            Framing::Whole
+        }
+    }
+
+    /// Stream events in a chunk: one per NDJSON line or SSE `data:` line. In
+    /// token streams that is one token per event, give or take the last.
+    pub fn events_in(self, chunk: &[u8]) -> u32 {
+        let n = match self {
+            Framing::Ndjson => chunk.iter().filter(|&&b| b == b'\n').count(),
+            Framing::Sse => chunk
+                .split(|&b| b == b'\n')
+                .filter(|l| l.starts_with(b"data:") && !l.starts_with(b"data: [DONE]"))
+                .count(),
+            Framing::Whole => 0,
+        };
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// The event that ends a stream whose upstream failed after the first byte,
+/// in the stream's own framing so SDKs raise it as an error.
+pub fn stream_error_event(framing: Framing, flavor: ApiFlavor, message: &str) -> Option<Bytes> {
+    let msg = serde_json::Value::from(message);
+    let text = match (framing, flavor) {
+        (Framing::Ndjson, _) => format!("{{\"error\":{msg}}}\n"),
+        (Framing::Sse, ApiFlavor::Anthropic) => format!(
+            "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":{msg}}}}}\n\n"
+        ),
+        (Framing::Sse, _) => format!(
+            "data: {{\"error\":{{\"message\":{msg},\"type\":\"upstream_error\",\"code\":\"stream_interrupted\"}}}}\n\n"
+        ),
+        (Framing::Whole, _) => return None,
+    };
+    Some(Bytes::from(text))
+}
+
+/// How a relayed answer ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Completed,
+    /// The upstream failed after the first byte; `class` names how.
+    Failed {
+        class: &'static str,
+    },
+    /// The client went away before the end.
+    Cancelled,
+}
+
+/// Told about progress and, exactly once, about the ending.
+pub trait Watcher: Send + 'static {
+    /// `events` stream events (about one token each) just passed through.
+    fn progress(&mut self, events: u32);
+    fn finish(&mut self, ending: Ending, events: u32, bytes: u64);
+}
+
+/// Passes an upstream body through to the client.
+pub struct Relay<W: Watcher> {
+    first: Option<Bytes>,
+    inner: Incoming,
+    framing: Framing,
+    flavor: ApiFlavor,
+    watcher: Option<W>,
+    events: u32,
+    bytes: u64,
+    ended: bool,
+}
+
+impl<W: Watcher> std::fmt::Debug for Relay<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("framing", &self.framing)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: Watcher> Relay<W> {
+    /// `first` is the first data frame, already read to commit the attempt.
+    pub fn new(
+        first: Option<Bytes>,
+        inner: Incoming,
+        framing: Framing,
+        flavor: ApiFlavor,
+        watcher: W,
+    ) -> Self {
+        Self {
+            first,
+            inner,
+            framing,
+            flavor,
+            watcher: Some(watcher),
+            events: 0,
+            bytes: 0,
+            ended: false,
+        }
+    }
+
+    fn count(&mut self, chunk: &Bytes) {
+        let n = self.framing.events_in(chunk);
+        self.events = self.events.saturating_add(n);
+        self.bytes += chunk.len() as u64;
+        if let Some(w) = self.watcher.as_mut() {
+            w.progress(n);
+        }
+    }
+
+    fn end(&mut self, ending: Ending) {
+        self.ended = true;
+        if let Some(mut w) = self.watcher.take() {
+            w.finish(ending, self.events, self.bytes);
+        }
+    }
+}
+
+impl<W: Watcher> Drop for Relay<W> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.end(Ending::Cancelled);
+        }
+    }
+}
+
+impl<W: Watcher + Unpin> Body for Relay<W> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Some(first) = this.first.take() {
+            this.count(&first);
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    this.count(&data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                let class = if err.is_incomplete_message() {
+                    "upstream-closed"
+                } else if err.is_timeout() {
+                    "upstream-timeout"
+                } else {
+                    "upstream-error"
+                };
+                tracing::warn!(error = %err, class, "upstream failed mid-stream");
+                this.end(Ending::Failed { class });
+                match stream_error_event(
+                    this.framing,
+                    this.flavor,
+                    &format!(
+                        "pair: the serving node failed mid-stream ({class}); the answer is incomplete"
+                    ),
+                ) {
+                    Some(event) => Poll::Ready(Some(Ok(Frame::data(event)))),
+                    // A single document cannot carry an error after its
+                    // start: abort the connection so the client sees one.
+                    None => Poll::Ready(Some(Err(err))),
+                }
+            }
+            Poll::Ready(None) => {
+                this.end(Ending::Completed);
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && (self.ended || self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.inner.size_hint();
+        if let Some(first) = &self.first {
+            let n = first.len() as u64;
+            hint.set_lower(hint.lower() + n);
+            if let Some(u) = hint.upper() {
+                hint.set_upper(u + n);
+            }
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_events_per_framing() {
+        assert_eq!(Framing::Ndjson.events_in(b"{\"a\":1}\n{\"a\":2}\n"), 2);
+        assert_eq!(
+            Framing::Sse.events_in(b"data: {}\n\ndata: {}\n\ndata: [DONE]\n\n"),
+            2
+        );
+        assert_eq!(Framing::Whole.events_in(b"{}\n"), 0);
+    }
+
+    #[test]
+    fn error_events_parse_in_their_framing() {
+        let nd = stream_error_event(Framing::Ndjson, ApiFlavor::Ollama, "boom \"x\"").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(nd.trim_ascii_end()).unwrap();
+        assert_eq!(v["error"], "boom \"x\"");
+
+        let sse = stream_error_event(Framing::Sse, ApiFlavor::OpenAi, "boom").unwrap();
+        let text = std::str::from_utf8(&sse).unwrap();
+        let data = text.strip_prefix("data: ").unwrap().trim_end();
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["error"]["message"], "boom");
+
+        assert!(stream_error_event(Framing::Whole, ApiFlavor::OpenAi, "boom").is_none());
+    }
+
+    #[test]
+    fn framing_from_content_type() {
+        let v = http::HeaderValue::from_static("text/event-stream; charset=utf-8");
+        assert_eq!(Framing::from_content_type(Some(&v)), Framing::Sse);
+        let v = http::HeaderValue::from_static("application/x-ndjson");
+        assert_eq!(Framing::from_content_type(Some(&v)), Framing::Ndjson);
+        assert_eq!(Framing::from_content_type(None), Framing::Whole);
+    }
+}

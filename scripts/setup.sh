@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything the test suite needs on a fresh machine, idempotently:
+# Debian packages, cargo-deny, and the Python side (scripts/setup-python.sh).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v chromium >/dev/null || need+=(chromium)
+command -v curl >/dev/null || need+=(curl)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+if ! cargo deny --version >/dev/null 2>&1; then
+  cargo install --locked cargo-deny
+fi
+
+bash "$root/scripts/setup-python.sh" >/dev/null
