@@ -46,6 +46,9 @@ use crate::workload::{Demand, SourceState, stream_seed};
 /// How often the router republishes its cluster snapshot.
 pub const PUBLISH_INTERVAL: Micros = 250 * US_PER_MS;
 
+/// Nodes report in this many staggered phase groups per report interval.
+pub const REPORT_GROUPS: usize = 4;
+
 /// A finished run.
 #[derive(Clone, Debug)]
 pub struct RunOutput {
@@ -241,6 +244,8 @@ struct Sim<'a> {
     scheduler: Scheduler,
     reservations: Reservations,
     learner: PerfLearner,
+    /// Learned something since the last publication.
+    learner_dirty: bool,
     rng: ChaCha8Rng,
     ranking: Ranking,
     profile: RequestProfile,
@@ -310,6 +315,7 @@ impl<'a> Sim<'a> {
             scheduler: Scheduler::with_policy(policy),
             reservations: Reservations::new(),
             learner: PerfLearner::new(),
+            learner_dirty: false,
             rng: ChaCha8Rng::seed_from_u64(stream_seed(scn.seed, 0xD1CE, policy_index as u64)),
             ranking: Ranking::with_capacity(plan.nodes.len()),
             profile: RequestProfile::new(String::with_capacity(64), ApiFlavor::Ollama),
@@ -343,10 +349,12 @@ impl<'a> Sim<'a> {
         let n = self.nodes.len();
         self.push(0, Ev::Publish);
         self.push(self.scn.info.telemetry_interval, Ev::Telemetry);
-        for i in 0..n {
-            // Stagger reports across the interval, as independent nodes do.
-            let phase = self.scn.info.report_interval * i as u64 / n as u64;
-            self.push(phase, Ev::Report(i as u16));
+        // Stagger reports across the interval, as independent nodes do, in
+        // a few phase groups (one event per group keeps the queue short).
+        let groups = n.clamp(1, REPORT_GROUPS);
+        for g in 0..groups {
+            let phase = self.scn.info.report_interval * g as u64 / groups as u64;
+            self.push(phase, Ev::Report(g as u16));
         }
         for s in 0..self.scn.sources.len() {
             let src = &self.scn.sources[s];
@@ -555,7 +563,7 @@ impl<'a> Sim<'a> {
         if !t.cold {
             let ms = |us: u64| u32::try_from(us.div_ceil(US_PER_MS)).unwrap_or(u32::MAX);
             let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
-            self.learner.observe(&Observation {
+            self.learner_dirty |= self.learner.observe(&Observation {
                 node: plan.id,
                 model,
                 prompt_tokens: t.prompt_tokens,
@@ -610,7 +618,20 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn on_report(&mut self, now: Micros, i: usize) {
+    fn on_report(&mut self, now: Micros, group: usize) {
+        let groups = self.nodes.len().clamp(1, REPORT_GROUPS);
+        for i in (group..self.nodes.len()).step_by(groups) {
+            self.report(now, i);
+        }
+        if self.active(now) {
+            self.push(
+                now + self.scn.info.report_interval,
+                Ev::Report(group as u16),
+            );
+        }
+    }
+
+    fn report(&mut self, now: Micros, i: usize) {
         let delay = self.scn.info.network_delay;
         let node = &mut self.nodes[i];
         let engine_w = node.engine.workload(now);
@@ -635,13 +656,12 @@ impl<'a> Sim<'a> {
             pressure: node.last_sample,
         };
         node.reports.push_back(report);
-        if self.active(now) {
-            self.push(now + self.scn.info.report_interval, Ev::Report(i as u16));
-        }
     }
 
     fn on_publish(&mut self, now: Micros) {
         let info = self.scn.info;
+        let learned = std::mem::take(&mut self.learner_dirty);
+        let mut changed = learned || self.generation == 0;
         for (pos, &i) in self.by_snapshot.iter().enumerate() {
             let node = &mut self.nodes[i];
             let mut latest = None;
@@ -650,6 +670,7 @@ impl<'a> Sim<'a> {
             }
             let v = &mut self.view[pos];
             if let Some(r) = latest {
+                changed = true;
                 v.workload = r.workload;
                 v.reported_at_ms = r.made / US_PER_MS;
                 if let Some(engine) = v.engines.first_mut() {
@@ -666,12 +687,14 @@ impl<'a> Sim<'a> {
                 }
             }
             // Telemetry ages between reports and turns stale (pressure 1).
-            v.pressure = match node.router_pressure {
+            let pressure = match node.router_pressure {
                 Some((band, at)) => pair_pressure_seen(Some(band), at, now, info.stale_after),
                 None => Pressure::UNKNOWN,
             };
+            changed |= pressure != v.pressure;
+            v.pressure = pressure;
             let plan = &self.plan.nodes[i];
-            if let Some(engine) = v.engines.first_mut() {
+            if learned && let Some(engine) = v.engines.first_mut() {
                 for (k, entry) in engine.models.iter_mut().enumerate() {
                     let seed = plan.seed[k];
                     entry.perf = match self.learner.rates(plan.id, entry.name.as_str()) {
@@ -681,9 +704,14 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        self.generation += 1;
-        self.snapshot = ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
-        self.reservations.sync(&self.snapshot);
+        // Republish only when the picture changed (a real node swaps its
+        // `Arc<ClusterSnapshot>` the same way).
+        if changed {
+            self.generation += 1;
+            self.snapshot =
+                ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
+            self.reservations.sync(&self.snapshot);
+        }
         if self.active(now) {
             self.push(now + PUBLISH_INTERVAL, Ev::Publish);
         }
