@@ -425,7 +425,14 @@ impl<'a> Sim<'a> {
             now_ms,
             &mut self.rng,
         );
-        let Some(first) = self.ranking.first() else {
+        // The first candidate, resolved to a node and its engine's model
+        // index (both always exist: the snapshot is built from the plan).
+        let target = self.ranking.first().and_then(|c| {
+            let i = self.by_snapshot[self.snapshot.index_of(c.node)?];
+            let local = self.plan.nodes[i].local[usize::from(d.model)]?;
+            Some((c.node, i, local))
+        });
+        let Some((node_id, i, local)) = target else {
             // No eligible node: the client gets a 502 at once.
             self.record(Record {
                 arrival: now,
@@ -441,18 +448,10 @@ impl<'a> Sim<'a> {
             self.user_done(now, d);
             return;
         };
-        let node_id = first.node;
-        let Some(pos) = self.snapshot.index_of(node_id) else {
-            return;
-        };
-        let i = self.by_snapshot[pos];
         let reservation = self.reservations.reserve(node_id, &self.profile, now_ms);
         if let Some(session) = d.session {
             self.scheduler.bind_session(session, node_id, now_ms);
         }
-        let Some(local) = self.plan.nodes[i].local[usize::from(d.model)] else {
-            return;
-        };
         let slot = match self.free.pop() {
             Some(k) => k,
             None => {
