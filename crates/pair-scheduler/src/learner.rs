@@ -222,6 +222,32 @@ impl PerfLearner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_inputs_leave_finite_rates_in_range(
+            jobs in prop::collection::vec(
+                (0u128..4, any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()),
+                0..50,
+            ),
+            alpha in prop_oneof![Just(f32::NAN), Just(0.0f32), Just(-1.0f32), 0.0f32..2.0],
+        ) {
+            let mut l = PerfLearner::with(alpha, 3);
+            for (node, prompt, ttft, out, dur) in jobs {
+                l.observe(&obs(node, prompt, ttft, out, dur));
+                prop_assert!(l.len() <= 3);
+                for n in 0..4 {
+                    if let Some(r) = l.rates(NodeId::from_u128(n), "m") {
+                        for v in [r.prefill_tps, r.decode_tps].into_iter().flatten() {
+                            prop_assert!(v.is_finite());
+                            prop_assert!(v >= PerfLearner::TPS_RANGE.0 && v <= PerfLearner::TPS_RANGE.1);
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     fn obs(node: u128, prompt: u32, ttft: u32, out: u32, dur: u32) -> Observation<'static> {
         Observation {

@@ -288,6 +288,14 @@ proptest! {
                 let n = c.cluster.node(cand.node).unwrap();
                 prop_assert!(n.liveness.is_routable());
                 prop_assert!(n.find_model(&c.request.model, c.request.flavor).is_some());
+                // A route receipt adds up.
+                if let Some(p) = cand.score.prediction() {
+                    let parts = [p.queue_ms, p.prefill_ms, p.decode_ms, p.overhead_ms, p.load_ms, p.rtt_ms];
+                    prop_assert_eq!(
+                        u64::from(p.total_ms),
+                        parts.iter().map(|x| u64::from(*x)).sum::<u64>().min(u64::from(u32::MAX))
+                    );
+                }
             }
         }
     }
