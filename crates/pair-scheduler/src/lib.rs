@@ -17,7 +17,7 @@
 //! ```
 //! use pair_scheduler::pair_core::{
 //!     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, ModelEntry, ModelName, ModelPerf,
-//!     NodeId, NodeSnapshot, RequestProfile,
+//!     NodeId, NodeSnapshot, RequestProfile, SessionKey,
 //! };
 //! use pair_scheduler::{Policy, Ranking, Reservations, Scheduler};
 //!
@@ -69,9 +69,20 @@
 //!     }
 //! }
 //! assert_eq!(served_by, Some(NodeId::from_u128(1)), "the 4090 wins");
+//! let receipt = ranking.first().map(ToString::to_string).unwrap_or_default();
+//! assert!(receipt.starts_with("predicted-latency: predicted total "), "{receipt}");
 //!
-//! // 4. When a fresher workload report arrives, drop what it already covers.
+//! // 4. Multi-turn chats: tell the scheduler where a session landed, and
+//! //    its next turns stay there unless another node is markedly sooner.
+//! request.session = Some(SessionKey(0xC0FFEE));
+//! if let (Some(session), Some(node)) = (request.session, served_by) {
+//!     scheduler.bind_session(session, node, now_ms);
+//! }
+//!
+//! // 5. When a fresher snapshot is published, drop the reservations its
+//! //    workload reports already cover, and forget lost ones.
 //! reservations.sync(&cluster);
+//! reservations.expire(now_ms);
 //! ```
 
 mod affinity;

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::SchedulerError;
 
 /// How candidates are ordered after the pinned node.
+///
+/// The baselines (`round-robin`, `least-pending`, `p2c`) and `pair` reproduce
+/// their textbook or reference behaviour exactly, so the simulator compares
+/// like with like. Only `predicted-latency` sinks suspect nodes and nodes
+/// whose free VRAM cannot take the model, and only it uses session affinity.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

@@ -168,10 +168,15 @@ impl Reservations {
                 i
             }
         };
+        let ttl = self.ttl_ms;
         let entry = &mut self.nodes[i];
-        if entry.items.len() >= Self::MAX_PER_NODE {
-            let mut dropped = false;
-            entry.pop_front_while(|_| !std::mem::replace(&mut dropped, true));
+        // Lost releases must not pile up: forget this node's expired
+        // reservations, and its oldest one when the list is full.
+        entry.pop_front_while(|r| now_ms.saturating_sub(r.at_ms) > ttl);
+        if entry.items.len() >= Self::MAX_PER_NODE
+            && let Some(oldest) = entry.items.pop_front()
+        {
+            entry.take(&oldest);
         }
         // Keep each list in time order even if the caller's clock steps back:
         // a reservation then simply counts a little longer.
@@ -324,17 +329,26 @@ mod tests {
 
     #[test]
     fn memory_is_bounded_per_node_and_by_age() {
-        let mut r = Reservations::with_ttl(1_000);
+        let mut r = Reservations::with_ttl(10_000);
         for t in 0..(Reservations::MAX_PER_NODE as u64 + 10) {
             r.reserve(id(1), &profile(1, 1), t);
         }
         assert_eq!(r.len(), Reservations::MAX_PER_NODE);
+        let held = r.on_node(id(1), 0);
+        assert_eq!(held.jobs as usize, Reservations::MAX_PER_NODE);
+        assert_eq!(held.prefill_tokens, Reservations::MAX_PER_NODE as u64);
+        // The oldest went first: the report at t=9 covers none of what is left.
         assert_eq!(
-            r.on_node(id(1), 0).jobs as usize,
+            r.on_node(id(1), 9).jobs as usize,
             Reservations::MAX_PER_NODE
         );
-        r.expire(1_500);
-        assert!(r.len() < Reservations::MAX_PER_NODE);
+
+        // Held: t = 10..=1033. Expiring at 10_500 keeps t >= 500.
+        r.expire(10_500);
+        assert_eq!(r.len(), 1033 - 500 + 1);
+        // A new reservation also sheds its node's expired ones.
+        r.reserve(id(1), &profile(1, 1), 20_000);
+        assert_eq!(r.len(), 1);
         r.expire(1_000_000);
         assert!(r.is_empty());
     }
