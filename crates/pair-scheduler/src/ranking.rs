@@ -20,7 +20,7 @@ pub struct Ranking {
     /// Candidates in node-id order, before sorting.
     pub(crate) scratch: Vec<Candidate>,
     /// Packed sort keys (see [`SortKey::pack`]), sorted as plain integers.
-    pub(crate) keys: Vec<u128>,
+    pub(crate) keys: Vec<u64>,
 }
 
 impl PartialEq for Ranking {
@@ -135,18 +135,34 @@ impl SortKey {
     pub(crate) const POLICY: u8 = 2;
     pub(crate) const FALLBACK: u8 = 3;
 
-    /// The key as one integer with `index` (the candidate's place in
-    /// node-id order) in the low bits, so that sorting integers sorts by key
-    /// then node id. `primary` saturates at 48 bits and `secondary` at 32,
-    /// far beyond any real queue (saturation only merges absurd values, and
-    /// never reverses an order).
-    pub(crate) fn pack(&self, index: u32) -> u128 {
-        const P: u64 = (1 << 48) - 1;
-        u128::from(self.tier) << 120
-            | u128::from(self.class) << 112
-            | u128::from(self.primary.min(P)) << 64
-            | u128::from(self.secondary.min(u64::from(u32::MAX))) << 32
-            | u128::from(index)
+    /// Candidates beyond this many cannot be indexed by a packed key.
+    pub(crate) const PACKED_MAX: usize = 1 << 16;
+    const PRIMARY_MAX: u64 = (1 << 28) - 1;
+    const SECONDARY_MAX: u64 = (1 << 16) - 1;
+
+    /// The key with its scores saturated to the widths [`SortKey::pack`]
+    /// keeps: 28 bits of primary (74 hours of predicted latency, 268 M
+    /// pending jobs) and 16 of secondary. Saturation only merges absurd
+    /// values, which then fall back to node-id order; it never reverses one.
+    pub(crate) fn saturated(&self) -> SortKey {
+        SortKey {
+            tier: self.tier.min(3),
+            class: self.class.min(3),
+            primary: self.primary.min(Self::PRIMARY_MAX),
+            secondary: self.secondary.min(Self::SECONDARY_MAX),
+        }
+    }
+
+    /// The saturated key as one integer, with `index` (the candidate's place
+    /// in node-id order, below [`SortKey::PACKED_MAX`]) in the low 16 bits,
+    /// so that sorting the integers sorts by key, then node id.
+    pub(crate) fn pack(&self, index: usize) -> u64 {
+        let k = self.saturated();
+        u64::from(k.tier) << 62
+            | u64::from(k.class) << 60
+            | k.primary << 32
+            | k.secondary << 16
+            | (index as u64 & Self::SECONDARY_MAX)
     }
 }
 

@@ -121,17 +121,8 @@ impl Scheduler {
             c[i].key.tier = SortKey::PINNED;
             c[i].reason = Reason::Pinned;
         }
-        // Sort packed integer keys, not the (large) candidates, then gather.
-        // `scratch` is in node-id order, so the index in the low bits breaks
-        // ties by node id.
-        out.keys.extend(
-            c.iter()
-                .enumerate()
-                .map(|(i, x)| x.key.pack(u32::try_from(i).unwrap_or(u32::MAX))),
-        );
-        out.keys.sort_unstable();
-        out.candidates
-            .extend(out.keys.iter().map(|k| out.scratch[(*k as u32) as usize]));
+        let packed = out.scratch.len() <= SortKey::PACKED_MAX;
+        sort_into(out, packed);
     }
 
     /// Remembers that `session` is served by `node` (call it when a request
@@ -289,13 +280,13 @@ impl Scheduler {
         let pinned = request
             .pinned
             .and_then(|p| c.binary_search_by_key(&p, |x| x.node).ok());
+        // `c` is in node-id order, so the index breaks ties by node id.
         let best_other = c
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != h && Some(*i) != pinned)
-            .map(|(i, x)| x.key.pack(u32::try_from(i).unwrap_or(u32::MAX)))
-            .min()
-            .map(|packed| c[(packed as u32) as usize].key);
+            .min_by_key(|(i, x)| (x.key.pack(0), *i))
+            .map(|(_, x)| x.key);
         let home_key = c[h].key;
         let stay = match best_other {
             None => true,
@@ -309,6 +300,25 @@ impl Scheduler {
             c[h].key.tier = SortKey::AFFINITY;
             c[h].reason = Reason::Affinity;
         }
+    }
+}
+
+/// Orders `out.scratch` (node-id order) into `out.candidates`. Packed:
+/// sort one integer per candidate and gather, far cheaper than moving whole
+/// candidates; beyond [`SortKey::PACKED_MAX`] candidates, sort them whole by
+/// the same (saturated) key. Both give the same order.
+fn sort_into(out: &mut Ranking, packed: bool) {
+    if packed {
+        out.keys
+            .extend(out.scratch.iter().enumerate().map(|(i, x)| x.key.pack(i)));
+        out.keys.sort_unstable();
+        let scratch = &out.scratch;
+        out.candidates
+            .extend(out.keys.iter().map(|k| scratch[(*k & 0xFFFF) as usize]));
+    } else {
+        out.scratch
+            .sort_unstable_by_key(|x| (x.key.saturated(), x.node));
+        out.candidates.extend_from_slice(&out.scratch);
     }
 }
 
@@ -676,6 +686,38 @@ mod tests {
             res.reserve(first.node, &req(true), 1 + t);
         }
         assert_eq!(firsts, [id(1), id(2), id(3)]);
+    }
+
+    #[test]
+    fn packed_and_whole_candidate_sorts_agree_even_when_saturated() {
+        let mut nodes = Vec::new();
+        for n in 0..40u128 {
+            let mut x = node(n * 7919 % 97, 1 + (n % 4) as u16, FAST, n % 3 != 0);
+            x.workload.queued = (n % 5) as u32 * if n % 7 == 0 { 1 << 29 } else { 1 };
+            x.workload.decode_tokens = (n as u64 % 6) << if n % 11 == 0 { 40 } else { 4 };
+            x.pressure = Pressure::new((n % 4) as u8).unwrap();
+            x.liveness = if n % 13 == 0 {
+                Liveness::Suspect
+            } else {
+                Liveness::Alive
+            };
+            nodes.push(x);
+        }
+        for policy in Policy::ALL {
+            let mut s = Scheduler::with_policy(policy);
+            let mut r = req(streaming_for(policy));
+            r.pinned = Some(id(5));
+            let packed = rank(&mut s, nodes.clone(), &r);
+            let mut whole = packed.clone();
+            whole.candidates.clear();
+            sort_into(&mut whole, false);
+            assert_eq!(packed, whole, "{policy}");
+            assert!(packed.len() > 30);
+        }
+    }
+
+    fn streaming_for(p: Policy) -> bool {
+        p.as_str().len().is_multiple_of(2)
     }
 
     #[test]
