@@ -1,3 +1,286 @@
-//! pair-node: the daemon and its CLI.
+//! pair-node: the daemon and its CLI. `main` only parses arguments, sets up
+//! tracing and hands over to the library.
 
-fn main() {}
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pair_node::cli::{self, ControlClient};
+use pair_node::config::{ConfigError, FileConfig, NodeConfig, RunArgs};
+use pair_node::daemon::{self, Listeners};
+use pair_node::harness::{ClusterSpec, LocalCluster};
+use tokio_util::sync::CancellationToken;
+
+/// Exit code for bad configuration (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(name = "pair-node", version, about = "A peer-to-peer inference router for local LLM engines")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node daemon.
+    Run(RunArgs),
+    /// Run N nodes on loopback, each with an emulated engine of different
+    /// hardware, paired through the real protocol; faces on 11434 and 1234.
+    Demo {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value = "127.0.0.1:11434")]
+        ollama_face: SocketAddr,
+        #[arg(long, default_value = "127.0.0.1:1234")]
+        openai_face: SocketAddr,
+        #[arg(long, default_value = "predicted-latency")]
+        policy: String,
+    },
+    /// Pair this node with another one.
+    Pair {
+        #[command(subcommand)]
+        action: PairAction,
+    },
+    /// Paired peers and their state.
+    Peers(ClientArgs),
+    /// Recent jobs ("sent to / ran on").
+    Jobs {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long, default_value_t = 30)]
+        limit: usize,
+    },
+    /// Remove a peer's pin; its connections are closed.
+    Unpair {
+        /// Node UUID or name.
+        node: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// This node's status.
+    Status(ClientArgs),
+}
+
+#[derive(Subcommand)]
+enum PairAction {
+    /// Open an invite and print its PIN (valid 5 minutes).
+    Invite(ClientArgs),
+    /// Join the node at HOST:PORT (its cluster port) with the PIN it shows.
+    Join {
+        addr: String,
+        #[arg(long)]
+        pin: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct ClientArgs {
+    /// The local node's face URL.
+    #[arg(long, env = "PAIR_CONTROL", default_value = "http://127.0.0.1:11434")]
+    control: String,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // One crypto provider (ring) for every TLS user in the process.
+    pair_identity::install_crypto_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PAIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pair-node: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
+            eprintln!("pair-node: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("pair-node: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Run(args) => {
+            let file = match &args.config {
+                Some(p) => FileConfig::load(p)?,
+                None => FileConfig::default(),
+            };
+            let cfg = NodeConfig::resolve(
+                args,
+                file,
+                std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
+                std::env::var_os("HOME").map(Into::into),
+                hostname(),
+            )?;
+            let listeners = Listeners::bind(&cfg).await?;
+            let shutdown = CancellationToken::new();
+            let on_signal = shutdown.clone();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                on_signal.cancel();
+            });
+            daemon::run(cfg, listeners, shutdown).await
+        }
+        Command::Demo {
+            nodes,
+            ollama_face,
+            openai_face,
+            policy,
+        } => demo(nodes, ollama_face, openai_face, &policy).await,
+        Command::Pair { action } => match action {
+            PairAction::Invite(c) => {
+                let inv = ControlClient::new(&c.control)?.invite().await?;
+                if c.json {
+                    println!("{}", serde_json::to_string_pretty(&inv)?);
+                } else {
+                    println!("PIN {}  (valid {} s)", inv.pin, inv.expires_in_s);
+                    println!(
+                        "on the other machine: pair-node pair join <this-host>:{} --pin {}",
+                        inv.cluster_addr.port(),
+                        inv.pin
+                    );
+                }
+                Ok(())
+            }
+            PairAction::Join { addr, pin, client } => {
+                let joined = ControlClient::new(&client.control)?.join(&addr, &pin).await?;
+                if client.json {
+                    println!("{}", serde_json::to_string_pretty(&joined)?);
+                } else {
+                    println!(
+                        "paired with {} ({})\nfingerprint {}",
+                        joined.name, joined.id, joined.fingerprint
+                    );
+                }
+                Ok(())
+            }
+        },
+        Command::Peers(c) => {
+            let rows = ControlClient::new(&c.control)?.peers().await?;
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                cli::print_peers(&rows);
+            }
+            Ok(())
+        }
+        Command::Jobs { client, limit } => {
+            let jobs = ControlClient::new(&client.control)?.jobs(limit).await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+            } else {
+                cli::print_jobs(&jobs);
+            }
+            Ok(())
+        }
+        Command::Unpair { node, client } => {
+            let v = ControlClient::new(&client.control)?.unpair(&node).await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("unpaired {}", v["name"].as_str().unwrap_or(&node));
+            }
+            Ok(())
+        }
+        Command::Status(c) => {
+            let s = ControlClient::new(&c.control)?.status().await?;
+            if c.json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                cli::print_status(&s);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn demo(
+    n: usize,
+    ollama_face: SocketAddr,
+    openai_face: SocketAddr,
+    policy: &str,
+) -> anyhow::Result<()> {
+    if n == 0 {
+        return Err(ConfigError::Policy("--nodes must be at least 1".into()).into());
+    }
+    let mut spec = ClusterSpec::new(n);
+    spec.first_faces = Some((ollama_face, openai_face));
+    spec.policy = policy
+        .parse()
+        .map_err(|_| ConfigError::Policy(policy.to_owned()))?;
+    eprintln!("starting {n} node(s) on loopback (emulated engines, real pairing and mTLS)…");
+    let cluster = LocalCluster::start(spec).await?;
+    cluster.wait_converged(Duration::from_secs(20)).await?;
+    let first = &cluster.nodes[0];
+    println!("pair demo: {n} node(s) paired and routing");
+    for (node, spec) in cluster.nodes.iter().zip(&cluster.spec.nodes) {
+        println!(
+            "  {:<22} {}  profile {:<8} models {}",
+            node.name,
+            node.id.short(),
+            spec.profile,
+            spec.models.join(", ")
+        );
+    }
+    let o = first.ollama_url();
+    let a = first.openai_url();
+    println!(
+        r#"
+Try:
+  curl {o}/api/chat -d '{{"model":"llama3.2:3b","messages":[{{"role":"user","content":"hi"}}]}}'
+  curl {a}/v1/chat/completions -H 'content-type: application/json' \
+       -d '{{"model":"qwen2.5:7b","messages":[{{"role":"user","content":"hi"}}],"stream":true}}'
+  curl {o}/api/tags
+  curl -si {o}/api/generate -d '{{"model":"llama3.2:3b","prompt":"hi","stream":false}}' | grep x-pair
+  pair-node peers --control {o}
+  pair-node jobs --control {o}
+Jobs view: {o}/ui     Metrics: {o}/metrics
+Ctrl-C to stop."#
+    );
+    wait_for_signal().await;
+    eprintln!("stopping…");
+    cluster.stop().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}

@@ -72,7 +72,7 @@ pub async fn serve(
         let port = port.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            if let Err(reason) = connection(tcp, port, shutdown).await {
+            if let Err(reason) = connection(tcp, remote, port, shutdown).await {
                 tracing::debug!(%remote, reason, "cluster connection closed");
             }
         });
@@ -81,6 +81,7 @@ pub async fn serve(
 
 async fn connection(
     tcp: TcpStream,
+    remote: std::net::SocketAddr,
     port: ClusterPort,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
@@ -105,6 +106,7 @@ async fn connection(
     let peer = PeerIdentity {
         id: record.id,
         role: record.role,
+        remote,
     };
     let svc = port.secure.clone().layer(Extension(peer));
     let trust = port.trust.clone();

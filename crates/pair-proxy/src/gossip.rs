@@ -7,6 +7,7 @@
 //! (hung, not only crashed) turns suspect, then drops out of routing.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,8 @@ pub struct GossipConfig {
     pub suspect_after: Duration,
     /// A report older than this takes its node out of routing.
     pub dead_after: Duration,
+    /// Our cluster port, told to peers with each report.
+    pub cluster_port: u16,
 }
 
 impl Default for GossipConfig {
@@ -38,6 +41,7 @@ impl Default for GossipConfig {
             interval: Duration::from_millis(500),
             suspect_after: Duration::from_millis(1_600),
             dead_after: Duration::from_millis(2_500),
+            cluster_port: 0,
         }
     }
 }
@@ -46,6 +50,8 @@ impl Default for GossipConfig {
 struct Received {
     snapshot: NodeSnapshot,
     at: Instant,
+    /// The peer's cluster address, as seen on its last report.
+    addr: Option<SocketAddr>,
 }
 
 /// The latest report of each peer.
@@ -59,16 +65,29 @@ impl PeerReports {
         Arc::new(Self::default())
     }
 
-    pub fn accept(&self, snapshot: NodeSnapshot) {
+    pub fn accept(&self, snapshot: NodeSnapshot, addr: Option<SocketAddr>) {
         if let Ok(mut m) = self.latest.lock() {
             m.insert(
                 snapshot.id,
                 Received {
                     snapshot,
                     at: Instant::now(),
+                    addr,
                 },
             );
         }
+    }
+
+    /// Where each reporting peer said its cluster port is.
+    pub fn addresses(&self) -> HashMap<NodeId, SocketAddr> {
+        self.latest
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(id, r)| r.addr.map(|a| (*id, a)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Forgets a peer (unpaired).
@@ -173,13 +192,15 @@ pub async fn run(
         outbox.clear();
         let links = st.peer_links();
         let deadline = cfg.interval.max(Duration::from_millis(500));
+        let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);
         let pushes = links.values().map(|link| {
             let report = report.clone();
             let batch = batch.clone();
+            let report_path = report_path.as_str();
             async move {
                 let t = Instant::now();
                 let ok = matches!(
-                    link.call(http::Method::POST, REPORT_PATH, report, deadline).await,
+                    link.call(http::Method::POST, report_path, report, deadline).await,
                     Ok(r) if r.status().is_success()
                 );
                 let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);

@@ -3,11 +3,12 @@
 //! so a request cannot loop), listings answer with this node's own models,
 //! and peers push their workload reports and job records here.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Extension, Json, Request, State};
+use axum::extract::{Extension, Json, Query, Request, State};
 use axum::routing::{any, post};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -31,6 +32,8 @@ use crate::stream::{Ending, Framing, Relay, Watcher};
 pub struct PeerIdentity {
     pub id: NodeId,
     pub role: Role,
+    /// Where the connection came from (its port is ephemeral).
+    pub remote: SocketAddr,
 }
 
 pub const REPORT_PATH: &str = "/pair/v1/report";
@@ -51,16 +54,28 @@ pub fn router(st: Arc<ProxyState>, reports: Arc<PeerReports>) -> Router {
         .with_state(RelayState { st, reports })
 }
 
+/// `?port=` names the reporter's cluster port, so a node learns where to
+/// reach a peer that paired with it even without multicast.
+#[derive(serde::Deserialize)]
+struct ReportQuery {
+    port: Option<u16>,
+}
+
 async fn report(
     State(rs): State<RelayState>,
     Extension(peer): Extension<PeerIdentity>,
+    Query(q): Query<ReportQuery>,
     Json(snapshot): Json<NodeSnapshot>,
 ) -> StatusCode {
     if peer.role != Role::Node || snapshot.id != peer.id {
         // A node reports only for itself; clients never report.
         return StatusCode::FORBIDDEN;
     }
-    rs.reports.accept(snapshot);
+    let addr = q
+        .port
+        .filter(|p| *p != 0)
+        .map(|p| SocketAddr::new(peer.remote.ip(), p));
+    rs.reports.accept(snapshot, addr);
     StatusCode::NO_CONTENT
 }
 
@@ -75,7 +90,7 @@ async fn jobs(
     for rec in records.into_iter().take(1_000) {
         // Peers only speak for jobs they originated.
         if rec.origin == peer.id {
-            rs.st.jobs.record(rec);
+            rs.st.finish_job(rec);
         }
     }
     StatusCode::NO_CONTENT

@@ -1,0 +1,159 @@
+//! The CLI's client side: `pair-node status | peers | jobs | unpair | pair`
+//! talk to the running local daemon through its loopback control API.
+
+use anyhow::{Context, Result, bail};
+use pair_core::JobRecord;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::control::{self, Invite, JoinRequest, Joined, PeerRow, Status, UnpairRequest};
+
+/// A client of the local daemon's control API.
+#[derive(Debug, Clone)]
+pub struct ControlClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl ControlClient {
+    /// `base` is a face URL, e.g. `http://127.0.0.1:11434`.
+    pub fn new(base: &str) -> Result<Self> {
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(std::time::Duration::from_secs(30))
+                .build()?,
+        })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .with_context(|| format!("is pair-node running at {}?", self.base))?;
+        decode(resp).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> Result<T> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("is pair-node running at {}?", self.base))?;
+        decode(resp).await
+    }
+
+    pub async fn status(&self) -> Result<Status> {
+        self.get(control::STATUS).await
+    }
+    pub async fn peers(&self) -> Result<Vec<PeerRow>> {
+        self.get(control::PEERS).await
+    }
+    pub async fn jobs(&self, limit: usize) -> Result<Vec<JobRecord>> {
+        self.get(&format!("{}?limit={limit}", control::JOBS)).await
+    }
+    pub async fn invite(&self) -> Result<Invite> {
+        self.post(control::INVITE, &serde_json::json!({})).await
+    }
+    pub async fn join(&self, addr: &str, pin: &str) -> Result<Joined> {
+        self.post(
+            control::JOIN,
+            &JoinRequest {
+                addr: addr.to_owned(),
+                pin: pin.to_owned(),
+            },
+        )
+        .await
+    }
+    pub async fn unpair(&self, node: &str) -> Result<Value> {
+        self.post(
+            control::UNPAIR,
+            &UnpairRequest {
+                node: node.to_owned(),
+            },
+        )
+        .await
+    }
+}
+
+async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
+    let status = resp.status();
+    let bytes = resp.bytes().await?;
+    if !status.is_success() {
+        let msg = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        bail!("{msg} (HTTP {status})");
+    }
+    serde_json::from_slice(&bytes).context("unexpected answer from pair-node")
+}
+
+/// Human tables for the listings (`--json` prints the raw documents).
+pub fn print_peers(rows: &[PeerRow]) {
+    if rows.is_empty() {
+        println!("no paired peers (pair one: pair-node pair invite / pair-node pair join)");
+        return;
+    }
+    println!(
+        "{:<24} {:<10} {:<8} {:<22} {:>7} {:>4} {:>8}  models",
+        "name", "id", "role", "address", "state", "pend", "rtt"
+    );
+    for r in rows {
+        println!(
+            "{:<24} {:<10} {:<8} {:<22} {:>7} {:>4} {:>6.1}ms  {}",
+            r.name,
+            r.id.short(),
+            format!("{:?}", r.role).to_lowercase(),
+            r.addr.as_deref().unwrap_or("-"),
+            r.liveness,
+            r.pending,
+            f64::from(r.rtt_us) / 1000.0,
+            r.models.join(", ")
+        );
+    }
+}
+
+pub fn print_jobs(jobs: &[JobRecord]) {
+    println!(
+        "{:<10} {:<22} {:<22} {:<10} {:<10} {:>3} {:<10} {:>8} {:>8}",
+        "job", "model", "route", "sent to", "ran on", "try", "status", "ttft", "total"
+    );
+    for j in jobs {
+        println!(
+            "{:<10} {:<22} {:<22} {:<10} {:<10} {:>3} {:<10} {:>6}ms {:>6}ms",
+            &j.id.to_string()[..8],
+            j.model,
+            j.route,
+            j.origin.short(),
+            j.ran_on.map_or_else(|| "-".to_owned(), |n| n.short()),
+            j.attempts,
+            format!("{:?}", j.status).to_lowercase(),
+            j.ttft_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+            j.duration_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+        );
+    }
+}
+
+pub fn print_status(s: &Status) {
+    println!("node        {} ({})", s.name, s.id);
+    println!("fingerprint {}", s.fingerprint);
+    println!("cluster     {}", s.cluster_addr);
+    println!("policy      {}", s.policy);
+    println!(
+        "peers       {} paired, {} node(s) routable",
+        s.paired_peers, s.routable_nodes
+    );
+    println!(
+        "requests    {} in flight, {} served, {} job records",
+        s.in_flight, s.served, s.jobs_logged
+    );
+    if s.invite_open {
+        println!("invite      open");
+    }
+}

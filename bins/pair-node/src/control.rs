@@ -1,0 +1,283 @@
+//! The local control API on the faces (loopback only, like everything on
+//! them): status, peers, jobs, pairing and unpairing for the CLI and the
+//! Jobs view.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pair_core::{NodeId, Role};
+use pair_identity::{Identity, PairingService, Pin, TrustStore};
+use pair_proxy::gossip::PeerReports;
+use pair_proxy::state::ProxyState;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+pub const STATUS: &str = "/_pair/status";
+pub const PEERS: &str = "/_pair/peers";
+pub const JOBS: &str = "/_pair/jobs";
+pub const CLUSTER: &str = "/_pair/cluster";
+pub const INVITE: &str = "/_pair/invite";
+pub const JOIN: &str = "/_pair/join";
+pub const UNPAIR: &str = "/_pair/unpair";
+
+#[derive(Clone)]
+pub struct Control {
+    pub st: Arc<ProxyState>,
+    pub pairing: PairingService,
+    pub identity: Arc<Identity>,
+    pub trust: TrustStore,
+    pub reports: Arc<PeerReports>,
+    pub addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
+    pub cluster_addr: SocketAddr,
+    pub name: String,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("name", &self.name)
+            .field("cluster_addr", &self.cluster_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+pub fn router(c: Control) -> Router {
+    Router::new()
+        .route(STATUS, get(status))
+        .route(PEERS, get(peers))
+        .route(JOBS, get(jobs))
+        .route(CLUSTER, get(cluster))
+        .route(INVITE, post(invite))
+        .route(JOIN, post(join))
+        .route(UNPAIR, post(unpair))
+        .route("/ui", get(ui))
+        .with_state(c)
+}
+
+fn err(status: StatusCode, msg: impl std::fmt::Display) -> Response {
+    (status, Json(json!({ "error": msg.to_string() }))).into_response()
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Status {
+    pub id: NodeId,
+    pub name: String,
+    pub policy: String,
+    pub cluster_addr: SocketAddr,
+    pub fingerprint: String,
+    pub paired_peers: usize,
+    pub routable_nodes: usize,
+    pub in_flight: u32,
+    pub served: u64,
+    pub jobs_logged: usize,
+    pub invite_open: bool,
+}
+
+async fn status(State(c): State<Control>) -> Json<Status> {
+    let cluster = c.st.cluster();
+    Json(Status {
+        id: c.st.node.id,
+        name: c.name.clone(),
+        policy: c.st.policy().to_string(),
+        cluster_addr: c.cluster_addr,
+        fingerprint: c.identity.fingerprint().grouped(),
+        paired_peers: c.trust.peers().len(),
+        routable_nodes: cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.liveness.is_routable())
+            .count(),
+        in_flight: c.st.load.in_flight(),
+        served: c.st.load.served(),
+        jobs_logged: c.st.jobs.len(),
+        invite_open: c.pairing.invite_status(SystemTime::now()).is_some(),
+    })
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct PeerRow {
+    pub id: NodeId,
+    pub name: String,
+    pub role: Role,
+    pub fingerprint: String,
+    pub paired_at: u64,
+    /// Cluster address in use, if linked.
+    pub addr: Option<String>,
+    /// Routing state from the current snapshot (`absent` if not in it).
+    pub liveness: String,
+    pub models: Vec<String>,
+    pub pending: u32,
+    pub pressure: u8,
+    pub rtt_us: u32,
+}
+
+async fn peers(State(c): State<Control>) -> Json<Vec<PeerRow>> {
+    let cluster = c.st.cluster();
+    let links = c.st.peer_links();
+    let rows = c
+        .trust
+        .peers()
+        .into_iter()
+        .map(|p| {
+            let snap = cluster.node(p.id);
+            PeerRow {
+                id: p.id,
+                name: p.name.clone(),
+                role: p.role,
+                fingerprint: p.fingerprint.grouped(),
+                paired_at: p.paired_at,
+                addr: links
+                    .get(&p.id)
+                    .and_then(|l| l.base.authority().map(|a| a.to_string())),
+                liveness: snap.map_or_else(
+                    || "absent".to_owned(),
+                    |n| format!("{:?}", n.liveness).to_lowercase(),
+                ),
+                models: snap
+                    .map(|n| {
+                        n.engines
+                            .iter()
+                            .flat_map(|e| e.models.iter().map(|m| m.name.to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                pending: snap.map_or(0, |n| n.workload.pending()),
+                pressure: snap.map_or(0, |n| n.pressure.band()),
+                rtt_us: snap.map_or(0, |n| n.rtt_us),
+            }
+        })
+        .collect();
+    Json(rows)
+}
+
+#[derive(Deserialize)]
+struct JobsQuery {
+    limit: Option<usize>,
+}
+
+async fn jobs(State(c): State<Control>, Query(q): Query<JobsQuery>) -> impl IntoResponse {
+    Json(c.st.jobs.recent(q.limit.unwrap_or(100).min(10_000)))
+}
+
+async fn cluster(State(c): State<Control>) -> impl IntoResponse {
+    let snap = c.st.cluster();
+    Json(json!({
+        "self": c.st.node.id,
+        "policy": c.st.policy().to_string(),
+        "snapshot": &*snap,
+    }))
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Invite {
+    pub pin: String,
+    pub expires_in_s: u64,
+    pub cluster_addr: SocketAddr,
+}
+
+async fn invite(State(c): State<Control>) -> Response {
+    let now = SystemTime::now();
+    match c.pairing.open_invite(now) {
+        Ok(pin) => {
+            let expires_in_s = c
+                .pairing
+                .invite_status(now)
+                .and_then(|s| s.expires_at.duration_since(now).ok())
+                .map_or(0, |d| d.as_secs());
+            Json(Invite {
+                pin: pin.reveal().to_owned(),
+                expires_in_s,
+                cluster_addr: c.cluster_addr,
+            })
+            .into_response()
+        }
+        Err(e) => err(StatusCode::TOO_MANY_REQUESTS, e),
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct JoinRequest {
+    /// The inviter's cluster address, HOST:PORT.
+    pub addr: String,
+    pub pin: String,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Joined {
+    pub id: NodeId,
+    pub name: String,
+    pub fingerprint: String,
+}
+
+async fn join(State(c): State<Control>, Json(req): Json<JoinRequest>) -> Response {
+    let pin = match req.pin.parse::<Pin>() {
+        Ok(p) => p,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+    };
+    match pair_identity::join(&req.addr, &pin, &c.identity, &c.trust, &c.name).await {
+        Ok(rec) => {
+            if let Some(addr) = req.addr.to_socket_addrs().ok().and_then(|mut a| a.next())
+                && let Ok(mut book) = c.addrbook.lock()
+            {
+                book.insert(rec.id, addr);
+            }
+            Json(Joined {
+                id: rec.id,
+                name: rec.name,
+                fingerprint: rec.fingerprint.grouped(),
+            })
+            .into_response()
+        }
+        Err(e) => {
+            let status = match e.refusal() {
+                Some(_) => StatusCode::FORBIDDEN,
+                None => StatusCode::BAD_GATEWAY,
+            };
+            err(status, format!("pairing failed: {e}"))
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct UnpairRequest {
+    /// Node UUID or name.
+    pub node: String,
+}
+
+async fn unpair(State(c): State<Control>, Json(req): Json<UnpairRequest>) -> Response {
+    let id = req.node.parse::<NodeId>().ok().or_else(|| {
+        c.trust
+            .peers()
+            .into_iter()
+            .find(|p| p.name.eq_ignore_ascii_case(&req.node))
+            .map(|p| p.id)
+    });
+    let Some(id) = id else {
+        return err(
+            StatusCode::NOT_FOUND,
+            format!("no paired peer named {:?}", req.node),
+        );
+    };
+    match c.trust.remove(id) {
+        Ok(Some(rec)) => {
+            c.reports.forget(id);
+            if let Ok(mut book) = c.addrbook.lock() {
+                book.remove(&id);
+            }
+            Json(json!({ "removed": rec.id, "name": rec.name })).into_response()
+        }
+        Ok(None) => err(StatusCode::NOT_FOUND, format!("{id} is not paired")),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+async fn ui() -> Html<&'static str> {
+    Html(crate::ui::PAGE)
+}

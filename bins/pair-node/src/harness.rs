@@ -1,0 +1,257 @@
+//! An in-process cluster on loopback: N real nodes (real identities, real
+//! PIN pairing through the PAKE, real mTLS, mDNS on loopback), each with an
+//! emulated engine of its own hardware profile. `pair-node demo` runs one;
+//! tests start one in a few lines:
+//!
+//! ```no_run
+//! # async fn f() -> anyhow::Result<()> {
+//! use pair_node::harness::{LocalCluster, ClusterSpec};
+//! let cluster = LocalCluster::start(ClusterSpec::new(3)).await?;
+//! cluster.wait_converged(std::time::Duration::from_secs(10)).await?;
+//! let url = cluster.nodes[0].ollama_url();
+//! cluster.stop().await;
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use pair_emulator::{EmulatedEngine, EngineConfig as EmuConfig, Flavor, HardwareProfile};
+use pair_proxy::gossip::GossipConfig;
+use pair_scheduler::Policy;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Mdns, NodeConfig, parse_engine};
+use crate::daemon::{self, Listeners, Node, NodeExtras};
+
+/// One node of a local cluster.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub profile: String,
+    pub flavor: Flavor,
+    pub models: Vec<String>,
+    /// Requests the emulated engine runs at once (`None`: the profile's).
+    pub slots: Option<u32>,
+}
+
+/// The whole cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub nodes: Vec<NodeSpec>,
+    pub policy: Policy,
+    /// Faces of the first node (the demo uses 11434 / 1234); others get
+    /// ephemeral ports.
+    pub first_faces: Option<(SocketAddr, SocketAddr)>,
+    /// Emulated engine speed: 1.0 is real time.
+    pub time_scale: f64,
+    pub mdns: Mdns,
+    /// A private mDNS port keeps parallel clusters apart.
+    pub mdns_port: u16,
+    pub pair: bool,
+    pub gossip: GossipConfig,
+    pub first_byte_timeout: Duration,
+}
+
+/// Hardware profiles the demo cycles through, fastest first.
+pub const DEMO_PROFILES: [&str; 4] = ["rtx4090", "rtx3060", "laptop", "cpu"];
+
+impl ClusterSpec {
+    /// `n` Ollama-flavoured nodes with different hardware. Every node holds
+    /// `llama3.2:3b` and `nomic-embed-text`; the two fastest also hold
+    /// `qwen2.5:7b`, so routing by model is visible.
+    pub fn new(n: usize) -> Self {
+        let nodes = (0..n)
+            .map(|i| {
+                let profile = DEMO_PROFILES[i % DEMO_PROFILES.len()];
+                let mut models = vec!["llama3.2:3b".to_owned(), "nomic-embed-text".to_owned()];
+                if i < 2 {
+                    models.push("qwen2.5:7b".to_owned());
+                }
+                NodeSpec {
+                    name: format!("node-{}-{profile}", i + 1),
+                    profile: profile.to_owned(),
+                    flavor: Flavor::Ollama,
+                    models,
+                    slots: None,
+                }
+            })
+            .collect();
+        Self {
+            nodes,
+            policy: Policy::default(),
+            first_faces: None,
+            time_scale: 1.0,
+            mdns: Mdns::Loopback,
+            mdns_port: 20_000 + (std::process::id() % 20_000) as u16,
+            pair: true,
+            gossip: GossipConfig {
+                interval: Duration::from_millis(200),
+                suspect_after: Duration::from_millis(1_000),
+                dead_after: Duration::from_millis(2_000),
+                cluster_port: 0,
+            },
+            first_byte_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running local cluster; dropping it without [`LocalCluster::stop`]
+/// cancels everything.
+pub struct LocalCluster {
+    pub nodes: Vec<Node>,
+    pub engines: Vec<EmulatedEngine>,
+    pub spec: ClusterSpec,
+    dirs: Vec<tempfile::TempDir>,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalCluster {
+    pub async fn start(spec: ClusterSpec) -> Result<Self> {
+        let shutdown = CancellationToken::new();
+        let mut nodes = Vec::with_capacity(spec.nodes.len());
+        let mut engines = Vec::with_capacity(spec.nodes.len());
+        let mut dirs = Vec::with_capacity(spec.nodes.len());
+        for (i, ns) in spec.nodes.iter().enumerate() {
+            let profile = HardwareProfile::by_name(&ns.profile)
+                .with_context(|| format!("hardware profile {}", ns.profile))?;
+            let mut emu = EmuConfig::new(ns.flavor, ns.models.iter().cloned());
+            emu.profile = profile.clone();
+            emu.time_scale = spec.time_scale;
+            emu.seed = i as u64;
+            emu.slots = ns.slots;
+            let engine = EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
+            let kind = match ns.flavor {
+                Flavor::Ollama => "ollama",
+                Flavor::OpenAi => "openai-compat",
+                Flavor::LmStudio => "lm-studio",
+            };
+            let dir = tempfile::Builder::new().prefix("pair-node-").tempdir()?;
+            let (ollama_face, openai_face) = match (i, spec.first_faces) {
+                (0, Some(f)) => f,
+                _ => (
+                    SocketAddr::from(([127, 0, 0, 1], 0)),
+                    SocketAddr::from(([127, 0, 0, 1], 0)),
+                ),
+            };
+            let cfg = NodeConfig {
+                state_dir: dir.path().to_owned(),
+                name: ns.name.clone(),
+                ollama_face,
+                openai_face,
+                cluster: SocketAddr::from(([127, 0, 0, 1], 0)),
+                engines: vec![parse_engine(&format!("{kind}={}", engine.base_url()))?],
+                policy: spec.policy,
+                peers: Vec::new(),
+                mdns: spec.mdns,
+                mdns_port: spec.mdns_port,
+                first_byte_timeout: spec.first_byte_timeout,
+            };
+            let listeners = Listeners::bind(&cfg).await?;
+            // Seed the scheduler with the profile's speed on a typical
+            // model until jobs teach it the real one.
+            let seed_model = pair_emulator::ModelSpec::guess(
+                ns.models.first().map_or("llama3.2:3b", String::as_str),
+            );
+            let extras = NodeExtras {
+                base_perf: Some(profile.rates(seed_model.size_bytes).to_perf()),
+                gossip: Some(spec.gossip),
+            };
+            nodes.push(daemon::start(cfg, listeners, extras, shutdown.clone()).await?);
+            engines.push(engine);
+            dirs.push(dir);
+        }
+        let cluster = Self {
+            nodes,
+            engines,
+            spec,
+            dirs,
+            shutdown,
+        };
+        if cluster.spec.pair {
+            cluster.pair_all().await?;
+        }
+        Ok(cluster)
+    }
+
+    /// Pairs every two nodes through the real protocol: one opens an
+    /// invite, the other joins with the PIN over HTTP.
+    pub async fn pair_all(&self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            for j in (i + 1)..self.nodes.len() {
+                self.pair(i, j).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Node `joiner` joins node `inviter`.
+    pub async fn pair(&self, inviter: usize, joiner: usize) -> Result<()> {
+        let a = &self.nodes[inviter];
+        let b = &self.nodes[joiner];
+        let pin = a.pairing.open_invite(SystemTime::now())?;
+        let addr = a.cluster_addr.to_string();
+        let rec = pair_identity::join(&addr, &pin, &b.identity, &b.trust, &b.name)
+            .await
+            .with_context(|| format!("{} joining {}", b.name, a.name))?;
+        if let Ok(mut book) = b.addrbook.lock() {
+            book.insert(rec.id, a.cluster_addr);
+        }
+        Ok(())
+    }
+
+    /// Waits until every node routes to every other node.
+    pub async fn wait_converged(&self, within: Duration) -> Result<()> {
+        let n = self.nodes.len();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().all(|node| {
+                let s = node.state.cluster();
+                s.len() == n
+                    && s.nodes()
+                        .iter()
+                        .all(|x| x.liveness == pair_core::Liveness::Alive && !x.engines.is_empty())
+                    && s.nodes()
+                        .iter()
+                        .all(|x| x.engines.iter().all(|e| e.healthy))
+            });
+            if ok {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let views: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|node| {
+                        let s = node.state.cluster();
+                        format!("{} sees {} node(s)", node.name, s.len())
+                    })
+                    .collect();
+                bail!("cluster did not converge within {within:?}: {}", views.join("; "));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops every node and engine gracefully.
+    pub async fn stop(self) {
+        for node in self.nodes {
+            node.stop().await;
+        }
+        for e in self.engines {
+            e.shutdown().await;
+        }
+        self.shutdown.cancel();
+        drop(self.dirs);
+    }
+}

@@ -1,0 +1,10 @@
+//! pair-node: the daemon (`daemon`), its configuration (`config`), the local
+//! control API and Jobs view (`control`, `ui`), the CLI client (`cli`) and
+//! an in-process cluster harness used by the demo and the tests (`harness`).
+
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod harness;
+pub mod ui;
