@@ -27,7 +27,7 @@ fn drive(profile: &HardwareProfile, jobs: u64) -> usize {
         now += x % 400_000;
         let job = JobSpec {
             id,
-            model: usize::from(x % 10 == 0),
+            model: usize::from(x.is_multiple_of(10)),
             prompt_tokens: 50 + (x % 900) as u32,
             output_tokens: 10 + ((x >> 20) % 300) as u32,
         };
@@ -59,6 +59,16 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(drive(&profile, JOBS)))
         });
     }
+    g.finish();
+
+    // The simulator's budget: a million requests over 16 engines.
+    let mut g = c.benchmark_group("engine_model_cluster");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(1_000_000));
+    let profile = HardwareProfile::rtx3060();
+    g.bench_function("16_engines_1m_jobs", |b| {
+        b.iter(|| black_box((0..16).map(|_| drive(&profile, 62_500)).sum::<usize>()))
+    });
     g.finish();
 }
 

@@ -15,6 +15,8 @@ pub enum EmulatorError {
     NoSuchModelIndex { index: usize },
     #[error("model {model:?} does not fit in memory next to the loaded ones")]
     OutOfMemory { model: String },
+    #[error("the queue is full ({max} requests wait for a slot)")]
+    QueueFull { max: u32 },
     #[error("bad emulator configuration: {reason}")]
     BadConfig { reason: String },
     #[error("emulated engine socket error")]

@@ -171,6 +171,11 @@ pub struct EngineModel {
     busy_total_us: u64,
     queued_prompt_tokens: u64,
     queued_output_tokens: u64,
+    /// Idle time after which a loaded model is unloaded (Ollama's
+    /// keep_alive); `None`: models stay until evicted.
+    keep_alive_us: Option<u64>,
+    /// Jobs allowed to wait for a slot (Ollama's OLLAMA_MAX_QUEUE).
+    max_queue: Option<u32>,
 }
 
 impl EngineModel {
@@ -205,6 +210,56 @@ impl EngineModel {
             busy_total_us: 0,
             queued_prompt_tokens: 0,
             queued_output_tokens: 0,
+            keep_alive_us: None,
+            max_queue: None,
+        }
+    }
+
+    /// Unloads models idle for `keep_alive_us` (Ollama default: 5 minutes,
+    /// engine-figures.md §3); `None` keeps them until evicted.
+    pub fn with_keep_alive(mut self, keep_alive_us: Option<u64>) -> Self {
+        self.keep_alive_us = keep_alive_us;
+        self
+    }
+
+    /// Refuses jobs when this many already wait for a slot (Ollama answers
+    /// 503 past OLLAMA_MAX_QUEUE = 512, §3); `None`: unbounded.
+    pub fn with_max_queue(mut self, max_queue: Option<u32>) -> Self {
+        self.max_queue = max_queue;
+        self
+    }
+
+    pub fn keep_alive_us(&self) -> Option<u64> {
+        self.keep_alive_us
+    }
+
+    /// When an idle loaded model will be unloaded by keep-alive, if ever.
+    pub fn expires_at(&self, model: usize) -> Option<u64> {
+        let m = self.models.get(model)?;
+        let keep = self.keep_alive_us?;
+        (matches!(m.residency, Residency::Loaded) && m.active == 0)
+            .then(|| m.last_used_us.saturating_add(keep))
+    }
+
+    /// The engine as pair-core describes it: models with size, loaded state
+    /// and the profile's rates as seed perf.
+    pub fn engine_snapshot(&self, kind: pair_core::EngineKind) -> pair_core::EngineSnapshot {
+        pair_core::EngineSnapshot {
+            kind,
+            healthy: true,
+            slots: u16::try_from(self.slots).unwrap_or(u16::MAX),
+            models: self
+                .models
+                .iter()
+                .filter_map(|m| {
+                    Some(pair_core::ModelEntry {
+                        name: pair_core::ModelName::new(m.spec.name.as_str()).ok()?,
+                        size_bytes: Some(m.spec.size_bytes),
+                        loaded: matches!(m.residency, Residency::Loaded),
+                        perf: Some(m.rates.to_perf()),
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -273,6 +328,12 @@ impl EngineModel {
     pub fn submit(&mut self, now_us: u64, job: JobSpec) -> Result<(), EmulatorError> {
         self.model(job.model)?;
         self.run_until(now_us);
+        if let Some(max) = self.max_queue
+            && self.queue.len() >= max as usize
+            && self.running.len() >= self.slots as usize
+        {
+            return Err(EmulatorError::QueueFull { max });
+        }
         let now = self.now_us;
         self.queued_prompt_tokens += u64::from(job.prompt_tokens);
         self.queued_output_tokens += u64::from(job.output_tokens);
@@ -430,7 +491,8 @@ impl EngineModel {
             Residency::Loading { ready_at_us } => Some(ready_at_us),
             _ => None,
         });
-        jobs.chain(loads).min()
+        let expiries = (0..self.models.len()).filter_map(|i| self.expires_at(i));
+        jobs.chain(loads).chain(expiries).min()
     }
 
     fn run_until(&mut self, now_us: u64) {
@@ -462,6 +524,13 @@ impl EngineModel {
                         self.running[i].phase = Phase::Prefill { done_at };
                     }
                 }
+            }
+        }
+        for m in 0..self.models.len() {
+            if self.expires_at(m).is_some_and(|at| at <= t) {
+                self.models[m].residency = Residency::Unloaded;
+                self.pending
+                    .push(EngineEvent::Evicted { model: m, at_us: t });
             }
         }
         let mut i = 0;
@@ -666,6 +735,7 @@ impl EngineModel {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::collections::HashMap;
 
@@ -938,6 +1008,69 @@ mod tests {
         assert_eq!(e.tokens_generated(1, next), Some(2));
         assert_eq!(e.tokens_generated(1, next - 1), Some(1));
         assert_eq!(e.tokens_generated(9, next), None);
+    }
+
+    #[test]
+    fn keep_alive_unloads_idle_models() {
+        let p = HardwareProfile::cpu_smollm2_135m();
+        let spec = ModelSpec::new("smollm2", p.reference_model_bytes);
+        let mut e = EngineModel::new(&p, &[spec], None).with_keep_alive(Some(300_000_000));
+        e.submit(
+            0,
+            JobSpec {
+                id: 1,
+                model: 0,
+                prompt_tokens: 10,
+                output_tokens: 10,
+            },
+        )
+        .unwrap();
+        let events = drain(&mut e);
+        let done = finished(&events)[&1];
+        assert!(done.cold);
+        assert_eq!(
+            events.last(),
+            Some(&EngineEvent::Evicted {
+                model: 0,
+                at_us: done.finished_us + 300_000_000
+            })
+        );
+        assert_eq!(e.loaded_models().count(), 0);
+        assert_eq!(e.expires_at(0), None);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_jobs() {
+        let (e, _) = smol();
+        let mut e = e.with_max_queue(Some(1));
+        let job = |id| JobSpec {
+            id,
+            model: 0,
+            prompt_tokens: 1,
+            output_tokens: 1,
+        };
+        e.submit(0, job(1)).unwrap();
+        e.submit(0, job(2)).unwrap();
+        assert!(matches!(
+            e.submit(0, job(3)),
+            Err(EmulatorError::QueueFull { max: 1 })
+        ));
+        assert!(e.submit(0, JobSpec { model: 5, ..job(4) }).is_err());
+    }
+
+    #[test]
+    fn snapshot_speaks_pair_core() {
+        let (e, p) = smol();
+        let s = e.engine_snapshot(pair_core::EngineKind::OpenAiCompat);
+        assert_eq!(s.slots, 1);
+        assert!(s.models[0].loaded);
+        let perf = s.models[0].perf.unwrap();
+        assert_eq!(perf.decode_tps, 126.0);
+        assert_eq!(perf.overhead_ms, 30);
+        assert_eq!(
+            u64::from(perf.load_ms),
+            p.rates(p.reference_model_bytes).load_us / 1000
+        );
     }
 
     fn arb_jobs() -> impl Strategy<Value = Vec<(u64, u8, u32, u32)>> {

@@ -1,5 +1,7 @@
 //! Every route and every fault of the emulated engines, over real sockets.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -110,18 +112,24 @@ async fn ollama_chat_defaults_and_latest_tag() {
     );
     assert_eq!(v["done_reason"], "stop");
     assert_eq!(v["prompt_eval_count"], 5);
-    let streamed = lines(
-        post(
-            &e,
-            "/api/chat",
-            json!({ "model": "qwen2.5:latest", "messages": [] }),
-        )
-        .await,
-    )
-    .await;
+    let body =
+        json!({ "model": "qwen2.5:latest", "messages": [{ "role": "user", "content": "hi" }] });
+    let streamed = lines(post(&e, "/api/chat", body).await).await;
     assert_eq!(streamed.len(), 33);
-    assert_eq!(e.hits_for("/api/chat"), 2);
-    assert_eq!(e.hits_for_model("qwen2.5"), 1);
+    // No messages: Ollama only loads the model.
+    let load: Value = post(
+        &e,
+        "/api/chat",
+        json!({ "model": "qwen2.5", "messages": [] }),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(load["done_reason"], "load");
+    assert_eq!(load["message"]["content"], "");
+    assert_eq!(e.hits_for("/api/chat"), 3);
+    assert_eq!(e.hits_for_model("qwen2.5"), 2);
     e.shutdown().await;
 }
 
@@ -411,7 +419,7 @@ async fn a_full_slot_queues_the_next_request() {
         .with_preload(true);
     // Slower than the other tests, so real-time jitter between the two
     // arrivals stays small next to the modelled 0.6 s answers.
-    let e = EmulatedEngine::start(cfg.with_time_scale(0.02))
+    let e = EmulatedEngine::start(cfg.with_time_scale(0.1))
         .await
         .unwrap();
     let body =
@@ -618,5 +626,33 @@ async fn small_memory_evicts_the_idle_model() {
         assert!(v["load_duration"].as_u64().unwrap() > 0);
     }
     assert_eq!(e.loaded_models(), ["b:3b"]);
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_503_and_keep_alive_unloads() {
+    let cfg = EngineConfig::new(Flavor::Ollama, [CHAT])
+        .with_slots(1)
+        .with_max_queue(Some(0))
+        .with_keep_alive(Some(Duration::from_secs(500)));
+    let e = start_with(cfg).await;
+    // A streamed answer far longer than the test holds the only slot.
+    let long = json!({ "model": CHAT, "prompt": "x", "options": { "num_predict": 1_000_000 } });
+    let first = post(&e, "/api/generate", long).await;
+    assert_eq!(first.status(), 200);
+    let r = post(&e, "/api/generate", json!({ "model": CHAT, "prompt": "y" })).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("server busy"));
+    // The client going away frees the slot.
+    drop(first);
+    while e.workload().running > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(e.loaded_models(), [CHAT]);
+    // 500 modelled seconds idle = 0.5 s here.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let ps: Value = get(&e, "/api/ps").await.json().await.unwrap();
+    assert_eq!(ps["models"], json!([]));
     e.shutdown().await;
 }

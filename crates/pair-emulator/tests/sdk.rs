@@ -1,4 +1,6 @@
 //! The real Python SDKs (`openai`, `ollama`) against every emulated flavor:
+
+#![allow(clippy::unwrap_used)]
 //! proof that the bodies match the real schemas closely enough.
 
 use std::path::PathBuf;

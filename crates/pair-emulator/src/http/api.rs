@@ -1,6 +1,10 @@
 //! Route handlers: the Ollama, OpenAI and LM Studio request and response
 //! shapes, driven by the engine model through [`Core`](super::driver::Core).
 
+// Early returns carry the finished error response; it is built once per
+// failed request, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -118,6 +122,25 @@ pub(super) fn fault_status(app: &App, path: &str, code: u16, model: Option<&str>
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     resp
+}
+
+/// The engine would not take the job (its queue is full).
+fn refused(app: &App, path: &str, e: &crate::EmulatorError) -> Response {
+    let message = match e {
+        // Ollama's own words (server/sched.go ErrMaxQueue).
+        crate::EmulatorError::QueueFull { .. } => {
+            "server busy, please try again.  maximum pending requests exceeded".to_owned()
+        }
+        other => other.to_string(),
+    };
+    error(
+        shape_for(app, path),
+        StatusCode::SERVICE_UNAVAILABLE,
+        &message,
+        "server_error",
+        None,
+        None,
+    )
 }
 
 pub(super) async fn not_found(State(app): State<App>, uri: Uri) -> Response {
@@ -468,6 +491,9 @@ async fn generate(
         Ok(m) => m,
         Err(e) => return e,
     };
+    if matches!(api, Api::OllamaGenerate | Api::OllamaChat) && is_load_only(&req, chat) {
+        return load_only(&app, path, model_ix, chat).await;
+    }
     let (prompt, prompt_tokens) = if chat {
         chat_prompt(&req)
     } else {
@@ -511,7 +537,7 @@ async fn generate(
     });
     let mut guard = match app.core.submit(model_ix, prompt_tokens, output_tokens) {
         Ok(g) => g,
-        Err(_) => return unknown_model(&app, path, &gen_.model),
+        Err(e) => return refused(&app, path, &e),
     };
     if !stream_of(&req, stream_default) {
         return match wait_done(&app, &mut guard).await {
@@ -537,6 +563,44 @@ async fn generate(
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// Ollama treats a generate without a prompt, or a chat without messages,
+/// as "load this model" and answers once with `done_reason: "load"`.
+fn is_load_only(req: &Map<String, Value>, chat: bool) -> bool {
+    if chat {
+        req.get("messages")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    } else {
+        req.get("prompt")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    }
+}
+
+async fn load_only(app: &App, path: &str, model_ix: usize, chat: bool) -> Response {
+    let mut guard = match app.core.submit(model_ix, 0, 0) {
+        Ok(g) => g,
+        Err(e) => return refused(app, path, &e),
+    };
+    if wait_done(app, &mut guard).await.is_none() {
+        return shutting_down();
+    }
+    let mut m = Map::new();
+    m.insert("model".into(), app.listed_name(model_ix).into());
+    m.insert("created_at".into(), rfc3339_now().into());
+    if chat {
+        m.insert(
+            "message".into(),
+            json!({ "role": "assistant", "content": "" }),
+        );
+    } else {
+        m.insert("response".into(), "".into());
+    }
+    m.insert("done_reason".into(), "load".into());
+    m.insert("done".into(), true.into());
+    json_response(StatusCode::OK, &Value::Object(m))
 }
 
 struct StreamState {
@@ -633,7 +697,7 @@ async fn embed(
     let mut guard = app
         .core
         .submit(model_ix, tokens, 0)
-        .map_err(|_| unknown_model(app, path, &requested))?;
+        .map_err(|e| refused(app, path, &e))?;
     let t = wait_done(app, &mut guard).await.ok_or_else(shutting_down)?;
     let vectors = texts
         .iter()
@@ -770,14 +834,22 @@ pub(super) async fn ollama_tags(State(app): State<App>) -> Response {
 }
 
 pub(super) async fn ollama_ps(State(app): State<App>) -> Response {
-    let loaded: Vec<usize> = app
-        .core
-        .with_model(|m, _| m.loaded_models().map(|s| s.index).collect());
-    // Ollama's default keep_alive is 5 minutes from the last use.
-    let expires = text::rfc3339(unix_now() + 300, 0);
+    let loaded: Vec<(usize, u64)> = app.core.with_model(|m, now| {
+        m.loaded_models()
+            .map(|s| {
+                // Seconds until keep-alive unloads it (Ollama shows the
+                // default 5 minutes when none is set; busy models too).
+                let left = m
+                    .expires_at(s.index)
+                    .map_or(300_000_000, |at| at.saturating_sub(now));
+                (s.index, left / 1_000_000)
+            })
+            .collect()
+    });
     let models: Vec<Value> = loaded
         .into_iter()
-        .map(|i| {
+        .map(|(i, left_s)| {
+            let expires = text::rfc3339(unix_now() + left_s, 0);
             let name = app.listed_name(i);
             let size = app.cfg.models[i].size_bytes;
             json!({

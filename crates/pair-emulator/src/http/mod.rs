@@ -113,6 +113,13 @@ pub struct EngineConfig {
     /// a request's own limit is generated in full (answer ends "length").
     pub default_max_tokens: u32,
     pub embedding_dims: usize,
+    /// Unload a model after this much idle *modelled* time (Ollama's
+    /// keep_alive, 5 minutes by default there). Default `None`: models stay
+    /// loaded until evicted, so fast tests do not see them vanish.
+    pub keep_alive: Option<std::time::Duration>,
+    /// Requests allowed to wait for a slot; more get 503. Default: 512 for
+    /// Ollama (OLLAMA_MAX_QUEUE), unbounded for the others.
+    pub max_queue: Option<u32>,
 }
 
 impl EngineConfig {
@@ -128,6 +135,8 @@ impl EngineConfig {
             preload: flavor == Flavor::OpenAi,
             default_max_tokens: 32,
             embedding_dims: 64,
+            keep_alive: None,
+            max_queue: (flavor == Flavor::Ollama).then_some(512),
         }
     }
     pub fn with_profile(mut self, profile: HardwareProfile) -> Self {
@@ -148,6 +157,14 @@ impl EngineConfig {
     }
     pub fn with_preload(mut self, preload: bool) -> Self {
         self.preload = preload;
+        self
+    }
+    pub fn with_keep_alive(mut self, keep_alive: Option<std::time::Duration>) -> Self {
+        self.keep_alive = keep_alive;
+        self
+    }
+    pub fn with_max_queue(mut self, max_queue: Option<u32>) -> Self {
+        self.max_queue = max_queue;
         self
     }
     pub fn with_default_max_tokens(mut self, tokens: u32) -> Self {
@@ -191,7 +208,12 @@ pub(crate) struct App {
 impl App {
     fn new(cfg: EngineConfig, shutdown: CancellationToken) -> Result<Self, EmulatorError> {
         cfg.check()?;
-        let mut model = EngineModel::new(&cfg.profile, &cfg.models, cfg.slots);
+        let keep_alive_us = cfg
+            .keep_alive
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let mut model = EngineModel::new(&cfg.profile, &cfg.models, cfg.slots)
+            .with_keep_alive(keep_alive_us)
+            .with_max_queue(cfg.max_queue);
         if cfg.preload {
             for i in 0..cfg.models.len() {
                 // Models that do not fit next to the earlier ones stay cold.
@@ -521,6 +543,7 @@ async fn admin_faults_delete(State(app): State<App>) -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
 
+#[allow(clippy::result_large_err)] // cold path: a bad admin request
 fn parse_rules(body: &[u8]) -> Result<Vec<FaultRule>, Response> {
     #[derive(Deserialize)]
     #[serde(untagged)]
