@@ -443,6 +443,22 @@ mod tests {
         assert!(serde_json::from_str::<BatchScaling>("[[1,1.0],[2,3.0]]").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn accepted_tables_never_speed_a_stream_up(
+            points in proptest::collection::vec((2u32..64, 1.0f64..40.0), 0..6),
+        ) {
+            let mut all = vec![(1, 1.0)];
+            all.extend(points);
+            if let Ok(s) = BatchScaling::new(all) {
+                for n in 1..80 {
+                    proptest::prop_assert!(s.aggregate(n + 1) >= s.aggregate(n) - 1e-9);
+                    proptest::prop_assert!(s.per_stream(n + 1) <= s.per_stream(n) + 1e-9);
+                }
+            }
+        }
+    }
+
     #[test]
     fn rates_scale_with_weight_bytes() {
         let p = HardwareProfile::rtx4090();

@@ -656,3 +656,37 @@ async fn a_full_queue_answers_503_and_keep_alive_unloads() {
     assert_eq!(ps["models"], json!([]));
     e.shutdown().await;
 }
+
+#[tokio::test]
+async fn serve_stops_on_its_token_and_resets_open_streams() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = EngineConfig::new(Flavor::OpenAi, [CHAT]).with_time_scale(1.0);
+    let token = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(pair_emulator::serve(cfg, listener, token.clone()));
+    let body = json!({ "model": CHAT, "messages": [], "max_tokens": 100_000, "stream": true });
+    let resp = client()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    assert!(stream.next().await.unwrap().is_ok());
+    token.cancel();
+    let mut ended_in_error = false;
+    while let Some(item) = stream.next().await {
+        if item.is_err() {
+            ended_in_error = true;
+        }
+    }
+    assert!(
+        ended_in_error,
+        "a stream cut by shutdown must not look complete"
+    );
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -6,7 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
+use std::io;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -614,7 +614,7 @@ struct StreamState {
 
 /// Next body chunk of a streamed answer: tokens as the model releases them,
 /// then the closing chunk(s).
-async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, Infallible>, StreamState)> {
+async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, io::Error>, StreamState)> {
     loop {
         if let Some(b) = s.queue.pop_front() {
             return Some((Ok(b), s));
@@ -639,7 +639,13 @@ async fn next_chunk(mut s: StreamState) -> Option<(Result<Bytes, Infallible>, St
                     return None;
                 }
             }
-            () = s.app.shutdown.cancelled() => return None,
+            () = s.app.shutdown.cancelled() => {
+                // An engine going away mid-answer resets the connection; it
+                // never ends the stream cleanly.
+                s.finished = true;
+                s.queue.clear();
+                return Some((Err(io::Error::other("emulated engine shut down")), s));
+            }
         }
     }
 }
