@@ -1,1 +1,46 @@
-//! Cross-crate integration tests.
+//! Shared helpers of the cross-crate tests: a started cluster with a plain
+//! HTTP client, and small assertions on route receipts.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use pair_node::harness::{ClusterSpec, LocalCluster};
+
+/// A cluster of `n` nodes that all hold `llama3.2:3b`, emulated 20x faster
+/// than real time, converged and ready.
+pub async fn cluster(n: usize, tweak: impl FnOnce(&mut ClusterSpec)) -> Result<LocalCluster> {
+    pair_identity::install_crypto_provider();
+    let mut spec = ClusterSpec::new(n);
+    spec.time_scale = 0.05;
+    tweak(&mut spec);
+    let c = LocalCluster::start(spec).await?;
+    c.wait_converged(Duration::from_secs(20)).await?;
+    Ok(c)
+}
+
+/// A plain HTTP client for the faces (no proxy, no TLS).
+pub fn http() -> reqwest::Client {
+    pair_identity::install_crypto_provider();
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// The node UUID in an `x-pair-node: name (uuid)` receipt.
+pub fn served_by(resp: &reqwest::Response) -> Option<String> {
+    let v = resp.headers().get("x-pair-node")?.to_str().ok()?;
+    let start = v.rfind('(')? + 1;
+    Some(v[start..v.len().checked_sub(1)?].to_owned())
+}
+
+/// `x-pair-attempts` as a number.
+pub fn attempts(resp: &reqwest::Response) -> Option<u32> {
+    resp.headers()
+        .get("x-pair-attempts")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}

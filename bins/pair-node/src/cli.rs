@@ -37,7 +37,11 @@ impl ControlClient {
         decode(resp).await
     }
 
-    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> Result<T> {
+    async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T> {
         let resp = self
             .http
             .post(format!("{}{path}", self.base))
@@ -135,7 +139,8 @@ pub fn print_jobs(jobs: &[JobRecord]) {
             j.attempts,
             format!("{:?}", j.status).to_lowercase(),
             j.ttft_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
-            j.duration_ms.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+            j.duration_ms
+                .map_or_else(|| "-".to_owned(), |v| v.to_string()),
         );
     }
 }

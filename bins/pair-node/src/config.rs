@@ -326,21 +326,27 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        assert!(bad(RunArgs {
-            policy: Some("fastest".into()),
-            ..RunArgs::default()
-        })
-        .contains("fastest"));
-        assert!(bad(RunArgs {
-            engines: vec!["ollama".into()],
-            ..RunArgs::default()
-        })
-        .contains("KIND=URL"));
-        assert!(bad(RunArgs {
-            first_byte_timeout: Some("soon".into()),
-            ..RunArgs::default()
-        })
-        .contains("first-byte-timeout"));
+        assert!(
+            bad(RunArgs {
+                policy: Some("fastest".into()),
+                ..RunArgs::default()
+            })
+            .contains("fastest")
+        );
+        assert!(
+            bad(RunArgs {
+                engines: vec!["ollama".into()],
+                ..RunArgs::default()
+            })
+            .contains("KIND=URL")
+        );
+        assert!(
+            bad(RunArgs {
+                first_byte_timeout: Some("soon".into()),
+                ..RunArgs::default()
+            })
+            .contains("first-byte-timeout")
+        );
         assert!(toml::from_str::<FileConfig>("colour = 1").is_err());
     }
 }

@@ -20,10 +20,10 @@ use pair_proxy::dispatch::{PeerLink, Timeouts};
 use pair_proxy::face::{self, Face};
 use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
 use pair_proxy::jobs::JobLog;
+use pair_proxy::relay;
 use pair_proxy::state::{
     DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,
 };
-use pair_proxy::relay;
 use pair_scheduler::SchedulerConfig;
 use pair_telemetry::{NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost, Telemetry};
 use tokio::net::TcpListener;

@@ -237,7 +237,10 @@ impl LocalCluster {
                         format!("{} sees {} node(s)", node.name, s.len())
                     })
                     .collect();
-                bail!("cluster did not converge within {within:?}: {}", views.join("; "));
+                bail!(
+                    "cluster did not converge within {within:?}: {}",
+                    views.join("; ")
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -16,7 +16,11 @@ use tokio_util::sync::CancellationToken;
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
-#[command(name = "pair-node", version, about = "A peer-to-peer inference router for local LLM engines")]
+#[command(
+    name = "pair-node",
+    version,
+    about = "A peer-to-peer inference router for local LLM engines"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -98,7 +102,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pair-node: cannot start the runtime: {e}");
@@ -163,7 +170,9 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 Ok(())
             }
             PairAction::Join { addr, pin, client } => {
-                let joined = ControlClient::new(&client.control)?.join(&addr, &pin).await?;
+                let joined = ControlClient::new(&client.control)?
+                    .join(&addr, &pin)
+                    .await?;
                 if client.json {
                     println!("{}", serde_json::to_string_pretty(&joined)?);
                 } else {

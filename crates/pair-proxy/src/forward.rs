@@ -112,6 +112,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
                 .begin(profile.prompt_tokens, profile.max_output_tokens)
         });
         let extra = relay_headers(st, job, &hop);
+        // The first-byte deadline is per attempt: a hung node must not
+        // eat the next candidate's time.
+        let attempt_t0 = Instant::now();
         let sent = dispatch::send(
             &st.local_client,
             &hop,
@@ -140,7 +143,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         let first = if advice.is_none() {
             // Success: wait for the first body byte before committing, so an
             // engine that dies between head and body is still retried.
-            let left = st.timeouts.first_byte.saturating_sub(t0.elapsed());
+            let left = st.timeouts.first_byte.saturating_sub(attempt_t0.elapsed());
             match first_data(&mut upstream, left).await {
                 Ok(first) => first,
                 Err(class) => {

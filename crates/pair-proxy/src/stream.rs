@@ -212,14 +212,14 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.inner.size_hint();
-        if let Some(first) = &self.first {
-            let n = first.len() as u64;
-            hint.set_lower(hint.lower() + n);
-            if let Some(u) = hint.upper() {
-                hint.set_upper(u + n);
-            }
+        let inner = self.inner.size_hint();
+        let n = self.first.as_ref().map_or(0, |f| f.len() as u64);
+        let mut hint = SizeHint::new();
+        // Upper first: set_lower asserts lower <= upper.
+        if let Some(u) = inner.upper() {
+            hint.set_upper(u.saturating_add(n));
         }
+        hint.set_lower(inner.lower().saturating_add(n));
         hint
     }
 }

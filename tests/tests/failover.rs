@@ -1,0 +1,246 @@
+//! Every failover rule, on real nodes over loopback (real mTLS between them),
+//! each asserting how many times each engine was hit.
+
+use std::time::Duration;
+
+use pair_emulator::FaultAction;
+use pair_tests::{attempts, cluster, http, served_by};
+use serde_json::{Value, json};
+
+const MODEL: &str = "llama3.2:3b";
+
+fn chat(stream: bool) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "stream": stream})
+}
+
+/// Requests to the first node's Ollama face, pinned to node `pin` so the
+/// faulty engine is tried first.
+async fn send(c: &pair_node::harness::LocalCluster, pin: usize, body: &Value) -> reqwest::Response {
+    http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .header("x-pair-node-pin", c.nodes[pin].id.to_string())
+        .json(body)
+        .send()
+        .await
+        .expect("face answers")
+}
+
+fn hits(c: &pair_node::harness::LocalCluster) -> Vec<u64> {
+    c.engines.iter().map(|e| e.hits_for_model(MODEL)).collect()
+}
+
+fn reset(c: &pair_node::harness::LocalCluster) {
+    for e in &c.engines {
+        e.reset_hits();
+        e.faults().clear();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_statuses_move_to_the_next_node_once() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for status in [404u16, 408, 429, 500, 502, 503] {
+        reset(&c);
+        // Node 1 is a peer: the failure travels back over mTLS.
+        c.engines[1].faults().fail(Some(MODEL), status, None);
+        let resp = send(&c, 1, &chat(false)).await;
+        assert_eq!(resp.status(), 200, "status {status} must fail over");
+        assert_eq!(attempts(&resp), Some(2), "status {status}");
+        assert_ne!(served_by(&resp), Some(c.nodes[1].id.to_string()));
+        let h = hits(&c);
+        assert_eq!(h[1], 1, "faulty engine hit once for {status}: {h:?}");
+        assert_eq!(
+            h.iter().sum::<u64>(),
+            2,
+            "exactly one retry for {status}: {h:?}"
+        );
+        let body: Value = resp.json().await.unwrap();
+        assert!(
+            body["message"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        );
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_are_returned_as_they_are_never_retried() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for (pin, status) in [(0usize, 400u16), (1, 400), (2, 422), (1, 401)] {
+        reset(&c);
+        c.engines[pin].faults().fail(Some(MODEL), status, None);
+        let resp = send(&c, pin, &chat(false)).await;
+        assert_eq!(resp.status().as_u16(), status);
+        assert_eq!(served_by(&resp), Some(c.nodes[pin].id.to_string()));
+        let h = hits(&c);
+        assert_eq!(h[pin], 1, "{h:?}");
+        assert_eq!(
+            h.iter().sum::<u64>(),
+            1,
+            "a {status} hits exactly one engine once: {h:?}"
+        );
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
+    let c = cluster(3, |s| s.first_byte_timeout = Duration::from_millis(800))
+        .await
+        .unwrap();
+    c.engines[2].faults().hang(Some(MODEL));
+    let resp = send(&c, 2, &chat(true)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(attempts(&resp), Some(2));
+    assert_ne!(served_by(&resp), Some(c.nodes[2].id.to_string()));
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.lines().last().unwrap_or("").contains("\"done\":true"),
+        "{text}"
+    );
+
+    // Every owner hangs: 504 naming what was tried.
+    reset(&c);
+    for e in &c.engines {
+        e.faults().hang(Some(MODEL));
+    }
+    let resp = send(&c, 0, &chat(false)).await;
+    assert_eq!(resp.status(), 504);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["pair"]["attempts"].as_array().map(Vec::len), Some(3));
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("first-byte-timeout"),
+        "{body}"
+    );
+    assert_eq!(hits(&c), vec![1, 1, 1]);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_is_a_transport_error_and_the_next_node_answers() {
+    let mut c = cluster(3, |_| {}).await.unwrap();
+    let dead = c.nodes.remove(2);
+    let dead_id = dead.id.to_string();
+    dead.kill().await;
+    // Straight away: the origin's snapshot still lists the dead node.
+    let resp = http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .header("x-pair-node-pin", &dead_id)
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(attempts(&resp), Some(2), "the dead node was tried first");
+    assert_ne!(served_by(&resp), Some(dead_id.clone()));
+    // And it leaves the routing set within the gossip deadline.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let snap = c.nodes[0].state.cluster();
+    assert!(snap.nodes().iter().all(|n| n.id.to_string() != dead_id));
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_failing_gives_502_with_what_was_tried_and_at_most_five_attempts() {
+    let c = cluster(6, |_| {}).await.unwrap();
+    for e in &c.engines {
+        e.faults().fail(Some(MODEL), 503, None);
+    }
+    let resp = send(&c, 0, &chat(false)).await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(attempts(&resp), Some(5));
+    let body: Value = resp.json().await.unwrap();
+    let tried = body["pair"]["attempts"].as_array().unwrap();
+    assert_eq!(tried.len(), 5);
+    assert!(tried.iter().all(|a| a["outcome"] == "503"), "{body}");
+    assert_eq!(
+        hits(&c).iter().sum::<u64>(),
+        5,
+        "never more than 5 dispatches"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_owner_gives_a_local_502_naming_the_model() {
+    let c = cluster(2, |_| {}).await.unwrap();
+    let resp = http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .json(&json!({"model": "no-such-model", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("no-such-model"));
+    let model_hits: u64 = c
+        .engines
+        .iter()
+        .map(|e| e.hits_for_model("no-such-model"))
+        .sum();
+    assert_eq!(model_hits, 0, "no engine is asked for a model none holds");
+
+    // OpenAI face, OpenAI error shape.
+    let resp = http()
+        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
+        .json(&json!({"model": "no-such-model", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_eligible_node");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_way_ends_with_an_error_and_is_never_resent() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for (pin, face) in [(1usize, "ollama"), (2, "openai")] {
+        reset(&c);
+        c.engines[pin]
+            .faults()
+            .add(pair_emulator::FaultRule::for_model(
+                MODEL,
+                FaultAction::CloseAfterChunks(3),
+            ));
+        let (url, body) = if face == "ollama" {
+            (format!("{}/api/chat", c.nodes[0].ollama_url()), chat(true))
+        } else {
+            (
+                format!("{}/v1/chat/completions", c.nodes[0].openai_url()),
+                json!({"model": MODEL, "stream": true, "max_tokens": 20,
+                       "messages": [{"role": "user", "content": "hi"}]}),
+            )
+        };
+        let resp = http()
+            .post(url)
+            .header("x-pair-node-pin", c.nodes[pin].id.to_string())
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        let last = text.trim_end().lines().last().unwrap_or("").to_owned();
+        assert!(
+            last.contains("\"error\""),
+            "{face}: stream must end with an error: {text}"
+        );
+        assert!(
+            !text.contains("[DONE]"),
+            "{face}: no success marker after a cut: {text}"
+        );
+        let h = hits(&c);
+        assert_eq!(
+            h.iter().sum::<u64>(),
+            1,
+            "{face}: never resent after the first byte: {h:?}"
+        );
+    }
+    c.stop().await;
+}
