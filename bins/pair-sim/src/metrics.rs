@@ -89,6 +89,15 @@ pub struct NodeSummary {
     pub cold_starts: u64,
 }
 
+/// One workload source's requests in a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SourceSummary {
+    pub name: String,
+    pub requests: u64,
+    pub ttft: Percentiles,
+    pub e2e: Percentiles,
+}
+
 /// Summary of one simulated run under one policy.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunSummary {
@@ -107,12 +116,14 @@ pub struct RunSummary {
     pub slo_misses: u64,
     pub simulated_s: f64,
     pub nodes: Vec<NodeSummary>,
+    pub sources: Vec<SourceSummary>,
 }
 
 /// Builds the summary, and the sorted TTFTs (for CDF plots) on request.
 pub fn summarise(
     records: &[Record],
     nodes: &[(String, String, f64)],
+    sources: &[String],
     miss_threshold: Micros,
     generated: u64,
     completed: u64,
@@ -123,6 +134,8 @@ pub fn summarise(
     let mut queue: Vec<Micros> = Vec::with_capacity(records.len());
     let mut per_node_ttft: Vec<Vec<Micros>> = vec![Vec::new(); nodes.len()];
     let mut per_node = vec![(0u64, 0u64, 0u64); nodes.len()];
+    let mut per_source: Vec<(Vec<Micros>, Vec<Micros>)> =
+        vec![(Vec::new(), Vec::new()); sources.len()];
     let mut rejected = 0u64;
     let mut misses = 0u64;
     let mut tokens = 0u64;
@@ -133,6 +146,10 @@ pub fn summarise(
         };
         ttft.push(r.ttft);
         e2e.push(r.e2e);
+        if let Some(src) = per_source.get_mut(usize::from(r.source)) {
+            src.0.push(r.ttft);
+            src.1.push(r.e2e);
+        }
         queue.push(r.queue);
         tokens += u64::from(r.output_tokens);
         let miss = r.ttft > miss_threshold;
@@ -186,6 +203,16 @@ pub fn summarise(
         slo_misses: misses,
         simulated_s: round3(window.1 as f64 / US_PER_S as f64),
         nodes: node_summaries,
+        sources: sources
+            .iter()
+            .zip(per_source.iter_mut())
+            .map(|(name, (t, e))| SourceSummary {
+                name: name.clone(),
+                requests: t.len() as u64,
+                ttft: Percentiles::of(t),
+                e2e: Percentiles::of(e),
+            })
+            .collect(),
     };
     (summary, ttft)
 }
@@ -251,7 +278,17 @@ mod tests {
             ("a".to_owned(), "rtx4090".to_owned(), 0.5),
             ("b".to_owned(), "laptop".to_owned(), 0.25),
         ];
-        let (s, sorted) = summarise(&records, &nodes, 1_000, 4, 3, (0, US_PER_S));
+        let (s, sorted) = summarise(
+            &records,
+            &nodes,
+            &["chat".to_owned()],
+            1_000,
+            4,
+            3,
+            (0, US_PER_S),
+        );
+        assert_eq!(s.sources[0].requests, 3);
+        assert_eq!(s.sources[0].ttft.max_ms, 9.0);
         assert_eq!(s.requests, 3);
         assert_eq!(s.rejected, 1);
         assert_eq!(s.slo_misses, 2);

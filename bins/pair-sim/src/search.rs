@@ -24,13 +24,21 @@ pub struct SearchOutcome {
     pub users_at_slo: u32,
     /// The search stopped at its upper bound while still passing.
     pub capped: bool,
+    /// Some smaller user count failed the SLO although this one passes
+    /// (p95 is not monotone in load for policies that send light traffic to
+    /// slow nodes).
+    pub fails_below: bool,
     pub probes: Vec<Probe>,
 }
 
-/// Finds `r` with `pass(r)` and `!pass(r + 1)` (0 when one user already
-/// fails, `max` when `max` still passes). For a monotone predicate that is
-/// the unique threshold; for a noisy one it is a boundary the probes
-/// actually saw, never a value contradicted by its own neighbour.
+/// Finds the largest user count that passes, as far as the probes can tell:
+/// gallop (1, 2, 4, ...) until, after some count passed, two doublings in a
+/// row fail (the cluster is saturated) or `max` is reached; then bisect
+/// between the largest passing probe and the failing probe above it.
+///
+/// The answer `r` passes and `r + 1` fails (0: nothing probed passed; `max`:
+/// `max` passes), and no probed count above `r` passes. Low counts may fail
+/// while `r` passes; [`SearchOutcome::fails_below`] says so.
 pub fn users_at_slo<E>(
     max: u32,
     mut probe: impl FnMut(u32) -> Result<Probe, E>,
@@ -45,38 +53,50 @@ pub fn users_at_slo<E>(
         Ok(p.pass)
     };
     let max = max.max(1);
-    let (answer, capped) = 'search: {
-        if !pass(1, &mut seen)? {
-            break 'search (0, false);
+    // Gallop.
+    let mut u = 1u32;
+    let mut passed_once = false;
+    let mut fails_in_a_row = 0;
+    loop {
+        if pass(u, &mut seen)? {
+            passed_once = true;
+            fails_in_a_row = 0;
+        } else {
+            fails_in_a_row += 1;
         }
-        // Gallop: double while passing.
-        let mut lo = 1u32;
-        let hi = loop {
-            let next = lo.saturating_mul(2).min(max);
-            if next == lo {
-                break 'search (lo, true);
-            }
-            if pass(next, &mut seen)? {
-                lo = next;
-            } else {
-                break next;
-            }
-        };
-        // Bisect: pass(lo), !pass(hi).
-        let (mut lo, mut hi) = (lo, hi);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if pass(mid, &mut seen)? {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+        if u == max || (passed_once && fails_in_a_row >= 2) {
+            break;
         }
-        (lo, false)
+        u = u.saturating_mul(2).min(max);
+    }
+    let best_pass = seen.values().filter(|p| p.pass).map(|p| p.users).max();
+    let (answer, capped) = match best_pass {
+        None => (0, false),
+        Some(lo) if lo == max => (max, true),
+        Some(lo) => {
+            // The smallest failing probe above the best pass bounds the
+            // bisection; the gallop guarantees one exists.
+            let mut hi = seen
+                .range(lo + 1..)
+                .find(|(_, p)| !p.pass)
+                .map_or(max, |(u, _)| *u);
+            let mut lo = lo;
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if pass(mid, &mut seen)? {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            (lo, false)
+        }
     };
+    let fails_below = seen.range(..answer).any(|(_, p)| !p.pass);
     Ok(SearchOutcome {
         users_at_slo: answer,
         capped,
+        fails_below,
         probes: seen.into_values().collect(),
     })
 }
@@ -106,6 +126,11 @@ mod tests {
         assert_eq!((all.users_at_slo, all.capped), (100, true));
         let one = users_at_slo(1, probe_of(|_| true)).unwrap();
         assert_eq!(one.users_at_slo, 1);
+        // Fails at light load (a slow node gets the idle traffic), passes
+        // under load, saturates later: the answer is the upper boundary.
+        let bumpy = users_at_slo(1000, probe_of(|u| (20..=90).contains(&u))).unwrap();
+        assert_eq!(bumpy.users_at_slo, 90);
+        assert!(bumpy.fails_below);
     }
 
     proptest! {
@@ -115,7 +140,8 @@ mod tests {
             let out = users_at_slo(max, |u| { calls += 1; probe_of(|u| u <= t)(u) }).unwrap();
             prop_assert_eq!(out.users_at_slo, t.min(max));
             // Galloping plus bisection: logarithmic, and each count once.
-            prop_assert!(calls <= 2 * (32 - max.leading_zeros()) + 2, "calls {}", calls);
+            prop_assert!(calls <= 2 * (32 - max.leading_zeros()) + 3, "calls {}", calls);
+            prop_assert!(!out.fails_below);
             let mut users: Vec<u32> = out.probes.iter().map(|p| p.users).collect();
             users.dedup();
             prop_assert_eq!(users.len(), out.probes.len());
@@ -135,9 +161,13 @@ mod tests {
                     prop_assert!(!pass(r + 1));
                 }
             }
-            // Every probe the outcome lists agrees with the predicate.
+            // Every probe the outcome lists agrees with the predicate, and
+            // none above the answer passed.
             for p in &out.probes {
                 prop_assert_eq!(p.pass, pass(p.users));
+                if p.users > r {
+                    prop_assert!(!p.pass);
+                }
             }
         }
     }

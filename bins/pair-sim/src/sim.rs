@@ -732,9 +732,11 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let records = std::mem::take(&mut self.records);
+        let sources: Vec<String> = self.scn.sources.iter().map(|s| s.name.clone()).collect();
         let (summary, ttft_sorted) = summarise(
             &records,
             &names,
+            &sources,
             self.scn.slo.ttft_miss,
             self.generated,
             self.completed,
@@ -900,7 +902,7 @@ mod tests {
                 users,
                 ttft_p95_ms: r.summary.ttft.p95_ms,
                 e2e_p95_ms: r.summary.e2e.p95_ms,
-                pass: slo_met(&r.summary, scn.slo.ttft_p95),
+                pass: slo_met(&r.summary, scn.search.source, scn.slo.ttft_p95),
             })
         };
         let out = users_at_slo(64, probe).unwrap();
