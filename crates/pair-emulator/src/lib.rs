@@ -5,6 +5,42 @@
 //! one machine in virtual time (the simulator drives it), and [`http`] runs
 //! the same model in real time behind real HTTP routes, with fault injection
 //! (tests, the demo and benchmarks use it).
+//!
+//! Virtual time, as the simulator drives it:
+//!
+//! ```
+//! use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, ModelSpec};
+//!
+//! let profile = HardwareProfile::cpu_smollm2_135m();
+//! let model = ModelSpec::new("smollm2", profile.reference_model_bytes);
+//! let mut engine = EngineModel::new(&profile, &[model], None);
+//! engine.preload(0).unwrap();
+//! let job = JobSpec { id: 1, model: 0, prompt_tokens: 20, output_tokens: 64 };
+//! engine.submit(0, job).unwrap();
+//! let mut events = Vec::new();
+//! while let Some(t) = engine.next_event_at() {
+//!     engine.advance(t, &mut events);
+//! }
+//! let Some(EngineEvent::Finished(timing)) = events.last() else { panic!() };
+//! // 30 ms overhead + 20 tokens at 390 tok/s, then 63 tokens at 126 tok/s.
+//! assert_eq!(timing.ttft_us(), 81_283);
+//! assert_eq!(timing.latency_us(), 581_283);
+//! ```
+//!
+//! Real time, as tests use it:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pair_emulator::EmulatorError> {
+//! use pair_emulator::{EmulatedEngine, EngineConfig, Flavor};
+//!
+//! let cfg = EngineConfig::new(Flavor::Ollama, ["llama3.2:3b"]).with_time_scale(0.01);
+//! let engine = EmulatedEngine::start(cfg).await?;
+//! engine.faults().fail(Some("llama3.2:3b"), 500, Some(1));
+//! // ... point a client at engine.base_url(), then:
+//! assert_eq!(engine.hits_for("/api/chat"), 0);
+//! engine.shutdown().await;
+//! # Ok(()) }
+//! ```
 
 pub mod error;
 pub mod model;
