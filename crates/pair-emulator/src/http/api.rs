@@ -801,10 +801,11 @@ fn details(app: &App, i: usize) -> Value {
 }
 
 fn family(name: &str) -> String {
-    let base = name.split([':', '/']).next_back().unwrap_or(name);
-    let base = name.split(':').next().unwrap_or(base);
+    // `publisher/llama3.1:8b` -> `llama`
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let base = base.split(':').next().unwrap_or(base);
     base.chars()
-        .take_while(|c| c.is_ascii_alphabetic())
+        .take_while(char::is_ascii_alphabetic)
         .collect::<String>()
         .to_ascii_lowercase()
 }
@@ -985,4 +986,42 @@ pub(super) async fn lmstudio_v1_models(State(app): State<App>) -> Response {
         })
         .collect();
     json_response(StatusCode::OK, &json!({ "models": models }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_come_from_the_base_name() {
+        assert_eq!(family("llama3.2:3b"), "llama");
+        assert_eq!(family("lmstudio-community/Qwen2.5-7B:q4"), "qwen");
+        assert_eq!(family("nomic-embed-text"), "nomic");
+    }
+
+    #[test]
+    fn limits_prefer_the_engines_own_field() {
+        let req = |v: Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            limit_of(&req(json!({ "options": { "num_predict": 7 } }))),
+            Some(7)
+        );
+        assert_eq!(
+            limit_of(&req(json!({ "max_completion_tokens": 3, "max_tokens": 9 }))),
+            Some(3)
+        );
+        assert_eq!(limit_of(&req(json!({ "max_tokens": -1 }))), None);
+        assert_eq!(limit_of(&req(json!({}))), None);
+    }
+
+    #[test]
+    fn chat_prompts_count_template_tokens() {
+        let req = json!({ "messages": [
+            { "role": "system", "content": "be brief" },
+            { "role": "user", "content": [{ "type": "text", "text": "hello there" }] },
+        ] });
+        let (text, tokens) = chat_prompt(req.as_object().unwrap_or(&Map::new()));
+        assert_eq!(tokens, 2 + 4 + 3 + 4);
+        assert!(text.contains("user:hello there"));
+    }
 }
