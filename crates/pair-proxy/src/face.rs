@@ -324,3 +324,94 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
         .ok()
         .flatten()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{NodeIdentity, ProxyConfig};
+    use axum::extract::connect_info::MockConnectInfo;
+    use http_body_util::BodyExt;
+    use pair_core::NodeId;
+    use tower::ServiceExt;
+
+    fn state() -> Arc<ProxyState> {
+        ProxyState::new(
+            ProxyConfig {
+                node: NodeIdentity {
+                    id: NodeId::from_u128(1),
+                    name: "t".into(),
+                },
+                scheduler: pair_scheduler::SchedulerConfig::default(),
+                timeouts: crate::dispatch::Timeouts::default(),
+                body_cap: 1024,
+                engines: Vec::new(),
+            },
+            Arc::new(crate::jobs::JobLog::in_memory()),
+        )
+    }
+
+    async fn call(from: [u8; 4], face: Face, req: http::Request<Body>) -> (StatusCode, Value) {
+        let app = router(state(), face, Router::new())
+            .layer(MockConnectInfo(SocketAddr::from((from, 40000))));
+        let resp = app.oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    fn post(path: &str, body: &'static str) -> http::Request<Body> {
+        http::Request::post(path).body(Body::from(body)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn non_loopback_clients_get_403_in_the_face_flavour() {
+        let (s, v) = call([192, 168, 1, 20], Face::Ollama, post("/api/chat", "{}")).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        assert!(v["error"].as_str().unwrap().contains("this machine"));
+        let (s, v) = call([10, 0, 0, 2], Face::OpenAi, post("/v1/models", "")).await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        assert_eq!(v["error"]["type"], "permission_error");
+        // Loopback passes the gate (and here finds no node for the model).
+        let (s, _) = call(
+            [127, 0, 0, 1],
+            Face::Ollama,
+            post("/api/chat", r#"{"model":"m"}"#),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_GATEWAY);
+    }
+
+    #[tokio::test]
+    async fn oversized_and_malformed_bodies_are_refused_clearly() {
+        let big: &'static str = Box::leak("x".repeat(2048).into_boxed_str());
+        let (s, v) = call([127, 0, 0, 1], Face::Ollama, post("/api/chat", big)).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(v["error"].as_str().unwrap().contains("limit"));
+        let (s, v) = call(
+            [127, 0, 0, 1],
+            Face::OpenAi,
+            post("/v1/chat/completions", "{"),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let (s, v) = call(
+            [127, 0, 0, 1],
+            Face::Ollama,
+            post("/api/generate", r#"{"prompt":"x"}"#),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(v["error"].as_str().unwrap().contains("model"));
+    }
+
+    #[tokio::test]
+    async fn passthrough_without_an_engine_says_so() {
+        let (s, v) = call([127, 0, 0, 1], Face::Ollama, post("/api/pull", "{}")).await;
+        assert_eq!(s, StatusCode::BAD_GATEWAY);
+        assert!(v["error"].as_str().unwrap().contains("/api/pull"));
+    }
+}

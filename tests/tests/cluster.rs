@@ -1,0 +1,213 @@
+//! Cluster behaviour on real nodes over loopback: merged listings, route
+//! spreading under concurrency, and the mTLS gate (unpaired peers refused,
+//! unpairing closes open connections).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use pair_core::Role;
+use pair_tests::{cluster, http, served_by};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_are_merged_across_the_cluster_in_each_envelope() {
+    let c = cluster(3, |s| s.nodes[2].models.push("phi3:mini".into()))
+        .await
+        .unwrap();
+    let tags: Value = http()
+        .get(format!("{}/api/tags", c.nodes[0].ollama_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"phi3:mini"),
+        "a peer's model is listed: {names:?}"
+    );
+    assert!(names.contains(&"qwen2.5:7b"));
+    let llama = names.iter().filter(|n| n.starts_with("llama3.2")).count();
+    assert_eq!(llama, 1, "held by three nodes, listed once: {names:?}");
+    assert!(
+        tags["models"][0]["size"].as_u64().is_some(),
+        "engine's own entries"
+    );
+
+    let models: Value = http()
+        .get(format!("{}/v1/models", c.nodes[0].openai_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    let ids: HashSet<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains("phi3:mini") && ids.contains("llama3.2:3b"),
+        "{ids:?}"
+    );
+
+    // A model held only by node 3 is served from node 1's face.
+    let resp = http()
+        .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+        .json(&json!({"model": "phi3:mini", "prompt": "hi", "stream": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(served_by(&resp), Some(c.nodes[2].id.to_string()));
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_spreads_over_the_nodes() {
+    // Real time, identical hardware: reservations must spread the burst.
+    let c = cluster(3, |s| {
+        s.time_scale = 1.0;
+        for n in &mut s.nodes {
+            n.profile = "rtx3060".into();
+        }
+    })
+    .await
+    .unwrap();
+    // Warm the model everywhere so cold loads do not decide.
+    for node in &c.nodes {
+        let r = http()
+            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", node.id.to_string())
+            .json(&json!({"model": "llama3.2:3b", "prompt": "warm", "stream": false}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let sends = (0..9).map(|i| {
+        let url = url.clone();
+        async move {
+            let r = http()
+                .post(url)
+                .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
+                              "stream": true, "options": {"num_predict": 64}}))
+                .send()
+                .await
+                .unwrap();
+            let who = served_by(&r).unwrap();
+            let _ = r.text().await.unwrap();
+            who
+        }
+    });
+    let served: Vec<String> = futures_util::future::join_all(sends).await;
+    let mut per_node = std::collections::HashMap::new();
+    for s in &served {
+        *per_node.entry(s.clone()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_node.len(),
+        3,
+        "all three nodes served part of the burst: {per_node:?}"
+    );
+    assert!(per_node.values().all(|&n| n <= 5), "{per_node:?}");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpaired_peers_are_refused_and_unpairing_closes_connections() {
+    let c = cluster(2, |_| {}).await.unwrap();
+    let server = &c.nodes[0];
+    let peer = &c.nodes[1];
+
+    // A stranger with its own identity, trusting the server's certificate:
+    // the server refuses its certificate during the handshake.
+    let stranger = pair_identity::Identity::generate(Role::Node).unwrap();
+    let stranger_trust = pair_identity::TrustStore::in_memory();
+    stranger_trust
+        .insert(peer.trust.get(server.id).unwrap())
+        .unwrap();
+    let connector =
+        pair_identity::tls::tls_connector(&stranger, &stranger_trust, server.id).unwrap();
+    let refused = async {
+        let tcp = tokio::net::TcpStream::connect(server.cluster_addr).await?;
+        let mut tls = connector
+            .connect(pair_identity::tls::server_name(), tcp)
+            .await?;
+        // TLS 1.3: a refused client certificate surfaces on first use.
+        tls.write_all(b"GET /pair/v1/report HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await?;
+        let mut buf = [0u8; 64];
+        let n = tls.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "closed without an answer");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    assert!(refused.is_err(), "an unpaired identity must not get in");
+
+    // The paired peer gets in and is answered over mTLS...
+    let connector =
+        pair_identity::tls::tls_connector(&peer.identity, &peer.trust, server.id).unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.cluster_addr)
+        .await
+        .unwrap();
+    let mut tls = connector
+        .connect(pair_identity::tls::server_name(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /pair/v1/relay/api/tags HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tls.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+
+    // ...until the server unpairs it: the open connection is closed...
+    server.trust.remove(peer.id).unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the unpaired peer's connection was not closed"
+    );
+
+    // ...and new handshakes fail.
+    let tcp = tokio::net::TcpStream::connect(server.cluster_addr)
+        .await
+        .unwrap();
+    let again = async {
+        let mut tls = connector
+            .connect(pair_identity::tls::server_name(), tcp)
+            .await?;
+        tls.write_all(b"GET /pair/v1/relay/api/tags HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await?;
+        let n = tls.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "closed");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    assert!(again.is_err(), "an unpaired peer must not get back in");
+
+    // And the server stops routing to it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(server.state.cluster().node(peer.id).is_none());
+    c.stop().await;
+}
