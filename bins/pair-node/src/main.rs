@@ -253,6 +253,8 @@ async fn demo(
     }
     let o = first.ollama_url();
     let a = first.openai_url();
+    println!("Ollama face {o}");
+    println!("OpenAI face {a}");
     println!(
         r#"
 Try:

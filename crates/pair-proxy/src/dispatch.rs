@@ -161,6 +161,18 @@ pub enum DispatchError {
 }
 
 impl DispatchError {
+    /// The error with its whole source chain, for messages to users.
+    pub fn detail(&self) -> String {
+        let mut out = self.to_string();
+        let mut cur = std::error::Error::source(self);
+        while let Some(e) = cur {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            cur = e.source();
+        }
+        out
+    }
+
     /// Every dispatch failure happens before anything reached the client.
     pub fn retry(&self) -> RetryAdvice {
         RetryAdvice::BeforeFirstByte

@@ -249,7 +249,7 @@ async fn passthrough(
             StatusCode::BAD_GATEWAY,
             face.flavor(),
             "engine_unreachable",
-            &format!("the local engine did not answer: {e}"),
+            &format!("the local engine did not answer: {}", e.detail()),
             None,
         ),
     }

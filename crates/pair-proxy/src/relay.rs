@@ -203,7 +203,11 @@ async fn run_locally(
             StatusCode::BAD_GATEWAY,
             flavor,
             "engine_unreachable",
-            &format!("node {}'s engine did not answer: {e}", st.node.name),
+            &format!(
+                "node {}'s engine did not answer: {}",
+                st.node.name,
+                e.detail()
+            ),
             None,
         ),
     }

@@ -1,0 +1,85 @@
+//! `pair-node demo` as a user runs it (the real binary), driven by the real
+//! `openai` and `ollama` Python SDKs: chat, streaming chat, completions,
+//! generate, embeddings, listings and error handling.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Demo(Child);
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let py = std::env::var_os("PAIR_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv/bin/python"));
+    assert!(
+        py.exists(),
+        "{} is missing: run scripts/setup-python.sh (CI does)",
+        py.display()
+    );
+    py
+}
+
+#[test]
+fn python_sdks_work_against_the_demo() {
+    let py = python();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pair-node"))
+        .args([
+            "demo",
+            "--nodes",
+            "3",
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+        ])
+        .env("PAIR_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start pair-node demo");
+    let stdout = child.stdout.take().expect("stdout");
+    let demo = Demo(child);
+    let (mut ollama, mut openai) = (None, None);
+    let started = Instant::now();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("demo output");
+        if let Some(u) = line.strip_prefix("Ollama face ") {
+            ollama = Some(u.trim().to_owned());
+        }
+        if let Some(u) = line.strip_prefix("OpenAI face ") {
+            openai = Some(u.trim().to_owned());
+        }
+        if ollama.is_some() && openai.is_some() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "demo did not start"
+        );
+    }
+    let (ollama, openai) = (ollama.expect("ollama url"), openai.expect("openai url"));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/clients.py");
+    let out = Command::new(py)
+        .arg(script)
+        .args([&ollama, &openai])
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "SDK checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("checks"), "{stdout}");
+    drop(demo);
+}

@@ -1,0 +1,450 @@
+#!/usr/bin/env bash
+# scripts/bench/proxy.sh — the proxy benchmarks of docs/benchmarks/proxy.md,
+# side by side in one run on 127.0.0.1:
+#   1. added latency of the local face over the engine, vs nginx as a plain
+#      reverse proxy (c=1 and c=32, wrk), the engine being nginx itself
+#      answering a fixed small chat completion;
+#   2. added latency of one peer hop over mTLS (two nodes paired with the
+#      CLI, requests pinned to the peer) vs that peer's own face;
+#   3. added time to first byte of a streamed answer (raw-socket client);
+#   4. idle RSS of a node, then RSS while 1,000 concurrent streams pass
+#      through it.
+# Every figure is the median of $RUNS runs (variants interleaved per run).
+#
+# Usage: scripts/bench/proxy.sh            (builds release binaries first)
+# Env:   RUNS=3 DUR=5 TTFB_N=2000 STREAMS=1000 SLOW_SECONDS=6
+#        SKIP_BUILD=1 (use existing binaries)  BIN_DIR=<dir with pair-node>
+#        RESULTS=<file> (markdown output; default /tmp/pair-bench-proxy-results.md)
+# Needs: nginx, wrk, hey (installed with apt-get if missing), python3, curl.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE="$ROOT/scripts/bench"
+RUNS=${RUNS:-3}
+DUR=${DUR:-5}
+TTFB_N=${TTFB_N:-2000}
+STREAMS=${STREAMS:-1000}
+SLOW_SECONDS=${SLOW_SECONDS:-6}
+BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
+PY=${PYTHON:-python3}
+
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+
+# ------------------------------------------------------------------ tools
+missing=()
+for t in nginx wrk hey; do command -v "$t" >/dev/null || missing+=("$t"); done
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk hey >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+command -v curl >/dev/null || die "curl is required"
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+    log "building release binaries (cargo build --release -p pair-node -p pair-sim)"
+    (cd "$ROOT" && cargo build --release -p pair-node -p pair-sim)
+fi
+PAIR_NODE="$BIN_DIR/pair-node"
+[ -x "$PAIR_NODE" ] || die "no $PAIR_NODE (build it or set BIN_DIR)"
+
+# 1,000 streams need ~2,000 descriptors in the node and more in nginx.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# ------------------------------------------------------------------ setup
+WORK=$(mktemp -d /tmp/pair-bench.XXXXXX)
+RESULTS=${RESULTS:-${TMPDIR:-/tmp}/pair-bench-proxy-results.md}
+TSV="$WORK/results.tsv"
+: >"$TSV"
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Distinct free loopback ports, all held open until every one is chosen.
+read -r -a PORTS <<<"$($PY - <<'EOF'
+import socket
+socks = []
+for _ in range(16):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+)"
+P_ENGINE=${PORTS[0]}
+P_NGX=${PORTS[1]}
+P_DEAD=${PORTS[2]} # nothing listens here: node A's own engine
+
+# ------------------------------------------------------------- nginx
+CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
+sse_body() { # $1 = number of token events
+    local i out=""
+    for ((i = 0; i < $1; i++)); do
+        out+="data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok$i \"}}]}"$'\n\n'
+    done
+    out+=$'data: [DONE]\n\n'
+    printf '%s' "$out"
+}
+SSE_SHORT=$(sse_body 8)
+SSE_LONG=$(sse_body 48) # nginx caps one parameter at 4 KB
+# The slow stream trickles out over about SLOW_SECONDS.
+SLOW_RATE=$(( ($(printf '%s' "$SSE_LONG" | wc -c) + 2) / SLOW_SECONDS ))
+mkdir -p "$WORK/nginx-tmp"
+nginx_common() {
+    cat <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+worker_rlimit_nofile 20000;
+pid $WORK/$1.pid;
+error_log $WORK/$1-error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx-tmp/body;
+    proxy_temp_path $WORK/nginx-tmp/proxy;
+    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
+    scgi_temp_path $WORK/nginx-tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+EOF
+}
+{
+    nginx_common engine
+    cat <<EOF
+    default_type application/json;
+    server {
+        listen 127.0.0.1:$P_ENGINE;
+        # What pair-node's openai-compat poller reads.
+        location = /health { return 200 '{"status":"ok"}'; }
+        location = /props { return 200 '{"total_slots":1024}'; }
+        location = /v1/models {
+            return 200 '{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}';
+        }
+        # The answer; an x-bench header (passed through by the proxies)
+        # picks a short SSE stream or a slow one instead.
+        location = /v1/chat/completions {
+            if (\$http_x_bench = "stream") { rewrite ^ /_stream last; }
+            if (\$http_x_bench = "slow") { rewrite ^ /_slow last; }
+            return 200 '$CHAT';
+        }
+        location = /_stream {
+            internal;
+            default_type text/event-stream;
+            return 200 '$SSE_SHORT';
+        }
+        location = /_slow {
+            internal;
+            default_type text/event-stream;
+            limit_rate $SLOW_RATE;
+            return 200 '$SSE_LONG';
+        }
+        location / { return 404 '{"error":"not found"}'; }
+    }
+}
+EOF
+} >"$WORK/engine.conf"
+{
+    nginx_common proxy
+    cat <<EOF
+    upstream engine {
+        server 127.0.0.1:$P_ENGINE;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$P_NGX;
+        location / {
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+EOF
+} >"$WORK/proxy.conf"
+for c in engine proxy; do
+    "$NGINX" -t -q -c "$WORK/$c.conf" -p "$WORK" -e "$WORK/$c-error.log" || die "nginx $c config"
+    "$NGINX" -c "$WORK/$c.conf" -p "$WORK" -e "$WORK/$c-error.log" &
+    PIDS+=($!)
+done
+
+wait_http() { # url: wait until it answers at all
+    local i
+    for ((i = 0; i < 100; i++)); do
+        curl -s -o /dev/null "$1" && return 0
+        sleep 0.1
+    done
+    die "nothing answers at $1"
+}
+wait_http "http://127.0.0.1:$P_ENGINE/health"
+wait_http "http://127.0.0.1:$P_NGX/health"
+
+# ------------------------------------------------------------- pair nodes
+# start_node NAME ENGINE_PORT OLLAMA_PORT OPENAI_PORT CLUSTER_PORT
+declare -A NODE_PID
+start_node() {
+    mkdir -p "$WORK/$1"
+    "$PAIR_NODE" run --state-dir "$WORK/$1" --name "$1" \
+        --ollama-face "127.0.0.1:$3" --openai-face "127.0.0.1:$4" \
+        --cluster "127.0.0.1:$5" --engine "openai-compat=http://127.0.0.1:$2" \
+        --mdns off >"$WORK/$1.log" 2>&1 &
+    NODE_PID[$1]=$!
+    PIDS+=($!)
+    wait_http "http://127.0.0.1:$4/_pair/status"
+}
+stop_node() {
+    kill "${NODE_PID[$1]}" 2>/dev/null || true
+    wait "${NODE_PID[$1]}" 2>/dev/null || true
+}
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# chat URL [header...]: one request, prints the status code
+chat_status() {
+    local url=$1; shift
+    local h=()
+    for x in "$@"; do h+=(-H "$x"); done
+    curl -s -o /dev/null -w '%{http_code}' "${h[@]}" -H 'content-type: application/json' \
+        -d '{"model":"bench","messages":[{"role":"user","content":"hi"}]}' "$url" || true
+}
+wait_routable() { # url [header...]: until the node routes "bench" (inventory polled)
+    local i
+    for ((i = 0; i < 300; i++)); do
+        [ "$(chat_status "$@")" = 200 ] && return 0
+        sleep 0.1
+    done
+    die "no 200 from $1 within 30 s"
+}
+
+# run_wrk SECTION VARIANT CONC RUN URL [PIN] [MODE]
+run_wrk() {
+    local threads=1 out
+    [ "$3" -gt 1 ] && threads=2
+    out=$(BENCH_PIN=${6:-} BENCH_MODE=${7:-} wrk -t"$threads" -c"$3" -d"${DUR}s" \
+        -s "$HERE/post.lua" "$5" | grep '^RESULT') || die "wrk $1/$2 c=$3"
+    log "$1 $2 c=$3 run $4: $out"
+    case "$out" in *errors=0*) ;; *) die "$1 $2 c=$3: errors: $out" ;; esac
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${out#RESULT }" >>"$TSV"
+}
+warm() { # url [pin]: a short untimed run (connections, pools, caches)
+    BENCH_PIN=${2:-} wrk -t1 -c32 -d1s -s "$HERE/post.lua" "$1" >/dev/null
+}
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ===================================================== 1. local face
+log "1. local face vs nginx (engine: nginx fixed answer)"
+start_node solo "$P_ENGINE" "${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}"
+sleep 2
+SOLO_IDLE_KB=$(rss_kb "${NODE_PID[solo]}")
+SOLO_URL="http://127.0.0.1:${PORTS[4]}/v1/chat/completions"
+DIRECT_URL="http://127.0.0.1:$P_ENGINE/v1/chat/completions"
+NGX_URL="http://127.0.0.1:$P_NGX/v1/chat/completions"
+wait_routable "$SOLO_URL"
+for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
+for ((r = 1; r <= RUNS; r++)); do
+    for c in 1 32; do
+        run_wrk face direct "$c" "$r" "$DIRECT_URL"
+        run_wrk face nginx "$c" "$r" "$NGX_URL"
+        run_wrk face pair "$c" "$r" "$SOLO_URL"
+    done
+done
+SOLO_AFTER_KB=$(rss_kb "${NODE_PID[solo]}")
+
+# ===================================================== 3. streaming TTFB
+log "3. time to first byte of a streamed answer"
+for ((r = 1; r <= RUNS; r++)); do
+    for v in direct nginx pair; do
+        case $v in
+            direct) addr="127.0.0.1:$P_ENGINE" ;;
+            nginx) addr="127.0.0.1:$P_NGX" ;;
+            pair) addr="127.0.0.1:${PORTS[4]}" ;;
+        esac
+        out=$($PY "$HERE/ttfb.py" "$addr" /v1/chat/completions "$TTFB_N" "x-bench: stream") ||
+            die "ttfb $v"
+        log "ttfb $v run $r: $out"
+        printf '%s\t%s\t%s\t%s\t%s\n' ttfb "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
+    done
+done
+stop_node solo
+
+# ===================================================== 2. peer hop
+log "2. one peer hop over mTLS (A pinned to B; B's engine: nginx)"
+start_node a "$P_DEAD" "${PORTS[6]}" "${PORTS[7]}" "${PORTS[8]}"
+start_node b "$P_ENGINE" "${PORTS[9]}" "${PORTS[10]}" "${PORTS[11]}"
+PIN=$("$PAIR_NODE" pair invite --control "http://127.0.0.1:${PORTS[6]}" --json |
+    $PY -c 'import json,sys; print(json.load(sys.stdin)["pin"])')
+"$PAIR_NODE" pair join "127.0.0.1:${PORTS[8]}" --pin "$PIN" \
+    --control "http://127.0.0.1:${PORTS[9]}" --json >"$WORK/join.json"
+B_ID=$("$PAIR_NODE" status --json --control "http://127.0.0.1:${PORTS[9]}" |
+    $PY -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+A_URL="http://127.0.0.1:${PORTS[7]}/v1/chat/completions"
+B_URL="http://127.0.0.1:${PORTS[10]}/v1/chat/completions"
+wait_routable "$A_URL" "x-pair-node-pin: $B_ID"
+served_by=$(curl -s -D - -o /dev/null -H 'content-type: application/json' \
+    -H "x-pair-node-pin: $B_ID" -d '{"model":"bench","messages":[]}' "$A_URL" |
+    tr -d '\r' | awk -F': ' 'tolower($1)=="x-pair-node" {print $2}')
+case "$served_by" in *"$B_ID"*) log "A routes to B: x-pair-node: $served_by" ;;
+    *) die "A's answer did not come from B (x-pair-node: $served_by)" ;; esac
+warm "$B_URL"
+warm "$A_URL" "$B_ID"
+for ((r = 1; r <= RUNS; r++)); do
+    for c in 1 32; do
+        run_wrk hop b-face "$c" "$r" "$B_URL"
+        run_wrk hop a-to-b "$c" "$r" "$A_URL" "$B_ID"
+    done
+done
+stop_node a
+stop_node b
+
+# ===================================================== 4. memory
+log "4. memory: idle, then $STREAMS concurrent streams"
+start_node mem "$P_ENGINE" "${PORTS[12]}" "${PORTS[13]}" "${PORTS[14]}"
+MEM_URL="http://127.0.0.1:${PORTS[13]}/v1/chat/completions"
+MEM_PID=${NODE_PID[mem]}
+sleep 2
+wait_routable "$MEM_URL"
+sleep 3
+MEM_IDLE_KB=$(rss_kb "$MEM_PID")
+# Sample RSS, established client connections and the node's own in-flight
+# count while hey holds $STREAMS slow streams open.
+(
+    peak=0 conns=0 inflight=0
+    while [ -e "$WORK/sampling" ]; do
+        kb=$(rss_kb "$MEM_PID")
+        ((kb > peak)) && peak=$kb
+        n=$(ss -Htn state established "( sport = :${PORTS[13]} )" | wc -l)
+        ((n > conns)) && conns=$n
+        f=$(curl -s "http://127.0.0.1:${PORTS[12]}/_pair/status" |
+            $PY -c 'import json,sys; print(json.load(sys.stdin)["in_flight"])' 2>/dev/null || echo 0)
+        ((f > inflight)) && inflight=$f
+        echo "$peak $conns $inflight" >"$WORK/peak"
+        sleep 0.2
+    done
+) &
+SAMPLER=$!
+touch "$WORK/sampling"
+PIDS+=($SAMPLER)
+STREAM_T0=$(date +%s.%N)
+hey -n "$STREAMS" -c "$STREAMS" -t 120 -m POST -T application/json \
+    -H 'x-bench: slow' \
+    -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true}' \
+    "$MEM_URL" >"$WORK/hey.txt" 2>&1 || true
+STREAM_T1=$(date +%s.%N)
+rm -f "$WORK/sampling"
+wait "$SAMPLER" 2>/dev/null || true
+read -r MEM_PEAK_KB MEM_CONNS MEM_INFLIGHT <"$WORK/peak"
+sleep 1
+MEM_AFTER_KB=$(rss_kb "$MEM_PID")
+STREAMS_OK=$(awk '/\[200\]/ {print $2}' "$WORK/hey.txt")
+STREAMS_OK=${STREAMS_OK:-0}
+STREAM_WALL=$($PY -c "print(f'{$STREAM_T1 - $STREAM_T0:.1f}')")
+log "streams: $STREAMS_OK/$STREAMS answered 200, peak RSS ${MEM_PEAK_KB} kB, peak conns $MEM_CONNS, peak in-flight $MEM_INFLIGHT, ${STREAM_WALL}s"
+stop_node mem
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ===================================================== report
+export TSV RUNS DUR TTFB_N STREAMS SLOW_SECONDS LOAD_BEFORE LOAD_AFTER SOLO_IDLE_KB \
+    SOLO_AFTER_KB MEM_IDLE_KB MEM_PEAK_KB MEM_AFTER_KB MEM_CONNS MEM_INFLIGHT STREAMS_OK \
+    STREAM_WALL
+$PY - >"$RESULTS" <<'EOF'
+import collections, os, statistics
+
+env = os.environ
+rows = collections.defaultdict(list)
+for line in open(env["TSV"]):
+    section, variant, conc, _run, kv = line.rstrip("\n").split("\t")
+    rows[(section, variant, int(conc))].append(
+        {k: float(v) for k, v in (p.split("=") for p in kv.split())})
+
+def med(section, variant, conc, key):
+    return statistics.median(r[key] for r in rows[(section, variant, conc)])
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+out = []
+w = out.append
+w(f"Runs: median of {env['RUNS']} (wrk {env['DUR']} s each; TTFB {env['TTFB_N']} requests each).")
+w(f"Load average before: {env['LOAD_BEFORE']}; after: {env['LOAD_AFTER']}.")
+w("")
+w("### 1. Local face vs nginx (engine: nginx, fixed chat completion)")
+w("")
+w("| c | path | p50 µs | p99 µs | req/s | added p50 µs |")
+w("|---|---|---|---|---|---|")
+for c in (1, 32):
+    base = med("face", "direct", c, "p50_us")
+    for v in ("direct", "nginx", "pair"):
+        p50 = med("face", v, c, "p50_us")
+        add = "—" if v == "direct" else f"{p50 - base:.0f}"
+        w(f"| {c} | {v} | {p50:.0f} | {med('face', v, c, 'p99_us'):.0f} | "
+          f"{med('face', v, c, 'rps'):.0f} | {add} |")
+w("")
+w("### 2. One peer hop over mTLS")
+w("")
+w("| c | path | p50 µs | p99 µs | req/s | added p50 µs |")
+w("|---|---|---|---|---|---|")
+for c in (1, 32):
+    base = med("hop", "b-face", c, "p50_us")
+    for v, name in (("b-face", "client → B's face → engine"), ("a-to-b", "client → A's face → mTLS → B → engine")):
+        p50 = med("hop", v, c, "p50_us")
+        add = "—" if v == "b-face" else f"{p50 - base:.0f}"
+        w(f"| {c} | {name} | {p50:.0f} | {med('hop', v, c, 'p99_us'):.0f} | "
+          f"{med('hop', v, c, 'rps'):.0f} | {add} |")
+w("")
+w("### 3. Time to first body byte, streamed answer (SSE), c=1")
+w("")
+w("| path | p50 µs | p90 µs | p99 µs | added p50 µs |")
+w("|---|---|---|---|---|")
+tb = med("ttfb", "direct", 1, "p50_us")
+for v in ("direct", "nginx", "pair"):
+    p50 = med("ttfb", v, 1, "p50_us")
+    add = "—" if v == "direct" else f"{p50 - tb:.0f}"
+    w(f"| {v} | {p50:.0f} | {med('ttfb', v, 1, 'p90_us'):.0f} | {med('ttfb', v, 1, 'p99_us'):.0f} | {add} |")
+w("")
+mb = lambda k: float(env[k]) / 1024
+w("### 4. Memory")
+w("")
+w("| measure | value |")
+w("|---|---|")
+w(f"| idle RSS after start (memory node) | {mb('MEM_IDLE_KB'):.1f} MB |")
+w(f"| idle RSS after start (face node) | {mb('SOLO_IDLE_KB'):.1f} MB |")
+w(f"| face node RSS after all wrk runs | {mb('SOLO_AFTER_KB'):.1f} MB |")
+w(f"| {env['STREAMS']} concurrent streams: answered 200 | {env['STREAMS_OK']} / {env['STREAMS']} |")
+w(f"| peak established client connections / peak in-flight (node's count) | {env['MEM_CONNS']} / {env['MEM_INFLIGHT']} |")
+w(f"| peak RSS during the streams | {mb('MEM_PEAK_KB'):.1f} MB |")
+w(f"| RSS 1 s after the streams | {mb('MEM_AFTER_KB'):.1f} MB |")
+w(f"| wall time of the stream run (each stream ~{env['SLOW_SECONDS']} s) | {env['STREAM_WALL']} s |")
+w("")
+w("### Targets")
+w("")
+w("| target | measured | verdict |")
+w("|---|---|---|")
+for c in (1, 32):
+    d = med("face", "direct", c, "p50_us")
+    ours = med("face", "pair", c, "p50_us") - d
+    ngx = med("face", "nginx", c, "p50_us") - d
+    w(f"| c={c}: added p50 ≤ nginx's and < 100 µs | pair {ours:.0f} µs, nginx {ngx:.0f} µs | {verdict(ours <= ngx and ours < 100)} |")
+ratio = med("face", "pair", 32, "rps") / med("face", "nginx", 32, "rps")
+w(f"| c=32 throughput ≥ 0.8× nginx | {ratio:.2f}× | {verdict(ratio >= 0.8)} |")
+hop = med("hop", "a-to-b", 1, "p50_us") - med("hop", "b-face", 1, "p50_us")
+w(f"| peer hop (mTLS) added p50 < 300 µs (c=1) | {hop:.0f} µs | {verdict(hop < 300)} |")
+tt = med("ttfb", "pair", 1, "p50_us") - tb
+w(f"| streaming added TTFB < 200 µs (p50) | {tt:.0f} µs | {verdict(tt < 200)} |")
+idle = mb("MEM_IDLE_KB")
+w(f"| idle RSS < 30 MB | {idle:.1f} MB | {verdict(idle < 30)} |")
+ok = int(env["STREAMS_OK"]) == int(env["STREAMS"])
+w(f"| {env['STREAMS']} concurrent streams through one node | {env['STREAMS_OK']} ok, peak {mb('MEM_PEAK_KB'):.0f} MB | {verdict(ok)} |")
+print("\n".join(out))
+EOF
+cat "$RESULTS"
+log "results in $RESULTS (raw: $TSV)"
+if [ -n "${RESULTS_TSV:-}" ]; then cp "$TSV" "$RESULTS_TSV"; fi

