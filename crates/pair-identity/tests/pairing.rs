@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -16,80 +18,9 @@ use axum::routing::post;
 use pair_core::Role;
 use pair_identity::wire::{CertBytes, InviterHello, JoinerHello, Message, PeerName};
 use pair_identity::{Error, Identity, Limits, PairingService, Pin, Refusal, TrustStore, join};
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-/// reqwest (rustls-no-provider) panics without a process-wide provider.
-fn plain_http() -> reqwest::Client {
-    pair_identity::install_crypto_provider();
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-struct Inviter {
-    identity: Identity,
-    trust: TrustStore,
-    service: PairingService,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-async fn serve(router: Router, tasks: &mut JoinSet<()>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tasks.spawn(async move {
-        axum::serve(listener, router).await.unwrap();
-    });
-    addr
-}
-
-async fn inviter(tasks: &mut JoinSet<()>) -> Inviter {
-    let dir = tempfile::tempdir().unwrap();
-    inviter_in(dir, tasks).await
-}
-
-async fn inviter_in(dir: tempfile::TempDir, tasks: &mut JoinSet<()>) -> Inviter {
-    let identity = Identity::load_or_create(dir.path(), Role::Node).unwrap();
-    let trust = TrustStore::open(TrustStore::default_path(dir.path())).unwrap();
-    let service = PairingService::new(
-        &identity,
-        "inviter",
-        trust.clone(),
-        dir.path(),
-        Limits::default(),
-    )
-    .unwrap();
-    let addr = serve(service.router(), tasks).await;
-    Inviter {
-        identity,
-        trust,
-        service,
-        addr,
-        _dir: dir,
-    }
-}
-
-fn joiner(role: Role) -> (Identity, TrustStore) {
-    (Identity::generate(role).unwrap(), TrustStore::in_memory())
-}
-
-/// A PIN guaranteed to differ from `pin`.
-fn wrong(pin: &Pin) -> Pin {
-    let digits: String = pin
-        .reveal()
-        .bytes()
-        .map(|b| char::from(b'0' + (b - b'0' + 1) % 10))
-        .collect();
-    digits.parse().unwrap()
-}
-
-fn refusal(result: Result<pair_identity::PeerRecord, Error>) -> Refusal {
-    match result {
-        Err(e) => e
-            .refusal()
-            .unwrap_or_else(|| panic!("not a refusal: {e:?}")),
-        Ok(r) => panic!("pairing unexpectedly succeeded with {}", r.id),
-    }
-}
+use common::{inviter, inviter_in, joiner, plain_http, refusal, serve, wrong};
 
 #[tokio::test]
 async fn two_identities_pair_and_both_stores_hold_each_other() {
@@ -352,7 +283,7 @@ async fn the_hourly_failure_cap_persists_across_restart() {
             &inv.identity,
             "inviter",
             inv.trust.clone(),
-            inv._dir.path(),
+            inv.dir.path(),
             Limits::default(),
         )
         .unwrap();
