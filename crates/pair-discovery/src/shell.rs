@@ -84,14 +84,29 @@ impl Discovery {
                 return Err(DiscoveryError::NoAddress(config.interfaces.clone()));
             }
             let d = ServiceDaemon::new_with_port(config.mdns_port).map_err(DiscoveryError::Mdns)?;
-            select_interfaces(&d, &config.interfaces)?;
-            if config.advertise {
-                let info = service_info(&config, &advertised)?;
-                instance = Some(info.get_fullname().to_owned());
-                d.register(info).map_err(DiscoveryError::Mdns)?;
+            let setup = || -> Result<_, DiscoveryError> {
+                select_interfaces(&d, &config.interfaces)?;
+                let mut name = None;
+                if config.advertise {
+                    let info = service_info(&config, &advertised)?;
+                    name = Some(info.get_fullname().to_owned());
+                    d.register(info).map_err(DiscoveryError::Mdns)?;
+                }
+                let rx = d.browse(SERVICE_TYPE).map_err(DiscoveryError::Mdns)?;
+                Ok((name, rx))
+            };
+            match setup() {
+                Ok((name, rx)) => {
+                    instance = name;
+                    browse = Some(rx);
+                    daemon = Some(d);
+                }
+                Err(err) => {
+                    // The daemon thread would outlive us otherwise.
+                    let _ = d.shutdown();
+                    return Err(err);
+                }
             }
-            browse = Some(d.browse(SERVICE_TYPE).map_err(DiscoveryError::Mdns)?);
-            daemon = Some(d);
         }
         tracing::info!(
             id = %config.node_id, interfaces = ?config.interfaces, advertised = ?advertised,
@@ -212,7 +227,7 @@ fn service_info(
     let host = format!(
         "{}-{}.local.",
         dns_label(&config.node_name),
-        config.node_id.short()
+        config.node_id.as_uuid().simple()
     );
     let mut info = ServiceInfo::new(
         SERVICE_TYPE,

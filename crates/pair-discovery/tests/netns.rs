@@ -245,9 +245,10 @@ impl Watch {
 fn scenario() {
     let mut ns = Netns::create();
     let pid = u128::from(std::process::id());
-    // Distinct leading digits too: short ids must not be what tells them apart.
-    let a = NodeId::from_u128(0xa << 120 | pid << 64 | 0xa);
-    let b = NodeId::from_u128(0xb << 120 | pid << 64 | 0xb);
+    // Same first eight digits on purpose: the short id must not be what
+    // tells two nodes apart (it once merged their mDNS host names).
+    let a = NodeId::from_u128(pid << 64 | 0xa);
+    let b = NodeId::from_u128(pid << 64 | 0xb);
     let (tx, rx) = mpsc::channel();
     let mut w = Watch {
         rx,
