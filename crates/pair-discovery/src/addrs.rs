@@ -20,6 +20,42 @@ pub enum Interfaces {
     AllExceptVirtual,
 }
 
+impl std::str::FromStr for Interfaces {
+    type Err = crate::DiscoveryError;
+
+    /// `loopback`, `all` (all except virtual), or a comma-separated list of
+    /// interface names (`eth0,wlan0`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "loopback" => Ok(Interfaces::LoopbackOnly),
+            "all" => Ok(Interfaces::AllExceptVirtual),
+            list => {
+                let names: Vec<String> = list.split(',').map(|n| n.trim().to_owned()).collect();
+                // Linux interface names: 1-15 bytes, no spaces or slashes.
+                let valid =
+                    |n: &String| !n.is_empty() && n.len() <= 15 && !n.contains(['/', ' ', ':']);
+                if names.iter().all(valid) {
+                    Ok(Interfaces::Named(names))
+                } else {
+                    Err(crate::DiscoveryError::BadInterfaces {
+                        input: s.to_owned(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Interfaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Interfaces::LoopbackOnly => f.write_str("loopback"),
+            Interfaces::AllExceptVirtual => f.write_str("all"),
+            Interfaces::Named(names) => f.write_str(&names.join(",")),
+        }
+    }
+}
+
 /// One address of a local interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalAddr {
@@ -161,6 +197,27 @@ mod tests {
             .map(|s| s.parse().unwrap())
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn interface_selection_parses_and_prints() {
+        assert_eq!(
+            "loopback".parse::<Interfaces>().unwrap(),
+            Interfaces::LoopbackOnly
+        );
+        assert_eq!(
+            "all".parse::<Interfaces>().unwrap(),
+            Interfaces::AllExceptVirtual
+        );
+        let named: Interfaces = "eth0, wlan0".parse().unwrap();
+        assert_eq!(
+            named,
+            Interfaces::Named(vec!["eth0".into(), "wlan0".into()])
+        );
+        assert_eq!(named.to_string(), "eth0,wlan0");
+        for bad in ["", "eth0,", "a/b", "averyveryverylongname0"] {
+            assert!(bad.parse::<Interfaces>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub enum DiscoveryError {
     NoAddress(crate::Interfaces),
     #[error("mDNS daemon failed")]
     Mdns(#[source] mdns_sd::Error),
+    #[error("interface selection {input:?} is not `loopback`, `all` or a list of names")]
+    BadInterfaces { input: String },
     #[error("static peer {input:?} is not HOST:PORT")]
     BadStaticPeer { input: String },
     #[error("static peer {host}:{port} did not resolve")]

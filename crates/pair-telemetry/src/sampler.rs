@@ -99,6 +99,21 @@ impl Sampler {
         Sampler { rx, cancel, task }
     }
 
+    /// [`Sampler::spawn`] with this machine's probes: NVML when available
+    /// (else no GPU, logged once) and sysinfo for the host.
+    pub fn spawn_default(
+        config: SamplerConfig,
+        cancel: CancellationToken,
+    ) -> Result<Sampler, crate::TelemetryError> {
+        let host = crate::host::SysinfoHost::new()?;
+        Ok(Sampler::spawn(
+            config,
+            crate::gpu::default_gpu_probe(),
+            Box::new(host),
+            cancel,
+        ))
+    }
+
     /// A receiver of the latest telemetry (default value until the first
     /// sample, which counts as unknown pressure).
     pub fn subscribe(&self) -> watch::Receiver<Telemetry> {
@@ -178,6 +193,20 @@ mod tests {
         assert_eq!(seen, vec![0, 0, 0, 0, 1]);
         s.shutdown().await;
         assert!(rx.changed().await.is_err(), "sender dropped after shutdown");
+    }
+
+    #[tokio::test]
+    async fn default_sampler_reads_this_machine() {
+        let s = Sampler::spawn_default(SamplerConfig::default(), CancellationToken::new()).unwrap();
+        let mut rx = s.subscribe();
+        rx.changed().await.unwrap();
+        let t = rx.borrow().clone();
+        assert!(t.taken_at_ms > 0);
+        assert!(t.host.unwrap().mem_total_bytes > 0);
+        // Without NVIDIA hardware the CPU drives pressure; with it, the GPU.
+        assert_eq!(t.compute == ComputeSource::Gpu, !t.gpus.is_empty());
+        assert!(t.pressure_at(t.taken_at_ms).band() <= 3);
+        s.shutdown().await;
     }
 
     #[tokio::test(start_paused = true)]
