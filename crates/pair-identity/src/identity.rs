@@ -87,7 +87,13 @@ impl Identity {
                 }
                 Ok(identity)
             }
-            (None, None) => {
+            (None, cert) => {
+                if cert.is_some() {
+                    // The key is written last, so a certificate without a key
+                    // is a crash during first start (or a lost key): either
+                    // way that identity can never prove itself again.
+                    tracing::warn!(path = %paths.cert.display(), "certificate without a key: creating a new identity");
+                }
                 let identity = Self::generate(role)?;
                 let dir = paths
                     .key
@@ -95,18 +101,16 @@ impl Identity {
                     .map(Path::to_path_buf)
                     .unwrap_or_default();
                 fsutil::ensure_dir(&dir)?;
-                fsutil::write_atomic(&paths.key, identity.key_pem().as_bytes(), 0o600)?;
                 fsutil::write_atomic(&paths.cert, identity.cert_pem().as_bytes(), 0o644)?;
+                // The key's rename commits the identity.
+                fsutil::write_atomic(&paths.key, identity.key_pem().as_bytes(), 0o600)?;
                 tracing::info!(id = %identity.id, fingerprint = %identity.fingerprint, "created a new identity");
                 Ok(identity)
             }
+            // Never overwrite a key: it may be the only copy of a paired identity.
             (Some(_), None) => Err(Error::Damaged {
                 path: paths.cert,
-                reason: "missing while the key exists".into(),
-            }),
-            (None, Some(_)) => Err(Error::Damaged {
-                path: paths.key,
-                reason: "missing while the certificate exists".into(),
+                reason: "missing while the key exists (restore it, or move the key away to start as a new identity)".into(),
             }),
         }
     }
@@ -352,6 +356,32 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("key.pem"));
+    }
+
+    #[test]
+    fn a_crash_during_first_start_is_recovered_and_a_lone_key_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Identity::load_or_create(dir.path(), Role::Node).unwrap();
+        let paths = IdentityPaths::under(dir.path());
+        // Crash after the certificate, before the key: start over.
+        std::fs::remove_file(&paths.key).unwrap();
+        let second = Identity::load_or_create(dir.path(), Role::Node).unwrap();
+        assert_ne!(first.id(), second.id());
+        assert_eq!(
+            Identity::load_or_create(dir.path(), Role::Node)
+                .unwrap()
+                .id(),
+            second.id()
+        );
+        // A key without its certificate is never overwritten.
+        std::fs::remove_file(&paths.cert).unwrap();
+        let key_before = std::fs::read(&paths.key).unwrap();
+        let err = Identity::load_or_create(dir.path(), Role::Node).unwrap_err();
+        assert!(
+            matches!(&err, Error::Damaged { path, .. } if *path == paths.cert),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&paths.key).unwrap(), key_before);
     }
 
     #[test]
