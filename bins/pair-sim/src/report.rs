@@ -125,7 +125,7 @@ pub fn compare(
         let out = simulate(scn, plan, policy)?;
         tick(&format!("{} {policy}: run", scn.name));
         let search = if searching {
-            Some(users_at_slo(scn.search.max_users, |users| {
+            Some(users_at_slo(scn.search.max_users, &[], |users| {
                 let p = probe(scn, plan, policy, users)?;
                 tick(&format!("{} {policy}: {users} users", scn.name));
                 Ok::<_, SimError>(p)
@@ -164,8 +164,22 @@ pub fn compare(
                 })
                 .collect::<Result<Vec<_>, SimError>>()
         })?;
-        for (r, sweep) in results.iter_mut().zip(sweeps) {
+        // Search again with everything known: a count the sweep found
+        // passing above the gallop's answer is refined the same way.
+        let refined = per_policy(&opts.policies, opts.parallel, |i, policy| {
+            let mut known = sweeps[i].clone();
+            if let Some(s) = &results[i].search {
+                known.extend(s.probes.iter().copied());
+            }
+            users_at_slo(scn.search.max_users, &known, |users| {
+                let p = probe(scn, plan, policy, users)?;
+                tick(&format!("{} {policy}: {users} users", scn.name));
+                Ok::<_, SimError>(p)
+            })
+        })?;
+        for ((r, sweep), search) in results.iter_mut().zip(sweeps).zip(refined) {
             r.sweep = sweep;
+            r.search = Some(search);
         }
     }
     Ok(ScenarioReport {

@@ -39,11 +39,15 @@ pub struct SearchOutcome {
 /// The answer `r` passes and `r + 1` fails (0: nothing probed passed; `max`:
 /// `max` passes), and no probed count above `r` passes. Low counts may fail
 /// while `r` passes; [`SearchOutcome::fails_below`] says so.
+///
+/// `known` are probes already made (for example a common sweep): they are
+/// not repeated, and a passing one above the gallop's answer is refined too.
 pub fn users_at_slo<E>(
     max: u32,
+    known: &[Probe],
     mut probe: impl FnMut(u32) -> Result<Probe, E>,
 ) -> Result<SearchOutcome, E> {
-    let mut seen: BTreeMap<u32, Probe> = BTreeMap::new();
+    let mut seen: BTreeMap<u32, Probe> = known.iter().map(|p| (p.users, *p)).collect();
     let mut pass = |u: u32, seen: &mut BTreeMap<u32, Probe>| -> Result<bool, E> {
         if let Some(p) = seen.get(&u) {
             return Ok(p.pass);
@@ -69,7 +73,11 @@ pub fn users_at_slo<E>(
         }
         u = u.saturating_mul(2).min(max);
     }
-    let best_pass = seen.values().filter(|p| p.pass).map(|p| p.users).max();
+    let best_pass = seen
+        .values()
+        .filter(|p| p.pass && p.users <= max)
+        .map(|p| p.users)
+        .max();
     let (answer, capped) = match best_pass {
         None => (0, false),
         Some(lo) if lo == max => (max, true),
@@ -120,24 +128,35 @@ mod tests {
 
     #[test]
     fn edges() {
-        let none = users_at_slo(100, probe_of(|_| false)).unwrap();
+        let none = users_at_slo(100, &[], probe_of(|_| false)).unwrap();
         assert_eq!((none.users_at_slo, none.capped), (0, false));
-        let all = users_at_slo(100, probe_of(|_| true)).unwrap();
+        let all = users_at_slo(100, &[], probe_of(|_| true)).unwrap();
         assert_eq!((all.users_at_slo, all.capped), (100, true));
-        let one = users_at_slo(1, probe_of(|_| true)).unwrap();
+        let one = users_at_slo(1, &[], probe_of(|_| true)).unwrap();
         assert_eq!(one.users_at_slo, 1);
         // Fails at light load (a slow node gets the idle traffic), passes
         // under load, saturates later: the answer is the upper boundary.
-        let bumpy = users_at_slo(1000, probe_of(|u| (20..=90).contains(&u))).unwrap();
+        let bumpy = users_at_slo(1000, &[], probe_of(|u| (20..=90).contains(&u))).unwrap();
         assert_eq!(bumpy.users_at_slo, 90);
         assert!(bumpy.fails_below);
+        // A pass the gallop cannot see (between powers of two) is found
+        // when a sweep probed it.
+        let island = |u: u32| (20..=30).contains(&u);
+        let blind = users_at_slo(1000, &[], probe_of(island)).unwrap();
+        assert_eq!(blind.users_at_slo, 0);
+        let sweep: Vec<Probe> = [10, 25, 40]
+            .iter()
+            .map(|&u| probe_of(island)(u).unwrap())
+            .collect();
+        let seen = users_at_slo(1000, &sweep, probe_of(island)).unwrap();
+        assert_eq!(seen.users_at_slo, 30);
     }
 
     proptest! {
         #[test]
         fn monotone_predicate_gives_its_threshold(t in 0u32..2_000, max in 1u32..2_000) {
             let mut calls = 0;
-            let out = users_at_slo(max, |u| { calls += 1; probe_of(|u| u <= t)(u) }).unwrap();
+            let out = users_at_slo(max, &[], |u| { calls += 1; probe_of(|u| u <= t)(u) }).unwrap();
             prop_assert_eq!(out.users_at_slo, t.min(max));
             // Galloping plus bisection: logarithmic, and each count once.
             prop_assert!(calls <= 2 * (32 - max.leading_zeros()) + 3, "calls {}", calls);
@@ -151,7 +170,7 @@ mod tests {
         fn any_predicate_gives_a_consistent_boundary(bits in proptest::collection::vec(any::<bool>(), 1..300)) {
             let max = bits.len() as u32;
             let pass = |u: u32| bits[(u - 1) as usize];
-            let out = users_at_slo(max, probe_of(pass)).unwrap();
+            let out = users_at_slo(max, &[], probe_of(pass)).unwrap();
             let r = out.users_at_slo;
             if r == 0 {
                 prop_assert!(!pass(1));

@@ -905,7 +905,7 @@ mod tests {
                 pass: slo_met(&r.summary, scn.search.source, scn.slo.ttft_p95),
             })
         };
-        let out = users_at_slo(64, probe).unwrap();
+        let out = users_at_slo(64, &[], probe).unwrap();
         let r = out.users_at_slo;
         // Re-simulated independently, the boundary holds: r passes, r+1 fails.
         if r > 0 {
