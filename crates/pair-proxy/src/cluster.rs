@@ -110,7 +110,9 @@ async fn connection(
     };
     let svc = port.secure.clone().layer(Extension(peer));
     let trust = port.trust.clone();
-    let revoked = async move { trust.revoked(peer.id).await };
+    // Fires on unpairing, and when the peer re-pairs with a new certificate.
+    let fingerprint = record.fingerprint;
+    let revoked = async move { trust.cert_revoked(fingerprint).await };
     serve_http(TokioIo::new(tls), svc, shutdown, Some(Box::pin(revoked))).await
 }
 

@@ -147,7 +147,14 @@ impl<W: Watcher> Relay<W> {
 impl<W: Watcher> Drop for Relay<W> {
     fn drop(&mut self) {
         if !self.ended {
-            self.end(Ending::Cancelled);
+            // A server stops polling once Content-Length bytes are out, so a
+            // whole answer may be dropped without its final `None`.
+            let ending = if self.first.is_none() && self.inner.is_end_stream() {
+                Ending::Completed
+            } else {
+                Ending::Cancelled
+            };
+            self.end(ending);
         }
     }
 }
@@ -163,6 +170,9 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
         let this = &mut *self;
         if let Some(first) = this.first.take() {
             this.count(&first);
+            if this.inner.is_end_stream() {
+                this.end(Ending::Completed);
+            }
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
         if this.ended {
@@ -174,6 +184,9 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
                 if let Some(data) = frame.data_ref() {
                     let data = data.clone();
                     this.count(&data);
+                }
+                if this.inner.is_end_stream() {
+                    this.end(Ending::Completed);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -1,0 +1,196 @@
+//! The daemon and its CLI as a user drives them: two `pair-node run`
+//! processes (no multicast), paired with `pair invite` / `pair join`, then
+//! `status`, `peers`, `jobs` and `unpair`, all with `--json`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
+
+struct Running {
+    _proc: Proc,
+    face: String,
+    cluster: String,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts `pair-node run` on ephemeral ports in a temporary state dir, with
+/// an emulated engine, and reads the bound addresses from its log line.
+fn start(name: &str, engine_port: u16) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--name", name, "--mdns", "off"])
+        .args(["--ollama-face", "127.0.0.1:0", "--openai-face", "127.0.0.1:0"])
+        .args(["--cluster", "127.0.0.1:0"])
+        .arg("--engine")
+        .arg(format!("ollama=http://127.0.0.1:{engine_port}"))
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("PAIR_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let proc = Proc(child);
+    let started = Instant::now();
+    let mut lines = BufReader::new(stderr).lines();
+    let line = loop {
+        let line = lines.next().expect("pair-node exited").unwrap();
+        if line.contains("pair-node running") {
+            break line;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30));
+    };
+    // Keep draining the log so the daemon never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let field = |key: &str| {
+        let plain = strip_ansi(&line);
+        let start = plain.find(&format!("{key}=")).unwrap() + key.len() + 1;
+        plain[start..].split_whitespace().next().unwrap().to_owned()
+    };
+    Running {
+        face: format!("http://{}", field("ollama")),
+        cluster: field("cluster"),
+        _proc: proc,
+        _dir: dir,
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\u{1b}') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+fn cli(face: &str, args: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--control", face, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pair-node {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn engine() -> (Proc, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = Command::new(env!("CARGO_BIN_EXE_pair-node"))
+        .args(["--version"])
+        .output()
+        .unwrap();
+    assert!(p.status.success());
+    // The emulated engine runs in a small tokio runtime of this test.
+    let rt_port = port;
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", rt_port))
+                .await
+                .unwrap();
+            let cfg = pair_emulator::EngineConfig::new(
+                pair_emulator::Flavor::Ollama,
+                ["llama3.2:3b"],
+            );
+            let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    // A dummy process handle keeps the signature uniform.
+    let dummy = Command::new("sleep").arg("600").spawn().unwrap();
+    (Proc(dummy), port)
+}
+
+#[test]
+fn pair_status_peers_jobs_unpair_through_the_cli() {
+    let (_e1, p1) = engine();
+    let (_e2, p2) = engine();
+    let a = start("alpha", p1);
+    let b = start("beta", p2);
+
+    let invite = cli(&a.face, &["pair", "invite"]);
+    let pin = invite["pin"].as_str().unwrap().to_owned();
+    assert_eq!(pin.len(), 6);
+    // A wrong PIN is refused and writes no trust.
+    let wrong = if pin == "000000" { "111111" } else { "000000" };
+    let out = Command::new(BIN)
+        .args(["pair", "join", &a.cluster, "--pin", wrong, "--control", &b.face])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pairing failed"));
+    assert_eq!(cli(&b.face, &["peers"]).as_array().unwrap().len(), 0);
+
+    let joined = cli(&b.face, &["pair", "join", &a.cluster, "--pin", &pin]);
+    assert_eq!(joined["name"], "alpha");
+
+    // Both sides route to each other once reports flow (b knows a's address
+    // from the join; a learns b's from b's reports).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let sa = cli(&a.face, &["status"]);
+        let sb = cli(&b.face, &["status"]);
+        if sa["routable_nodes"] == 2 && sb["routable_nodes"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never converged: {sa} {sb}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let peers = cli(&a.face, &["peers"]);
+    assert_eq!(peers[0]["name"], "beta");
+    assert_eq!(peers[0]["liveness"], "alive");
+
+    // A request pinned to beta, sent to alpha's face, shows in both jobs views.
+    let beta_id = peers[0]["id"].as_str().unwrap().to_owned();
+    let out = Command::new("curl")
+        .args(["-sf", "-H", &format!("x-pair-node-pin: {beta_id}")])
+        .arg(format!("{}/api/generate", a.face))
+        .args(["-d", r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl through the face failed");
+    let jobs = cli(&a.face, &["jobs"]);
+    assert_eq!(jobs[0]["ran_on"], beta_id.as_str());
+    assert_eq!(jobs[0]["status"], "completed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cli(&b.face, &["jobs"]).as_array().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "job record not replicated to beta");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let removed = cli(&a.face, &["unpair", "beta"]);
+    assert_eq!(removed["name"], "beta");
+    assert_eq!(cli(&a.face, &["peers"]).as_array().unwrap().len(), 0);
+}
