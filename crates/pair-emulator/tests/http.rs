@@ -129,7 +129,9 @@ async fn ollama_chat_defaults_and_latest_tag() {
     assert_eq!(load["done_reason"], "load");
     assert_eq!(load["message"]["content"], "");
     assert_eq!(e.hits_for("/api/chat"), 3);
-    assert_eq!(e.hits_for_model("qwen2.5"), 2);
+    assert_eq!(e.hits_for_model("qwen2.5"), 3);
+    assert_eq!(e.hits_for_model("qwen2.5:latest"), 3);
+    assert_eq!(e.hit_counts().by_model["qwen2.5"], 2);
     e.shutdown().await;
 }
 

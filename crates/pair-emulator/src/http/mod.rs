@@ -313,15 +313,21 @@ impl EmulatedEngine {
             .unwrap_or(0)
     }
 
-    /// Requests whose body named `model` (as written in the request).
+    /// Requests whose body named `model`, by the engine's matching rule
+    /// (on Ollama `llama3` and `llama3:latest` count together).
     pub fn hits_for_model(&self, model: &str) -> u64 {
+        let kind = self.app.kind();
+        let Ok(want) = ModelName::new(model) else {
+            return 0;
+        };
         self.app
             .hits
             .snapshot()
             .by_model
-            .get(model)
-            .copied()
-            .unwrap_or(0)
+            .iter()
+            .filter(|(name, _)| want.matches(name, kind))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     pub fn hit_counts(&self) -> HitCounts {
