@@ -32,7 +32,12 @@ fn start(name: &str, engine_port: u16) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(BIN)
         .args(["run", "--name", name, "--mdns", "off"])
-        .args(["--ollama-face", "127.0.0.1:0", "--openai-face", "127.0.0.1:0"])
+        .args([
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+        ])
         .args(["--cluster", "127.0.0.1:0"])
         .arg("--engine")
         .arg(format!("ollama=http://127.0.0.1:{engine_port}"))
@@ -120,10 +125,8 @@ fn engine() -> (Proc, u16) {
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", rt_port))
                 .await
                 .unwrap();
-            let cfg = pair_emulator::EngineConfig::new(
-                pair_emulator::Flavor::Ollama,
-                ["llama3.2:3b"],
-            );
+            let cfg =
+                pair_emulator::EngineConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
             let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
             std::future::pending::<()>().await;
         });
@@ -146,7 +149,15 @@ fn pair_status_peers_jobs_unpair_through_the_cli() {
     // A wrong PIN is refused and writes no trust.
     let wrong = if pin == "000000" { "111111" } else { "000000" };
     let out = Command::new(BIN)
-        .args(["pair", "join", &a.cluster, "--pin", wrong, "--control", &b.face])
+        .args([
+            "pair",
+            "join",
+            &a.cluster,
+            "--pin",
+            wrong,
+            "--control",
+            &b.face,
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -177,7 +188,10 @@ fn pair_status_peers_jobs_unpair_through_the_cli() {
     let out = Command::new("curl")
         .args(["-sf", "-H", &format!("x-pair-node-pin: {beta_id}")])
         .arg(format!("{}/api/generate", a.face))
-        .args(["-d", r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#])
+        .args([
+            "-d",
+            r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "curl through the face failed");
@@ -186,7 +200,10 @@ fn pair_status_peers_jobs_unpair_through_the_cli() {
     assert_eq!(jobs[0]["status"], "completed");
     let deadline = Instant::now() + Duration::from_secs(10);
     while cli(&b.face, &["jobs"]).as_array().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "job record not replicated to beta");
+        assert!(
+            Instant::now() < deadline,
+            "job record not replicated to beta"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 
