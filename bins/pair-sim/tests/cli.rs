@@ -212,5 +212,21 @@ fn engine_serves_ollama_version_on_a_free_port() {
     assert!(reply.contains("\"version\""), "{reply}");
     let tags = get(&addr, "/api/tags").unwrap();
     assert!(tags.contains("llama3.2:3b"), "{tags}");
-    drop(child);
+
+    // Ctrl-C (SIGINT) stops it gracefully, with a success status.
+    let mut child = child;
+    let sent = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "engine ignored SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
 }
