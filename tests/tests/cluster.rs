@@ -2,6 +2,8 @@
 //! spreading under concurrency, and the mTLS gate (unpaired peers refused,
 //! unpairing closes open connections).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::collections::HashSet;
 use std::time::Duration;
 

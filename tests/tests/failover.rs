@@ -1,6 +1,8 @@
 //! Every failover rule, on real nodes over loopback (real mTLS between them),
 //! each asserting how many times each engine was hit.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::time::Duration;
 
 use pair_emulator::FaultAction;

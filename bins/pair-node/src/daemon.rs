@@ -383,6 +383,15 @@ fn local_snapshot(
         n.pressure = t.pressure_at(now);
         drop(t);
         n.workload = st.load.workload(n.slots());
+        // Work sent straight to an engine's own port (vLLM reports its queue)
+        // is invisible to PAIR; count it here.
+        for h in &engines {
+            if let Some(q) = h.report().queue {
+                let extra_running = q.running.saturating_sub(n.workload.running);
+                n.workload.running += extra_running;
+                n.workload.queued = n.workload.queued.max(q.waiting);
+            }
+        }
         n.reported_at_ms = now;
         n.base_perf = base_perf;
         n

@@ -2,6 +2,8 @@
 //! processes (no multicast), paired with `pair invite` / `pair join`, then
 //! `status`, `peers`, `jobs` and `unpair`, all with `--json`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

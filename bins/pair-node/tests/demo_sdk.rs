@@ -2,6 +2,8 @@
 //! `openai` and `ollama` Python SDKs: chat, streaming chat, completions,
 //! generate, embeddings, listings and error handling.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

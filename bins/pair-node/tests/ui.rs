@@ -2,6 +2,8 @@
 //! renders `/ui` of a running cluster; the rendered DOM must show every node
 //! and the jobs with "sent to / ran on", and a screenshot is taken.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::process::Command;
 use std::time::Duration;
 

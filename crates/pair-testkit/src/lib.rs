@@ -1,1 +1,0 @@
-//! Shared test fixtures: temporary identities, emulated engines, a cluster harness.
