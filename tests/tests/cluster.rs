@@ -213,3 +213,39 @@ async fn unpaired_peers_are_refused_and_unpairing_closes_connections() {
     assert!(server.state.cluster().node(peer.id).is_none());
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_an_in_flight_stream_finish() {
+    let mut c = cluster(1, |s| {
+        s.time_scale = 1.0;
+        s.nodes[0].profile = "laptop".into();
+    })
+    .await
+    .unwrap();
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let mut resp = http()
+        .post(url)
+        .json(
+            &json!({"model": "llama3.2:3b", "prompt": "long", "stream": true,
+                      "options": {"num_predict": 60}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    // Stop the node while the answer is still streaming.
+    let node = c.nodes.remove(0);
+    let stopping = tokio::spawn(node.stop());
+    let mut rest = Vec::from(first.as_ref());
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8(rest).unwrap();
+    let last: Value = serde_json::from_str(text.trim_end().lines().last().unwrap()).unwrap();
+    assert_eq!(last["done"], true, "the stream finished: {text}");
+    assert_eq!(text.lines().count(), 61, "60 tokens and the final line");
+    stopping.await.unwrap();
+    c.stop().await;
+}
