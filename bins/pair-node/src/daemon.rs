@@ -382,6 +382,7 @@ fn local_snapshot(
         n.gpus = t.gpus.clone();
         n.pressure = t.pressure_at(now);
         drop(t);
+        st.metrics.pressure.set(i64::from(n.pressure.band()));
         n.workload = st.load.workload(n.slots());
         // Work sent straight to an engine's own port (vLLM reports its queue)
         // is invisible to PAIR; count it here.

@@ -162,24 +162,11 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         });
         st.bind_session(&profile, node);
         let ttft = t0.elapsed();
-        let record = JobRecord {
-            id: job,
-            model: facts.model.clone(),
-            flavor: req.flavor,
-            route: req.route.to_owned(),
-            streaming: profile.streaming,
-            origin: st.node.id,
-            ran_on: Some(node),
-            attempts: u8::try_from(attempts.len()).unwrap_or(u8::MAX),
-            status: JobStatus::Running,
-            http_status: Some(status.as_u16()),
-            created_at_ms,
-            ttft_ms: Some(millis(ttft)),
-            duration_ms: None,
-            prompt_tokens: Some(profile.prompt_tokens),
-            output_tokens: None,
-            error: None,
-        };
+        let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
+        record.ran_on = Some(node);
+        record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
+        record.http_status = Some(status.as_u16());
+        record.ttft_ms = Some(millis(ttft));
         st.metrics
             .ttft
             .get_or_create(&RouteLabels {
@@ -217,24 +204,13 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         StatusCode::BAD_GATEWAY
     };
     count(st, req.route, status.as_u16(), "none");
-    st.finish_job(JobRecord {
-        id: job,
-        model: facts.model.clone(),
-        flavor: req.flavor,
-        route: req.route.to_owned(),
-        streaming: profile.streaming,
-        origin: st.node.id,
-        ran_on: None,
-        attempts: u8::try_from(attempts.len()).unwrap_or(u8::MAX),
-        status: JobStatus::Failed,
-        http_status: Some(status.as_u16()),
-        created_at_ms,
-        ttft_ms: None,
-        duration_ms: Some(millis(t0.elapsed())),
-        prompt_tokens: Some(profile.prompt_tokens),
-        output_tokens: None,
-        error: Some("all attempts failed".into()),
-    });
+    let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
+    record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
+    record.status = JobStatus::Failed;
+    record.http_status = Some(status.as_u16());
+    record.duration_ms = Some(millis(t0.elapsed()));
+    record.error = Some("all attempts failed".into());
+    st.finish_job(record);
     let tried: Vec<String> = attempts
         .iter()
         .map(|a| format!("{} ({})", a.name, a.outcome))
@@ -254,6 +230,35 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         resp.headers_mut().insert("x-pair-attempts", v);
     }
     resp
+}
+
+/// A job record with what is known before any attempt.
+fn new_record(
+    id: JobId,
+    facts: &RequestFacts,
+    req: &Inference,
+    profile: &RequestProfile,
+    origin: NodeId,
+    created_at_ms: u64,
+) -> JobRecord {
+    JobRecord {
+        id,
+        model: facts.model.clone(),
+        flavor: req.flavor,
+        route: req.route.to_owned(),
+        streaming: profile.streaming,
+        origin,
+        ran_on: None,
+        attempts: 0,
+        status: JobStatus::Running,
+        http_status: None,
+        created_at_ms,
+        ttft_ms: None,
+        duration_ms: None,
+        prompt_tokens: Some(profile.prompt_tokens),
+        output_tokens: None,
+        error: None,
+    }
 }
 
 fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
