@@ -60,6 +60,10 @@ pub enum ConfigError {
     },
     #[error("no state directory: set --state-dir, PAIR_STATE_DIR, XDG_CONFIG_HOME or HOME")]
     NoStateDir,
+    /// Port inversion failed (e.g. the engine still holds the face's port):
+    /// the engine crate's message says how to move it.
+    #[error(transparent)]
+    EnginePorts(pair_engines::EngineError),
 }
 
 /// Where mDNS runs.
@@ -88,6 +92,7 @@ pub struct FileConfig {
     pub mdns: Option<Mdns>,
     pub mdns_port: Option<u16>,
     pub first_byte_timeout: Option<String>,
+    pub engine_cmd: Option<String>,
 }
 
 impl FileConfig {
@@ -143,6 +148,11 @@ pub struct RunArgs {
     /// Give up on a node that sends no first byte within this (e.g. 120s).
     #[arg(long, env = "PAIR_FIRST_BYTE_TIMEOUT")]
     pub first_byte_timeout: Option<String>,
+    /// Start the (default Ollama) engine on its moved port with this command
+    /// when nothing answers there, e.g. "ollama serve"; `{host}` and `{port}`
+    /// are replaced. The node stops the engine it started, and only that one.
+    #[arg(long, env = "PAIR_ENGINE_CMD")]
+    pub engine_cmd: Option<String>,
 }
 
 /// The node's configuration, typed.
@@ -159,6 +169,10 @@ pub struct NodeConfig {
     pub mdns: Mdns,
     pub mdns_port: u16,
     pub first_byte_timeout: Duration,
+    /// No `--engine` given: the default engine is found (or launched) by
+    /// port inversion.
+    pub default_engine: bool,
+    pub engine_cmd: Option<pair_engines::EngineCommand>,
 }
 
 impl NodeConfig {
@@ -183,6 +197,7 @@ impl NodeConfig {
         } else {
             args.engines
         };
+        let default_engine = engines.is_empty();
         let engines = if engines.is_empty() {
             vec![EngineConfig::moved_default(EngineKind::Ollama)]
         } else {
@@ -246,6 +261,14 @@ impl NodeConfig {
                 .or(file.mdns_port)
                 .unwrap_or(pair_discovery::MDNS_PORT),
             first_byte_timeout,
+            default_engine,
+            engine_cmd: match args.engine_cmd.or(file.engine_cmd) {
+                Some(c) => Some(
+                    pair_engines::EngineCommand::parse(&c)
+                        .map_err(|source| ConfigError::Engine { input: c, source })?,
+                ),
+                None => None,
+            },
         })
     }
 }

@@ -170,6 +170,8 @@ impl LocalCluster {
                 mdns: spec.mdns,
                 mdns_port: spec.mdns_port,
                 first_byte_timeout: spec.first_byte_timeout,
+                default_engine: false,
+                engine_cmd: None,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

@@ -139,6 +139,23 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 std::env::var_os("HOME").map(Into::into),
                 hostname(),
             )?;
+            let mut cfg = cfg;
+            // Port inversion: with no explicit engine, find the engine on its
+            // moved port, launch it there (--engine-cmd), or explain how to
+            // move it if it still holds the port the face needs.
+            let supervisor = if cfg.default_engine {
+                let kind = pair_core::EngineKind::Ollama;
+                let mut sc = pair_engines::SupervisorConfig::new(kind);
+                sc.ports.usual = cfg.ollama_face.port();
+                sc.command = cfg.engine_cmd.clone();
+                let sup = pair_engines::EngineSupervisor::start(sc)
+                    .await
+                    .map_err(ConfigError::EnginePorts)?;
+                cfg.engines = vec![sup.engine().clone()];
+                Some(sup)
+            } else {
+                None
+            };
             let listeners = Listeners::bind(&cfg).await?;
             let shutdown = CancellationToken::new();
             let on_signal = shutdown.clone();
@@ -146,7 +163,13 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 wait_for_signal().await;
                 on_signal.cancel();
             });
-            daemon::run(cfg, listeners, shutdown).await
+            let result = daemon::run(cfg, listeners, shutdown).await;
+            if let Some(sup) = supervisor
+                && let Err(e) = sup.shutdown().await
+            {
+                tracing::warn!(error = %e, "stopping the engine we started");
+            }
+            result
         }
         Command::Demo {
             nodes,

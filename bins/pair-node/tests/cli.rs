@@ -213,3 +213,32 @@ fn pair_status_peers_jobs_unpair_through_the_cli() {
     assert_eq!(removed["name"], "beta");
     assert_eq!(cli(&a.face, &["peers"]).as_array().unwrap().len(), 0);
 }
+
+#[test]
+fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
+    // The emulated Ollama engine holds the port the Ollama face wants.
+    let (_e, port) = engine();
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--mdns", "off", "--cluster", "127.0.0.1:0"])
+        .args(["--openai-face", "127.0.0.1:0"])
+        .arg("--ollama-face")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("PAIR_LOG", "error")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "exit code for a config problem"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("OLLAMA_HOST="),
+        "says how to move the engine: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+}
