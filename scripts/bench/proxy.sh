@@ -316,6 +316,8 @@ sleep 3
 MEM_IDLE_KB=$(rss_kb "$MEM_PID")
 # Sample RSS, established client connections and the node's own in-flight
 # count while hey holds $STREAMS slow streams open.
+touch "$WORK/sampling"
+echo "0 0 0" >"$WORK/peak"
 (
     peak=0 conns=0 inflight=0
     while [ -e "$WORK/sampling" ]; do
@@ -331,7 +333,6 @@ MEM_IDLE_KB=$(rss_kb "$MEM_PID")
     done
 ) &
 SAMPLER=$!
-touch "$WORK/sampling"
 PIDS+=($SAMPLER)
 STREAM_T0=$(date +%s.%N)
 hey -n "$STREAMS" -c "$STREAMS" -t 120 -m POST -T application/json \
