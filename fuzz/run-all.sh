@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 secs="${1:-60}"
-target_dir="${CARGO_TARGET_DIR:-target}"
+target_dir="${CARGO_TARGET_DIR:-target}"  # cargo fuzz ignores the env var; pass it on
 status=0
 for t in $(cargo +nightly fuzz list); do
     mkdir -p "corpus/$t"
