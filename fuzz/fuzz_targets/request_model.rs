@@ -41,24 +41,16 @@ fn check_accepted(data: &[u8], flavor: ApiFlavor, work: Work, facts: &RequestFac
     if work != Work::Generate {
         assert!(!facts.streaming, "{work:?} never streams");
     }
-    // The same bytes read as a plain JSON document name the same model.
-    // Only for UTF-8 input: serde_json does not check UTF-8 inside values
-    // it skips, so `extract` accepts bodies with invalid UTF-8 in fields it
-    // ignores (a known finding, see docs/fuzzing.md); the engine then
-    // rejects them.
-    if std::str::from_utf8(data).is_ok() {
-        let doc: serde_json::Value = serde_json::from_slice(data)
-            .unwrap_or_else(|e| panic!("extract accepted non-JSON: {e}"));
-        // Serde's derived struct also reads a JSON array positionally, so
-        // `["llama3"]` is accepted with model "llama3" (second known
-        // finding); the check holds for objects, which is what clients send.
-        if doc.is_object() {
-            assert_eq!(
-                doc.get("model").and_then(serde_json::Value::as_str),
-                Some(facts.model.as_str())
-            );
-        }
-    }
+    // The same bytes read as a plain JSON document are an object naming
+    // the same model (extract refuses bad UTF-8 and non-objects; both were
+    // found by this target, see docs/fuzzing.md).
+    let doc: serde_json::Value = serde_json::from_slice(data)
+        .unwrap_or_else(|e| panic!("extract accepted non-JSON: {e}"));
+    assert!(doc.is_object(), "extract accepted a non-object");
+    assert_eq!(
+        doc.get("model").and_then(serde_json::Value::as_str),
+        Some(facts.model.as_str())
+    );
     let profile = facts.profile(flavor, work, data.len());
     assert_eq!(profile.streaming, facts.streaming);
     if work != Work::Generate {

@@ -12,6 +12,11 @@ use pair_node::daemon::{self, Listeners};
 use pair_node::harness::{ClusterSpec, LocalCluster};
 use tokio_util::sync::CancellationToken;
 
+/// glibc malloc showed up at ~14 % of the proxy's CPU with buffers freed on
+/// another worker than the one that allocated them (docs/benchmarks/proxy.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 

@@ -16,6 +16,10 @@ pub enum BodyError {
     Json(#[source] serde_json::Error),
     #[error("request body has no \"model\" field")]
     MissingModel,
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+    #[error("request body is not valid UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
     #[error("invalid \"model\": {0}")]
     BadModel(#[source] pair_core::CoreError),
 }
@@ -51,7 +55,16 @@ pub struct RequestFacts {
 /// Extracts the routing facts. `stream` defaults follow each API: Ollama's
 /// generate and chat stream unless told not to; OpenAI and Anthropic don't.
 pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFacts, BodyError> {
-    let facts: Facts<'_> = serde_json::from_slice(body).map_err(BodyError::Json)?;
+    // serde skips unknown fields without checking their UTF-8, and a derived
+    // struct also accepts a JSON array by position: check both up front.
+    let text = std::str::from_utf8(body).map_err(BodyError::NotUtf8)?;
+    if !text.trim_start().starts_with('{') {
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Err(e) => BodyError::Json(e),
+            Ok(_) => BodyError::NotAnObject,
+        });
+    }
+    let facts: Facts<'_> = serde_json::from_str(text).map_err(BodyError::Json)?;
     let model = facts.model.ok_or(BodyError::MissingModel)?;
     let model = pair_core::ModelName::new(model.into_owned()).map_err(BodyError::BadModel)?;
     let default_stream = flavor == ApiFlavor::Ollama && work == Work::Generate;
@@ -145,7 +158,21 @@ mod tests {
         ));
         assert!(matches!(
             extract(br#"[1,2]"#, ApiFlavor::OpenAi, Work::Generate),
-            Err(BodyError::Json(_))
+            Err(BodyError::NotAnObject)
+        ));
+        // Found by fuzzing: an array read by position, and bad UTF-8 in a
+        // skipped key.
+        assert!(matches!(
+            extract(br#"["llama3", true]"#, ApiFlavor::Ollama, Work::Generate),
+            Err(BodyError::NotAnObject)
+        ));
+        assert!(matches!(
+            extract(
+                b"{\"model\":\"m\",\"messages\":[{\"\xE3ontent\":\"x\"}]}",
+                ApiFlavor::Ollama,
+                Work::Generate
+            ),
+            Err(BodyError::NotUtf8(_))
         ));
     }
 

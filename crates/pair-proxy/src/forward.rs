@@ -393,17 +393,24 @@ fn receipt(
     job: JobId,
     why: &str,
 ) {
-    let pairs = [
-        ("x-pair-node", format!("{name} ({node})")),
-        ("x-pair-attempts", attempts.to_string()),
-        ("x-pair-policy", st.policy().to_string()),
-        ("x-pair-route", why.to_owned()),
-        ("x-pair-job", job.to_string()),
-    ];
-    for (k, v) in pairs {
-        if let Ok(v) = HeaderValue::from_str(&v) {
-            h.insert(HeaderName::from_static(k), v);
-        }
+    if let Ok(v) = HeaderValue::from_str(&format!("{name} ({node})")) {
+        h.insert(HeaderName::from_static("x-pair-node"), v);
+    }
+    h.insert(
+        HeaderName::from_static("x-pair-attempts"),
+        HeaderValue::from(attempts),
+    );
+    h.insert(
+        HeaderName::from_static("x-pair-policy"),
+        HeaderValue::from_static(st.policy().as_str()),
+    );
+    if let Ok(v) = HeaderValue::from_str(why) {
+        h.insert(HeaderName::from_static("x-pair-route"), v);
+    }
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let id = job.as_uuid().hyphenated().encode_lower(&mut buf);
+    if let Ok(v) = HeaderValue::from_str(id) {
+        h.insert(HeaderName::from_static("x-pair-job"), v);
     }
 }
 

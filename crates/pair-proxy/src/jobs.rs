@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, mpsc};
 
 use pair_core::{JobId, JobRecord};
 use tokio::sync::broadcast;
@@ -32,22 +32,22 @@ struct Inner {
     /// Records removed from the front since start; `index` values are
     /// absolute positions, so front removal is O(1).
     dropped: usize,
-    file: Option<BufWriter<File>>,
-    lines_in_file: usize,
 }
 
-/// Shared, cheap to lock briefly; appends are buffered and flushed per record.
+/// Shared by the request path and the Jobs view. Recording a job touches
+/// only memory; a writer thread owns the file, writes records in batches and
+/// compacts it, so no request ever waits for the disk.
 #[derive(Debug)]
 pub struct JobLog {
-    inner: Mutex<Inner>,
-    path: Option<PathBuf>,
+    inner: Arc<Mutex<Inner>>,
+    writer: Option<(mpsc::Sender<JobRecord>, std::thread::JoinHandle<()>)>,
     events: broadcast::Sender<JobRecord>,
 }
 
 impl JobLog {
     /// A log kept only in memory (tests, the simulator).
     pub fn in_memory() -> Self {
-        Self::with_file(None, Vec::new())
+        Self::new(Vec::new())
     }
 
     /// Opens (or creates) `dir/jobs.jsonl`, loading what is still fresh.
@@ -70,77 +70,46 @@ impl JobLog {
                 }
             }
         }
-        let log = Self::with_file(Some(path.clone()), loaded);
-        log.compact().map_err(io)?;
+        let mut log = Self::new(loaded);
+        let kept = compact(&path, &log.inner).map_err(io)?;
+        let file = OpenOptions::new().append(true).open(&path).map_err(io)?;
+        let (tx, rx) = mpsc::channel();
+        let inner = Arc::clone(&log.inner);
+        let writer_path = path.clone();
+        let handle = std::thread::Builder::new()
+            .name("pair-job-log".into())
+            .spawn(move || write_loop(&writer_path, file, kept, &inner, &rx))
+            .map_err(io)?;
+        log.writer = Some((tx, handle));
         Ok(log)
     }
 
-    fn with_file(path: Option<PathBuf>, loaded: Vec<JobRecord>) -> Self {
+    fn new(loaded: Vec<JobRecord>) -> Self {
         let (events, _) = broadcast::channel(1024);
-        let log = Self {
-            inner: Mutex::new(Inner {
-                records: VecDeque::new(),
-                index: HashMap::new(),
-                dropped: 0,
-                file: None,
-                lines_in_file: 0,
-            }),
-            path,
+        let mut inner = Inner {
+            records: VecDeque::new(),
+            index: HashMap::new(),
+            dropped: 0,
+        };
+        for rec in loaded {
+            upsert(&mut inner, rec);
+        }
+        Self {
+            inner: Arc::new(Mutex::new(inner)),
+            writer: None,
             events,
-        };
-        if let Ok(mut inner) = log.inner.lock() {
-            for rec in loaded {
-                upsert(&mut inner, rec);
-            }
         }
-        log
-    }
-
-    /// Rewrites the file with just the records kept, then appends to it.
-    fn compact(&self) -> std::io::Result<()> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        let mut inner = self
-            .inner
-            .lock()
-            .map_err(|_| std::io::Error::other("job log lock poisoned"))?;
-        let tmp = path.with_extension("jsonl.tmp");
-        {
-            let mut w = BufWriter::new(File::create(&tmp)?);
-            for rec in &inner.records {
-                serde_json::to_writer(&mut w, rec)?;
-                w.write_all(b"\n")?;
-            }
-            w.flush()?;
-            w.get_ref().sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        inner.lines_in_file = inner.records.len();
-        inner.file = Some(BufWriter::new(OpenOptions::new().append(true).open(path)?));
-        Ok(())
     }
 
     /// Records a new or updated job (local or replicated from a peer).
     pub fn record(&self, rec: JobRecord) {
-        let needs_compaction = {
-            let Ok(mut inner) = self.inner.lock() else {
-                return;
-            };
-            if let Some(f) = inner.file.as_mut() {
-                let ok = serde_json::to_writer(&mut *f, &rec).is_ok()
-                    && f.write_all(b"\n").is_ok()
-                    && f.flush().is_ok();
-                if !ok {
-                    tracing::warn!("could not append to the job log; keeping it in memory");
-                }
-                inner.lines_in_file += 1;
-            }
+        if let Ok(mut inner) = self.inner.lock() {
             upsert(&mut inner, rec.clone());
-            inner.lines_in_file > 2 * KEEP_RECORDS
-        };
-        if needs_compaction && let Err(e) = self.compact() {
-            tracing::warn!(error = %e, "job log compaction failed");
+        }
+        if let Some((tx, _)) = &self.writer
+            && tx.send(rec.clone()).is_err()
+        {
+            tracing::warn!("the job log writer stopped; keeping jobs in memory only");
         }
         // Nobody listening is fine.
         let _ = self.events.send(rec);
@@ -172,6 +141,83 @@ impl JobLog {
     pub fn subscribe(&self) -> broadcast::Receiver<JobRecord> {
         self.events.subscribe()
     }
+}
+
+impl Drop for JobLog {
+    /// Lets the writer drain what is queued, then waits for it.
+    fn drop(&mut self) {
+        if let Some((tx, handle)) = self.writer.take() {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The writer thread: appends records in batches (one `write` per burst,
+/// no fsync per record) and compacts the file when it has grown to twice
+/// what is kept.
+fn write_loop(
+    path: &Path,
+    file: File,
+    mut lines: usize,
+    inner: &Mutex<Inner>,
+    rx: &mpsc::Receiver<JobRecord>,
+) {
+    let mut out = BufWriter::new(file);
+    while let Ok(first) = rx.recv() {
+        let mut ok = append(&mut out, &first);
+        lines += 1;
+        while let Ok(rec) = rx.try_recv() {
+            ok &= append(&mut out, &rec);
+            lines += 1;
+        }
+        ok &= out.flush().is_ok();
+        if !ok {
+            tracing::warn!(path = %path.display(), "could not append to the job log");
+        }
+        if lines > 2 * KEEP_RECORDS {
+            match compact(path, inner).and_then(|kept| {
+                let f = OpenOptions::new().append(true).open(path)?;
+                Ok((kept, f))
+            }) {
+                Ok((kept, f)) => {
+                    lines = kept;
+                    out = BufWriter::new(f);
+                }
+                Err(e) => tracing::warn!(error = %e, "job log compaction failed"),
+            }
+        }
+    }
+    let _ = out.flush();
+}
+
+fn append(out: &mut BufWriter<File>, rec: &JobRecord) -> bool {
+    serde_json::to_writer(&mut *out, rec).is_ok() && out.write_all(b"\n").is_ok()
+}
+
+/// Rewrites the file with just the records kept (write, fsync, rename), and
+/// returns how many lines it now has. The records are copied out first so
+/// the request path never waits for this.
+fn compact(path: &Path, inner: &Mutex<Inner>) -> std::io::Result<usize> {
+    let records: Vec<JobRecord> = inner
+        .lock()
+        .map_err(|_| std::io::Error::other("job log lock poisoned"))?
+        .records
+        .iter()
+        .cloned()
+        .collect();
+    let tmp = path.with_extension("jsonl.tmp");
+    {
+        let mut w = BufWriter::new(File::create(&tmp)?);
+        for rec in &records {
+            serde_json::to_writer(&mut w, rec)?;
+            w.write_all(b"\n")?;
+        }
+        w.flush()?;
+        w.get_ref().sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(records.len())
 }
 
 fn upsert(inner: &mut Inner, rec: JobRecord) {
@@ -235,6 +281,25 @@ mod tests {
         log.record(r);
         assert_eq!(log.len(), KEEP_RECORDS);
         assert_eq!(log.recent(1)[0].status, JobStatus::Failed);
+    }
+
+    #[test]
+    fn the_writer_compacts_the_file_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = JobLog::open(dir.path(), 0).unwrap();
+            for i in 0..(2 * KEEP_RECORDS as u128 + 50) {
+                log.record(rec(i, 0));
+            }
+        }
+        let text = std::fs::read_to_string(dir.path().join("jobs.jsonl")).unwrap();
+        let lines = text.lines().count();
+        assert!(
+            (KEEP_RECORDS..=KEEP_RECORDS + 100).contains(&lines),
+            "compacted to the kept records plus what came after: {lines}"
+        );
+        let log = JobLog::open(dir.path(), 0).unwrap();
+        assert_eq!(log.len(), KEEP_RECORDS);
     }
 
     #[test]
