@@ -2,9 +2,8 @@
 //! utilisation (alpha 0.35) mapped to bands 0..=3 at 40/70/85 %, stepping
 //! down only below 35/65/80 % (hysteresis).
 //!
-//! This is a local copy of the small pure rule so the simulator does not wait
-//! on pair-telemetry; it is named `pair_pressure_*` to make clear it is
-//! PAIR's published rule, not something of our own.
+//! The band rule itself is pair-telemetry's (`band_for`), the one real nodes
+//! run; this module adds the simulator's virtual-time bookkeeping.
 
 use pair_core::Pressure;
 
@@ -49,16 +48,11 @@ impl PairPressure {
     }
 }
 
-/// The band after `prev` given the smoothed utilisation, with hysteresis.
+/// The band after `prev` given the smoothed utilisation, with hysteresis
+/// (pair-telemetry's rule, as nodes run it).
 pub fn pair_pressure_band(prev: u8, ewma_pct: f64) -> u8 {
-    let mut b = prev.min(3);
-    while b < 3 && ewma_pct >= PAIR_BAND_UP[usize::from(b)] {
-        b += 1;
-    }
-    while b > 0 && ewma_pct < PAIR_BAND_DOWN[usize::from(b - 1)] {
-        b -= 1;
-    }
-    b
+    let prev = Pressure::new(prev.min(3)).unwrap_or(Pressure::MAX);
+    pair_telemetry::band_for(prev, ewma_pct).band()
 }
 
 /// What the router uses: the band, or PAIR's "unknown" (1) when the latest
