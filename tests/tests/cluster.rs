@@ -12,19 +12,16 @@ use pair_tests::{cluster, http, served_by};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+async fn get_json(url: String) -> Value {
+    http().get(url).send().await.unwrap().json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_are_merged_across_the_cluster_in_each_envelope() {
     let c = cluster(3, |s| s.nodes[2].models.push("phi3:mini".into()))
         .await
         .unwrap();
-    let tags: Value = http()
-        .get(format!("{}/api/tags", c.nodes[0].ollama_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tags = get_json(format!("{}/api/tags", c.nodes[0].ollama_url())).await;
     let names: Vec<&str> = tags["models"]
         .as_array()
         .unwrap()
@@ -43,14 +40,7 @@ async fn listings_are_merged_across_the_cluster_in_each_envelope() {
         "engine's own entries"
     );
 
-    let models: Value = http()
-        .get(format!("{}/v1/models", c.nodes[0].openai_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(format!("{}/v1/models", c.nodes[0].openai_url())).await;
     assert_eq!(models["object"], "list");
     let ids: HashSet<&str> = models["data"]
         .as_array()

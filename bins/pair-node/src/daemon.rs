@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -507,9 +506,4 @@ async fn maintain_links(
 fn link_addr(link: &PeerLink) -> Option<SocketAddr> {
     let a = link.base.authority()?;
     a.as_str().parse().ok()
-}
-
-/// The state directory's identity without starting anything (CLI helpers).
-pub fn load_identity(dir: &Path) -> Result<Identity> {
-    Ok(Identity::load_or_create(dir, Role::Node)?)
 }

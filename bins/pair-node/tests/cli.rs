@@ -105,43 +105,32 @@ fn cli(face: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn engine() -> (Proc, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let p = Command::new(env!("CARGO_BIN_EXE_pair-node"))
-        .args(["--version"])
-        .output()
-        .unwrap();
-    assert!(p.status.success());
-    // The emulated engine runs in a small tokio runtime of this test.
-    let rt_port = port;
+/// An emulated Ollama engine on a free port, served by a small runtime on
+/// its own thread for the rest of the test process.
+fn engine() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", rt_port))
-                .await
-                .unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let cfg =
                 pair_emulator::EngineConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
             let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
             std::future::pending::<()>().await;
         });
     });
-    // A dummy process handle keeps the signature uniform.
-    let dummy = Command::new("sleep").arg("600").spawn().unwrap();
-    (Proc(dummy), port)
+    port
 }
 
 #[test]
 fn pair_status_peers_jobs_unpair_through_the_cli() {
-    let (_e1, p1) = engine();
-    let (_e2, p2) = engine();
+    let p1 = engine();
+    let p2 = engine();
     let a = start("alpha", p1);
     let b = start("beta", p2);
 
@@ -217,8 +206,7 @@ fn pair_status_peers_jobs_unpair_through_the_cli() {
 #[test]
 fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
     // The emulated Ollama engine holds the port the Ollama face wants.
-    let (_e, port) = engine();
-    std::thread::sleep(Duration::from_millis(300));
+    let port = engine();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .args(["run", "--mdns", "off", "--cluster", "127.0.0.1:0"])

@@ -126,11 +126,17 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         .await;
         let resp = match sent {
             Ok(r) => r,
-            Err(e) => {
+            Err(e) if e.retry().may_retry() => {
                 deadline_hit |= matches!(e, DispatchError::Deadline(_));
                 tracing::debug!(%node, error = %e, "attempt failed");
                 fail(st, &mut attempts, node, name, e.class());
                 continue;
+            }
+            Err(e) => {
+                // Nothing reached the client, but the error says another
+                // node would fail the same way.
+                fail(st, &mut attempts, node, name, e.class());
+                break;
             }
         };
         let status = resp.status();

@@ -186,11 +186,16 @@ pub async fn run(
             }
         }
         let mine = local();
-        let report = Bytes::from(serde_json::to_vec(&mine).unwrap_or_default());
-        let batch = (!outbox.is_empty())
+        let links = st.peer_links();
+        // Serialise only for someone: a lone node just republishes.
+        let report = if links.is_empty() {
+            Bytes::new()
+        } else {
+            Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
+        };
+        let batch = (!outbox.is_empty() && !links.is_empty())
             .then(|| Bytes::from(serde_json::to_vec(&outbox).unwrap_or_default()));
         outbox.clear();
-        let links = st.peer_links();
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);
         let pushes = links.values().map(|link| {
