@@ -15,6 +15,9 @@
 # Env:   RUNS=3 DUR=5 TTFB_N=2000 STREAMS=1000 SLOW_SECONDS=6
 #        SKIP_BUILD=1 (use existing binaries)  BIN_DIR=<dir with pair-node>
 #        RESULTS=<file> (markdown output; default /tmp/pair-bench-proxy-results.md)
+#        SECTIONS=face,ttfb,hop,mem (which parts to run)  NODE_ARGS="..." (extra
+#        flags for every pair-node run)  PERF=1 (perf record the face node
+#        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
 # Needs: nginx, wrk, hey (installed with apt-get if missing), python3, curl.
 set -euo pipefail
 
@@ -27,6 +30,9 @@ STREAMS=${STREAMS:-1000}
 SLOW_SECONDS=${SLOW_SECONDS:-6}
 BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 PY=${PYTHON:-python3}
+SECTIONS=${SECTIONS:-face,ttfb,hop,mem}
+want() { [[ ",$SECTIONS," == *",$1,"* ]]; }
+[ -n "${PERF:-}" ] && KEEP_WORK=1
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
@@ -47,6 +53,8 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     (cd "$ROOT" && cargo build --release -p pair-node -p pair-sim)
 fi
 PAIR_NODE="$BIN_DIR/pair-node"
+# The floor: a minimal hyper forwarder (crates/pair-proxy/examples), if built.
+FLOOR=${FLOOR:-$BIN_DIR/examples/floor_forwarder}
 [ -x "$PAIR_NODE" ] || die "no $PAIR_NODE (build it or set BIN_DIR)"
 
 # 1,000 streams need ~2,000 descriptors in the node and more in nginx.
@@ -197,7 +205,7 @@ start_node() {
     "$PAIR_NODE" run --state-dir "$WORK/$1" --name "$1" \
         --ollama-face "127.0.0.1:$3" --openai-face "127.0.0.1:$4" \
         --cluster "127.0.0.1:$5" --engine "openai-compat=http://127.0.0.1:$2" \
-        --mdns off >"$WORK/$1.log" 2>&1 &
+        --mdns off ${NODE_ARGS:-} >"$WORK/$1.log" 2>&1 &
     NODE_PID[$1]=$!
     PIDS+=($!)
     wait_http "http://127.0.0.1:$4/_pair/status"
@@ -224,15 +232,31 @@ wait_routable() { # url [header...]: until the node routes "bench" (inventory po
     die "no 200 from $1 within 30 s"
 }
 
+# CPU time (utime + stime, all threads) of the given processes, in clock ticks.
+cpu_ticks() {
+    local pid t=0
+    for pid in "$@"; do
+        # Fields 14 and 15 of /proc/PID/stat; the name (field 2) may hold spaces.
+        t=$((t + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
+CLK_TCK=$(getconf CLK_TCK)
 # run_wrk SECTION VARIANT CONC RUN URL [PIN] [MODE]
+# $CPU_PIDS (optional): the proxy's processes, for CPU time per request.
 run_wrk() {
-    local threads=1 out
+    local threads=1 out c0 c1 cpu=""
     [ "$3" -gt 1 ] && threads=2
+    [ -n "${CPU_PIDS:-}" ] && c0=$(cpu_ticks $CPU_PIDS)
     out=$(BENCH_PIN=${6:-} BENCH_MODE=${7:-} wrk -t"$threads" -c"$3" -d"${DUR}s" \
         -s "$HERE/post.lua" "$5" | grep '^RESULT') || die "wrk $1/$2 c=$3"
-    log "$1 $2 c=$3 run $4: $out"
+    if [ -n "${CPU_PIDS:-}" ]; then
+        c1=$(cpu_ticks $CPU_PIDS)
+        cpu=$($PY -c "import sys; t, n = float(sys.argv[1]), float(sys.argv[2].split('requests=')[1].split()[0]); print(f' cpu_us={t * 1e6 / $CLK_TCK / n:.1f}')" "$((c1 - c0))" "$out")
+    fi
+    log "$1 $2 c=$3 run $4: $out$cpu"
     case "$out" in *errors=0*) ;; *) die "$1 $2 c=$3: errors: $out" ;; esac
-    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${out#RESULT }" >>"$TSV"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${out#RESULT }$cpu" >>"$TSV"
 }
 warm() { # url [pin]: a short untimed run (connections, pools, caches)
     BENCH_PIN=${2:-} wrk -t1 -c32 -d1s -s "$HERE/post.lua" "$1" >/dev/null
@@ -241,211 +265,158 @@ warm() { # url [pin]: a short untimed run (connections, pools, caches)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ===================================================== 1. local face
-log "1. local face vs nginx (engine: nginx fixed answer)"
-start_node solo "$P_ENGINE" "${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}"
-sleep 2
-SOLO_IDLE_KB=$(rss_kb "${NODE_PID[solo]}")
-SOLO_URL="http://127.0.0.1:${PORTS[4]}/v1/chat/completions"
-DIRECT_URL="http://127.0.0.1:$P_ENGINE/v1/chat/completions"
-NGX_URL="http://127.0.0.1:$P_NGX/v1/chat/completions"
-wait_routable "$SOLO_URL"
-for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
-for ((r = 1; r <= RUNS; r++)); do
-    for c in 1 32; do
-        run_wrk face direct "$c" "$r" "$DIRECT_URL"
-        run_wrk face nginx "$c" "$r" "$NGX_URL"
-        run_wrk face pair "$c" "$r" "$SOLO_URL"
+NGX_PIDS="$(cat "$WORK/proxy.pid") $(pgrep -P "$(cat "$WORK/proxy.pid")" | tr '\n' ' ')"
+if want face || want ttfb; then
+    start_node solo "$P_ENGINE" "${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}"
+    sleep 2
+    SOLO_IDLE_KB=$(rss_kb "${NODE_PID[solo]}")
+    SOLO_URL="http://127.0.0.1:${PORTS[4]}/v1/chat/completions"
+    wait_routable "$SOLO_URL"
+fi
+if want face; then
+    log "1. local face vs nginx (engine: nginx fixed answer)"
+    DIRECT_URL="http://127.0.0.1:$P_ENGINE/v1/chat/completions"
+    NGX_URL="http://127.0.0.1:$P_NGX/v1/chat/completions"
+    FLOOR_URL="http://127.0.0.1:${PORTS[15]}/v1/chat/completions"
+    if [ -x "$FLOOR" ]; then
+        "$FLOOR" "127.0.0.1:${PORTS[15]}" "http://127.0.0.1:$P_ENGINE/" >"$WORK/floor.log" 2>&1 &
+        FLOOR_PID=$!
+        PIDS+=($FLOOR_PID)
+        wait_http "http://127.0.0.1:${PORTS[15]}/health"
+    fi
+    for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
+    [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL"
+    for ((r = 1; r <= RUNS; r++)); do
+        for c in 1 32; do
+            run_wrk face direct "$c" "$r" "$DIRECT_URL"
+            CPU_PIDS=$NGX_PIDS run_wrk face nginx "$c" "$r" "$NGX_URL"
+            if [ -n "${FLOOR_PID:-}" ]; then
+                CPU_PIDS=$FLOOR_PID run_wrk face floor "$c" "$r" "$FLOOR_URL"
+            fi
+            if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
+                perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \
+                    -- sleep "$DUR" >/dev/null 2>&1 &
+                PERF_PID=$!
+            fi
+            CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$c" "$r" "$SOLO_URL"
+            if [ -n "${PERF_PID:-}" ]; then
+                wait "$PERF_PID" || true
+                perf report -i "$WORK/face.data" --no-children --percent-limit 0.7 \
+                    --stdio -g none >"$WORK/face.perf" 2>/dev/null || true
+                log "perf report: $WORK/face.perf"
+                PERF_PID=""
+            fi
+        done
     done
-done
-SOLO_AFTER_KB=$(rss_kb "${NODE_PID[solo]}")
+    SOLO_AFTER_KB=$(rss_kb "${NODE_PID[solo]}")
+fi
 
 # ===================================================== 3. streaming TTFB
-log "3. time to first byte of a streamed answer"
-for ((r = 1; r <= RUNS; r++)); do
-    for v in direct nginx pair; do
-        case $v in
-            direct) addr="127.0.0.1:$P_ENGINE" ;;
-            nginx) addr="127.0.0.1:$P_NGX" ;;
-            pair) addr="127.0.0.1:${PORTS[4]}" ;;
-        esac
-        out=$($PY "$HERE/ttfb.py" "$addr" /v1/chat/completions "$TTFB_N" "x-bench: stream") ||
-            die "ttfb $v"
-        log "ttfb $v run $r: $out"
-        printf '%s\t%s\t%s\t%s\t%s\n' ttfb "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
+if want ttfb; then
+    log "3. time to first byte of a streamed answer"
+    for ((r = 1; r <= RUNS; r++)); do
+        for v in direct nginx pair; do
+            case $v in
+                direct) addr="127.0.0.1:$P_ENGINE" ;;
+                nginx) addr="127.0.0.1:$P_NGX" ;;
+                pair) addr="127.0.0.1:${PORTS[4]}" ;;
+            esac
+            out=$($PY "$HERE/ttfb.py" "$addr" /v1/chat/completions "$TTFB_N" "x-bench: stream") ||
+                die "ttfb $v"
+            log "ttfb $v run $r: $out"
+            printf '%s\t%s\t%s\t%s\t%s\n' ttfb "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
+        done
     done
-done
-stop_node solo
+fi
+if want face || want ttfb; then stop_node solo; fi
 
 # ===================================================== 2. peer hop
-log "2. one peer hop over mTLS (A pinned to B; B's engine: nginx)"
-start_node a "$P_DEAD" "${PORTS[6]}" "${PORTS[7]}" "${PORTS[8]}"
-start_node b "$P_ENGINE" "${PORTS[9]}" "${PORTS[10]}" "${PORTS[11]}"
-PIN=$("$PAIR_NODE" pair invite --control "http://127.0.0.1:${PORTS[6]}" --json |
-    $PY -c 'import json,sys; print(json.load(sys.stdin)["pin"])')
-"$PAIR_NODE" pair join "127.0.0.1:${PORTS[8]}" --pin "$PIN" \
-    --control "http://127.0.0.1:${PORTS[9]}" --json >"$WORK/join.json"
-B_ID=$("$PAIR_NODE" status --json --control "http://127.0.0.1:${PORTS[9]}" |
-    $PY -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-A_URL="http://127.0.0.1:${PORTS[7]}/v1/chat/completions"
-B_URL="http://127.0.0.1:${PORTS[10]}/v1/chat/completions"
-wait_routable "$A_URL" "x-pair-node-pin: $B_ID"
-served_by=$(curl -s -D - -o /dev/null -H 'content-type: application/json' \
-    -H "x-pair-node-pin: $B_ID" -d '{"model":"bench","messages":[]}' "$A_URL" |
-    tr -d '\r' | awk -F': ' 'tolower($1)=="x-pair-node" {print $2}')
-case "$served_by" in *"$B_ID"*) log "A routes to B: x-pair-node: $served_by" ;;
-    *) die "A's answer did not come from B (x-pair-node: $served_by)" ;; esac
-warm "$B_URL"
-warm "$A_URL" "$B_ID"
-for ((r = 1; r <= RUNS; r++)); do
-    for c in 1 32; do
-        run_wrk hop b-face "$c" "$r" "$B_URL"
-        run_wrk hop a-to-b "$c" "$r" "$A_URL" "$B_ID"
+if want hop; then
+    log "2. one peer hop over mTLS (A pinned to B; B's engine: nginx)"
+    start_node a "$P_DEAD" "${PORTS[6]}" "${PORTS[7]}" "${PORTS[8]}"
+    start_node b "$P_ENGINE" "${PORTS[9]}" "${PORTS[10]}" "${PORTS[11]}"
+    PIN=$("$PAIR_NODE" pair invite --control "http://127.0.0.1:${PORTS[6]}" --json |
+        $PY -c 'import json,sys; print(json.load(sys.stdin)["pin"])')
+    "$PAIR_NODE" pair join "127.0.0.1:${PORTS[8]}" --pin "$PIN" \
+        --control "http://127.0.0.1:${PORTS[9]}" --json >"$WORK/join.json"
+    B_ID=$("$PAIR_NODE" status --json --control "http://127.0.0.1:${PORTS[9]}" |
+        $PY -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+    A_URL="http://127.0.0.1:${PORTS[7]}/v1/chat/completions"
+    B_URL="http://127.0.0.1:${PORTS[10]}/v1/chat/completions"
+    wait_routable "$A_URL" "x-pair-node-pin: $B_ID"
+    served_by=$(curl -s -D - -o /dev/null -H 'content-type: application/json' \
+        -H "x-pair-node-pin: $B_ID" -d '{"model":"bench","messages":[]}' "$A_URL" |
+        tr -d '\r' | awk -F': ' 'tolower($1)=="x-pair-node" {print $2}')
+    case "$served_by" in *"$B_ID"*) log "A routes to B: x-pair-node: $served_by" ;;
+        *) die "A's answer did not come from B (x-pair-node: $served_by)" ;; esac
+    warm "$B_URL"
+    warm "$A_URL" "$B_ID"
+    for ((r = 1; r <= RUNS; r++)); do
+        for c in 1 32; do
+            run_wrk hop b-face "$c" "$r" "$B_URL"
+            run_wrk hop a-to-b "$c" "$r" "$A_URL" "$B_ID"
+        done
     done
-done
-stop_node a
-stop_node b
+    stop_node a
+    stop_node b
+fi
 
 # ===================================================== 4. memory
-log "4. memory: idle, then $STREAMS concurrent streams"
-start_node mem "$P_ENGINE" "${PORTS[12]}" "${PORTS[13]}" "${PORTS[14]}"
-MEM_URL="http://127.0.0.1:${PORTS[13]}/v1/chat/completions"
-MEM_PID=${NODE_PID[mem]}
-sleep 2
-wait_routable "$MEM_URL"
-sleep 3
-MEM_IDLE_KB=$(rss_kb "$MEM_PID")
-# Sample RSS, established client connections and the node's own in-flight
-# count while hey holds $STREAMS slow streams open.
-touch "$WORK/sampling"
-echo "0 0 0" >"$WORK/peak"
-(
-    peak=0 conns=0 inflight=0
-    while [ -e "$WORK/sampling" ]; do
-        kb=$(rss_kb "$MEM_PID")
-        ((kb > peak)) && peak=$kb
-        n=$(ss -Htn state established "( sport = :${PORTS[13]} )" | wc -l)
-        ((n > conns)) && conns=$n
-        f=$(curl -s "http://127.0.0.1:${PORTS[12]}/_pair/status" |
-            $PY -c 'import json,sys; print(json.load(sys.stdin)["in_flight"])' 2>/dev/null || echo 0)
-        ((f > inflight)) && inflight=$f
-        echo "$peak $conns $inflight" >"$WORK/peak"
-        sleep 0.2
-    done
-) &
-SAMPLER=$!
-PIDS+=($SAMPLER)
-STREAM_T0=$(date +%s.%N)
-hey -n "$STREAMS" -c "$STREAMS" -t 120 -m POST -T application/json \
-    -H 'x-bench: slow' \
-    -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true}' \
-    "$MEM_URL" >"$WORK/hey.txt" 2>&1 || true
-STREAM_T1=$(date +%s.%N)
-rm -f "$WORK/sampling"
-wait "$SAMPLER" 2>/dev/null || true
-read -r MEM_PEAK_KB MEM_CONNS MEM_INFLIGHT <"$WORK/peak"
-sleep 1
-MEM_AFTER_KB=$(rss_kb "$MEM_PID")
-STREAMS_OK=$(awk '/\[200\]/ {print $2}' "$WORK/hey.txt")
-STREAMS_OK=${STREAMS_OK:-0}
-STREAM_WALL=$($PY -c "print(f'{$STREAM_T1 - $STREAM_T0:.1f}')")
-log "streams: $STREAMS_OK/$STREAMS answered 200, peak RSS ${MEM_PEAK_KB} kB, peak conns $MEM_CONNS, peak in-flight $MEM_INFLIGHT, ${STREAM_WALL}s"
-stop_node mem
+if want mem; then
+    log "4. memory: idle, then $STREAMS concurrent streams"
+    start_node mem "$P_ENGINE" "${PORTS[12]}" "${PORTS[13]}" "${PORTS[14]}"
+    MEM_URL="http://127.0.0.1:${PORTS[13]}/v1/chat/completions"
+    MEM_PID=${NODE_PID[mem]}
+    sleep 2
+    wait_routable "$MEM_URL"
+    sleep 3
+    MEM_IDLE_KB=$(rss_kb "$MEM_PID")
+    # Sample RSS, established client connections and the node's own in-flight
+    # count while hey holds $STREAMS slow streams open.
+    touch "$WORK/sampling"
+    echo "0 0 0" >"$WORK/peak"
+    (
+        peak=0 conns=0 inflight=0
+        while [ -e "$WORK/sampling" ]; do
+            kb=$(rss_kb "$MEM_PID")
+            ((kb > peak)) && peak=$kb
+            n=$(ss -Htn state established "( sport = :${PORTS[13]} )" | wc -l)
+            ((n > conns)) && conns=$n
+            f=$(curl -s "http://127.0.0.1:${PORTS[12]}/_pair/status" |
+                $PY -c 'import json,sys; print(json.load(sys.stdin)["in_flight"])' 2>/dev/null || echo 0)
+            ((f > inflight)) && inflight=$f
+            echo "$peak $conns $inflight" >"$WORK/peak"
+            sleep 0.2
+        done
+    ) &
+    SAMPLER=$!
+    PIDS+=($SAMPLER)
+    STREAM_T0=$(date +%s.%N)
+    hey -n "$STREAMS" -c "$STREAMS" -t 120 -m POST -T application/json \
+        -H 'x-bench: slow' \
+        -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true}' \
+        "$MEM_URL" >"$WORK/hey.txt" 2>&1 || true
+    STREAM_T1=$(date +%s.%N)
+    rm -f "$WORK/sampling"
+    wait "$SAMPLER" 2>/dev/null || true
+    read -r MEM_PEAK_KB MEM_CONNS MEM_INFLIGHT <"$WORK/peak"
+    sleep 1
+    MEM_AFTER_KB=$(rss_kb "$MEM_PID")
+    STREAMS_OK=$(awk '/\[200\]/ {print $2}' "$WORK/hey.txt")
+    STREAMS_OK=${STREAMS_OK:-0}
+    STREAM_WALL=$($PY -c "print(f'{$STREAM_T1 - $STREAM_T0:.1f}')")
+    log "streams: $STREAMS_OK/$STREAMS answered 200, peak RSS ${MEM_PEAK_KB} kB, peak conns $MEM_CONNS, peak in-flight $MEM_INFLIGHT, ${STREAM_WALL}s"
+    stop_node mem
+fi
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ===================================================== report
-export TSV RUNS DUR TTFB_N STREAMS SLOW_SECONDS LOAD_BEFORE LOAD_AFTER SOLO_IDLE_KB \
-    SOLO_AFTER_KB MEM_IDLE_KB MEM_PEAK_KB MEM_AFTER_KB MEM_CONNS MEM_INFLIGHT STREAMS_OK \
-    STREAM_WALL
-$PY - >"$RESULTS" <<'EOF'
-import collections, os, statistics
-
-env = os.environ
-rows = collections.defaultdict(list)
-for line in open(env["TSV"]):
-    section, variant, conc, _run, kv = line.rstrip("\n").split("\t")
-    rows[(section, variant, int(conc))].append(
-        {k: float(v) for k, v in (p.split("=") for p in kv.split())})
-
-def med(section, variant, conc, key):
-    return statistics.median(r[key] for r in rows[(section, variant, conc)])
-
-def verdict(ok):
-    return "PASS" if ok else "FAIL"
-
-out = []
-w = out.append
-w(f"Runs: median of {env['RUNS']} (wrk {env['DUR']} s each; TTFB {env['TTFB_N']} requests each).")
-w(f"Load average before: {env['LOAD_BEFORE']}; after: {env['LOAD_AFTER']}.")
-w("")
-w("### 1. Local face vs nginx (engine: nginx, fixed chat completion)")
-w("")
-w("| c | path | p50 µs | p99 µs | req/s | added p50 µs |")
-w("|---|---|---|---|---|---|")
-for c in (1, 32):
-    base = med("face", "direct", c, "p50_us")
-    for v in ("direct", "nginx", "pair"):
-        p50 = med("face", v, c, "p50_us")
-        add = "—" if v == "direct" else f"{p50 - base:.0f}"
-        w(f"| {c} | {v} | {p50:.0f} | {med('face', v, c, 'p99_us'):.0f} | "
-          f"{med('face', v, c, 'rps'):.0f} | {add} |")
-w("")
-w("### 2. One peer hop over mTLS")
-w("")
-w("| c | path | p50 µs | p99 µs | req/s | added p50 µs |")
-w("|---|---|---|---|---|---|")
-for c in (1, 32):
-    base = med("hop", "b-face", c, "p50_us")
-    for v, name in (("b-face", "client → B's face → engine"), ("a-to-b", "client → A's face → mTLS → B → engine")):
-        p50 = med("hop", v, c, "p50_us")
-        add = "—" if v == "b-face" else f"{p50 - base:.0f}"
-        w(f"| {c} | {name} | {p50:.0f} | {med('hop', v, c, 'p99_us'):.0f} | "
-          f"{med('hop', v, c, 'rps'):.0f} | {add} |")
-w("")
-w("### 3. Time to first body byte, streamed answer (SSE), c=1")
-w("")
-w("| path | p50 µs | p90 µs | p99 µs | added p50 µs |")
-w("|---|---|---|---|---|")
-tb = med("ttfb", "direct", 1, "p50_us")
-for v in ("direct", "nginx", "pair"):
-    p50 = med("ttfb", v, 1, "p50_us")
-    add = "—" if v == "direct" else f"{p50 - tb:.0f}"
-    w(f"| {v} | {p50:.0f} | {med('ttfb', v, 1, 'p90_us'):.0f} | {med('ttfb', v, 1, 'p99_us'):.0f} | {add} |")
-w("")
-mb = lambda k: float(env[k]) / 1024
-w("### 4. Memory")
-w("")
-w("| measure | value |")
-w("|---|---|")
-w(f"| idle RSS after start (memory node) | {mb('MEM_IDLE_KB'):.1f} MB |")
-w(f"| idle RSS after start (face node) | {mb('SOLO_IDLE_KB'):.1f} MB |")
-w(f"| face node RSS after all wrk runs | {mb('SOLO_AFTER_KB'):.1f} MB |")
-w(f"| {env['STREAMS']} concurrent streams: answered 200 | {env['STREAMS_OK']} / {env['STREAMS']} |")
-w(f"| peak established client connections / peak in-flight (node's count) | {env['MEM_CONNS']} / {env['MEM_INFLIGHT']} |")
-w(f"| peak RSS during the streams | {mb('MEM_PEAK_KB'):.1f} MB |")
-w(f"| RSS 1 s after the streams | {mb('MEM_AFTER_KB'):.1f} MB |")
-w(f"| wall time of the stream run (each stream ~{env['SLOW_SECONDS']} s) | {env['STREAM_WALL']} s |")
-w("")
-w("### Targets")
-w("")
-w("| target | measured | verdict |")
-w("|---|---|---|")
-for c in (1, 32):
-    d = med("face", "direct", c, "p50_us")
-    ours = med("face", "pair", c, "p50_us") - d
-    ngx = med("face", "nginx", c, "p50_us") - d
-    w(f"| c={c}: added p50 ≤ nginx's and < 100 µs | pair {ours:.0f} µs, nginx {ngx:.0f} µs | {verdict(ours <= ngx and ours < 100)} |")
-ratio = med("face", "pair", 32, "rps") / med("face", "nginx", 32, "rps")
-w(f"| c=32 throughput ≥ 0.8× nginx | {ratio:.2f}× | {verdict(ratio >= 0.8)} |")
-hop = med("hop", "a-to-b", 1, "p50_us") - med("hop", "b-face", 1, "p50_us")
-w(f"| peer hop (mTLS) added p50 < 300 µs (c=1) | {hop:.0f} µs | {verdict(hop < 300)} |")
-tt = med("ttfb", "pair", 1, "p50_us") - tb
-w(f"| streaming added TTFB < 200 µs (p50) | {tt:.0f} µs | {verdict(tt < 200)} |")
-idle = mb("MEM_IDLE_KB")
-w(f"| idle RSS < 30 MB | {idle:.1f} MB | {verdict(idle < 30)} |")
-ok = int(env["STREAMS_OK"]) == int(env["STREAMS"])
-w(f"| {env['STREAMS']} concurrent streams through one node | {env['STREAMS_OK']} ok, peak {mb('MEM_PEAK_KB'):.0f} MB | {verdict(ok)} |")
-print("\n".join(out))
-EOF
+export TSV RUNS DUR TTFB_N STREAMS SLOW_SECONDS LOAD_BEFORE LOAD_AFTER SECTIONS
+export SOLO_IDLE_KB=${SOLO_IDLE_KB:-0} SOLO_AFTER_KB=${SOLO_AFTER_KB:-0} \
+    MEM_IDLE_KB=${MEM_IDLE_KB:-0} MEM_PEAK_KB=${MEM_PEAK_KB:-0} MEM_AFTER_KB=${MEM_AFTER_KB:-0} \
+    MEM_CONNS=${MEM_CONNS:-0} MEM_INFLIGHT=${MEM_INFLIGHT:-0} STREAMS_OK=${STREAMS_OK:-0} \
+    STREAM_WALL=${STREAM_WALL:-0}
+$PY "$HERE/report.py" >"$RESULTS"
 cat "$RESULTS"
 log "results in $RESULTS (raw: $TSV)"
 if [ -n "${RESULTS_TSV:-}" ]; then cp "$TSV" "$RESULTS_TSV"; fi

@@ -87,6 +87,29 @@ async fn a_burst_spreads_over_the_nodes() {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
+    // The burst must see the warm state: wait until node 0's cluster view
+    // (peer reports arrive every gossip interval) has the model loaded and
+    // idle everywhere.
+    let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
+    let mut settled = false;
+    for _ in 0..100 {
+        let v = get_json(view.clone()).await;
+        let nodes = v["snapshot"]["nodes"].as_array().unwrap();
+        settled = nodes.len() == 3
+            && nodes.iter().all(|n| {
+                n["workload"]["running"] == 0
+                    && n["engines"][0]["models"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m["name"] == "llama3.2:3b" && m["loaded"] == true)
+            });
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(settled, "the warm state never reached node 0's view");
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let sends = (0..9).map(|i| {
         let url = url.clone();

@@ -266,11 +266,13 @@ pub async fn start(
     tasks.spawn(face::serve(
         listeners.ollama,
         face::router(Arc::clone(&st), Face::Ollama, control.clone()),
+        Face::Ollama,
         shutdown.clone(),
     ));
     tasks.spawn(face::serve(
         listeners.openai,
         face::router(Arc::clone(&st), Face::OpenAi, control),
+        Face::OpenAi,
         shutdown.clone(),
     ));
     tasks.close();

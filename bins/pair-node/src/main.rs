@@ -27,6 +27,18 @@ const EXIT_CONFIG: u8 = 64;
     about = "A peer-to-peer inference router for local LLM engines"
 )]
 struct Cli {
+    /// Runtime threads. 1 (the default) runs the node on one event loop,
+    /// which costs the least CPU per request (docs/benchmarks/proxy.md):
+    /// LLM traffic is far from needing more. Above 1, work is spread over
+    /// that many cores.
+    #[arg(
+        long,
+        global = true,
+        env = "PAIR_THREADS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=512)
+    )]
+    threads: u16,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,10 +119,14 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = if cli.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(usize::from(cli.threads));
+        b
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pair-node: cannot start the runtime: {e}");

@@ -116,9 +116,11 @@ async fn connection(
     serve_http(TokioIo::new(tls), svc, shutdown, Some(Box::pin(revoked))).await
 }
 
-type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub(crate) type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-async fn serve_http<IO>(
+/// Serves one HTTP/1.1 connection until it ends, the peer is unpaired
+/// (`revoked`), or `shutdown` (then in-flight requests get a grace period).
+pub(crate) async fn serve_http<IO>(
     io: TokioIo<IO>,
     router: Router,
     shutdown: CancellationToken,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -230,13 +231,53 @@ fn join_uri(base: &Uri, prefix: &str, path_and_query: &str) -> Result<Uri, Dispa
     s.parse().map_err(|source| DispatchError::BadUri { source })
 }
 
+/// `base`'s scheme and authority with the client's own path and query: no
+/// formatting or re-parsing (both parts are shared, already-checked bytes).
+fn local_uri(base: &Uri, path_and_query: &PathAndQuery) -> Result<Uri, DispatchError> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = base.scheme().cloned();
+    parts.authority = base.authority().cloned();
+    parts.path_and_query = Some(path_and_query.clone());
+    Uri::from_parts(parts).map_err(|source| DispatchError::BadRequest {
+        source: source.into(),
+    })
+}
+
 /// Request line and headers of the client's request, kept for replay.
 #[derive(Clone, Debug)]
 pub struct RequestHead {
     pub method: http::Method,
     /// Path and query as the client sent them.
-    pub path_and_query: String,
+    pub path_and_query: PathAndQuery,
     pub headers: HeaderMap,
+}
+
+/// Starts one attempt: the response head arrives when the future is ready.
+/// No deadline of its own; callers put one around it.
+pub fn request(
+    local: &HttpClient,
+    hop: &Hop,
+    head: &RequestHead,
+    body: Bytes,
+    extra: &[(HeaderName, HeaderValue)],
+) -> Result<hyper_util::client::legacy::ResponseFuture, DispatchError> {
+    let uri = match hop {
+        Hop::Local { base } => local_uri(base, &head.path_and_query)?,
+        Hop::Peer(link) => join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?,
+    };
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = head.method.clone();
+    *req.uri_mut() = uri;
+    let headers = req.headers_mut();
+    headers.reserve(head.headers.len() + extra.len());
+    copy_headers(&head.headers, headers);
+    for (k, v) in extra {
+        headers.insert(k.clone(), v.clone());
+    }
+    Ok(match hop {
+        Hop::Local { .. } => local.request(req),
+        Hop::Peer(link) => link.client.request(req),
+    })
 }
 
 /// Sends one attempt and waits (up to the first-byte deadline) for the
@@ -249,23 +290,7 @@ pub async fn send(
     extra: &[(HeaderName, HeaderValue)],
     timeouts: Timeouts,
 ) -> Result<Response<Incoming>, DispatchError> {
-    let uri = match hop {
-        Hop::Local { base } => join_uri(base, "", &head.path_and_query)?,
-        Hop::Peer(link) => join_uri(&link.base, RELAY_PREFIX, &head.path_and_query)?,
-    };
-    let mut req = Request::builder()
-        .method(head.method.clone())
-        .uri(uri)
-        .body(Full::new(body))
-        .map_err(|source| DispatchError::BadRequest { source })?;
-    copy_headers(&head.headers, req.headers_mut());
-    for (k, v) in extra {
-        req.headers_mut().insert(k.clone(), v.clone());
-    }
-    match hop {
-        Hop::Local { .. } => send_with_deadline(local.request(req), timeouts.first_byte).await,
-        Hop::Peer(link) => send_with_deadline(link.client.request(req), timeouts.first_byte).await,
-    }
+    send_with_deadline(request(local, hop, head, body, extra)?, timeouts.first_byte).await
 }
 
 async fn send_with_deadline(
@@ -295,6 +320,16 @@ mod tests {
         copy_headers(&from, &mut to);
         assert_eq!(to.len(), 2);
         assert!(to.contains_key("authorization"));
+    }
+
+    #[test]
+    fn local_uris_keep_the_path_and_query() {
+        let base: Uri = "http://127.0.0.1:11435".parse().unwrap();
+        let pq = PathAndQuery::from_static("/api/chat?x=1");
+        assert_eq!(
+            local_uri(&base, &pq).unwrap().to_string(),
+            "http://127.0.0.1:11435/api/chat?x=1"
+        );
     }
 
     #[test]

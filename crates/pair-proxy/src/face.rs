@@ -9,16 +9,19 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::{self, Next};
+use axum::extract::{Request, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http::{HeaderValue, Method, Response, StatusCode, header};
+use hyper_util::rt::TokioIo;
 use pair_core::{ApiFlavor, EngineKind};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cluster::serve_http;
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
@@ -64,53 +67,85 @@ struct FaceState {
 }
 
 /// The face's router. `control` holds the daemon's own routes (`/_pair/...`,
-/// `/ui`), merged in; every route is loopback-only.
+/// `/ui`), merged in. Only loopback connections ever reach it: [`serve`]
+/// decides once per connection.
 pub fn router(st: Arc<ProxyState>, face: Face, control: Router) -> Router {
     let fs = FaceState { st, face };
     Router::new()
         .route("/metrics", get(metrics))
         .fallback(handle)
-        .with_state(fs.clone())
+        .with_state(fs)
         .merge(control)
-        .layer(middleware::from_fn_with_state(fs, loopback_only))
 }
 
-/// Serves a face until `shutdown`, then lets in-flight requests finish.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
-}
-
-async fn loopback_only(
-    State(fs): State<FaceState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-    next: Next,
-) -> Response<Body> {
-    if peer.ip().is_loopback() {
-        next.run(req).await
-    } else {
-        tracing::info!(%peer, "refused a non-loopback client on a local face");
+/// What a connection from another machine gets, whatever it asks: 403 with
+/// a JSON error in the face's own flavour.
+fn forbidden(face: Face) -> Router {
+    Router::new().fallback(move || async move {
         json_error(
             StatusCode::FORBIDDEN,
-            fs.face.flavor(),
+            face.flavor(),
             "forbidden",
             "pair's local faces only accept connections from this machine; other machines join the cluster by pairing",
             None,
         )
+    })
+}
+
+/// Whether a client connected from this machine (IPv4-mapped IPv6 loopback
+/// included, for faces bound to `[::]`).
+fn is_local(peer: SocketAddr) -> bool {
+    peer.ip().to_canonical().is_loopback()
+}
+
+/// The router a connection from `peer` is served by.
+fn router_for(peer: SocketAddr, app: &Router, face: Face) -> Router {
+    if is_local(peer) {
+        app.clone()
+    } else {
+        tracing::info!(%peer, "refused a non-loopback client on a local face");
+        forbidden(face)
     }
+}
+
+/// Serves a face until `shutdown`, then lets in-flight requests finish
+/// (bounded by [`crate::cluster::SHUTDOWN_GRACE`]). HTTP/1.1 with
+/// keep-alive and TCP_NODELAY; the loopback check is made once per
+/// connection, not per request.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    face: Face,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let conns = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "face accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let svc = router_for(peer, &app, face);
+        let shutdown = shutdown.clone();
+        conns.spawn(async move {
+            if let Err(reason) = serve_http(TokioIo::new(tcp), svc, shutdown, None).await {
+                tracing::debug!(%peer, reason, "face connection closed");
+            }
+        });
+    }
+    drop(listener);
+    conns.close();
+    conns.wait().await;
+    Ok(())
 }
 
 async fn metrics(State(fs): State<FaceState>) -> impl IntoResponse {
@@ -130,11 +165,12 @@ async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
     let class = route::classify(req.method(), req.uri().path());
     let (parts, body) = req.into_parts();
     let head = RequestHead {
-        method: parts.method.clone(),
+        method: parts.method,
         path_and_query: parts
             .uri
             .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
         headers: parts.headers,
     };
     let flavor = match class {
@@ -304,7 +340,7 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
     };
     let head = RequestHead {
         method: Method::GET,
-        path_and_query: path.to_owned(),
+        path_and_query: http::uri::PathAndQuery::from_static(path),
         headers: http::HeaderMap::new(),
     };
     let mut timeouts = st.timeouts;
@@ -329,7 +365,6 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
 mod tests {
     use super::*;
     use crate::state::{NodeIdentity, ProxyConfig};
-    use axum::extract::connect_info::MockConnectInfo;
     use http_body_util::BodyExt;
     use pair_core::NodeId;
     use tower::ServiceExt;
@@ -351,8 +386,8 @@ mod tests {
     }
 
     async fn call(from: [u8; 4], face: Face, req: http::Request<Body>) -> (StatusCode, Value) {
-        let app = router(state(), face, Router::new())
-            .layer(MockConnectInfo(SocketAddr::from((from, 40000))));
+        let app = router(state(), face, Router::new());
+        let app = router_for(SocketAddr::from((from, 40000)), &app, face);
         let resp = app.oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
@@ -382,6 +417,15 @@ mod tests {
         )
         .await;
         assert_eq!(s, StatusCode::BAD_GATEWAY);
+    }
+
+    #[test]
+    fn loopback_includes_ipv4_mapped_ipv6() {
+        assert!(is_local("[::1]:1".parse().unwrap()));
+        assert!(is_local("[::ffff:127.0.0.1]:1".parse().unwrap()));
+        assert!(is_local("127.0.0.2:1".parse().unwrap()));
+        assert!(!is_local("[::ffff:10.0.0.1]:1".parse().unwrap()));
+        assert!(!is_local("192.168.1.20:1".parse().unwrap()));
     }
 
     #[tokio::test]

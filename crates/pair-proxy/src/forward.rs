@@ -27,7 +27,7 @@ use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop, JOB_HEADER, ORIGIN_HEADER, RequestHead};
 use crate::error::json_error;
 use crate::load::LoadGuard;
-use crate::metrics::{FailoverLabels, RequestLabels, RouteLabels};
+use crate::metrics::{FailoverLabels, RequestLabels, RouteMetrics};
 use crate::route::Work;
 use crate::state::{MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
@@ -36,6 +36,24 @@ use crate::stream::{Ending, Framing, Relay, Watcher};
 pub const PIN_HEADER: &str = "x-pair-node-pin";
 /// Names a conversation for session affinity.
 pub const SESSION_HEADER: &str = "x-pair-session";
+/// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
+pub const EXPLAIN_HEADER: &str = "x-pair-explain";
+
+/// Why one attempt did not commit.
+enum AttemptError {
+    Dispatch(DispatchError),
+    /// A status another node may not share (408, 429, 5xx, 404 from an
+    /// advertised owner).
+    Status(StatusCode),
+    /// The body failed before its first byte.
+    Body(&'static str),
+}
+
+impl From<DispatchError> for AttemptError {
+    fn from(e: DispatchError) -> Self {
+        AttemptError::Dispatch(e)
+    }
+}
 
 /// One dispatch and how it ended, for receipts and error bodies.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -60,7 +78,7 @@ pub struct Inference {
 pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
     let created_at_ms = now_ms();
     let t0 = Instant::now();
-    let facts = match body::extract(&req.body, req.flavor, req.work) {
+    let facts = match extract(&req).await {
         Ok(f) => f,
         Err(e) => {
             count(st, req.route, 400, "none");
@@ -112,55 +130,60 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
                 .begin(profile.prompt_tokens, profile.max_output_tokens)
         });
         let extra = relay_headers(st, job, &hop);
-        // The first-byte deadline is per attempt: a hung node must not
-        // eat the next candidate's time.
-        let attempt_t0 = Instant::now();
-        let sent = dispatch::send(
-            &st.local_client,
-            &hop,
-            &req.head,
-            req.body.clone(),
-            &extra,
-            st.timeouts,
-        )
-        .await;
-        let resp = match sent {
-            Ok(r) => r,
-            Err(e) if e.retry().may_retry() => {
-                deadline_hit |= matches!(e, DispatchError::Deadline(_));
-                tracing::debug!(%node, error = %e, "attempt failed");
-                fail(st, &mut attempts, node, name, e.class());
-                continue;
+        // The first-byte deadline is per attempt (a hung node must not eat
+        // the next candidate's time) and covers the head and the first body
+        // byte under one timer.
+        let attempt = async {
+            let resp =
+                dispatch::request(&st.local_client, &hop, &req.head, req.body.clone(), &extra)?
+                    .await
+                    .map_err(|source| {
+                        AttemptError::Dispatch(DispatchError::Transport { source })
+                    })?;
+            let status = resp.status();
+            let advice = RetryAdvice::for_status(status.as_u16(), true);
+            if advice.is_some_and(RetryAdvice::may_retry) {
+                return Err(AttemptError::Status(status));
             }
-            Err(e) => {
-                // Nothing reached the client, but the error says another
-                // node would fail the same way.
-                fail(st, &mut attempts, node, name, e.class());
-                break;
-            }
-        };
-        let status = resp.status();
-        let advice = RetryAdvice::for_status(status.as_u16(), true);
-        if advice.is_some_and(RetryAdvice::may_retry) {
-            fail(st, &mut attempts, node, name, status.as_str());
-            continue;
-        }
-        let (parts, mut upstream) = resp.into_parts();
-        let first = if advice.is_none() {
+            let (parts, mut upstream) = resp.into_parts();
             // Success: wait for the first body byte before committing, so an
             // engine that dies between head and body is still retried.
-            let left = st.timeouts.first_byte.saturating_sub(attempt_t0.elapsed());
-            match first_data(&mut upstream, left).await {
-                Ok(first) => first,
-                Err(class) => {
-                    deadline_hit |= class == "first-byte-timeout";
+            let first = if advice.is_none() {
+                first_data(&mut upstream)
+                    .await
+                    .map_err(AttemptError::Body)?
+            } else {
+                None
+            };
+            Ok((status, parts, upstream, first))
+        };
+        let (status, parts, upstream, first) =
+            match tokio::time::timeout(st.timeouts.first_byte, attempt).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(AttemptError::Dispatch(e))) => {
+                    tracing::debug!(%node, error = %e, "attempt failed");
+                    fail(st, &mut attempts, node, name, e.class());
+                    if e.retry().may_retry() {
+                        continue;
+                    }
+                    // Nothing reached the client, but the error says another
+                    // node would fail the same way.
+                    break;
+                }
+                Ok(Err(AttemptError::Status(status))) => {
+                    fail(st, &mut attempts, node, name, status.as_str());
+                    continue;
+                }
+                Ok(Err(AttemptError::Body(class))) => {
                     fail(st, &mut attempts, node, name, class);
                     continue;
                 }
-            }
-        } else {
-            None
-        };
+                Err(_) => {
+                    deadline_hit = true;
+                    fail(st, &mut attempts, node, name, "first-byte-timeout");
+                    continue;
+                }
+            };
         attempts.push(Attempt {
             node,
             name: name.clone(),
@@ -173,16 +196,15 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
         record.http_status = Some(status.as_u16());
         record.ttft_ms = Some(millis(ttft));
-        st.metrics
-            .ttft
-            .get_or_create(&RouteLabels {
-                route: req.route.to_owned(),
-            })
-            .observe(ttft.as_secs_f64());
+        let route_metrics = st.metrics.route(req.route);
+        route_metrics.ttft.observe(ttft.as_secs_f64());
         let framing = Framing::from_content_type(parts.headers.get(http::header::CONTENT_TYPE));
+        let explain = req.head.headers.contains_key(EXPLAIN_HEADER);
         let watcher = JobWatcher {
             st: Arc::clone(st),
             record,
+            route: req.route,
+            metrics: route_metrics,
             t0,
             node_name: name.clone(),
             guard,
@@ -198,7 +220,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
             node,
             attempts.len(),
             job,
-            &cand.to_string(),
+            explain.then_some(cand),
         );
         return out;
     }
@@ -236,6 +258,22 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         resp.headers_mut().insert("x-pair-attempts", v);
     }
     resp
+}
+
+/// Bodies above this are scanned off the event loop, so one large request
+/// does not stall every stream in flight.
+const INLINE_SCAN_MAX: usize = 1 << 20;
+
+async fn extract(req: &Inference) -> Result<RequestFacts, body::BodyError> {
+    if req.body.len() <= INLINE_SCAN_MAX {
+        return body::extract(&req.body, req.flavor, req.work);
+    }
+    let (b, flavor, work) = (req.body.clone(), req.flavor, req.work);
+    match tokio::task::spawn_blocking(move || body::extract(&b, flavor, work)).await {
+        Ok(r) => r,
+        // The blocking pool is gone (shutting down): scan here.
+        Err(_) => body::extract(&req.body, req.flavor, req.work),
+    }
 }
 
 /// A job record with what is known before any attempt.
@@ -337,25 +375,20 @@ fn relay_headers(st: &ProxyState, job: JobId, hop: &Hop) -> Vec<(HeaderName, Hea
 }
 
 /// Reads until the first data frame (trailers-only bodies end the same way).
-async fn first_data(body: &mut Incoming, within: Duration) -> Result<Option<Bytes>, &'static str> {
-    let read = async {
-        loop {
-            match body.frame().await {
-                None => return Ok(None),
-                Some(Err(_)) => return Err("body"),
-                Some(Ok(f)) => {
-                    if let Ok(data) = f.into_data()
-                        && !data.is_empty()
-                    {
-                        return Ok(Some(data));
-                    }
+async fn first_data(body: &mut Incoming) -> Result<Option<Bytes>, &'static str> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(_)) => return Err("body"),
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data()
+                    && !data.is_empty()
+                {
+                    return Ok(Some(data));
                 }
             }
         }
-    };
-    tokio::time::timeout(within, read)
-        .await
-        .unwrap_or(Err("first-byte-timeout"))
+    }
 }
 
 fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String, outcome: &str) {
@@ -372,11 +405,11 @@ fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String
     });
 }
 
-fn count(st: &ProxyState, route: &str, status: u16, node: &str) {
+fn count(st: &ProxyState, route: &'static str, status: u16, node: &str) {
     st.metrics
         .requests
         .get_or_create(&RequestLabels {
-            route: route.to_owned(),
+            route,
             status,
             node: node.to_owned(),
         })
@@ -389,7 +422,8 @@ fn strip_hop_headers(h: &mut http::HeaderMap) {
     }
 }
 
-/// Route receipt: which node served it, after how many tries, and why.
+/// Route receipt: which node served it, after how many tries, and (when
+/// the client sent [`EXPLAIN_HEADER`]) why.
 fn receipt(
     st: &ProxyState,
     h: &mut http::HeaderMap,
@@ -397,7 +431,7 @@ fn receipt(
     node: NodeId,
     attempts: usize,
     job: JobId,
-    why: &str,
+    why: Option<&pair_scheduler::Candidate>,
 ) {
     if let Ok(v) = HeaderValue::from_str(&format!("{name} ({node})")) {
         h.insert(HeaderName::from_static("x-pair-node"), v);
@@ -410,7 +444,9 @@ fn receipt(
         HeaderName::from_static("x-pair-policy"),
         HeaderValue::from_static(st.policy().as_str()),
     );
-    if let Ok(v) = HeaderValue::from_str(why) {
+    if let Some(why) = why
+        && let Ok(v) = HeaderValue::from_str(&why.to_string())
+    {
         h.insert(HeaderName::from_static("x-pair-route"), v);
     }
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
@@ -428,6 +464,8 @@ fn millis(d: Duration) -> u32 {
 struct JobWatcher {
     st: Arc<ProxyState>,
     record: JobRecord,
+    route: &'static str,
+    metrics: RouteMetrics,
     t0: Instant,
     node_name: String,
     guard: Option<LoadGuard>,
@@ -460,23 +498,17 @@ impl Watcher for JobWatcher {
             Ending::Completed if !ok => rec.http_status.map(|s| format!("engine answered {s}")),
             Ending::Completed => None,
         };
-        let route = rec.route.clone();
-        let m = &self.st.metrics;
-        m.requests
+        self.st
+            .metrics
+            .requests
             .get_or_create(&RequestLabels {
-                route: route.clone(),
+                route: self.route,
                 status: rec.http_status.unwrap_or(0),
-                node: self.node_name.clone(),
+                node: std::mem::take(&mut self.node_name),
             })
             .inc();
-        m.duration
-            .get_or_create(&RouteLabels {
-                route: route.clone(),
-            })
-            .observe(elapsed.as_secs_f64());
-        m.attempts
-            .get_or_create(&RouteLabels { route })
-            .observe(f64::from(rec.attempts));
+        self.metrics.duration.observe(elapsed.as_secs_f64());
+        self.metrics.attempts.observe(f64::from(rec.attempts));
         self.guard.take();
         self.st.finish_job(rec.clone());
     }

@@ -7,13 +7,20 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use pair_core::{JobId, JobRecord};
 use tokio::sync::broadcast;
 
 pub const KEEP_RECORDS: usize = 10_000;
 pub const KEEP_MS: u64 = 7 * 24 * 3600 * 1000;
+/// How often the writer thread appends what was recorded since its last
+/// turn. Nothing on the request path signals it: recording a job is a
+/// push under a mutex, never a wake-up or a syscall.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobLogError {
@@ -32,15 +39,25 @@ struct Inner {
     /// Records removed from the front since start; `index` values are
     /// absolute positions, so front removal is O(1).
     dropped: usize,
+    /// Recorded but not yet appended to the file (file-backed logs only).
+    unwritten: Vec<JobRecord>,
+}
+
+/// The writer thread and how to stop it.
+#[derive(Debug)]
+struct Writer {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
 }
 
 /// Shared by the request path and the Jobs view. Recording a job touches
-/// only memory; a writer thread owns the file, writes records in batches and
-/// compacts it, so no request ever waits for the disk.
+/// only memory; a writer thread owns the file, appends what was recorded
+/// every [`FLUSH_EVERY`] in one write and compacts the file, so no request
+/// ever waits for the disk or wakes another thread.
 #[derive(Debug)]
 pub struct JobLog {
     inner: Arc<Mutex<Inner>>,
-    writer: Option<(mpsc::Sender<JobRecord>, std::thread::JoinHandle<()>)>,
+    writer: Option<Writer>,
     events: broadcast::Sender<JobRecord>,
 }
 
@@ -73,14 +90,15 @@ impl JobLog {
         let mut log = Self::new(loaded);
         let kept = compact(&path, &log.inner).map_err(io)?;
         let file = OpenOptions::new().append(true).open(&path).map_err(io)?;
-        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
         let inner = Arc::clone(&log.inner);
         let writer_path = path.clone();
+        let writer_stop = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("pair-job-log".into())
-            .spawn(move || write_loop(&writer_path, file, kept, &inner, &rx))
+            .spawn(move || write_loop(&writer_path, file, kept, &inner, &writer_stop))
             .map_err(io)?;
-        log.writer = Some((tx, handle));
+        log.writer = Some(Writer { stop, handle });
         Ok(log)
     }
 
@@ -90,6 +108,7 @@ impl JobLog {
             records: VecDeque::new(),
             index: HashMap::new(),
             dropped: 0,
+            unwritten: Vec::new(),
         };
         for rec in loaded {
             upsert(&mut inner, rec);
@@ -104,12 +123,11 @@ impl JobLog {
     /// Records a new or updated job (local or replicated from a peer).
     pub fn record(&self, rec: JobRecord) {
         if let Ok(mut inner) = self.inner.lock() {
+            // A writer stuck on a dead disk must not grow memory without bound.
+            if self.writer.is_some() && inner.unwritten.len() < 2 * KEEP_RECORDS {
+                inner.unwritten.push(rec.clone());
+            }
             upsert(&mut inner, rec.clone());
-        }
-        if let Some((tx, _)) = &self.writer
-            && tx.send(rec.clone()).is_err()
-        {
-            tracing::warn!("the job log writer stopped; keeping jobs in memory only");
         }
         // Nobody listening is fine.
         let _ = self.events.send(rec);
@@ -144,36 +162,38 @@ impl JobLog {
 }
 
 impl Drop for JobLog {
-    /// Lets the writer drain what is queued, then waits for it.
+    /// Lets the writer append what is still unwritten, then waits for it.
     fn drop(&mut self) {
-        if let Some((tx, handle)) = self.writer.take() {
-            drop(tx);
-            let _ = handle.join();
+        if let Some(w) = self.writer.take() {
+            w.stop.store(true, Ordering::Release);
+            w.handle.thread().unpark();
+            let _ = w.handle.join();
         }
     }
 }
 
-/// The writer thread: appends records in batches (one `write` per burst,
-/// no fsync per record) and compacts the file when it has grown to twice
-/// what is kept.
-fn write_loop(
-    path: &Path,
-    file: File,
-    mut lines: usize,
-    inner: &Mutex<Inner>,
-    rx: &mpsc::Receiver<JobRecord>,
-) {
+/// The writer thread: every [`FLUSH_EVERY`] (or when told to stop) takes
+/// what was recorded since its last turn, appends it with one `write`, no
+/// fsync, and compacts the file once it has grown to twice what is kept.
+fn write_loop(path: &Path, file: File, mut lines: usize, inner: &Mutex<Inner>, stop: &AtomicBool) {
     let mut out = BufWriter::new(file);
-    while let Ok(first) = rx.recv() {
-        let mut ok = append(&mut out, &first);
-        lines += 1;
-        while let Ok(rec) = rx.try_recv() {
-            ok &= append(&mut out, &rec);
-            lines += 1;
+    let mut batch = Vec::new();
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        match inner.lock() {
+            Ok(mut i) => std::mem::swap(&mut i.unwritten, &mut batch),
+            Err(_) => return,
         }
-        ok &= out.flush().is_ok();
-        if !ok {
-            tracing::warn!(path = %path.display(), "could not append to the job log");
+        if !batch.is_empty() {
+            let mut ok = true;
+            for rec in batch.drain(..) {
+                ok &= append(&mut out, &rec);
+                lines += 1;
+            }
+            ok &= out.flush().is_ok();
+            if !ok {
+                tracing::warn!(path = %path.display(), "could not append to the job log");
+            }
         }
         if lines > 2 * KEEP_RECORDS {
             match compact(path, inner).and_then(|kept| {
@@ -187,8 +207,11 @@ fn write_loop(
                 Err(e) => tracing::warn!(error = %e, "job log compaction failed"),
             }
         }
+        if stopping {
+            return;
+        }
+        std::thread::park_timeout(FLUSH_EVERY);
     }
-    let _ = out.flush();
 }
 
 fn append(out: &mut BufWriter<File>, rec: &JobRecord) -> bool {

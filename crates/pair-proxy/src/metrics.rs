@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub route: String,
+    pub route: &'static str,
     pub status: u16,
     /// Node that served it, or "none".
     pub node: String,
@@ -17,7 +17,16 @@ pub struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub route: String,
+    pub route: &'static str,
+}
+
+/// One inference route's histograms, looked up once at start so the
+/// request path neither hashes labels nor takes the family's lock.
+#[derive(Clone, Debug)]
+pub struct RouteMetrics {
+    pub ttft: Histogram,
+    pub duration: Histogram,
+    pub attempts: Histogram,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +58,7 @@ pub struct Metrics {
     pub pending: Gauge,
     pub pressure: Gauge,
     pub peers: Gauge,
+    routes: Vec<(&'static str, RouteMetrics)>,
 }
 
 impl Default for Metrics {
@@ -108,6 +118,18 @@ impl Metrics {
         );
         registry.register("pressure", "GPU pressure band 0-3", pressure.clone());
         registry.register("peers", "Paired peers currently routable", peers.clone());
+        let routes = crate::route::INFERENCE_ROUTES
+            .iter()
+            .map(|&route| {
+                let l = RouteLabels { route };
+                let handles = RouteMetrics {
+                    ttft: ttft.get_or_create(&l).clone(),
+                    duration: duration.get_or_create(&l).clone(),
+                    attempts: attempts.get_or_create(&l).clone(),
+                };
+                (route, handles)
+            })
+            .collect();
         Self {
             registry,
             requests,
@@ -119,6 +141,23 @@ impl Metrics {
             pending,
             pressure,
             peers,
+            routes,
+        }
+    }
+
+    /// The histograms of an inference route (one of
+    /// [`crate::route::INFERENCE_ROUTES`]).
+    pub fn route(&self, route: &'static str) -> RouteMetrics {
+        match self.routes.iter().find(|(r, _)| *r == route) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let l = RouteLabels { route };
+                RouteMetrics {
+                    ttft: self.ttft.get_or_create(&l).clone(),
+                    duration: self.duration.get_or_create(&l).clone(),
+                    attempts: self.attempts.get_or_create(&l).clone(),
+                }
+            }
         }
     }
 
@@ -141,22 +180,26 @@ mod tests {
         let m = Metrics::new();
         m.requests
             .get_or_create(&RequestLabels {
-                route: "/api/chat".into(),
+                route: "/api/chat",
                 status: 200,
                 node: "a".into(),
             })
             .inc();
-        m.ttft
-            .get_or_create(&RouteLabels {
-                route: "/api/chat".into(),
-            })
-            .observe(0.012);
+        m.route("/api/chat").ttft.observe(0.012);
         let text = m.encode();
         assert!(
             text.contains("pair_requests_total{route=\"/api/chat\",status=\"200\",node=\"a\"} 1"),
             "{text}"
         );
-        assert!(text.contains("pair_ttft_seconds_bucket"), "{text}");
+        assert!(
+            text.contains("pair_ttft_seconds_count{route=\"/api/chat\"} 1"),
+            "{text}"
+        );
+        // Every inference route is exported from the start, at zero.
+        assert!(
+            text.contains("pair_duration_seconds_count{route=\"/v1/messages\"} 0"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -133,7 +133,9 @@ async fn relay(
         RouteClass::Inference { flavor, work, .. } => {
             let head = RequestHead {
                 method: parts.method,
-                path_and_query: inner,
+                path_and_query: inner
+                    .parse()
+                    .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
                 headers: parts.headers,
             };
             run_locally(st, peer, head, body, flavor, work).await

@@ -38,6 +38,20 @@ pub enum RouteClass {
     Passthrough,
 }
 
+/// Every inference route's static name (the `route` of
+/// [`RouteClass::Inference`]).
+pub const INFERENCE_ROUTES: [&str; 9] = [
+    "/api/generate",
+    "/api/chat",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/show",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/messages",
+];
+
 /// Classifies a request by method and path (query string excluded).
 pub fn classify(method: &http::Method, path: &str) -> RouteClass {
     use ApiFlavor::*;
@@ -80,6 +94,16 @@ pub fn classify(method: &http::Method, path: &str) -> RouteClass {
 mod tests {
     use super::*;
     use http::Method;
+
+    #[test]
+    fn the_route_list_is_what_classify_names() {
+        for r in INFERENCE_ROUTES {
+            match classify(&Method::POST, r) {
+                RouteClass::Inference { route, .. } => assert_eq!(route, r),
+                other => panic!("{r}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn inference_routes() {

@@ -36,6 +36,17 @@ raw = oa.chat.completions.with_raw_response.create(
 )
 check(raw.headers.get("x-pair-node"), "route receipt header")
 check(raw.headers.get("x-pair-policy") == "predicted-latency", raw.headers.get("x-pair-policy"))
+check(raw.headers.get("x-pair-attempts") == "1", raw.headers.get("x-pair-attempts"))
+check(len(raw.headers.get("x-pair-job", "")) == 36, raw.headers.get("x-pair-job"))
+check(raw.headers.get("x-pair-route") is None, "the score breakdown only when asked")
+raw = oa.chat.completions.with_raw_response.create(
+    model="qwen2.5:7b",
+    messages=[{"role": "user", "content": "hi"}],
+    max_tokens=4,
+    extra_headers={"x-pair-explain": "1"},
+)
+route = raw.headers.get("x-pair-route", "")
+check(route.startswith("predicted-latency: predicted"), f"explained route {route!r}")
 
 parts = []
 for chunk in oa.chat.completions.create(

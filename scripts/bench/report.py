@@ -1,0 +1,102 @@
+import collections, os, statistics
+
+env = os.environ
+sections = env["SECTIONS"].split(",")
+rows = collections.defaultdict(list)
+for line in open(env["TSV"]):
+    section, variant, conc, _run, kv = line.rstrip("\n").split("\t")
+    rows[(section, variant, int(conc))].append(
+        {k: float(v) for k, v in (p.split("=") for p in kv.split())})
+
+def med(section, variant, conc, key):
+    return statistics.median(r[key] for r in rows[(section, variant, conc)])
+
+def cpu(section, variant, conc):
+    vals = [r["cpu_us"] for r in rows[(section, variant, conc)] if "cpu_us" in r]
+    return f"{statistics.median(vals):.1f}" if vals else "—"
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+out = []
+w = out.append
+w(f"Runs: median of {env['RUNS']} (wrk {env['DUR']} s each; TTFB {env['TTFB_N']} requests each); sections: {env['SECTIONS']}.")
+w(f"Load average before: {env['LOAD_BEFORE']}; after: {env['LOAD_AFTER']}.")
+targets = []
+if "face" in sections:
+    w("")
+    w("### 1. Local face vs nginx (engine: nginx, fixed chat completion)")
+    w("")
+    w("| c | path | p50 µs | p99 µs | req/s | added p50 µs | proxy CPU µs/req |")
+    w("|---|---|---|---|---|---|---|")
+    for c in (1, 32):
+        base = med("face", "direct", c, "p50_us")
+        for v in ("direct", "nginx", "floor", "pair"):
+            if not rows[("face", v, c)]:
+                continue
+            p50 = med("face", v, c, "p50_us")
+            add = "—" if v == "direct" else f"{p50 - base:.0f}"
+            w(f"| {c} | {v} | {p50:.0f} | {med('face', v, c, 'p99_us'):.0f} | "
+              f"{med('face', v, c, 'rps'):.0f} | {add} | {cpu('face', v, c)} |")
+    for c in (1, 32):
+        d = med("face", "direct", c, "p50_us")
+        ours = med("face", "pair", c, "p50_us") - d
+        ngx = med("face", "nginx", c, "p50_us") - d
+        targets.append(f"| c={c}: added p50 ≤ nginx's and < 100 µs | pair {ours:.0f} µs, nginx {ngx:.0f} µs | {verdict(ours <= ngx and ours < 100)} |")
+    ratio = med("face", "pair", 32, "rps") / med("face", "nginx", 32, "rps")
+    targets.append(f"| c=32 throughput ≥ 0.8× nginx | {ratio:.2f}× | {verdict(ratio >= 0.8)} |")
+if "hop" in sections:
+    w("")
+    w("### 2. One peer hop over mTLS")
+    w("")
+    w("| c | path | p50 µs | p99 µs | req/s | added p50 µs |")
+    w("|---|---|---|---|---|---|")
+    for c in (1, 32):
+        base = med("hop", "b-face", c, "p50_us")
+        for v, name in (("b-face", "client → B's face → engine"), ("a-to-b", "client → A's face → mTLS → B → engine")):
+            p50 = med("hop", v, c, "p50_us")
+            add = "—" if v == "b-face" else f"{p50 - base:.0f}"
+            w(f"| {c} | {name} | {p50:.0f} | {med('hop', v, c, 'p99_us'):.0f} | "
+              f"{med('hop', v, c, 'rps'):.0f} | {add} |")
+    hop = med("hop", "a-to-b", 1, "p50_us") - med("hop", "b-face", 1, "p50_us")
+    targets.append(f"| peer hop (mTLS) added p50 < 300 µs (c=1) | {hop:.0f} µs | {verdict(hop < 300)} |")
+if "ttfb" in sections:
+    w("")
+    w("### 3. Time to first body byte, streamed answer (SSE), c=1")
+    w("")
+    w("| path | p50 µs | p90 µs | p99 µs | added p50 µs |")
+    w("|---|---|---|---|---|")
+    tb = med("ttfb", "direct", 1, "p50_us")
+    for v in ("direct", "nginx", "pair"):
+        p50 = med("ttfb", v, 1, "p50_us")
+        add = "—" if v == "direct" else f"{p50 - tb:.0f}"
+        w(f"| {v} | {p50:.0f} | {med('ttfb', v, 1, 'p90_us'):.0f} | {med('ttfb', v, 1, 'p99_us'):.0f} | {add} |")
+    tt = med("ttfb", "pair", 1, "p50_us") - tb
+    targets.append(f"| streaming added TTFB < 200 µs (p50) | {tt:.0f} µs | {verdict(tt < 200)} |")
+mb = lambda k: float(env[k]) / 1024
+if "mem" in sections:
+    w("")
+    w("### 4. Memory")
+    w("")
+    w("| measure | value |")
+    w("|---|---|")
+    w(f"| idle RSS after start (memory node) | {mb('MEM_IDLE_KB'):.1f} MB |")
+    if "face" in sections:
+        w(f"| idle RSS after start (face node) | {mb('SOLO_IDLE_KB'):.1f} MB |")
+        w(f"| face node RSS after all wrk runs | {mb('SOLO_AFTER_KB'):.1f} MB |")
+    w(f"| {env['STREAMS']} concurrent streams: answered 200 | {env['STREAMS_OK']} / {env['STREAMS']} |")
+    w(f"| peak established client connections / peak in-flight (node's count) | {env['MEM_CONNS']} / {env['MEM_INFLIGHT']} |")
+    w(f"| peak RSS during the streams | {mb('MEM_PEAK_KB'):.1f} MB |")
+    w(f"| RSS 1 s after the streams | {mb('MEM_AFTER_KB'):.1f} MB |")
+    w(f"| wall time of the stream run (each stream ~{env['SLOW_SECONDS']} s) | {env['STREAM_WALL']} s |")
+    idle = mb("MEM_IDLE_KB")
+    targets.append(f"| idle RSS < 30 MB | {idle:.1f} MB | {verdict(idle < 30)} |")
+    ok = int(env["STREAMS_OK"]) == int(env["STREAMS"])
+    targets.append(f"| {env['STREAMS']} concurrent streams through one node | {env['STREAMS_OK']} ok, peak {mb('MEM_PEAK_KB'):.0f} MB | {verdict(ok)} |")
+w("")
+w("### Targets")
+w("")
+w("| target | measured | verdict |")
+w("|---|---|---|")
+out.extend(targets)
+print("\n".join(out))
