@@ -265,14 +265,16 @@ pub async fn start(
     });
     tasks.spawn(face::serve(
         listeners.ollama,
-        face::router(Arc::clone(&st), Face::Ollama, control.clone()),
+        Arc::clone(&st),
         Face::Ollama,
+        control.clone(),
         shutdown.clone(),
     ));
     tasks.spawn(face::serve(
         listeners.openai,
-        face::router(Arc::clone(&st), Face::OpenAi, control),
+        Arc::clone(&st),
         Face::OpenAi,
+        control,
         shutdown.clone(),
     ));
     tasks.close();

@@ -29,8 +29,9 @@ struct Running {
 }
 
 /// Starts `pair-node run` on ephemeral ports in a temporary state dir, with
-/// an emulated engine, and reads the bound addresses from its log line.
-fn start(name: &str, engine_port: u16) -> Running {
+/// an emulated engine and `threads` runtime threads (1: current-thread),
+/// and reads the bound addresses from its log line.
+fn start(name: &str, engine_port: u16, threads: u16) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(BIN)
         .args(["run", "--name", name, "--mdns", "off"])
@@ -46,6 +47,7 @@ fn start(name: &str, engine_port: u16) -> Running {
         .arg("--state-dir")
         .arg(dir.path())
         .env("PAIR_LOG", "info")
+        .env("PAIR_THREADS", threads.to_string())
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -131,8 +133,10 @@ fn engine() -> u16 {
 fn pair_status_peers_jobs_unpair_through_the_cli() {
     let p1 = engine();
     let p2 = engine();
-    let a = start("alpha", p1);
-    let b = start("beta", p2);
+    // One daemon on the default current-thread runtime, one on four workers:
+    // pairing, relay and the CLI work the same on both.
+    let a = start("alpha", p1, 1);
+    let b = start("beta", p2, 4);
 
     let invite = cli(&a.face, &["pair", "invite"]);
     let pin = invite["pin"].as_str().unwrap().to_owned();

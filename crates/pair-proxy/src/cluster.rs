@@ -118,8 +118,9 @@ async fn connection(
 
 pub(crate) type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-/// Serves one HTTP/1.1 connection until it ends, the peer is unpaired
-/// (`revoked`), or `shutdown` (then in-flight requests get a grace period).
+/// Serves one HTTP/1.1 connection with an axum router until it ends, the
+/// peer is unpaired (`revoked`), or `shutdown` (then in-flight requests get
+/// a grace period).
 pub(crate) async fn serve_http<IO>(
     io: TokioIo<IO>,
     router: Router,
@@ -131,6 +132,20 @@ where
 {
     let svc = router.map_request(|r: http::Request<Incoming>| r.map(axum::body::Body::new));
     let svc = TowerToHyperService::new(svc.map_err(|e: Infallible| match e {}));
+    serve_connection(io, svc, shutdown, revoked).await
+}
+
+/// [`serve_http`] for any hyper service.
+pub(crate) async fn serve_connection<IO, S>(
+    io: TokioIo<IO>,
+    svc: S,
+    shutdown: CancellationToken,
+    revoked: Option<Revoked>,
+) -> Result<(), &'static str>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = axum::body::Body>,
+{
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Some(Duration::from_secs(30)))

@@ -3,6 +3,7 @@
 //! through the failover executor, listings are merged across the cluster,
 //! everything else passes through to the local engine unchanged.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::serve_http;
+use crate::cluster::{serve_connection, serve_http};
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
@@ -98,13 +99,42 @@ fn is_local(peer: SocketAddr) -> bool {
     peer.ip().to_canonical().is_loopback()
 }
 
-/// The router a connection from `peer` is served by.
-fn router_for(peer: SocketAddr, app: &Router, face: Face) -> Router {
-    if is_local(peer) {
-        app.clone()
-    } else {
-        tracing::info!(%peer, "refused a non-loopback client on a local face");
-        forbidden(face)
+async fn log_end(peer: SocketAddr, conn: impl Future<Output = Result<(), &'static str>>) {
+    if let Err(reason) = conn.await {
+        tracing::debug!(%peer, reason, "face connection closed");
+    }
+}
+
+/// What serves a loopback connection: inference requests go straight to
+/// the executor (no router matching, no body boxing: this is the path
+/// every token takes); everything else goes through the face's router.
+#[derive(Clone)]
+struct FaceService {
+    fs: FaceState,
+    app: Router,
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceService {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Body>, Self::Error>> + Send>,
+    >;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if matches!(
+            route::classify(req.method(), req.uri().path()),
+            RouteClass::Inference { .. }
+        ) {
+            let fs = self.fs.clone();
+            Box::pin(async move { Ok(serve_request(&fs, req).await) })
+        } else {
+            let app = self.app.clone();
+            Box::pin(async move {
+                use tower::ServiceExt;
+                app.oneshot(req.map(Body::new)).await
+            })
+        }
     }
 }
 
@@ -114,10 +144,16 @@ fn router_for(peer: SocketAddr, app: &Router, face: Face) -> Router {
 /// connection, not per request.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    app: Router,
+    st: Arc<ProxyState>,
     face: Face,
+    control: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let app = router(Arc::clone(&st), face, control);
+    let local = FaceService {
+        fs: FaceState { st, face },
+        app,
+    };
     let conns = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -134,13 +170,18 @@ pub async fn serve(
             }
         };
         let _ = tcp.set_nodelay(true);
-        let svc = router_for(peer, &app, face);
         let shutdown = shutdown.clone();
-        conns.spawn(async move {
-            if let Err(reason) = serve_http(TokioIo::new(tcp), svc, shutdown, None).await {
-                tracing::debug!(%peer, reason, "face connection closed");
-            }
-        });
+        let io = TokioIo::new(tcp);
+        if is_local(peer) {
+            let svc = local.clone();
+            conns.spawn(log_end(peer, serve_connection(io, svc, shutdown, None)));
+        } else {
+            tracing::info!(%peer, "refused a non-loopback client on a local face");
+            conns.spawn(log_end(
+                peer,
+                serve_http(io, forbidden(face), shutdown, None),
+            ));
+        }
     }
     drop(listener);
     conns.close();
@@ -161,6 +202,16 @@ async fn metrics(State(fs): State<FaceState>) -> impl IntoResponse {
 }
 
 async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
+    serve_request(&fs, req).await
+}
+
+/// Routes one request on a face; `B` is hyper's own body on the direct
+/// inference path and axum's for everything the router dispatches.
+async fn serve_request<B>(fs: &FaceState, req: http::Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send,
+    B::Error: Into<axum::BoxError>,
+{
     let st = &fs.st;
     let class = route::classify(req.method(), req.uri().path());
     let (parts, body) = req.into_parts();
@@ -207,11 +258,15 @@ async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
 type ErrorFn = Box<dyn FnOnce(ApiFlavor) -> Response<Body> + Send>;
 
 /// Reads the whole body up to `cap` bytes (kept for replay on failover).
-pub(crate) async fn read_capped(
-    body: Body,
+pub(crate) async fn read_capped<B>(
+    body: B,
     headers: &http::HeaderMap,
     cap: usize,
-) -> Result<Bytes, ErrorFn> {
+) -> Result<Bytes, ErrorFn>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     let too_big = move |flavor| {
         json_error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -228,11 +283,10 @@ pub(crate) async fn read_capped(
     if declared.is_some_and(|n| n > cap as u64) {
         return Err(Box::new(too_big));
     }
-    match axum::body::to_bytes(body, cap).await {
-        Ok(b) => Ok(b),
+    match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, cap)).await {
+        Ok(b) => Ok(b.to_bytes()),
         Err(e) => {
-            let over = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let over = e.is::<http_body_util::LengthLimitError>();
             if over {
                 Err(Box::new(too_big))
             } else {
@@ -386,8 +440,11 @@ mod tests {
     }
 
     async fn call(from: [u8; 4], face: Face, req: http::Request<Body>) -> (StatusCode, Value) {
-        let app = router(state(), face, Router::new());
-        let app = router_for(SocketAddr::from((from, 40000)), &app, face);
+        let app = if is_local(SocketAddr::from((from, 40000))) {
+            router(state(), face, Router::new())
+        } else {
+            forbidden(face)
+        };
         let resp = app.oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();

@@ -202,7 +202,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         let explain = req.head.headers.contains_key(EXPLAIN_HEADER);
         let watcher = JobWatcher {
             st: Arc::clone(st),
-            record,
+            record: Some(record),
             route: req.route,
             metrics: route_metrics,
             t0,
@@ -433,7 +433,12 @@ fn receipt(
     job: JobId,
     why: Option<&pair_scheduler::Candidate>,
 ) {
-    if let Ok(v) = HeaderValue::from_str(&format!("{name} ({node})")) {
+    let served_by = if node == st.node.id {
+        st.receipt_self.clone()
+    } else {
+        crate::state::node_receipt(name, node)
+    };
+    if let Some(v) = served_by {
         h.insert(HeaderName::from_static("x-pair-node"), v);
     }
     h.insert(
@@ -463,7 +468,8 @@ fn millis(d: Duration) -> u32 {
 /// Finishes the job record when the answer ends, however it ends.
 struct JobWatcher {
     st: Arc<ProxyState>,
-    record: JobRecord,
+    /// Taken by `finish` (called once).
+    record: Option<JobRecord>,
     route: &'static str,
     metrics: RouteMetrics,
     t0: Instant,
@@ -482,7 +488,9 @@ impl Watcher for JobWatcher {
 
     fn finish(&mut self, ending: Ending, events: u32, _bytes: u64) {
         let elapsed = self.t0.elapsed();
-        let rec = &mut self.record;
+        let Some(mut rec) = self.record.take() else {
+            return;
+        };
         rec.duration_ms = Some(millis(elapsed));
         rec.output_tokens = (events > 0).then_some(events);
         let ok = rec.http_status.is_some_and(|s| s < 400);
@@ -510,7 +518,7 @@ impl Watcher for JobWatcher {
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
         self.guard.take();
-        self.st.finish_job(rec.clone());
+        self.st.finish_job(rec);
     }
 }
 

@@ -53,6 +53,8 @@ struct Sched {
 #[derive(Debug)]
 pub struct ProxyState {
     pub node: NodeIdentity,
+    /// This node's `x-pair-node` receipt value, made once.
+    pub(crate) receipt_self: Option<http::HeaderValue>,
     pub timeouts: Timeouts,
     pub body_cap: usize,
     pub(crate) local_client: HttpClient,
@@ -80,6 +82,7 @@ pub struct ProxyConfig {
 impl ProxyState {
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
         Arc::new(Self {
+            receipt_self: node_receipt(&config.node.name, config.node.id),
             local_client: dispatch::local_client(config.timeouts),
             cluster: ArcSwap::from_pointee(ClusterSnapshot::default()),
             engines: ArcSwap::from_pointee(config.engines),
@@ -187,6 +190,11 @@ impl ProxyState {
         let l = self.learner.lock().ok()?;
         l.rates(node, model).map(|r| r.over(seed))
     }
+}
+
+/// The `x-pair-node` receipt value: `name (uuid)`.
+pub(crate) fn node_receipt(name: &str, id: NodeId) -> Option<http::HeaderValue> {
+    http::HeaderValue::from_str(&format!("{name} ({id})")).ok()
 }
 
 /// A scheduler reservation, released when dropped.
