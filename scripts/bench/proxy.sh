@@ -16,7 +16,9 @@
 #        SKIP_BUILD=1 (use existing binaries)  BIN_DIR=<dir with pair-node>
 #        RESULTS=<file> (markdown output; default /tmp/pair-bench-proxy-results.md)
 #        SECTIONS=face,ttfb,hop,mem (which parts to run)  NODE_ARGS="..." (extra
-#        flags for every pair-node run)  PERF=1 (perf record the face node
+#        flags for every pair-node run)  ALT_ARGS="..." (face section: a second
+#        node with these extra flags, measured in the same runs as pair-alt)
+#        ALT_BIN=<pair-node binary> (the second node runs this build instead)  PERF=1 (perf record the face node
 #        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
 # Needs: nginx, wrk, hey (installed with apt-get if missing), python3, curl.
 set -euo pipefail
@@ -202,10 +204,10 @@ wait_http "http://127.0.0.1:$P_NGX/health"
 declare -A NODE_PID
 start_node() {
     mkdir -p "$WORK/$1"
-    "$PAIR_NODE" run --state-dir "$WORK/$1" --name "$1" \
+    "${BIN:-$PAIR_NODE}" run --state-dir "$WORK/$1" --name "$1" \
         --ollama-face "127.0.0.1:$3" --openai-face "127.0.0.1:$4" \
         --cluster "127.0.0.1:$5" --engine "openai-compat=http://127.0.0.1:$2" \
-        --mdns off ${NODE_ARGS:-} >"$WORK/$1.log" 2>&1 &
+        --mdns off ${NODE_ARGS:-} ${EXTRA:-} >"$WORK/$1.log" 2>&1 &
     NODE_PID[$1]=$!
     PIDS+=($!)
     wait_http "http://127.0.0.1:$4/_pair/status"
@@ -278,6 +280,15 @@ if want face; then
     DIRECT_URL="http://127.0.0.1:$P_ENGINE/v1/chat/completions"
     NGX_URL="http://127.0.0.1:$P_NGX/v1/chat/completions"
     FLOOR_URL="http://127.0.0.1:${PORTS[15]}/v1/chat/completions"
+    if [ -n "${ALT_ARGS:-}${ALT_BIN:-}" ]; then
+        P_ALT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        P_ALT2=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        P_ALT3=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        EXTRA=${ALT_ARGS:-} BIN=${ALT_BIN:-$PAIR_NODE} start_node alt "$P_ENGINE" "$P_ALT" "$P_ALT2" "$P_ALT3"
+        ALT_URL="http://127.0.0.1:$P_ALT2/v1/chat/completions"
+        wait_routable "$ALT_URL"
+        warm "$ALT_URL"
+    fi
     if [ -x "$FLOOR" ]; then
         "$FLOOR" "127.0.0.1:${PORTS[15]}" "http://127.0.0.1:$P_ENGINE/" >"$WORK/floor.log" 2>&1 &
         FLOOR_PID=$!
@@ -299,6 +310,9 @@ if want face; then
                 PERF_PID=$!
             fi
             CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$c" "$r" "$SOLO_URL"
+            if [ -n "${ALT_URL:-}" ]; then
+                CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
+            fi
             if [ -n "${PERF_PID:-}" ]; then
                 wait "$PERF_PID" || true
                 perf report -i "$WORK/face.data" --no-children --percent-limit 0.7 \
@@ -309,6 +323,7 @@ if want face; then
         done
     done
     SOLO_AFTER_KB=$(rss_kb "${NODE_PID[solo]}")
+    [ -n "${ALT_URL:-}" ] && stop_node alt
 fi
 
 # ===================================================== 3. streaming TTFB
@@ -412,6 +427,7 @@ LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ===================================================== report
 export TSV RUNS DUR TTFB_N STREAMS SLOW_SECONDS LOAD_BEFORE LOAD_AFTER SECTIONS
+export ALT_ARGS=${ALT_ARGS:-} ALT_BIN=${ALT_BIN:-}
 export SOLO_IDLE_KB=${SOLO_IDLE_KB:-0} SOLO_AFTER_KB=${SOLO_AFTER_KB:-0} \
     MEM_IDLE_KB=${MEM_IDLE_KB:-0} MEM_PEAK_KB=${MEM_PEAK_KB:-0} MEM_AFTER_KB=${MEM_AFTER_KB:-0} \
     MEM_CONNS=${MEM_CONNS:-0} MEM_INFLIGHT=${MEM_INFLIGHT:-0} STREAMS_OK=${STREAMS_OK:-0} \

@@ -21,6 +21,8 @@ def verdict(ok):
 out = []
 w = out.append
 w(f"Runs: median of {env['RUNS']} (wrk {env['DUR']} s each; TTFB {env['TTFB_N']} requests each); sections: {env['SECTIONS']}.")
+if env.get("ALT_ARGS") or env.get("ALT_BIN"):
+    w(f"pair-alt: a second node, binary `{env.get('ALT_BIN') or 'same'}`, extra flags `{env.get('ALT_ARGS') or 'none'}`.")
 w(f"Load average before: {env['LOAD_BEFORE']}; after: {env['LOAD_AFTER']}.")
 targets = []
 if "face" in sections:
@@ -31,7 +33,7 @@ if "face" in sections:
     w("|---|---|---|---|---|---|---|")
     for c in (1, 32):
         base = med("face", "direct", c, "p50_us")
-        for v in ("direct", "nginx", "floor", "pair"):
+        for v in ("direct", "nginx", "floor", "pair", "pair-alt"):
             if not rows[("face", v, c)]:
                 continue
             p50 = med("face", v, c, "p50_us")

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 /// glibc malloc showed up at ~14 % of the proxy's CPU with buffers freed on
 /// another worker than the one that allocated them (docs/benchmarks/proxy.md).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -132,13 +132,20 @@ where
 {
     let svc = router.map_request(|r: http::Request<Incoming>| r.map(axum::body::Body::new));
     let svc = TowerToHyperService::new(svc.map_err(|e: Infallible| match e {}));
-    serve_connection(io, svc, shutdown, revoked).await
+    serve_connection(io, svc, Some(HEADER_DEADLINE), shutdown, revoked).await
 }
 
-/// [`serve_http`] for any hyper service.
+/// A request head must arrive within this on the cluster port (slowloris
+/// guard for a LAN-facing socket).
+const HEADER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// [`serve_http`] for any hyper service. `header_deadline: None` sets no
+/// timer per request (the loopback faces, whose clients are this machine's
+/// own apps).
 pub(crate) async fn serve_connection<IO, S>(
     io: TokioIo<IO>,
     svc: S,
+    header_deadline: Option<Duration>,
     shutdown: CancellationToken,
     revoked: Option<Revoked>,
 ) -> Result<(), &'static str>
@@ -146,10 +153,11 @@ where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = axum::body::Body>,
 {
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Some(Duration::from_secs(30)))
-        .serve_connection(io, svc);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    if let Some(d) = header_deadline {
+        builder.timer(TokioTimer::new()).header_read_timeout(Some(d));
+    }
+    let conn = builder.serve_connection(io, svc);
     let mut conn = std::pin::pin!(conn);
     let revoked = async move {
         match revoked {
