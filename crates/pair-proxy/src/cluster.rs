@@ -155,7 +155,9 @@ where
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
     if let Some(d) = header_deadline {
-        builder.timer(TokioTimer::new()).header_read_timeout(Some(d));
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(Some(d));
     }
     let conn = builder.serve_connection(io, svc);
     let mut conn = std::pin::pin!(conn);

@@ -174,7 +174,10 @@ pub async fn serve(
         let io = TokioIo::new(tcp);
         if is_local(peer) {
             let svc = local.clone();
-            conns.spawn(log_end(peer, serve_connection(io, svc, None, shutdown, None)));
+            conns.spawn(log_end(
+                peer,
+                serve_connection(io, svc, None, shutdown, None),
+            ));
         } else {
             tracing::info!(%peer, "refused a non-loopback client on a local face");
             conns.spawn(log_end(
