@@ -262,3 +262,77 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     stopping.await.unwrap();
     c.stop().await;
 }
+
+/// A requester-only identity (role `client`, what the edge SDK will use)
+/// pairs through the real PIN protocol, relays inference over mTLS and gets
+/// an answer, yet never appears in any node's routing view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paired_client_relays_but_is_never_scheduled() {
+    let c = cluster(2, |_| {}).await.unwrap();
+    let server = &c.nodes[0];
+    let invite: Value = http()
+        .post(format!("{}/_pair/invite", server.ollama_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pin: pair_identity::Pin = invite["pin"].as_str().unwrap().parse().unwrap();
+    let client = pair_identity::Identity::generate(Role::Client).unwrap();
+    let client_trust = pair_identity::TrustStore::in_memory();
+    let record = pair_identity::join(
+        &server.cluster_addr.to_string(),
+        &pin,
+        &client,
+        &client_trust,
+        "edge-app",
+    )
+    .await
+    .unwrap();
+    assert_eq!(record.id, server.id);
+    let seen = server.trust.get(client.id()).unwrap();
+    assert_eq!(seen.role, Role::Client, "the node recorded the client role");
+
+    // A relayed generate over mTLS with the client's certificate.
+    let connector = pair_identity::tls::tls_connector(&client, &client_trust, server.id).unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.cluster_addr)
+        .await
+        .unwrap();
+    let mut tls = connector
+        .connect(pair_identity::tls::server_name(), tcp)
+        .await
+        .unwrap();
+    let body = r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#;
+    let req = format!(
+        "POST /pair/v1/relay/api/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"response\""), "{answer}");
+    assert_eq!(
+        server
+            .state
+            .metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with("pair_relayed_in_total"))
+            .unwrap(),
+        "pair_relayed_in_total 1"
+    );
+
+    // Never a routing target, on the node it paired with or elsewhere.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for n in &c.nodes {
+        assert!(n.state.cluster().node(client.id()).is_none());
+        assert!(n.state.peer(client.id()).is_none());
+    }
+    c.stop().await;
+}

@@ -246,3 +246,31 @@ async fn a_stream_cut_mid_way_ends_with_an_error_and_is_never_resent() {
     }
     c.stop().await;
 }
+
+/// An engine that answers 404 for a model its node advertises has its
+/// inventory re-read at once (not at the next 10 s inventory poll), on the
+/// origin's own engine and on a peer that ran a relayed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_from_an_advertised_owner_rereads_its_inventory_at_once() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for faulty in [0usize, 1] {
+        reset(&c);
+        c.engines[faulty].faults().fail(Some(MODEL), 404, None);
+        let before = c.engines[faulty].hits_for("/api/tags");
+        let resp = send(&c, faulty, &chat(false)).await;
+        assert_eq!(resp.status(), 200, "node {faulty}: the 404 fails over");
+        assert_eq!(attempts(&resp), Some(2));
+        let reread = async {
+            while c.engines[faulty].hits_for("/api/tags") == before {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1500), reread)
+                .await
+                .is_ok(),
+            "node {faulty}'s engine inventory was not re-read after its 404"
+        );
+    }
+    c.stop().await;
+}

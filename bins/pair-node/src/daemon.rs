@@ -167,10 +167,12 @@ pub async fn start(
     let local_engines = cfg
         .engines
         .iter()
-        .map(|e| {
+        .zip(&engines)
+        .map(|(e, handle)| {
             Ok(LocalEngine {
                 kind: e.kind,
                 base: e.base_url.to_string().parse()?,
+                refresh: Some(handle.refresh_signal()),
             })
         })
         .collect::<Result<Vec<_>, http::uri::InvalidUri>>()?;

@@ -48,6 +48,12 @@ impl EngineHandle {
     pub fn request_refresh(&self) {
         self.refresh.notify_one();
     }
+
+    /// What [`Self::request_refresh`] signals, for code that cannot hold
+    /// the handle (the request path, in another crate).
+    pub fn refresh_signal(&self) -> Arc<Notify> {
+        Arc::clone(&self.refresh)
+    }
 }
 
 /// Starts polling `config` on a task owned by `tasks`, stopped by `cancel`.

@@ -52,8 +52,12 @@ impl Default for Timeouts {
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
 pub enum Hop {
-    /// An engine on this machine, e.g. `http://127.0.0.1:11435`.
-    Local { base: Uri },
+    /// An engine on this machine, e.g. `http://127.0.0.1:11435`, and the
+    /// signal that makes its poller re-read the inventory.
+    Local {
+        base: Uri,
+        refresh: Option<Arc<tokio::sync::Notify>>,
+    },
     /// A paired peer's cluster port.
     Peer(Box<PeerLink>),
 }
@@ -262,7 +266,7 @@ pub fn request(
     extra: &[(HeaderName, HeaderValue)],
 ) -> Result<hyper_util::client::legacy::ResponseFuture, DispatchError> {
     let uri = match hop {
-        Hop::Local { base } => local_uri(base, &head.path_and_query)?,
+        Hop::Local { base, .. } => local_uri(base, &head.path_and_query)?,
         Hop::Peer(link) => join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?,
     };
     let mut req = Request::new(Full::new(body));

@@ -330,9 +330,7 @@ async fn passthrough(
             None,
         );
     };
-    let hop = Hop::Local {
-        base: engine.base.clone(),
-    };
+    let hop = engine.hop();
     match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
@@ -355,9 +353,7 @@ pub async fn local_listing(st: &ProxyState, kind: Listing) -> Vec<Value> {
         .iter()
         .filter(|e| engine_answers(kind, e.kind))
         .map(|e| {
-            let hop = Hop::Local {
-                base: e.base.clone(),
-            };
+            let hop = e.hop();
             async move { fetch_json(st, &hop, kind).await }
         });
     join_all(calls).await.into_iter().flatten().collect()

@@ -29,7 +29,7 @@ use crate::error::json_error;
 use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RequestLabels, RouteMetrics};
 use crate::route::Work;
-use crate::state::{MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
+use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
@@ -171,6 +171,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
                     break;
                 }
                 Ok(Err(AttemptError::Status(status))) => {
+                    if status == StatusCode::NOT_FOUND {
+                        refresh_inventory(&hop);
+                    }
                     fail(st, &mut attempts, node, name, status.as_str());
                     continue;
                 }
@@ -354,9 +357,7 @@ pub(crate) fn hop_for(
         .iter()
         .find(|e| Some(e.kind) == kind)
         .or_else(|| engines.iter().find(|e| e.kind.serves(flavor)))
-        .map(|e| Hop::Local {
-            base: e.base.clone(),
-        })
+        .map(LocalEngine::hop)
         .ok_or(DispatchError::NoLink(node))
 }
 
@@ -372,6 +373,18 @@ fn relay_headers(st: &ProxyState, job: JobId, hop: &Hop) -> Vec<(HeaderName, Hea
         v.push((HeaderName::from_static(JOB_HEADER), h));
     }
     v
+}
+
+/// A local engine answered 404 for a model this node advertised: have its
+/// poller re-read the inventory now rather than at the next poll, so the
+/// snapshot stops advertising what is gone.
+pub(crate) fn refresh_inventory(hop: &Hop) {
+    if let Hop::Local {
+        refresh: Some(r), ..
+    } = hop
+    {
+        r.notify_one();
+    }
 }
 
 /// Reads until the first data frame (trailers-only bodies end the same way).

@@ -196,6 +196,9 @@ async fn run_locally(
     tracing::debug!(peer = %peer.id, model = %facts.model, "running a relayed request");
     match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
         Ok(resp) => {
+            if resp.status() == StatusCode::NOT_FOUND {
+                crate::forward::refresh_inventory(&hop);
+            }
             let (parts, incoming) = resp.into_parts();
             let framing = Framing::from_content_type(parts.headers.get(header::CONTENT_TYPE));
             let relay = Relay::new(None, incoming, framing, flavor, LoadWatcher(Some(guard)));

@@ -16,7 +16,7 @@ use pair_scheduler::{
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::dispatch::{self, HttpClient, PeerLink, Timeouts};
+use crate::dispatch::{self, Hop, HttpClient, PeerLink, Timeouts};
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::metrics::Metrics;
@@ -28,11 +28,24 @@ pub const DEFAULT_BODY_CAP: usize = 32 * 1024 * 1024;
 pub const MAX_ATTEMPTS: usize = 5;
 
 /// An engine on this machine, behind the node's proxy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct LocalEngine {
     pub kind: EngineKind,
     /// e.g. `http://127.0.0.1:11435`.
     pub base: Uri,
+    /// Asks this engine's poller to re-read its inventory now: signalled
+    /// when the engine answers 404 for a model this node advertised.
+    pub refresh: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl LocalEngine {
+    /// The hop that sends a request to this engine.
+    pub(crate) fn hop(&self) -> Hop {
+        Hop::Local {
+            base: self.base.clone(),
+            refresh: self.refresh.clone(),
+        }
+    }
 }
 
 /// Static facts about this node, fixed at start-up.
