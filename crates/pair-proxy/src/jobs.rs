@@ -21,6 +21,9 @@ pub const KEEP_RECORDS: usize = 10_000;
 /// a higher bound costs less per request (here a third of a record each)
 /// for a bounded file (~40,000 lines of ~300 bytes).
 const COMPACT_AT: usize = 4 * KEEP_RECORDS;
+/// A writer stuck on a dead disk must not grow memory without bound: past
+/// this many unwritten records, new ones stay in memory only.
+const MAX_UNWRITTEN: usize = 2 * KEEP_RECORDS;
 /// One turn's records usually fit, so a turn is one `write`.
 const WRITE_BUF: usize = 256 * 1024;
 pub const KEEP_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -48,6 +51,9 @@ struct Inner {
     dropped: usize,
     /// Recorded but not yet appended to the file (file-backed logs only).
     unwritten: Vec<JobRecord>,
+    /// Records left out of the file because the writer fell behind by more
+    /// than [`MAX_UNWRITTEN`] (they stay in memory); the writer reports them.
+    skipped: u64,
 }
 
 /// The writer thread and how to stop it.
@@ -116,6 +122,7 @@ impl JobLog {
             index: HashMap::new(),
             dropped: 0,
             unwritten: Vec::new(),
+            skipped: 0,
         };
         for rec in loaded {
             upsert(&mut inner, rec);
@@ -130,9 +137,12 @@ impl JobLog {
     /// Records a new or updated job (local or replicated from a peer).
     pub fn record(&self, rec: JobRecord) {
         if let Ok(mut inner) = self.inner.lock() {
-            // A writer stuck on a dead disk must not grow memory without bound.
-            if self.writer.is_some() && inner.unwritten.len() < 2 * KEEP_RECORDS {
-                inner.unwritten.push(rec.clone());
+            if self.writer.is_some() {
+                if inner.unwritten.len() < MAX_UNWRITTEN {
+                    inner.unwritten.push(rec.clone());
+                } else {
+                    inner.skipped += 1;
+                }
             }
             upsert(&mut inner, rec.clone());
         }
@@ -188,7 +198,17 @@ fn write_loop(path: &Path, file: File, mut lines: usize, inner: &Mutex<Inner>, s
     loop {
         let stopping = stop.load(Ordering::Acquire);
         match inner.lock() {
-            Ok(mut i) => std::mem::swap(&mut i.unwritten, &mut batch),
+            Ok(mut i) => {
+                std::mem::swap(&mut i.unwritten, &mut batch);
+                let skipped = std::mem::take(&mut i.skipped);
+                if skipped > 0 {
+                    tracing::warn!(
+                        path = %path.display(),
+                        skipped,
+                        "the job log fell behind; these records are kept in memory only"
+                    );
+                }
+            }
             Err(_) => return,
         }
         if !batch.is_empty() {
