@@ -290,19 +290,27 @@ if want face; then
         warm "$ALT_URL"
     fi
     if [ -x "$FLOOR" ]; then
-        "$FLOOR" "127.0.0.1:${PORTS[15]}" "http://127.0.0.1:$P_ENGINE/" >"$WORK/floor.log" 2>&1 &
+        "$FLOOR" "127.0.0.1:${PORTS[15]}" "http://127.0.0.1:$P_ENGINE/" pool >"$WORK/floor.log" 2>&1 &
         FLOOR_PID=$!
         PIDS+=($FLOOR_PID)
         wait_http "http://127.0.0.1:${PORTS[15]}/health"
+        # The same floor with one upstream connection per client connection.
+        P_PINNED=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        "$FLOOR" "127.0.0.1:$P_PINNED" "http://127.0.0.1:$P_ENGINE/" pinned >"$WORK/floor-pinned.log" 2>&1 &
+        PINNED_PID=$!
+        PIDS+=($PINNED_PID)
+        PINNED_URL="http://127.0.0.1:$P_PINNED/v1/chat/completions"
+        wait_http "http://127.0.0.1:$P_PINNED/health"
     fi
     for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
-    [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL"
+    [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL" && warm "$PINNED_URL"
     for ((r = 1; r <= RUNS; r++)); do
         for c in 1 32; do
             run_wrk face direct "$c" "$r" "$DIRECT_URL"
             CPU_PIDS=$NGX_PIDS run_wrk face nginx "$c" "$r" "$NGX_URL"
             if [ -n "${FLOOR_PID:-}" ]; then
                 CPU_PIDS=$FLOOR_PID run_wrk face floor "$c" "$r" "$FLOOR_URL"
+                CPU_PIDS=$PINNED_PID run_wrk face floor-pinned "$c" "$r" "$PINNED_URL"
             fi
             if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
                 perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \

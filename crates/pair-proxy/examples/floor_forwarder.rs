@@ -1,29 +1,48 @@
 //! The floor for the face benchmark: the least a model-routing reverse
 //! proxy can do per request with this stack (hyper HTTP/1.1 server, body
-//! read whole and capped, the top-level `model` picked out, hyper-util's
-//! pooled client to one upstream, the answer streamed back). No routing,
-//! no failover, no receipts, no job records, no metrics.
+//! read whole and capped, the top-level `model` picked out, one upstream,
+//! the answer streamed back). No routing, no failover, no receipts, no job
+//! records, no metrics.
+//!
+//! Two upstream modes: `pool` (default; hyper-util's pooled client, what
+//! pair-node uses) and `pinned` (one upstream connection per client
+//! connection, made with `hyper::client::conn::http1` on first use; no pool
+//! checkout, no stale-connection retry: a measurement, not a product).
 //!
 //! `scripts/bench/proxy.sh` runs it beside nginx and pair-node (variant
 //! `floor`), so the face's overhead is read against what this machine
 //! allows in the same run, not against numbers from another box.
 //!
-//! Usage: `floor_forwarder LISTEN_ADDR UPSTREAM_BASE [current|multi]`
+//! Usage: `floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned]`
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-type Upstream = Client<HttpConnector, Full<Bytes>>;
+type Answer = Response<BoxBody<Bytes, hyper::Error>>;
+
+/// Where a client connection's requests go.
+#[derive(Clone)]
+enum Upstream {
+    Pool(Box<Client<HttpConnector, Full<Bytes>>>),
+    /// This client connection's own upstream connection, once made.
+    Pinned(
+        SocketAddr,
+        Arc<tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>>,
+    ),
+}
 
 #[derive(serde::Deserialize)]
 struct ModelOnly<'a> {
@@ -31,60 +50,111 @@ struct ModelOnly<'a> {
     model: std::borrow::Cow<'a, str>,
 }
 
-async fn forward(
-    client: Upstream,
-    base: Uri,
-    req: Request<Incoming>,
-) -> Result<Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>, Infallible> {
-    let bad = |status: StatusCode| {
-        let mut r = Response::new(
-            Full::new(Bytes::from_static(b"{\"error\":\"bad request\"}"))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *r.status_mut() = status;
-        Ok(r)
-    };
+fn bad(status: StatusCode) -> Answer {
+    let mut r = Response::new(
+        Full::new(Bytes::from_static(b"{\"error\":\"bad request\"}"))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r
+}
+
+/// The client's request, checked, as the upstream request.
+async fn prepare(base: &Uri, req: Request<Incoming>) -> Result<Request<Full<Bytes>>, StatusCode> {
     let (parts, body) = req.into_parts();
-    let Ok(body) = Limited::new(body, 32 << 20).collect().await else {
-        return bad(StatusCode::PAYLOAD_TOO_LARGE);
-    };
-    let body = body.to_bytes();
+    let body = Limited::new(body, 32 << 20)
+        .collect()
+        .await
+        .map_err(|_| StatusCode::PAYLOAD_TOO_LARGE)?
+        .to_bytes();
     if !body.is_empty()
         && serde_json::from_slice::<ModelOnly<'_>>(&body).map_or(true, |m| m.model.is_empty())
     {
-        return bad(StatusCode::BAD_REQUEST);
+        return Err(StatusCode::BAD_REQUEST);
     }
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let Ok(uri) = format!("{base}{}", pq.trim_start_matches('/')).parse::<Uri>() else {
-        return bad(StatusCode::BAD_REQUEST);
-    };
+    let uri = format!("{base}{}", pq.trim_start_matches('/'))
+        .parse::<Uri>()
+        .map_err(|_| StatusCode::BAD_REQUEST)?;
     let mut up = Request::new(Full::new(body));
     *up.method_mut() = parts.method;
-    *up.uri_mut() = uri;
     for (k, v) in &parts.headers {
         if k != http::header::HOST && k != http::header::CONNECTION {
             up.headers_mut().append(k, v.clone());
         }
     }
-    match client.request(up).await {
-        Ok(resp) => Ok(resp.map(BodyExt::boxed)),
-        Err(_) => bad(StatusCode::BAD_GATEWAY),
+    if let Some(a) = uri.authority()
+        && let Ok(h) = http::HeaderValue::from_str(a.as_str())
+    {
+        up.headers_mut().insert(http::header::HOST, h);
     }
+    *up.uri_mut() = uri;
+    Ok(up)
 }
 
-async fn serve(listen: SocketAddr, base: Uri) -> std::io::Result<()> {
+async fn forward(
+    upstream: Upstream,
+    base: Uri,
+    req: Request<Incoming>,
+) -> Result<Answer, Infallible> {
+    let up = match prepare(&base, req).await {
+        Ok(up) => up,
+        Err(status) => return Ok(bad(status)),
+    };
+    let sent = match upstream {
+        Upstream::Pool(client) => client.request(up).await.map_err(|_| ()),
+        Upstream::Pinned(addr, conn) => send_pinned(addr, &conn, up).await,
+    };
+    Ok(match sent {
+        Ok(resp) => resp.map(BodyExt::boxed),
+        Err(()) => bad(StatusCode::BAD_GATEWAY),
+    })
+}
+
+async fn send_pinned(
+    addr: SocketAddr,
+    conn: &tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>,
+    up: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, ()> {
+    let mut guard = conn.lock().await;
+    if guard.as_ref().is_none_or(SendRequest::is_closed) {
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|_| ())?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|_| ())?;
+        tokio::spawn(driver);
+        *guard = Some(sender);
+    }
+    let sender = guard.as_mut().ok_or(())?;
+    sender.ready().await.map_err(|_| ())?;
+    let answer = sender.send_request(up);
+    drop(guard);
+    answer.await.map_err(|_| ())
+}
+
+async fn serve(listen: SocketAddr, base: Uri, pinned: bool) -> std::io::Result<()> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Upstream = Client::builder(TokioExecutor::new()).build(connector);
+    let pool = Box::new(Client::builder(TokioExecutor::new()).build(connector));
+    let upstream_addr: SocketAddr = base
+        .authority()
+        .map_or("", |a| a.as_str())
+        .parse()
+        .map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     loop {
         let (tcp, _) = listener.accept().await?;
         let _ = tcp.set_nodelay(true);
-        let client = client.clone();
+        let upstream = if pinned {
+            Upstream::Pinned(upstream_addr, Arc::default())
+        } else {
+            Upstream::Pool(pool.clone())
+        };
         let base = base.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| forward(client.clone(), base.clone(), req));
+            let svc = service_fn(move |req| forward(upstream.clone(), base.clone(), req));
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(tcp), svc)
                 .await;
@@ -95,18 +165,14 @@ async fn serve(listen: SocketAddr, base: Uri) -> std::io::Result<()> {
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(listen), Some(base)) = (args.get(1), args.get(2)) else {
-        eprintln!("usage: floor_forwarder LISTEN_ADDR UPSTREAM_BASE [current|multi]");
+        eprintln!("usage: floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned]");
         std::process::exit(64);
     };
     let listen: SocketAddr = listen.parse().map_err(std::io::Error::other)?;
     let base: Uri = base.parse().map_err(std::io::Error::other)?;
-    let rt = match args.get(3).map(String::as_str) {
-        Some("multi") => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?,
-        _ => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-    };
-    rt.block_on(serve(listen, base))
+    let pinned = args.get(3).is_some_and(|m| m == "pinned");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(listen, base, pinned))
 }
