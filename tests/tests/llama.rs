@@ -5,19 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use pair_node::harness::KillOnDrop;
 use std::time::{Duration, Instant};
 
 use pair_tests::{cluster, http};
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn env_path(var: &str, fallback: PathBuf) -> PathBuf {
     let p = std::env::var_os(var).map_or(fallback, PathBuf::from);
@@ -42,7 +35,7 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let server = Server(
+    let server = KillOnDrop(
         Command::new(llama_py)
             .args(["-m", "llama_cpp.server", "--model"])
             .arg(&model)

@@ -273,3 +273,15 @@ impl LocalCluster {
         drop(self.dirs);
     }
 }
+
+/// A child process (an engine, another `pair-node`) killed and reaped when
+/// dropped, so a failing test never leaves one behind.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -5,24 +5,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use pair_node::harness::KillOnDrop;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 struct Running {
-    _proc: Proc,
+    _proc: KillOnDrop,
     face: String,
     cluster: String,
     _dir: tempfile::TempDir,
@@ -54,7 +47,7 @@ fn start(name: &str, engine_port: u16, threads: u16) -> Running {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    let proc = Proc(child);
+    let proc = KillOnDrop(child);
     let started = Instant::now();
     let mut lines = BufReader::new(stderr).lines();
     let line = loop {

@@ -6,17 +6,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use pair_node::harness::KillOnDrop;
 use std::time::{Duration, Instant};
-
-struct Demo(Child);
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn python() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -50,7 +43,7 @@ fn python_sdks_work_against_the_demo() {
         .spawn()
         .expect("start pair-node demo");
     let stdout = child.stdout.take().expect("stdout");
-    let demo = Demo(child);
+    let demo = KillOnDrop(child);
     let (mut ollama, mut openai) = (None, None);
     let started = Instant::now();
     for line in BufReader::new(stdout).lines() {

@@ -54,21 +54,7 @@ pub async fn serve(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (tcp, remote) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "cluster port accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
+    while let Some((tcp, remote)) = accept(&listener, &shutdown, "cluster port").await {
         let port = port.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
@@ -76,6 +62,31 @@ pub async fn serve(
                 tracing::debug!(%remote, reason, "cluster connection closed");
             }
         });
+    }
+}
+
+/// The next connection (TCP_NODELAY set), or `None` once `shutdown` fires.
+/// Accept errors (EMFILE and friends) back off instead of spinning.
+pub(crate) async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+    what: &'static str,
+) -> Option<(TcpStream, std::net::SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((tcp, remote)) => {
+                let _ = tcp.set_nodelay(true);
+                return Some((tcp, remote));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, what, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 

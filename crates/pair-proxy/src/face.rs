@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::{serve_connection, serve_http};
+use crate::cluster::{accept, serve_connection, serve_http};
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
@@ -155,21 +155,7 @@ pub async fn serve(
         app,
     };
     let conns = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "face accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
+    while let Some((tcp, peer)) = accept(&listener, &shutdown, "face").await {
         let shutdown = shutdown.clone();
         let io = TokioIo::new(tcp);
         if is_local(peer) {
