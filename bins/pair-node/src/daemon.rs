@@ -33,9 +33,6 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Mdns, NodeConfig};
 use crate::control;
 
-/// In-flight requests get this long to finish at shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 /// The node's three sockets, bound before start so tests and the demo can
 /// use port 0 and read the real addresses.
 #[derive(Debug)]
@@ -301,13 +298,13 @@ pub async fn start(
 
 impl Node {
     /// Stops accepting, says goodbye on mDNS, lets in-flight streams finish
-    /// (up to [`SHUTDOWN_GRACE`]), then stops every task.
+    /// (up to [`cluster::SHUTDOWN_GRACE`]), then stops every task.
     pub async fn stop(self) {
         if let Some(d) = self.discovery {
             d.shutdown().await;
         }
         self.shutdown.cancel();
-        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
+        if tokio::time::timeout(cluster::SHUTDOWN_GRACE, self.tasks.wait())
             .await
             .is_err()
         {

@@ -52,6 +52,28 @@ pub struct RequestFacts {
     pub max_output_tokens: Option<u32>,
 }
 
+/// Bodies above this are scanned off the event loop, so one large request
+/// does not stall every stream in flight.
+pub const INLINE_SCAN_MAX: usize = 1 << 20;
+
+/// [`extract`] for the request path: bodies over [`INLINE_SCAN_MAX`] are
+/// scanned on the blocking pool.
+pub async fn extract_off_loop(
+    body: &bytes::Bytes,
+    flavor: ApiFlavor,
+    work: Work,
+) -> Result<RequestFacts, BodyError> {
+    if body.len() <= INLINE_SCAN_MAX {
+        return extract(body, flavor, work);
+    }
+    let b = body.clone();
+    match tokio::task::spawn_blocking(move || extract(&b, flavor, work)).await {
+        Ok(r) => r,
+        // The blocking pool is gone (shutting down): scan here.
+        Err(_) => extract(body, flavor, work),
+    }
+}
+
 /// Extracts the routing facts. `stream` defaults follow each API: Ollama's
 /// generate and chat stream unless told not to; OpenAI and Anthropic don't.
 pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFacts, BodyError> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
@@ -24,10 +24,6 @@ pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<By
 
 /// Path prefix under which a peer's cluster port accepts relayed requests.
 pub const RELAY_PREFIX: &str = "/pair/v1/relay";
-/// Header naming the node whose face received the request.
-pub const ORIGIN_HEADER: &str = "x-pair-origin";
-/// Header carrying the job id across a relay, so both ends log one job.
-pub const JOB_HEADER: &str = "x-pair-job";
 
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
@@ -263,7 +259,6 @@ pub fn request(
     hop: &Hop,
     head: &RequestHead,
     body: Bytes,
-    extra: &[(HeaderName, HeaderValue)],
 ) -> Result<hyper_util::client::legacy::ResponseFuture, DispatchError> {
     let uri = match hop {
         Hop::Local { base, .. } => local_uri(base, &head.path_and_query)?,
@@ -273,11 +268,8 @@ pub fn request(
     *req.method_mut() = head.method.clone();
     *req.uri_mut() = uri;
     let headers = req.headers_mut();
-    headers.reserve(head.headers.len() + extra.len());
+    headers.reserve(head.headers.len());
     copy_headers(&head.headers, headers);
-    for (k, v) in extra {
-        headers.insert(k.clone(), v.clone());
-    }
     Ok(match hop {
         Hop::Local { .. } => local.request(req),
         Hop::Peer(link) => link.client.request(req),
@@ -291,10 +283,9 @@ pub async fn send(
     hop: &Hop,
     head: &RequestHead,
     body: Bytes,
-    extra: &[(HeaderName, HeaderValue)],
     timeouts: Timeouts,
 ) -> Result<Response<Incoming>, DispatchError> {
-    send_with_deadline(request(local, hop, head, body, extra)?, timeouts.first_byte).await
+    send_with_deadline(request(local, hop, head, body)?, timeouts.first_byte).await
 }
 
 async fn send_with_deadline(
@@ -311,6 +302,7 @@ async fn send_with_deadline(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_headers_are_dropped_and_others_kept() {

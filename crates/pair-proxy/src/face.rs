@@ -122,12 +122,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceServi
     >;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        if matches!(
-            route::classify(req.method(), req.uri().path()),
-            RouteClass::Inference { .. }
-        ) {
+        let class = route::classify(req.method(), req.uri().path());
+        if matches!(class, RouteClass::Inference { .. }) {
             let fs = self.fs.clone();
-            Box::pin(async move { Ok(serve_request(&fs, req).await) })
+            Box::pin(async move { Ok(serve_request(&fs, class, req).await) })
         } else {
             let app = self.app.clone();
             Box::pin(async move {
@@ -191,18 +189,22 @@ async fn metrics(State(fs): State<FaceState>) -> impl IntoResponse {
 }
 
 async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
-    serve_request(&fs, req).await
+    let class = route::classify(req.method(), req.uri().path());
+    serve_request(&fs, class, req).await
 }
 
 /// Routes one request on a face; `B` is hyper's own body on the direct
 /// inference path and axum's for everything the router dispatches.
-async fn serve_request<B>(fs: &FaceState, req: http::Request<B>) -> Response<Body>
+async fn serve_request<B>(
+    fs: &FaceState,
+    class: RouteClass,
+    req: http::Request<B>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
 {
     let st = &fs.st;
-    let class = route::classify(req.method(), req.uri().path());
     let (parts, body) = req.into_parts();
     let head = RequestHead {
         method: parts.method,
@@ -317,7 +319,7 @@ async fn passthrough(
         );
     };
     let hop = engine.hop();
-    match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
+    match dispatch::send(&st.local_client, &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
             Response::from_parts(parts, Body::new(incoming))
@@ -385,7 +387,7 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
     let mut timeouts = st.timeouts;
     timeouts.first_byte = LISTING_DEADLINE;
     let fut = async {
-        let resp = dispatch::send(&st.local_client, hop, &head, Bytes::new(), &[], timeouts)
+        let resp = dispatch::send(&st.local_client, hop, &head, Bytes::new(), timeouts)
             .await
             .ok()?;
         if !resp.status().is_success() {

@@ -24,7 +24,7 @@ use pair_scheduler::Ranking;
 use serde_json::json;
 
 use crate::body::{self, RequestFacts};
-use crate::dispatch::{self, DispatchError, Hop, JOB_HEADER, ORIGIN_HEADER, RequestHead};
+use crate::dispatch::{self, DispatchError, Hop, RequestHead};
 use crate::error::json_error;
 use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RequestLabels, RouteMetrics};
@@ -78,7 +78,7 @@ pub struct Inference {
 pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
     let created_at_ms = now_ms();
     let t0 = Instant::now();
-    let facts = match extract(&req).await {
+    let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
         Err(e) => {
             count(st, req.route, 400, "none");
@@ -129,17 +129,13 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
             st.load
                 .begin(profile.prompt_tokens, profile.max_output_tokens)
         });
-        let extra = relay_headers(st, job, &hop);
         // The first-byte deadline is per attempt (a hung node must not eat
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
         let attempt = async {
-            let resp =
-                dispatch::request(&st.local_client, &hop, &req.head, req.body.clone(), &extra)?
-                    .await
-                    .map_err(|source| {
-                        AttemptError::Dispatch(DispatchError::Transport { source })
-                    })?;
+            let resp = dispatch::request(&st.local_client, &hop, &req.head, req.body.clone())?
+                .await
+                .map_err(|source| AttemptError::Dispatch(DispatchError::Transport { source }))?;
             let status = resp.status();
             let advice = RetryAdvice::for_status(status.as_u16(), true);
             if advice.is_some_and(RetryAdvice::may_retry) {
@@ -263,22 +259,6 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
     resp
 }
 
-/// Bodies above this are scanned off the event loop, so one large request
-/// does not stall every stream in flight.
-const INLINE_SCAN_MAX: usize = 1 << 20;
-
-async fn extract(req: &Inference) -> Result<RequestFacts, body::BodyError> {
-    if req.body.len() <= INLINE_SCAN_MAX {
-        return body::extract(&req.body, req.flavor, req.work);
-    }
-    let (b, flavor, work) = (req.body.clone(), req.flavor, req.work);
-    match tokio::task::spawn_blocking(move || body::extract(&b, flavor, work)).await {
-        Ok(r) => r,
-        // The blocking pool is gone (shutting down): scan here.
-        Err(_) => body::extract(&req.body, req.flavor, req.work),
-    }
-}
-
 /// A job record with what is known before any attempt.
 fn new_record(
     id: JobId,
@@ -359,20 +339,6 @@ pub(crate) fn hop_for(
         .or_else(|| engines.iter().find(|e| e.kind.serves(flavor)))
         .map(LocalEngine::hop)
         .ok_or(DispatchError::NoLink(node))
-}
-
-fn relay_headers(st: &ProxyState, job: JobId, hop: &Hop) -> Vec<(HeaderName, HeaderValue)> {
-    if !matches!(hop, Hop::Peer(_)) {
-        return Vec::new();
-    }
-    let mut v = Vec::with_capacity(2);
-    if let Ok(h) = HeaderValue::from_str(&st.node.id.to_string()) {
-        v.push((HeaderName::from_static(ORIGIN_HEADER), h));
-    }
-    if let Ok(h) = HeaderValue::from_str(&job.to_string()) {
-        v.push((HeaderName::from_static(JOB_HEADER), h));
-    }
-    v
 }
 
 /// A local engine answered 404 for a model this node advertised: have its

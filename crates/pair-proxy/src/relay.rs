@@ -158,7 +158,7 @@ async fn run_locally(
     flavor: ApiFlavor,
     work: route::Work,
 ) -> Response<Body> {
-    let facts = match body::extract(&body, flavor, work) {
+    let facts = match body::extract_off_loop(&body, flavor, work).await {
         Ok(f) => f,
         Err(e) => {
             return json_error(
@@ -194,7 +194,7 @@ async fn run_locally(
         .load
         .begin(profile.prompt_tokens, profile.max_output_tokens);
     tracing::debug!(peer = %peer.id, model = %facts.model, "running a relayed request");
-    match dispatch::send(&st.local_client, &hop, &head, body, &[], st.timeouts).await {
+    match dispatch::send(&st.local_client, &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             if resp.status() == StatusCode::NOT_FOUND {
                 crate::forward::refresh_inventory(&hop);
