@@ -296,25 +296,33 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
 
     // A relayed generate over mTLS with the client's certificate.
     let connector = pair_identity::tls::tls_connector(&client, &client_trust, server.id).unwrap();
-    let tcp = tokio::net::TcpStream::connect(server.cluster_addr)
-        .await
-        .unwrap();
-    let mut tls = connector
-        .connect(pair_identity::tls::server_name(), tcp)
-        .await
-        .unwrap();
-    let body = r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#;
-    let req = format!(
-        "POST /pair/v1/relay/api/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(req.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .ok();
-    let answer = String::from_utf8_lossy(&answer);
+    let post = |path: &'static str, body: String| {
+        let connector = connector.clone();
+        let addr = server.cluster_addr;
+        async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut tls = connector
+                .connect(pair_identity::tls::server_name(), tcp)
+                .await
+                .unwrap();
+            let req = format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            tls.write_all(req.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(20), tls.read_to_end(&mut answer))
+                .await
+                .unwrap()
+                .ok();
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let answer = post(
+        "/pair/v1/relay/api/generate",
+        r#"{"model":"llama3.2:3b","prompt":"hi","stream":false}"#.into(),
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"response\""), "{answer}");
     assert_eq!(
@@ -327,6 +335,19 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
             .unwrap(),
         "pair_relayed_in_total 1"
     );
+
+    // It cannot make itself a routing target: a workload report in its own
+    // name (a real node's snapshot, re-labelled) and job records are refused.
+    let mut fake = server.state.cluster().node(c.nodes[1].id).unwrap().clone();
+    fake.id = client.id();
+    let refused = post(
+        "/pair/v1/report?port=1",
+        serde_json::to_string(&fake).unwrap(),
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    let refused = post("/pair/v1/jobs", "[]".into()).await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
 
     // Never a routing target, on the node it paired with or elsewhere.
     tokio::time::sleep(Duration::from_millis(600)).await;

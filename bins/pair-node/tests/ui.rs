@@ -72,8 +72,23 @@ async fn jobs_view_renders_nodes_and_jobs_in_headless_chromium() {
             node.name
         );
     }
-    assert!(html.contains("completed"), "job rows not rendered:\n{html}");
-    assert!(html.contains("llama3.2:3b"));
+    // The jobs table itself (the page's CSS and node cards also hold words
+    // like "completed" and the model name): one completed row per request,
+    // each naming the node it ran on.
+    let jobs = html
+        .split("<tbody id=\"jobs\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</tbody>").next())
+        .unwrap_or_else(|| panic!("no jobs table:\n{html}"));
+    assert_eq!(
+        jobs.matches("<td class=\"completed\">completed").count(),
+        c.nodes.len(),
+        "one completed row per request:\n{jobs}"
+    );
+    for node in &c.nodes {
+        assert!(jobs.contains(&node.name), "ran on {}:\n{jobs}", node.name);
+    }
+    assert_eq!(jobs.matches("llama3.2:3b").count(), c.nodes.len());
 
     let shot = dir.path().join("jobs-view.png");
     let (u, p, s) = (url, dir.path().join("profile-shot"), shot.clone());
