@@ -35,8 +35,8 @@ pub struct GossipConfig {
 impl Default for GossipConfig {
     fn default() -> Self {
         // Killed or hung nodes leave the routing set within ~3 s (issue 5's
-        // target for discovery): 4 missed 500 ms reports make a node suspect;
-        // 2.5 s without one removes it.
+        // target for discovery): 1.6 s without a report (3 missed 500 ms
+        // reports) makes a node suspect; 2.5 s removes it.
         Self {
             interval: Duration::from_millis(500),
             suspect_after: Duration::from_millis(1_600),
@@ -297,5 +297,31 @@ mod tests {
             &GossipConfig::default(),
         );
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn default_thresholds_are_the_documented_ones() {
+        let cfg = GossipConfig::default();
+        let mut peers = HashMap::new();
+        let alive = PeerView {
+            liveness: Liveness::Alive,
+            rtt_us: 0,
+        };
+        peers.insert(NodeId::from_u128(2), alive);
+        let at = |ms| {
+            let s = assemble(
+                1,
+                0,
+                n(1),
+                vec![(n(2), Duration::from_millis(ms))],
+                &peers,
+                &cfg,
+            );
+            s.node(NodeId::from_u128(2)).map(|x| x.liveness)
+        };
+        assert_eq!(at(1_590), Some(Liveness::Alive));
+        assert_eq!(at(1_610), Some(Liveness::Suspect));
+        assert_eq!(at(2_490), Some(Liveness::Suspect));
+        assert_eq!(at(2_510), None);
     }
 }
