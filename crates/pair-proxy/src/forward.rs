@@ -460,12 +460,11 @@ struct JobWatcher {
 impl Watcher for JobWatcher {
     fn progress(&mut self, events: u32) {
         if let Some(g) = self.guard.as_mut() {
-            g.prefill_done();
-            g.decoded(events);
+            g.progress(events);
         }
     }
 
-    fn finish(&mut self, ending: Ending, events: u32, _bytes: u64) {
+    fn finish(&mut self, ending: Ending, events: u32) {
         let elapsed = self.t0.elapsed();
         let Some(mut rec) = self.record.take() else {
             return;

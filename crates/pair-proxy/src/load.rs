@@ -71,14 +71,25 @@ impl LoadGuard {
     /// The first token arrived: the prompt is no longer pending work.
     pub fn prefill_done(&mut self) {
         let n = std::mem::take(&mut self.prefill_left);
-        self.load.prefill_tokens.fetch_sub(u64::from(n), Relaxed);
+        if n > 0 {
+            self.load.prefill_tokens.fetch_sub(u64::from(n), Relaxed);
+        }
     }
 
     /// `n` more output tokens were produced.
     pub fn decoded(&mut self, n: u32) {
         let n = n.min(self.decode_left);
-        self.decode_left -= n;
-        self.load.decode_tokens.fetch_sub(u64::from(n), Relaxed);
+        if n > 0 {
+            self.decode_left -= n;
+            self.load.decode_tokens.fetch_sub(u64::from(n), Relaxed);
+        }
+    }
+
+    /// A chunk of the answer with `events` stream events passed through:
+    /// the prompt is done, and about `events` tokens were produced.
+    pub fn progress(&mut self, events: u32) {
+        self.prefill_done();
+        self.decoded(events);
     }
 }
 

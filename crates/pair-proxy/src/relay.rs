@@ -224,11 +224,10 @@ struct LoadWatcher(Option<LoadGuard>);
 impl Watcher for LoadWatcher {
     fn progress(&mut self, events: u32) {
         if let Some(g) = self.0.as_mut() {
-            g.prefill_done();
-            g.decoded(events);
+            g.progress(events);
         }
     }
-    fn finish(&mut self, _ending: Ending, _events: u32, _bytes: u64) {
+    fn finish(&mut self, _ending: Ending, _events: u32) {
         self.0.take();
     }
 }

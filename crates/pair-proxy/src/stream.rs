@@ -82,7 +82,7 @@ pub enum Ending {
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
     fn progress(&mut self, events: u32);
-    fn finish(&mut self, ending: Ending, events: u32, bytes: u64);
+    fn finish(&mut self, ending: Ending, events: u32);
 }
 
 /// Passes an upstream body through to the client.
@@ -93,7 +93,6 @@ pub struct Relay<W: Watcher> {
     flavor: ApiFlavor,
     watcher: Option<W>,
     events: u32,
-    bytes: u64,
     ended: bool,
 }
 
@@ -122,15 +121,13 @@ impl<W: Watcher> Relay<W> {
             flavor,
             watcher: Some(watcher),
             events: 0,
-            bytes: 0,
             ended: false,
         }
     }
 
-    fn count(&mut self, chunk: &Bytes) {
+    fn count(&mut self, chunk: &[u8]) {
         let n = self.framing.events_in(chunk);
         self.events = self.events.saturating_add(n);
-        self.bytes += chunk.len() as u64;
         if let Some(w) = self.watcher.as_mut() {
             w.progress(n);
         }
@@ -139,7 +136,7 @@ impl<W: Watcher> Relay<W> {
     fn end(&mut self, ending: Ending) {
         self.ended = true;
         if let Some(mut w) = self.watcher.take() {
-            w.finish(ending, self.events, self.bytes);
+            w.finish(ending, self.events);
         }
     }
 }
@@ -182,8 +179,7 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    let data = data.clone();
-                    this.count(&data);
+                    this.count(data);
                 }
                 if this.inner.is_end_stream() {
                     this.end(Ending::Completed);
