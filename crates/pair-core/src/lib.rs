@@ -24,3 +24,25 @@ pub use snapshot::{
     ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf, NodeSnapshot,
     Pressure, Workload,
 };
+
+/// `t` as the milliseconds since the Unix epoch that every snapshot and job
+/// record carries (0 before the epoch, saturating far after it). Callers
+/// pass the clock in: `unix_ms(SystemTime::now())`.
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn unix_ms_counts_from_the_epoch() {
+        assert_eq!(
+            super::unix_ms(UNIX_EPOCH + Duration::from_millis(1_234)),
+            1_234
+        );
+        assert_eq!(super::unix_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+    }
+}

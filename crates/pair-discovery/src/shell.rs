@@ -3,7 +3,7 @@
 //! the pure [`PeerTable`], and publishes it through `tokio::sync::watch`.
 
 use std::net::IpAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use mdns_sd::{IfKind, IfPredicate, ServiceDaemon, ServiceEvent, ServiceInfo};
 use pair_core::NodeId;
@@ -262,10 +262,7 @@ fn dns_label(name: &str) -> String {
 }
 
 fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    pair_core::unix_ms(SystemTime::now())
 }
 
 enum ProbeDone {

@@ -4,7 +4,7 @@
 //! its own task (every request has a deadline); readers never wait on it.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use pair_core::EngineSnapshot;
 use tokio::sync::{Notify, watch};
@@ -118,7 +118,5 @@ async fn run(
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    pair_core::unix_ms(SystemTime::now())
 }

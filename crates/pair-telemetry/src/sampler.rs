@@ -1,7 +1,7 @@
 //! The async shell: samples the probes on an interval and publishes the
 //! latest [`Telemetry`] through a `tokio::sync::watch` channel.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -131,10 +131,7 @@ impl Sampler {
 
 /// Milliseconds since the Unix epoch (the shell's clock).
 pub(crate) fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    pair_core::unix_ms(SystemTime::now())
 }
 
 #[cfg(test)]
