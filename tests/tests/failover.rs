@@ -276,3 +276,36 @@ async fn a_404_from_an_advertised_owner_rereads_its_inventory_at_once() {
     }
     c.stop().await;
 }
+
+/// A 2xx head is not a commitment: an engine that sends its head and dies
+/// before the first body byte is retried on the next node, streamed or not,
+/// whether it is the origin's own engine or a peer's behind the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_without_a_first_byte_moves_to_the_next_node() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for faulty in [0usize, 1] {
+        for stream in [true, false] {
+            let case = format!("node {faulty}, stream={stream}");
+            reset(&c);
+            c.engines[faulty]
+                .faults()
+                .add(pair_emulator::FaultRule::for_model(
+                    MODEL,
+                    FaultAction::CloseAfterChunks(0),
+                ));
+            let resp = send(&c, faulty, &chat(stream)).await;
+            assert_eq!(resp.status(), 200, "{case}");
+            assert_eq!(attempts(&resp), Some(2), "{case}");
+            assert_ne!(served_by(&resp), Some(c.nodes[faulty].id.to_string()));
+            let text = resp.text().await.unwrap();
+            assert!(
+                text.contains("content") && !text.contains("error"),
+                "{case}: {text}"
+            );
+            let h = hits(&c);
+            assert_eq!(h[faulty], 1, "{case}: {h:?}");
+            assert_eq!(h.iter().sum::<u64>(), 2, "{case}: {h:?}");
+        }
+    }
+    c.stop().await;
+}

@@ -354,7 +354,7 @@ pub(crate) fn refresh_inventory(hop: &Hop) {
 }
 
 /// Reads until the first data frame (trailers-only bodies end the same way).
-async fn first_data(body: &mut Incoming) -> Result<Option<Bytes>, &'static str> {
+pub(crate) async fn first_data(body: &mut Incoming) -> Result<Option<Bytes>, &'static str> {
     loop {
         match body.frame().await {
             None => return Ok(None),

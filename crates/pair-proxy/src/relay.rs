@@ -12,7 +12,7 @@ use axum::extract::{Extension, Json, Query, Request, State};
 use axum::routing::{any, post};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, Role};
+use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, RetryAdvice, Role};
 
 use crate::body;
 use crate::dispatch::{self, Hop, RELAY_PREFIX, RequestHead};
@@ -199,9 +199,32 @@ async fn run_locally(
             if resp.status() == StatusCode::NOT_FOUND {
                 crate::forward::refresh_inventory(&hop);
             }
-            let (parts, incoming) = resp.into_parts();
+            let (parts, mut incoming) = resp.into_parts();
+            // As on the origin: a successful head is not a commitment. An
+            // engine that dies before its first byte becomes a 502 the
+            // origin retries elsewhere, not a stream that starts with an
+            // error event.
+            let first = if RetryAdvice::for_status(parts.status.as_u16(), true).is_none() {
+                match crate::forward::first_data(&mut incoming).await {
+                    Ok(first) => first,
+                    Err(class) => {
+                        return json_error(
+                            StatusCode::BAD_GATEWAY,
+                            flavor,
+                            "engine_failed",
+                            &format!(
+                                "node {}'s engine failed before its first byte ({class})",
+                                st.node.name
+                            ),
+                            None,
+                        );
+                    }
+                }
+            } else {
+                None
+            };
             let framing = Framing::from_content_type(parts.headers.get(header::CONTENT_TYPE));
-            let relay = Relay::new(None, incoming, framing, flavor, LoadWatcher(Some(guard)));
+            let relay = Relay::new(first, incoming, framing, flavor, LoadWatcher(Some(guard)));
             Response::from_parts(parts, Body::new(relay))
         }
         Err(e) => json_error(
