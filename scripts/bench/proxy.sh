@@ -294,9 +294,11 @@ if want face; then
         FLOOR_PID=$!
         PIDS+=($FLOOR_PID)
         wait_http "http://127.0.0.1:${PORTS[15]}/health"
-        # The same floor with one upstream connection per client connection.
+        # A second floor variant, $FLOOR2 = its mode and worker count (default:
+        # thread per core, 2 current-thread workers; "pinned" = one upstream
+        # connection per client connection).
         P_PINNED=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-        "$FLOOR" "127.0.0.1:$P_PINNED" "http://127.0.0.1:$P_ENGINE/" pinned >"$WORK/floor-pinned.log" 2>&1 &
+        "$FLOOR" "127.0.0.1:$P_PINNED" "http://127.0.0.1:$P_ENGINE/" ${FLOOR2:-pool 2} >"$WORK/floor2.log" 2>&1 &
         PINNED_PID=$!
         PIDS+=($PINNED_PID)
         PINNED_URL="http://127.0.0.1:$P_PINNED/v1/chat/completions"
@@ -310,7 +312,7 @@ if want face; then
             CPU_PIDS=$NGX_PIDS run_wrk face nginx "$c" "$r" "$NGX_URL"
             if [ -n "${FLOOR_PID:-}" ]; then
                 CPU_PIDS=$FLOOR_PID run_wrk face floor "$c" "$r" "$FLOOR_URL"
-                CPU_PIDS=$PINNED_PID run_wrk face floor-pinned "$c" "$r" "$PINNED_URL"
+                CPU_PIDS=$PINNED_PID run_wrk face floor2 "$c" "$r" "$PINNED_URL"
             fi
             if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
                 perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \

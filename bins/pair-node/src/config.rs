@@ -173,6 +173,9 @@ pub struct NodeConfig {
     /// port inversion.
     pub default_engine: bool,
     pub engine_cmd: Option<pair_engines::EngineCommand>,
+    /// Event loops serving connections (thread per core, see
+    /// `pair_proxy::loops`); set from `--threads`, 1 in `resolve`.
+    pub event_loops: usize,
 }
 
 impl NodeConfig {
@@ -269,6 +272,7 @@ impl NodeConfig {
                 ),
                 None => None,
             },
+            event_loops: 1,
         })
     }
 }

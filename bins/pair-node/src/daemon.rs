@@ -19,6 +19,7 @@ use pair_proxy::dispatch::{PeerLink, Timeouts};
 use pair_proxy::face::{self, Face};
 use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
 use pair_proxy::jobs::JobLog;
+use pair_proxy::loops::EventLoops;
 use pair_proxy::relay;
 use pair_proxy::state::{
     DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,
@@ -175,6 +176,7 @@ pub async fn start(
         .collect::<Result<Vec<_>, http::uri::InvalidUri>>()?;
 
     let jobs = Arc::new(JobLog::open(dir, now_ms())?);
+    let loops = EventLoops::start(cfg.event_loops).context("starting the event loops")?;
     let st = ProxyState::new(
         ProxyConfig {
             node: NodeIdentity {
@@ -188,6 +190,7 @@ pub async fn start(
             },
             body_cap: DEFAULT_BODY_CAP,
             engines: local_engines,
+            loops: Arc::clone(&loops),
         },
         jobs,
     );
@@ -208,6 +211,7 @@ pub async fn start(
         secure: relay::router(Arc::clone(&st), Arc::clone(&reports)),
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
+        loops,
     };
     tasks.spawn(cluster::serve(
         listeners.cluster,

@@ -57,6 +57,8 @@ pub struct ClusterSpec {
     pub pair: bool,
     pub gossip: GossipConfig,
     pub first_byte_timeout: Duration,
+    /// Event loops per node (`pair-node --threads`).
+    pub event_loops: usize,
 }
 
 /// Hardware profiles the demo cycles through, fastest first.
@@ -99,6 +101,9 @@ impl ClusterSpec {
                 cluster_port: 0,
             },
             first_byte_timeout: Duration::from_secs(30),
+            // Two loops, so every cluster test also crosses threads the
+            // way a node on a multi-core machine does.
+            event_loops: 2,
         }
     }
 }
@@ -172,6 +177,7 @@ impl LocalCluster {
                 first_byte_timeout: spec.first_byte_timeout,
                 default_engine: false,
                 engine_cmd: None,
+                event_loops: spec.event_loops,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

@@ -28,18 +28,18 @@ const EXIT_CONFIG: u8 = 64;
     about = "A peer-to-peer inference router for local LLM engines"
 )]
 struct Cli {
-    /// Runtime threads. 1 (the default) runs the node on one event loop,
-    /// which costs the least CPU per request (docs/benchmarks/proxy.md):
-    /// LLM traffic is far from needing more. Above 1, work is spread over
-    /// that many cores.
+    /// Event loops (threads) serving connections: each is a single-threaded
+    /// runtime with its own engine connections, and connections are dealt
+    /// over them round-robin (thread per core, like nginx's workers).
+    /// Default: the number of cores, at most 4. 1 runs the whole node on
+    /// one thread.
     #[arg(
         long,
         global = true,
         env = "PAIR_THREADS",
-        default_value_t = 1,
         value_parser = clap::value_parser!(u16).range(1..=512)
     )]
-    threads: u16,
+    threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -120,21 +120,18 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let mut builder = if cli.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(usize::from(cli.threads));
-        b
-    };
-    let rt = match builder.enable_all().build() {
+    let threads = cli.threads.map_or_else(default_threads, usize::from);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pair-node: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(dispatch(cli.command)) {
+    match rt.block_on(dispatch(cli.command, threads)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
             eprintln!("pair-node: {e}");
@@ -147,7 +144,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cmd: Command) -> anyhow::Result<()> {
+/// One event loop per core, at most 4: a loop forwards tens of thousands
+/// of requests a second, far beyond what LLM engines produce.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
     match cmd {
         Command::Run(args) => {
             let file = match &args.config {
@@ -162,6 +165,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 hostname(),
             )?;
             let mut cfg = cfg;
+            cfg.event_loops = threads;
             // Port inversion: with no explicit engine, find the engine on its
             // moved port, launch it there (--engine-cmd), or explain how to
             // move it if it still holds the port the face needs.
@@ -198,7 +202,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             ollama_face,
             openai_face,
             policy,
-        } => demo(nodes, ollama_face, openai_face, &policy).await,
+        } => demo(nodes, ollama_face, openai_face, &policy, threads).await,
         Command::Pair { action } => match action {
             PairAction::Invite(c) => {
                 let inv = ControlClient::new(&c.control)?.invite().await?;
@@ -273,12 +277,14 @@ async fn demo(
     ollama_face: SocketAddr,
     openai_face: SocketAddr,
     policy: &str,
+    threads: usize,
 ) -> anyhow::Result<()> {
     if n == 0 {
         return Err(ConfigError::Policy("--nodes must be at least 1".into()).into());
     }
     let mut spec = ClusterSpec::new(n);
     spec.first_faces = Some((ollama_face, openai_face));
+    spec.event_loops = threads;
     spec.policy = policy
         .parse()
         .map_err(|_| ConfigError::Policy(policy.to_owned()))?;

@@ -22,7 +22,7 @@ struct Running {
 }
 
 /// Starts `pair-node run` on ephemeral ports in a temporary state dir, with
-/// an emulated engine and `threads` runtime threads (1: current-thread),
+/// an emulated engine and `threads` event loops (`--threads`),
 /// and reads the bound addresses from its log line.
 fn start(name: &str, engine_port: u16, threads: u16) -> Running {
     let dir = tempfile::tempdir().unwrap();

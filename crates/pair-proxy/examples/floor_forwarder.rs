@@ -9,11 +9,16 @@
 //! connection, made with `hyper::client::conn::http1` on first use; no pool
 //! checkout, no stale-connection retry: a measurement, not a product).
 //!
+//! An optional fourth argument runs the forwarder on that many worker
+//! threads, each a current-thread runtime with its own upstream pool; one
+//! acceptor hands client connections round-robin to them (thread per core,
+//! no task ever moves between threads).
+//!
 //! `scripts/bench/proxy.sh` runs it beside nginx and pair-node (variant
 //! `floor`), so the face's overhead is read against what this machine
 //! allows in the same run, not against numbers from another box.
 //!
-//! Usage: `floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned]`
+//! Usage: `floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned] [WORKERS]`
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -134,10 +139,26 @@ async fn send_pinned(
     answer.await.map_err(|_| ())
 }
 
-async fn serve(listen: SocketAddr, base: Uri, pinned: bool) -> std::io::Result<()> {
+fn pool() -> Upstream {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let pool = Box::new(Client::builder(TokioExecutor::new()).build(connector));
+    Upstream::Pool(Box::new(
+        Client::builder(TokioExecutor::new()).build(connector),
+    ))
+}
+
+fn serve_conn(tcp: tokio::net::TcpStream, upstream: Upstream, base: Uri) {
+    let _ = tcp.set_nodelay(true);
+    tokio::spawn(async move {
+        let svc = service_fn(move |req| forward(upstream.clone(), base.clone(), req));
+        let _ = http1::Builder::new()
+            .serve_connection(TokioIo::new(tcp), svc)
+            .await;
+    });
+}
+
+async fn serve(listen: SocketAddr, base: Uri, pinned: bool) -> std::io::Result<()> {
+    let pool = pool();
     let upstream_addr: SocketAddr = base
         .authority()
         .map_or("", |a| a.as_str())
@@ -146,33 +167,60 @@ async fn serve(listen: SocketAddr, base: Uri, pinned: bool) -> std::io::Result<(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     loop {
         let (tcp, _) = listener.accept().await?;
-        let _ = tcp.set_nodelay(true);
         let upstream = if pinned {
             Upstream::Pinned(upstream_addr, Arc::default())
         } else {
-            Upstream::Pool(pool.clone())
+            pool.clone()
         };
+        serve_conn(tcp, upstream, base.clone());
+    }
+}
+
+/// Thread per core: `workers` current-thread runtimes, each with its own
+/// pool; the acceptor (this thread) deals connections out round-robin.
+async fn serve_workers(listen: SocketAddr, base: Uri, workers: usize) -> std::io::Result<()> {
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        handles.push(rt.handle().clone());
+        std::thread::spawn(move || rt.block_on(std::future::pending::<()>()));
+    }
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let mut next = 0;
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let tcp = tcp.into_std()?;
         let base = base.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| forward(upstream.clone(), base.clone(), req));
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await;
+        handles[next % workers].spawn(async move {
+            thread_local! {
+                static POOL: Upstream = pool();
+            }
+            if let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) {
+                serve_conn(tcp, POOL.with(Clone::clone), base);
+            }
         });
+        next += 1;
     }
 }
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(listen), Some(base)) = (args.get(1), args.get(2)) else {
-        eprintln!("usage: floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned]");
+        eprintln!("usage: floor_forwarder LISTEN_ADDR UPSTREAM_BASE [pool|pinned] [WORKERS]");
         std::process::exit(64);
     };
     let listen: SocketAddr = listen.parse().map_err(std::io::Error::other)?;
     let base: Uri = base.parse().map_err(std::io::Error::other)?;
     let pinned = args.get(3).is_some_and(|m| m == "pinned");
-    tokio::runtime::Builder::new_current_thread()
+    let workers: usize = args.get(4).and_then(|w| w.parse().ok()).unwrap_or(0);
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?
-        .block_on(serve(listen, base, pinned))
+        .build()?;
+    if workers > 0 {
+        rt.block_on(serve_workers(listen, base, workers))
+    } else {
+        rt.block_on(serve(listen, base, pinned))
+    }
 }

@@ -7,6 +7,7 @@
 //! A peer's connections are closed the moment it is unpaired.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -20,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use crate::loops::EventLoops;
 use crate::relay::PeerIdentity;
 
 /// First byte of a TLS record carrying a handshake.
@@ -39,6 +41,8 @@ pub struct ClusterPort {
     pub secure: Router,
     pub acceptor: tokio_rustls::TlsAcceptor,
     pub trust: TrustStore,
+    /// Connections are dealt over the node's event loops, like the faces'.
+    pub loops: Arc<EventLoops>,
 }
 
 impl std::fmt::Debug for ClusterPort {
@@ -55,9 +59,10 @@ pub async fn serve(
     tasks: TaskTracker,
 ) {
     while let Some((tcp, remote)) = accept(&listener, &shutdown, "cluster port").await {
+        let loops = Arc::clone(&port.loops);
         let port = port.clone();
         let shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        loops.spawn(&tasks, tcp, move |tcp| async move {
             if let Err(reason) = connection(tcp, remote, port, shutdown).await {
                 tracing::debug!(%remote, reason, "cluster connection closed");
             }

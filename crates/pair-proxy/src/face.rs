@@ -153,20 +153,22 @@ pub async fn serve(
         app,
     };
     let conns = TaskTracker::new();
+    let loops = Arc::clone(&local.fs.st.loops);
     while let Some((tcp, peer)) = accept(&listener, &shutdown, "face").await {
         let shutdown = shutdown.clone();
-        let io = TokioIo::new(tcp);
         if is_local(peer) {
             let svc = local.clone();
-            conns.spawn(log_end(
-                peer,
-                serve_connection(io, svc, None, shutdown, None),
-            ));
+            loops.spawn(&conns, tcp, move |tcp| {
+                log_end(
+                    peer,
+                    serve_connection(TokioIo::new(tcp), svc, None, shutdown, None),
+                )
+            });
         } else {
             tracing::info!(%peer, "refused a non-loopback client on a local face");
             conns.spawn(log_end(
                 peer,
-                serve_http(io, forbidden(face), shutdown, None),
+                serve_http(TokioIo::new(tcp), forbidden(face), shutdown, None),
             ));
         }
     }
@@ -319,7 +321,7 @@ async fn passthrough(
         );
     };
     let hop = engine.hop();
-    match dispatch::send(&st.local_client, &hop, &head, body, st.timeouts).await {
+    match dispatch::send(st.local_client(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
             Response::from_parts(parts, Body::new(incoming))
@@ -387,7 +389,7 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
     let mut timeouts = st.timeouts;
     timeouts.first_byte = LISTING_DEADLINE;
     let fut = async {
-        let resp = dispatch::send(&st.local_client, hop, &head, Bytes::new(), timeouts)
+        let resp = dispatch::send(st.local_client(), hop, &head, Bytes::new(), timeouts)
             .await
             .ok()?;
         if !resp.status().is_success() {
@@ -421,6 +423,7 @@ mod tests {
                 timeouts: crate::dispatch::Timeouts::default(),
                 body_cap: 1024,
                 engines: Vec::new(),
+                loops: crate::loops::EventLoops::single(),
             },
             Arc::new(crate::jobs::JobLog::in_memory()),
         )

@@ -133,7 +133,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
         let attempt = async {
-            let resp = dispatch::request(&st.local_client, &hop, &req.head, req.body.clone())?
+            let resp = dispatch::request(st.local_client(), &hop, &req.head, req.body.clone())?
                 .await
                 .map_err(|source| AttemptError::Dispatch(DispatchError::Transport { source }))?;
             let status = resp.status();

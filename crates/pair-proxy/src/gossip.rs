@@ -162,7 +162,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut jobs = st.jobs.subscribe();
-    let mut outbox: Vec<JobRecord> = Vec::new();
+    let mut outbox: Vec<Arc<JobRecord>> = Vec::new();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut generation = 0u64;
@@ -193,8 +193,10 @@ pub async fn run(
         } else {
             Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
         };
-        let batch = (!outbox.is_empty() && !links.is_empty())
-            .then(|| Bytes::from(serde_json::to_vec(&outbox).unwrap_or_default()));
+        let batch = (!outbox.is_empty() && !links.is_empty()).then(|| {
+            let recs: Vec<&JobRecord> = outbox.iter().map(|r| &**r).collect();
+            Bytes::from(serde_json::to_vec(&recs).unwrap_or_default())
+        });
         outbox.clear();
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);

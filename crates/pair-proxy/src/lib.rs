@@ -21,6 +21,7 @@ pub mod gossip;
 pub mod jobs;
 pub mod listing;
 pub mod load;
+pub mod loops;
 pub mod metrics;
 pub mod relay;
 pub mod route;

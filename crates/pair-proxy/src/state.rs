@@ -19,6 +19,7 @@ use rand::rngs::SmallRng;
 use crate::dispatch::{self, Hop, HttpClient, PeerLink, Timeouts};
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
+use crate::loops::EventLoops;
 use crate::metrics::Metrics;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
@@ -70,7 +71,9 @@ pub struct ProxyState {
     pub(crate) receipt_self: Option<http::HeaderValue>,
     pub timeouts: Timeouts,
     pub body_cap: usize,
-    pub(crate) local_client: HttpClient,
+    /// One pooled client per event loop (index: [`crate::loops::current`]).
+    local_clients: Vec<HttpClient>,
+    pub loops: Arc<EventLoops>,
     cluster: ArcSwap<ClusterSnapshot>,
     engines: ArcSwap<Vec<LocalEngine>>,
     peers: ArcSwap<HashMap<NodeId, PeerLink>>,
@@ -90,13 +93,18 @@ pub struct ProxyConfig {
     pub timeouts: Timeouts,
     pub body_cap: usize,
     pub engines: Vec<LocalEngine>,
+    /// Where connections are served ([`EventLoops::single`]: the caller's runtime).
+    pub loops: Arc<EventLoops>,
 }
 
 impl ProxyState {
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
         Arc::new(Self {
             receipt_self: node_receipt(&config.node.name, config.node.id),
-            local_client: dispatch::local_client(config.timeouts),
+            local_clients: (0..config.loops.len())
+                .map(|_| dispatch::local_client(config.timeouts))
+                .collect(),
+            loops: config.loops,
             cluster: ArcSwap::from_pointee(ClusterSnapshot::default()),
             engines: ArcSwap::from_pointee(config.engines),
             peers: ArcSwap::from_pointee(HashMap::new()),
@@ -114,6 +122,13 @@ impl ProxyState {
             metrics: Arc::new(Metrics::new()),
             learner: Mutex::new(PerfLearner::new()),
         })
+    }
+
+    /// The local engines' client of the event loop this runs on: its
+    /// connections live on this thread.
+    pub(crate) fn local_client(&self) -> &HttpClient {
+        let i = crate::loops::current();
+        &self.local_clients[i % self.local_clients.len()]
     }
 
     pub fn policy(&self) -> Policy {

@@ -1,0 +1,175 @@
+//! Thread per core: the node's connections are dealt round-robin over N
+//! event loops. Loop 0 is the runtime that started the node (it also runs
+//! the control plane: pollers, gossip, discovery, the accept loops); loops
+//! 1..N are current-thread tokio runtimes on threads of their own. Each
+//! loop has its own upstream pool ([`crate::state::ProxyState`] picks the
+//! client of the loop it runs on), so a request, its upstream connection
+//! and its answer's body all stay on one thread: no cross-thread wake-ups,
+//! no work stealing, no locks contended on the hot path.
+//!
+//! Why: one current-thread runtime costs the least CPU per request but
+//! stops at one core; tokio's multi-thread runtime uses every core but
+//! costs ~25 % more CPU per request in cross-worker wake-ups on a 2-core
+//! box (docs/benchmarks/proxy.md). This is nginx's model (one event loop
+//! per worker) with tokio's runtime in each loop.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Every loop keeps one timer this far ahead at all times. Tokio's timer
+/// wheel wakes its driver (an eventfd write, a syscall) whenever a new
+/// timer becomes the earliest one; without an anchor, a loop whose wheel
+/// emptied between requests paid that for every request's first-byte
+/// deadline (minutes away). One wake-up a second per idle loop is the cost.
+const TIMER_ANCHOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn anchor(stop: CancellationToken) {
+    let mut tick = tokio::time::interval(TIMER_ANCHOR);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+thread_local! {
+    static LOOP: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Which event loop this thread runs: 1.. on the extra loops' threads, 0
+/// anywhere else (the node's own runtime, tests' runtimes).
+pub fn current() -> usize {
+    LOOP.with(Cell::get)
+}
+
+/// The node's event loops. The extra loops' threads stop when this is
+/// dropped (after the faces have drained their connections).
+#[derive(Debug)]
+pub struct EventLoops {
+    extra: Vec<Handle>,
+    next: AtomicUsize,
+    stop: CancellationToken,
+}
+
+impl EventLoops {
+    /// Everything on the caller's runtime (one loop).
+    pub fn single() -> Arc<Self> {
+        Arc::new(Self {
+            extra: Vec::new(),
+            next: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// `n` loops in all: the caller's runtime and `n - 1` new threads.
+    /// Must be called on a tokio runtime (loop 0).
+    pub fn start(n: usize) -> std::io::Result<Arc<Self>> {
+        let stop = CancellationToken::new();
+        tokio::spawn(anchor(stop.clone()));
+        let mut extra = Vec::with_capacity(n.saturating_sub(1));
+        for i in 1..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            extra.push(rt.handle().clone());
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("pair-loop-{i}"))
+                .spawn(move || {
+                    LOOP.with(|l| l.set(i));
+                    rt.block_on(anchor(stop));
+                })?;
+        }
+        Ok(Arc::new(Self {
+            extra,
+            next: AtomicUsize::new(0),
+            stop,
+        }))
+    }
+
+    /// How many loops there are (at least 1).
+    pub fn len(&self) -> usize {
+        self.extra.len() + 1
+    }
+
+    /// Always false: there is at least the caller's loop.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Serves `tcp` with `serve` on the next loop, tracked by `tasks`.
+    pub(crate) fn spawn<F, Fut>(&self, tasks: &TaskTracker, tcp: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.len();
+        let Some(handle) = i.checked_sub(1).and_then(|j| self.extra.get(j)) else {
+            tasks.spawn(serve(tcp));
+            return;
+        };
+        // The socket leaves this loop's reactor and joins the other's.
+        let tcp = match tcp.into_std() {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                tracing::warn!(%error, "could not hand a connection to another event loop");
+                return;
+            }
+        };
+        handle.spawn(tasks.track_future(async move {
+            match TcpStream::from_std(tcp) {
+                Ok(tcp) => serve(tcp).await,
+                Err(error) => tracing::warn!(%error, "event loop could not take a connection"),
+            }
+        }));
+    }
+}
+
+impl Drop for EventLoops {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Connections are dealt round-robin, each served on its loop's thread,
+    /// and the tracker sees them finish.
+    #[tokio::test]
+    async fn connections_are_dealt_over_every_loop() {
+        let loops = EventLoops::start(3).unwrap();
+        assert_eq!(loops.len(), 3);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tasks = TaskTracker::new();
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            let (tcp, _) = listener.accept().await.unwrap();
+            loops.spawn(&tasks, tcp, |mut tcp| async move {
+                let which = u8::try_from(current()).unwrap();
+                let _ = tcp.write_all(&[which]).await;
+            });
+            let mut b = [0u8; 1];
+            client.read_exact(&mut b).await.unwrap();
+            seen.push(b[0]);
+        }
+        assert_eq!(seen, [0, 1, 2, 0, 1, 2]);
+        tasks.close();
+        tokio::time::timeout(std::time::Duration::from_secs(5), tasks.wait())
+            .await
+            .unwrap();
+    }
+}
