@@ -183,7 +183,12 @@ where
             None => std::future::pending().await,
         }
     };
+    // The node-wide token's mutex would be taken by every connection on
+    // every poll, from every loop; a child token per connection is polled
+    // uncontended. The connection comes first: it is what usually woke us.
+    let shutdown = shutdown.child_token();
     tokio::select! {
+        biased;
         r = conn.as_mut() => return r.map_err(|_| "http error"),
         () = revoked => return Err("peer unpaired: connection closed"),
         () = shutdown.cancelled() => {}

@@ -253,9 +253,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         ),
         Some(json!({ "attempts": attempts, "job": job })),
     );
-    if let Ok(v) = HeaderValue::from_str(&attempts.len().to_string()) {
-        resp.headers_mut().insert("x-pair-attempts", v);
-    }
+    resp.headers_mut()
+        .insert("x-pair-attempts", attempts_value(attempts.len()));
     resp
 }
 
@@ -422,7 +421,7 @@ fn receipt(
     }
     h.insert(
         HeaderName::from_static("x-pair-attempts"),
-        HeaderValue::from(attempts),
+        attempts_value(attempts),
     );
     h.insert(
         HeaderName::from_static("x-pair-policy"),
@@ -437,6 +436,17 @@ fn receipt(
     let id = job.as_uuid().hyphenated().encode_lower(&mut buf);
     if let Ok(v) = HeaderValue::from_str(id) {
         h.insert(HeaderName::from_static("x-pair-job"), v);
+    }
+}
+
+/// `x-pair-attempts`: static for the usual counts (`HeaderValue::from`
+/// allocates twice).
+fn attempts_value(n: usize) -> HeaderValue {
+    match n {
+        1 => HeaderValue::from_static("1"),
+        2 => HeaderValue::from_static("2"),
+        3 => HeaderValue::from_static("3"),
+        n => HeaderValue::from(n),
     }
 }
 
