@@ -1,6 +1,6 @@
 //! Cluster behaviour on real nodes over loopback: merged listings, route
 //! spreading under concurrency, and the mTLS gate (unpaired peers refused,
-//! unpairing closes open connections).
+//! unpairing closes open connections), session affinity through a face.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -65,6 +65,43 @@ async fn listings_are_merged_across_the_cluster_in_each_envelope() {
     c.stop().await;
 }
 
+/// Loads `model` on every node (requests pinned to each) and waits until
+/// node 0's cluster view (peer reports arrive every gossip interval) shows
+/// it loaded and idle everywhere, so cold loads and stale views do not
+/// decide what a test measures.
+async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
+    for node in &c.nodes {
+        let r = http()
+            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", node.id.to_string())
+            .json(&json!({"model": model, "prompt": "warm", "stream": false}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
+    let mut settled = false;
+    for _ in 0..100 {
+        let v = get_json(view.clone()).await;
+        let nodes = v["snapshot"]["nodes"].as_array().unwrap();
+        settled = nodes.len() == c.nodes.len()
+            && nodes.iter().all(|n| {
+                n["workload"]["running"] == 0
+                    && n["engines"][0]["models"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|m| m["name"] == model && m["loaded"] == true)
+            });
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(settled, "the warm state never reached node 0's view");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_spreads_over_the_nodes() {
     // Real time, identical hardware: reservations must spread the burst.
@@ -76,40 +113,7 @@ async fn a_burst_spreads_over_the_nodes() {
     })
     .await
     .unwrap();
-    // Warm the model everywhere so cold loads do not decide.
-    for node in &c.nodes {
-        let r = http()
-            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
-            .header("x-pair-node-pin", node.id.to_string())
-            .json(&json!({"model": "llama3.2:3b", "prompt": "warm", "stream": false}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
-    // The burst must see the warm state: wait until node 0's cluster view
-    // (peer reports arrive every gossip interval) has the model loaded and
-    // idle everywhere.
-    let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
-    let mut settled = false;
-    for _ in 0..100 {
-        let v = get_json(view.clone()).await;
-        let nodes = v["snapshot"]["nodes"].as_array().unwrap();
-        settled = nodes.len() == 3
-            && nodes.iter().all(|n| {
-                n["workload"]["running"] == 0
-                    && n["engines"][0]["models"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|m| m["name"] == "llama3.2:3b" && m["loaded"] == true)
-            });
-        if settled {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(settled, "the warm state never reached node 0's view");
+    warm_everywhere(&c, "llama3.2:3b").await;
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let sends = (0..9).map(|i| {
         let url = url.clone();
@@ -354,6 +358,66 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
     for n in &c.nodes {
         assert!(n.state.cluster().node(client.id()).is_none());
         assert!(n.state.peer(client.id()).is_none());
+    }
+    c.stop().await;
+}
+
+/// `x-pair-session` through a face: once a conversation has run on a node,
+/// its next turns go back there (its KV cache is warm), while requests
+/// without the header keep going where the scheduler ranks best.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_sticks_to_the_node_it_ran_on() {
+    let c = cluster(3, |s| {
+        for n in &mut s.nodes {
+            n.profile = "rtx3060".into();
+        }
+    })
+    .await
+    .unwrap();
+    warm_everywhere(&c, "llama3.2:3b").await;
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let ask = |session: Option<&'static str>, pin: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut req = http().post(url).json(
+                &json!({"model": "llama3.2:3b", "prompt": "turn", "stream": false,
+                        "options": {"num_predict": 4}}),
+            );
+            if let Some(s) = session {
+                req = req.header("x-pair-session", s);
+            }
+            if let Some(p) = pin {
+                req = req.header("x-pair-node-pin", p);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            served_by(&r).unwrap()
+        }
+    };
+    // Where requests go on their own (the scheduler's pick on this idle
+    // cluster), then a conversation whose first turn ran elsewhere.
+    let usual = ask(None, None).await;
+    let elsewhere = c
+        .nodes
+        .iter()
+        .map(|n| n.id.to_string())
+        .find(|id| *id != usual)
+        .unwrap();
+    assert_eq!(
+        ask(Some("conv-1"), Some(elsewhere.clone())).await,
+        elsewhere
+    );
+    for turn in 0..4 {
+        assert_eq!(
+            ask(Some("conv-1"), None).await,
+            elsewhere,
+            "turn {turn} of the session left its node"
+        );
+        assert_eq!(
+            ask(None, None).await,
+            usual,
+            "a request without a session followed the session"
+        );
     }
     c.stop().await;
 }

@@ -174,9 +174,14 @@ impl DispatchError {
         out
     }
 
-    /// Every dispatch failure happens before anything reached the client.
+    /// Every dispatch failure happens before anything reached the client,
+    /// so another node may take the request, unless the request itself
+    /// could not be built: every node would fail it the same way.
     pub fn retry(&self) -> RetryAdvice {
-        RetryAdvice::BeforeFirstByte
+        match self {
+            DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => RetryAdvice::Never,
+            _ => RetryAdvice::BeforeFirstByte,
+        }
     }
 
     /// A short, stable label for receipts, job records and metrics.
@@ -208,6 +213,35 @@ fn is_hop_header(name: &HeaderName) -> bool {
             | "host"
             | "content-length"
     )
+}
+
+/// Removes an upstream answer's hop-by-hop headers before it goes to the
+/// client (RFC 9110 §7.6.1): those the answer's `Connection` header names,
+/// then the standard ones. This hop's own framing is hyper's to choose; a
+/// `Connection: close` from an engine must not close the client's
+/// keep-alive connection.
+pub fn strip_response_hop_headers(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        h.remove(name);
+    }
+    for name in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ] {
+        h.remove(name);
+    }
 }
 
 /// Copies end-to-end headers.
@@ -316,6 +350,46 @@ mod tests {
         copy_headers(&from, &mut to);
         assert_eq!(to.len(), 2);
         assert!(to.contains_key("authorization"));
+    }
+
+    #[test]
+    fn answers_lose_hop_headers_and_those_connection_names() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("close, x-engine-hop"),
+        );
+        h.insert("x-engine-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert("content-length", HeaderValue::from_static("12"));
+        strip_response_hop_headers(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "content-type"]);
+    }
+
+    #[test]
+    fn only_unbuildable_requests_are_never_retried() {
+        let bad = "http://[".parse::<Uri>().unwrap_err();
+        assert_eq!(
+            DispatchError::BadUri { source: bad }.retry(),
+            RetryAdvice::Never
+        );
+        assert!(
+            DispatchError::Deadline(Duration::from_secs(1))
+                .retry()
+                .may_retry()
+        );
+        assert!(
+            DispatchError::NoLink(NodeId::from_u128(7))
+                .retry()
+                .may_retry()
+        );
     }
 
     #[test]

@@ -324,7 +324,9 @@ async fn passthrough(
     match dispatch::send(st.local_client(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
-            Response::from_parts(parts, Body::new(incoming))
+            let mut out = Response::from_parts(parts, Body::new(incoming));
+            dispatch::strip_response_hop_headers(out.headers_mut());
+            out
         }
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,

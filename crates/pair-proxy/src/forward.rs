@@ -211,7 +211,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         };
         let relay = Relay::new(first, upstream, framing, req.flavor, watcher);
         let mut out = Response::from_parts(parts, Body::new(relay));
-        strip_hop_headers(out.headers_mut());
+        dispatch::strip_response_hop_headers(out.headers_mut());
         receipt(
             st,
             out.headers_mut(),
@@ -392,12 +392,6 @@ fn count(st: &ProxyState, route: &'static str, status: u16, node: &str) {
             node: node.to_owned(),
         })
         .inc();
-}
-
-fn strip_hop_headers(h: &mut http::HeaderMap) {
-    for name in ["connection", "keep-alive", "transfer-encoding"] {
-        h.remove(name);
-    }
 }
 
 /// Route receipt: which node served it, after how many tries, and (when

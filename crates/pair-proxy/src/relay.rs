@@ -225,7 +225,9 @@ async fn run_locally(
             };
             let framing = Framing::from_content_type(parts.headers.get(header::CONTENT_TYPE));
             let relay = Relay::new(first, incoming, framing, flavor, LoadWatcher(Some(guard)));
-            Response::from_parts(parts, Body::new(relay))
+            let mut out = Response::from_parts(parts, Body::new(relay));
+            dispatch::strip_response_hop_headers(out.headers_mut());
+            out
         }
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,
