@@ -291,3 +291,67 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Reads a child's output (`stdout` or `stderr`) line by line on a thread
+/// and hands each line to `want` until it returns true, for at most
+/// `limit`; the rest of the output keeps draining so the child never blocks
+/// on a full pipe. A child that exits or hangs fails with the lines seen,
+/// instead of blocking the test forever.
+pub fn wait_for_output<R: std::io::Read + Send + 'static>(
+    out: R,
+    limit: Duration,
+    mut want: impl FnMut(&str) -> bool,
+) -> std::result::Result<(), String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+            // After the wait is over the receiver is gone: keep draining.
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if want(&line) {
+                    return Ok(());
+                }
+                seen.push(line);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                return Err(format!(
+                    "no expected output within {limit:?}; got:\n{}",
+                    seen.join("\n")
+                ));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!(
+                    "the process exited; its output:\n{}",
+                    seen.join("\n")
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_waits_end_on_the_line_on_exit_and_on_time() {
+        let found = wait_for_output(&b"a\nready x=1\nb\n"[..], Duration::from_secs(5), |l| {
+            l.starts_with("ready")
+        });
+        assert_eq!(found, Ok(()));
+        let exited = wait_for_output(&b"a\n"[..], Duration::from_secs(5), |_| false);
+        assert!(exited.unwrap_err().contains("exited"));
+        // A writer that never closes and never says the line.
+        let (reader, _writer) = std::io::pipe().unwrap();
+        let hung = wait_for_output(reader, Duration::from_millis(200), |_| false);
+        assert!(hung.unwrap_err().contains("within"));
+    }
+}

@@ -4,10 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use pair_node::harness::KillOnDrop;
+use pair_node::harness::{KillOnDrop, wait_for_output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -48,17 +47,14 @@ fn start(name: &str, engine_port: u16, threads: u16) -> Running {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let proc = KillOnDrop(child);
-    let started = Instant::now();
-    let mut lines = BufReader::new(stderr).lines();
-    let line = loop {
-        let line = lines.next().expect("pair-node exited").unwrap();
-        if line.contains("pair-node running") {
-            break line;
+    let mut line = String::new();
+    wait_for_output(stderr, Duration::from_secs(30), |l| {
+        if l.contains("pair-node running") {
+            line = l.to_owned();
         }
-        assert!(started.elapsed() < Duration::from_secs(30));
-    };
-    // Keep draining the log so the daemon never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+        !line.is_empty()
+    })
+    .unwrap();
     let field = |key: &str| {
         let plain = strip_ansi(&line);
         let start = plain.find(&format!("{key}=")).unwrap() + key.len() + 1;

@@ -4,12 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use pair_node::harness::KillOnDrop;
-use std::time::{Duration, Instant};
+use pair_node::harness::{KillOnDrop, wait_for_output};
+use std::time::Duration;
 
 fn python() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -45,23 +44,16 @@ fn python_sdks_work_against_the_demo() {
     let stdout = child.stdout.take().expect("stdout");
     let demo = KillOnDrop(child);
     let (mut ollama, mut openai) = (None, None);
-    let started = Instant::now();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("demo output");
+    wait_for_output(stdout, Duration::from_secs(60), |line| {
         if let Some(u) = line.strip_prefix("Ollama face ") {
             ollama = Some(u.trim().to_owned());
         }
         if let Some(u) = line.strip_prefix("OpenAI face ") {
             openai = Some(u.trim().to_owned());
         }
-        if ollama.is_some() && openai.is_some() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "demo did not start"
-        );
-    }
+        ollama.is_some() && openai.is_some()
+    })
+    .expect("demo did not start");
     let (ollama, openai) = (ollama.expect("ollama url"), openai.expect("openai url"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/clients.py");
     let out = Command::new(py)
