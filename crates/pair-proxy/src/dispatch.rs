@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -19,7 +19,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use pair_core::{NodeId, RetryAdvice};
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+use crate::pool::LocalPool;
+
 pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Path prefix under which a peer's cluster port accepts relayed requests.
@@ -114,7 +115,11 @@ impl PeerLink {
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .map_err(|source| DispatchError::BadRequest { source })?;
-        send_with_deadline(self.client.request(req), deadline).await
+        match tokio::time::timeout(deadline, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(source)) => Err(DispatchError::Transport { source }),
+            Err(_) => Err(DispatchError::Deadline(deadline)),
+        }
     }
 }
 
@@ -124,13 +129,6 @@ pub fn http_connector(timeouts: Timeouts) -> HttpConnector {
     c.set_connect_timeout(Some(timeouts.connect));
     c.enforce_http(false);
     c
-}
-
-/// The client for local engines, shared by every request.
-pub fn local_client(timeouts: Timeouts) -> HttpClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(http_connector(timeouts))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +142,18 @@ pub enum DispatchError {
     BadRequest {
         #[source]
         source: http::Error,
+    },
+    #[error("the engine's address names no host")]
+    NoHost,
+    #[error("could not connect to the engine")]
+    Connect {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("engine connection error")]
+    Http {
+        #[source]
+        source: hyper::Error,
     },
     #[error("upstream transport error")]
     Transport {
@@ -188,8 +198,9 @@ impl DispatchError {
     pub fn class(&self) -> &'static str {
         match self {
             DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => "bad-request",
+            DispatchError::Connect { .. } | DispatchError::NoHost => "connect",
             DispatchError::Transport { source } if source.is_connect() => "connect",
-            DispatchError::Transport { .. } => "transport",
+            DispatchError::Transport { .. } | DispatchError::Http { .. } => "transport",
             DispatchError::Body { .. } => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
@@ -265,18 +276,6 @@ fn join_uri(base: &Uri, prefix: &str, path_and_query: &str) -> Result<Uri, Dispa
     s.parse().map_err(|source| DispatchError::BadUri { source })
 }
 
-/// `base`'s scheme and authority with the client's own path and query: no
-/// formatting or re-parsing (both parts are shared, already-checked bytes).
-fn local_uri(base: &Uri, path_and_query: &PathAndQuery) -> Result<Uri, DispatchError> {
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = base.scheme().cloned();
-    parts.authority = base.authority().cloned();
-    parts.path_and_query = Some(path_and_query.clone());
-    Uri::from_parts(parts).map_err(|source| DispatchError::BadRequest {
-        source: source.into(),
-    })
-}
-
 /// Request line and headers of the client's request, kept for replay.
 #[derive(Clone, Debug)]
 pub struct RequestHead {
@@ -286,49 +285,56 @@ pub struct RequestHead {
     pub headers: HeaderMap,
 }
 
-/// Starts one attempt: the response head arrives when the future is ready.
-/// No deadline of its own; callers put one around it.
-pub fn request(
-    local: &HttpClient,
+/// An attempt in flight: the response head arrives when it is ready.
+pub type Pending<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Response<Incoming>, DispatchError>> + Send + 'a>>;
+
+/// Starts one attempt. No deadline of its own; callers put one around it.
+/// Local engines get an origin-form request on this loop's pool; peers the
+/// relay URI on their mTLS client.
+pub fn request<'a>(
+    local: &'a LocalPool,
     hop: &Hop,
     head: &RequestHead,
     body: Bytes,
-) -> Result<hyper_util::client::legacy::ResponseFuture, DispatchError> {
-    let uri = match hop {
-        Hop::Local { base, .. } => local_uri(base, &head.path_and_query)?,
-        Hop::Peer(link) => join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?,
-    };
+) -> Result<Pending<'a>, DispatchError> {
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = head.method.clone();
-    *req.uri_mut() = uri;
     let headers = req.headers_mut();
-    headers.reserve(head.headers.len());
+    headers.reserve(head.headers.len() + 1);
     copy_headers(&head.headers, headers);
-    Ok(match hop {
-        Hop::Local { .. } => local.request(req),
-        Hop::Peer(link) => link.client.request(req),
-    })
+    match hop {
+        Hop::Local { base, .. } => {
+            let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
+            let host = HeaderValue::from_str(to.as_str())
+                .map_err(|e| DispatchError::BadRequest { source: e.into() })?;
+            req.headers_mut().insert(header::HOST, host);
+            *req.uri_mut() = Uri::from(head.path_and_query.clone());
+            Ok(Box::pin(async move { local.send(&to, req).await }))
+        }
+        Hop::Peer(link) => {
+            *req.uri_mut() = join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?;
+            let fut = link.client.request(req);
+            Ok(Box::pin(async move {
+                fut.await
+                    .map_err(|source| DispatchError::Transport { source })
+            }))
+        }
+    }
 }
 
 /// Sends one attempt and waits (up to the first-byte deadline) for the
 /// response head.
 pub async fn send(
-    local: &HttpClient,
+    local: &LocalPool,
     hop: &Hop,
     head: &RequestHead,
     body: Bytes,
     timeouts: Timeouts,
 ) -> Result<Response<Incoming>, DispatchError> {
-    send_with_deadline(request(local, hop, head, body)?, timeouts.first_byte).await
-}
-
-async fn send_with_deadline(
-    fut: hyper_util::client::legacy::ResponseFuture,
-    deadline: Duration,
-) -> Result<Response<Incoming>, DispatchError> {
-    match tokio::time::timeout(deadline, fut).await {
-        Ok(Ok(resp)) => Ok(resp),
-        Ok(Err(source)) => Err(DispatchError::Transport { source }),
+    let deadline = timeouts.first_byte;
+    match tokio::time::timeout(deadline, request(local, hop, head, body)?).await {
+        Ok(r) => r,
         Err(_) => Err(DispatchError::Deadline(deadline)),
     }
 }
@@ -389,16 +395,6 @@ mod tests {
             DispatchError::NoLink(NodeId::from_u128(7))
                 .retry()
                 .may_retry()
-        );
-    }
-
-    #[test]
-    fn local_uris_keep_the_path_and_query() {
-        let base: Uri = "http://127.0.0.1:11435".parse().unwrap();
-        let pq = PathAndQuery::from_static("/api/chat?x=1");
-        assert_eq!(
-            local_uri(&base, &pq).unwrap().to_string(),
-            "http://127.0.0.1:11435/api/chat?x=1"
         );
     }
 

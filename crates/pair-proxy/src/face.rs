@@ -321,7 +321,7 @@ async fn passthrough(
         );
     };
     let hop = engine.hop();
-    match dispatch::send(st.local_client(), &hop, &head, body, st.timeouts).await {
+    match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
             let mut out = Response::from_parts(parts, Body::new(incoming));
@@ -391,7 +391,7 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
     let mut timeouts = st.timeouts;
     timeouts.first_byte = LISTING_DEADLINE;
     let fut = async {
-        let resp = dispatch::send(st.local_client(), hop, &head, Bytes::new(), timeouts)
+        let resp = dispatch::send(st.local_pool(), hop, &head, Bytes::new(), timeouts)
             .await
             .ok()?;
         if !resp.status().is_success() {

@@ -133,9 +133,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
         let attempt = async {
-            let resp = dispatch::request(st.local_client(), &hop, &req.head, req.body.clone())?
+            let resp = dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?
                 .await
-                .map_err(|source| AttemptError::Dispatch(DispatchError::Transport { source }))?;
+                .map_err(AttemptError::Dispatch)?;
             let status = resp.status();
             let advice = RetryAdvice::for_status(status.as_u16(), true);
             if advice.is_some_and(RetryAdvice::may_retry) {

@@ -23,6 +23,7 @@ pub mod listing;
 pub mod load;
 pub mod loops;
 pub mod metrics;
+pub mod pool;
 pub mod relay;
 pub mod route;
 pub mod state;

@@ -194,7 +194,7 @@ async fn run_locally(
         .load
         .begin(profile.prompt_tokens, profile.max_output_tokens);
     tracing::debug!(peer = %peer.id, model = %facts.model, "running a relayed request");
-    match dispatch::send(st.local_client(), &hop, &head, body, st.timeouts).await {
+    match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             if resp.status() == StatusCode::NOT_FOUND {
                 crate::forward::refresh_inventory(&hop);

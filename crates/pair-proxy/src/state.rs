@@ -16,11 +16,12 @@ use pair_scheduler::{
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::dispatch::{self, Hop, HttpClient, PeerLink, Timeouts};
+use crate::dispatch::{Hop, PeerLink, Timeouts};
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::loops::EventLoops;
 use crate::metrics::Metrics;
+use crate::pool::LocalPool;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
@@ -71,8 +72,9 @@ pub struct ProxyState {
     pub(crate) receipt_self: Option<http::HeaderValue>,
     pub timeouts: Timeouts,
     pub body_cap: usize,
-    /// One pooled client per event loop (index: [`crate::loops::current`]).
-    local_clients: Vec<HttpClient>,
+    /// One engine connection pool per event loop (index:
+    /// [`crate::loops::current`]).
+    local_pools: Vec<LocalPool>,
     pub loops: Arc<EventLoops>,
     cluster: ArcSwap<ClusterSnapshot>,
     engines: ArcSwap<Vec<LocalEngine>>,
@@ -101,8 +103,8 @@ impl ProxyState {
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
         Arc::new(Self {
             receipt_self: node_receipt(&config.node.name, config.node.id),
-            local_clients: (0..config.loops.len())
-                .map(|_| dispatch::local_client(config.timeouts))
+            local_pools: (0..config.loops.len())
+                .map(|_| LocalPool::new(config.timeouts))
                 .collect(),
             loops: config.loops,
             cluster: ArcSwap::from_pointee(ClusterSnapshot::default()),
@@ -124,11 +126,11 @@ impl ProxyState {
         })
     }
 
-    /// The local engines' client of the event loop this runs on: its
+    /// The engine connection pool of the event loop this runs on: its
     /// connections live on this thread.
-    pub(crate) fn local_client(&self) -> &HttpClient {
+    pub(crate) fn local_pool(&self) -> &LocalPool {
         let i = crate::loops::current();
-        &self.local_clients[i % self.local_clients.len()]
+        &self.local_pools[i % self.local_pools.len()]
     }
 
     pub fn policy(&self) -> Policy {
