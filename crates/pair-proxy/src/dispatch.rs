@@ -1,9 +1,10 @@
-//! Sending one attempt of a request to one hop: the local engine over pooled
-//! keep-alive HTTP/1.1, or a peer's cluster port over mutual TLS.
+//! Sending one attempt of a request to one hop: the local engine over
+//! keep-alive HTTP/1.1 from the event loop's own pool ([`crate::pool`]), or
+//! a peer's cluster port over mutual TLS (hyper-util's pooled client, one
+//! per peer).
 //!
-//! hyper-util's pooled client is on the hot path (it costs ~5 µs less CPU per
-//! request than reqwest, see shared/reference/proxy-performance.md); the pool
-//! is never capped below the expected concurrency and TCP_NODELAY is on.
+//! A pool is never capped below the expected concurrency and TCP_NODELAY
+//! is on (shared/reference/proxy-performance.md).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,12 +233,16 @@ fn is_hop_header(name: &HeaderName) -> bool {
 /// `Connection: close` from an engine must not close the client's
 /// keep-alive connection.
 pub fn strip_response_hop_headers(h: &mut HeaderMap) {
+    // Engines mostly send `Connection: keep-alive` or `close`: those name
+    // no header, so the usual case collects (allocates) nothing.
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in named {
         h.remove(name);
@@ -298,11 +303,23 @@ pub fn request<'a>(
     head: &RequestHead,
     body: Bytes,
 ) -> Result<Pending<'a>, DispatchError> {
+    let len = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = head.method.clone();
     let headers = req.headers_mut();
     headers.reserve(head.headers.len() + 1);
     copy_headers(&head.headers, headers);
+    // The body goes on byte for byte: the client's own Content-Length is
+    // still right and costs nothing (hyper would format a new one).
+    if len > 0 {
+        let length = head
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .filter(|v| v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len))
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from(len));
+        headers.insert(header::CONTENT_LENGTH, length);
+    }
     match hop {
         Hop::Local { base, .. } => {
             let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
