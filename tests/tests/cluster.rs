@@ -65,6 +65,21 @@ async fn listings_are_merged_across_the_cluster_in_each_envelope() {
     c.stop().await;
 }
 
+/// `n` nodes on the same hardware (rtx3060) with `llama3.2:3b` loaded
+/// everywhere and node 0's view settled.
+async fn identical_warm_cluster(n: usize, time_scale: f64) -> pair_node::harness::LocalCluster {
+    let c = cluster(n, |s| {
+        s.time_scale = time_scale;
+        for node in &mut s.nodes {
+            node.profile = "rtx3060".into();
+        }
+    })
+    .await
+    .unwrap();
+    warm_everywhere(&c, "llama3.2:3b").await;
+    c
+}
+
 /// Loads `model` on every node (requests pinned to each) and waits until
 /// node 0's cluster view (peer reports arrive every gossip interval) shows
 /// it loaded and idle everywhere, so cold loads and stale views do not
@@ -105,15 +120,7 @@ async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_spreads_over_the_nodes() {
     // Real time, identical hardware: reservations must spread the burst.
-    let c = cluster(3, |s| {
-        s.time_scale = 1.0;
-        for n in &mut s.nodes {
-            n.profile = "rtx3060".into();
-        }
-    })
-    .await
-    .unwrap();
-    warm_everywhere(&c, "llama3.2:3b").await;
+    let c = identical_warm_cluster(3, 1.0).await;
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let sends = (0..9).map(|i| {
         let url = url.clone();
@@ -367,14 +374,7 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
 /// without the header keep going where the scheduler ranks best.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_sticks_to_the_node_it_ran_on() {
-    let c = cluster(3, |s| {
-        for n in &mut s.nodes {
-            n.profile = "rtx3060".into();
-        }
-    })
-    .await
-    .unwrap();
-    warm_everywhere(&c, "llama3.2:3b").await;
+    let c = identical_warm_cluster(3, 0.05).await;
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let ask = |session: Option<&'static str>, pin: Option<String>| {
         let url = url.clone();

@@ -73,27 +73,29 @@ impl EventLoops {
     /// `n` loops in all: the caller's runtime and `n - 1` new threads.
     /// Must be called on a tokio runtime (loop 0).
     pub fn start(n: usize) -> std::io::Result<Arc<Self>> {
-        let stop = CancellationToken::new();
-        tokio::spawn(anchor(stop.clone()));
-        let mut extra = Vec::with_capacity(n.saturating_sub(1));
+        // Built in place, so an error half-way drops it and the threads
+        // already running see `stop`.
+        let mut loops = Self {
+            extra: Vec::with_capacity(n.saturating_sub(1)),
+            next: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+        };
+        tokio::spawn(anchor(loops.stop.clone()));
         for i in 1..n.max(1) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            extra.push(rt.handle().clone());
-            let stop = stop.clone();
+            let handle = rt.handle().clone();
+            let stop = loops.stop.clone();
             std::thread::Builder::new()
                 .name(format!("pair-loop-{i}"))
                 .spawn(move || {
                     LOOP.with(|l| l.set(i));
                     rt.block_on(anchor(stop));
                 })?;
+            loops.extra.push(handle);
         }
-        Ok(Arc::new(Self {
-            extra,
-            next: AtomicUsize::new(0),
-            stop,
-        }))
+        Ok(Arc::new(loops))
     }
 
     /// How many loops there are (at least 1).
