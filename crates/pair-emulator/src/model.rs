@@ -401,7 +401,12 @@ impl EngineModel {
     /// `None` when the job is not holding a slot.
     pub fn tokens_generated(&self, id: u64, now_us: u64) -> Option<u32> {
         let r = self.running.iter().find(|r| r.spec.id == id)?;
-        Some(match r.phase {
+        Some(self.generated(r, now_us))
+    }
+
+    /// Tokens `r` has produced by `now_us`.
+    fn generated(&self, r: &Running, now_us: u64) -> u32 {
+        match r.phase {
             Phase::Waiting | Phase::Prefill { .. } => 0,
             Phase::Decode { base, base_at, .. } => {
                 let rate = self.stream_rate(r.spec.model);
@@ -411,7 +416,7 @@ impl EngineModel {
                     .unwrap_or(u32::MAX)
                     .min(r.spec.output_tokens)
             }
-        })
+        }
     }
 
     /// When the next token of any decoding stream is due after `now_us`, for
@@ -467,9 +472,9 @@ impl EngineModel {
                     w.decode_tokens += out;
                 }
                 Phase::Decode { .. } => {
-                    let made = self
-                        .tokens_generated(r.spec.id, now_us)
-                        .map_or(0, u64::from);
+                    // Per stream directly: looking each up by id made this
+                    // quadratic in the running streams.
+                    let made = u64::from(self.generated(r, now_us));
                     w.decode_tokens += out.saturating_sub(made);
                 }
             }

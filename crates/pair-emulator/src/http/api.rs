@@ -684,14 +684,20 @@ fn inputs(v: Option<&Value>) -> Vec<String> {
     }
 }
 
-/// Runs an embedding job; returns vectors, prompt tokens and timing.
-async fn embed(
-    app: &App,
-    path: &str,
-    body: &[u8],
-    field: &str,
-) -> Result<(String, Vec<Vec<f32>>, u32, JobTiming), Response> {
+/// What an embedding job produced.
+struct Embedded {
+    model: String,
+    vectors: Vec<Vec<f32>>,
+    tokens: u32,
+    timing: JobTiming,
+    /// The request asked for `"encoding_format": "base64"` (OpenAI).
+    base64: bool,
+}
+
+/// Runs an embedding job (the body is parsed once, here).
+async fn embed(app: &App, path: &str, body: &[u8], field: &str) -> Result<Embedded, Response> {
     let req = parse(app, path, body)?;
+    let base64 = req.get("encoding_format").and_then(Value::as_str) == Some("base64");
     let (model_ix, requested) = model_of(app, path, &req)?;
     let texts = inputs(req.get(field));
     let tokens = texts
@@ -719,17 +725,23 @@ async fn embed(
     } else {
         requested
     };
-    Ok((name, vectors, tokens, t))
+    Ok(Embedded {
+        model: name,
+        vectors,
+        tokens,
+        timing: t,
+        base64,
+    })
 }
 
 pub(super) async fn ollama_embed(State(app): State<App>, body: Bytes) -> Response {
     match embed(&app, "/api/embed", &body, "input").await {
-        Ok((model, vectors, tokens, t)) => json_response(
+        Ok(e) => json_response(
             StatusCode::OK,
             &json!({
-                "model": model, "embeddings": vectors,
-                "total_duration": ns(t.finished_us - t.submitted_us),
-                "load_duration": 0, "prompt_eval_count": tokens,
+                "model": e.model, "embeddings": e.vectors,
+                "total_duration": ns(e.timing.finished_us - e.timing.submitted_us),
+                "load_duration": 0, "prompt_eval_count": e.tokens,
             }),
         ),
         Err(e) => e,
@@ -739,25 +751,23 @@ pub(super) async fn ollama_embed(State(app): State<App>, body: Bytes) -> Respons
 /// The legacy single-prompt route.
 pub(super) async fn ollama_embeddings(State(app): State<App>, body: Bytes) -> Response {
     match embed(&app, "/api/embeddings", &body, "prompt").await {
-        Ok((_, vectors, _, _)) => json_response(
+        Ok(e) => json_response(
             StatusCode::OK,
-            &json!({ "embedding": vectors.into_iter().next().unwrap_or_default() }),
+            &json!({ "embedding": e.vectors.into_iter().next().unwrap_or_default() }),
         ),
         Err(e) => e,
     }
 }
 
 pub(super) async fn openai_embeddings(State(app): State<App>, body: Bytes) -> Response {
-    let base64 = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| {
-            v.get("encoding_format")
-                .and_then(Value::as_str)
-                .map(|s| s == "base64")
-        })
-        .unwrap_or(false);
     match embed(&app, "/v1/embeddings", &body, "input").await {
-        Ok((model, vectors, tokens, _)) => {
+        Ok(Embedded {
+            model,
+            vectors,
+            tokens,
+            base64,
+            ..
+        }) => {
             let data: Vec<Value> = vectors
                 .into_iter()
                 .enumerate()
