@@ -266,6 +266,17 @@ pub async fn start(
         cluster_addr,
         name: cfg.name.clone(),
     });
+    let sweep_state = Arc::clone(&st);
+    let sweep_stop = shutdown.clone();
+    tasks.spawn(async move {
+        let mut every = tokio::time::interval(pair_proxy::pool::SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                () = sweep_stop.cancelled() => return,
+                _ = every.tick() => sweep_state.sweep_engine_connections(),
+            }
+        }
+    });
     tasks.spawn(face::serve(
         listeners.ollama,
         Arc::clone(&st),
@@ -314,6 +325,9 @@ impl Node {
         {
             tracing::warn!("shutdown grace elapsed with requests still in flight");
         }
+        // What still runs on the extra loops is dropped with them, so the
+        // state it holds (the job log flushes when dropped) is released.
+        self.state.loops.shutdown(Duration::from_secs(2)).await;
         self.sampler.shutdown().await;
     }
 
@@ -324,6 +338,7 @@ impl Node {
         }
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.tasks.wait()).await;
+        self.state.loops.shutdown(Duration::from_secs(2)).await;
         self.sampler.shutdown().await;
     }
 

@@ -305,9 +305,20 @@ pub fn wait_for_output<R: std::io::Read + Send + 'static>(
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
-            // After the wait is over the receiver is gone: keep draining.
-            let _ = tx.send(line);
+        // Bytes, not `lines()`: a line that is not UTF-8 must neither end
+        // the wait nor stop the draining.
+        let mut reader = std::io::BufReader::new(out);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
+                    // After the wait is over the receiver is gone: keep draining.
+                    let _ = tx.send(line);
+                }
+            }
         }
     });
     let deadline = std::time::Instant::now() + limit;
@@ -343,9 +354,11 @@ mod tests {
 
     #[test]
     fn output_waits_end_on_the_line_on_exit_and_on_time() {
-        let found = wait_for_output(&b"a\nready x=1\nb\n"[..], Duration::from_secs(5), |l| {
-            l.starts_with("ready")
-        });
+        let found = wait_for_output(
+            &b"a\n\xff\xfe not utf-8\nready x=1\nb\n"[..],
+            Duration::from_secs(5),
+            |l| l.starts_with("ready"),
+        );
         assert_eq!(found, Ok(()));
         let exited = wait_for_output(&b"a\n"[..], Duration::from_secs(5), |_| false);
         assert!(exited.unwrap_err().contains("exited"));

@@ -186,13 +186,11 @@ impl DispatchError {
     }
 
     /// Every dispatch failure happens before anything reached the client,
-    /// so another node may take the request, unless the request itself
-    /// could not be built: every node would fail it the same way.
+    /// and each depends on the hop (its address, its connection, a relay
+    /// URI that a peer hop makes longer), so another candidate may take the
+    /// request.
     pub fn retry(&self) -> RetryAdvice {
-        match self {
-            DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => RetryAdvice::Never,
-            _ => RetryAdvice::BeforeFirstByte,
-        }
+        RetryAdvice::BeforeFirstByte
     }
 
     /// A short, stable label for receipts, job records and metrics.
@@ -323,8 +321,7 @@ pub fn request<'a>(
     match hop {
         Hop::Local { base, .. } => {
             let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
-            let host = HeaderValue::from_str(to.as_str())
-                .map_err(|e| DispatchError::BadRequest { source: e.into() })?;
+            let host = host_value(&to)?;
             req.headers_mut().insert(header::HOST, host);
             *req.uri_mut() = Uri::from(head.path_and_query.clone());
             Ok(Box::pin(async move { local.send(&to, req).await }))
@@ -338,6 +335,15 @@ pub fn request<'a>(
             }))
         }
     }
+}
+
+/// `Host` for an engine: host and port, never the URL's userinfo.
+fn host_value(to: &http::uri::Authority) -> Result<HeaderValue, DispatchError> {
+    let v = match to.port() {
+        Some(p) => HeaderValue::from_str(&format!("{}:{}", to.host(), p.as_str())),
+        None => HeaderValue::from_str(to.host()),
+    };
+    v.map_err(|e| DispatchError::BadRequest { source: e.into() })
 }
 
 /// Sends one attempt and waits (up to the first-byte deadline) for the
@@ -397,22 +403,11 @@ mod tests {
     }
 
     #[test]
-    fn only_unbuildable_requests_are_never_retried() {
-        let bad = "http://[".parse::<Uri>().unwrap_err();
-        assert_eq!(
-            DispatchError::BadUri { source: bad }.retry(),
-            RetryAdvice::Never
-        );
-        assert!(
-            DispatchError::Deadline(Duration::from_secs(1))
-                .retry()
-                .may_retry()
-        );
-        assert!(
-            DispatchError::NoLink(NodeId::from_u128(7))
-                .retry()
-                .may_retry()
-        );
+    fn the_engine_host_header_leaves_out_userinfo() {
+        let to: http::uri::Authority = "user:secret@127.0.0.1:11435".parse().unwrap();
+        assert_eq!(host_value(&to).unwrap(), "127.0.0.1:11435");
+        let to: http::uri::Authority = "localhost".parse().unwrap();
+        assert_eq!(host_value(&to).unwrap(), "localhost");
     }
 
     #[test]

@@ -157,14 +157,10 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
             match tokio::time::timeout(st.timeouts.first_byte, attempt).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(AttemptError::Dispatch(e))) => {
+                    // Nothing reached the client: the next candidate.
                     tracing::debug!(%node, error = %e, "attempt failed");
                     fail(st, &mut attempts, node, name, e.class());
-                    if e.retry().may_retry() {
-                        continue;
-                    }
-                    // Nothing reached the client, but the error says another
-                    // node would fail the same way.
-                    break;
+                    continue;
                 }
                 Ok(Err(AttemptError::Status(status))) => {
                     if status == StatusCode::NOT_FOUND {

@@ -51,11 +51,13 @@ pub fn current() -> usize {
     LOOP.with(Cell::get)
 }
 
-/// The node's event loops. The extra loops' threads stop when this is
-/// dropped (after the faces have drained their connections).
+/// The node's event loops. The extra loops' threads stop on
+/// [`EventLoops::shutdown`] (after the faces have drained their
+/// connections) or when this is dropped.
 #[derive(Debug)]
 pub struct EventLoops {
     extra: Vec<Handle>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
     next: AtomicUsize,
     stop: CancellationToken,
 }
@@ -65,6 +67,7 @@ impl EventLoops {
     pub fn single() -> Arc<Self> {
         Arc::new(Self {
             extra: Vec::new(),
+            threads: std::sync::Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             stop: CancellationToken::new(),
         })
@@ -77,25 +80,67 @@ impl EventLoops {
         // already running see `stop`.
         let mut loops = Self {
             extra: Vec::with_capacity(n.saturating_sub(1)),
+            threads: std::sync::Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             stop: CancellationToken::new(),
         };
         tokio::spawn(anchor(loops.stop.clone()));
         for i in 1..n.max(1) {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let handle = rt.handle().clone();
+            // Each runtime is built (and dropped) on its own thread: a
+            // runtime dropped here, in async code, would panic.
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let stop = loops.stop.clone();
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("pair-loop-{i}"))
                 .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    };
                     LOOP.with(|l| l.set(i));
-                    rt.block_on(anchor(stop));
+                    if tx.send(Ok(rt.handle().clone())).is_ok() {
+                        rt.block_on(anchor(stop));
+                    }
                 })?;
+            let handle = rx
+                .recv()
+                .map_err(|_| std::io::Error::other("event loop thread ended at start"))??;
             loops.extra.push(handle);
+            if let Ok(mut t) = loops.threads.lock() {
+                t.push(thread);
+            }
         }
         Ok(Arc::new(loops))
+    }
+
+    /// Stops the extra loops and waits (up to `limit`) for their threads,
+    /// dropping whatever still runs on them: call it once the faces have
+    /// drained (or their grace ran out), so state those tasks hold (the
+    /// job log, which flushes when dropped) is released before exit.
+    pub async fn shutdown(&self, limit: std::time::Duration) {
+        self.stop.cancel();
+        let threads = self
+            .threads
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + limit;
+        for t in threads {
+            while !t.is_finished() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!("an event loop did not stop in time");
+            }
+        }
     }
 
     /// How many loops there are (at least 1).
@@ -173,5 +218,25 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), tasks.wait())
             .await
             .unwrap();
+        // Shutdown ends the loop threads (and drops what still runs there).
+        let (held, release) = tokio::sync::oneshot::channel::<()>();
+        // After six connections the seventh goes to loop 0 and the eighth,
+        // held open forever, to loop 1.
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        loops.spawn(&tasks, tcp, |_tcp| async {});
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        loops.spawn(&tasks, tcp, move |_tcp| async move {
+            let _keep = held;
+            std::future::pending::<()>().await;
+        });
+        loops.shutdown(std::time::Duration::from_secs(5)).await;
+        assert!(loops.threads.lock().unwrap().is_empty());
+        // The task on loop 1 was dropped with its runtime.
+        let dropped = tokio::time::timeout(std::time::Duration::from_secs(5), release).await;
+        assert!(dropped.unwrap().is_err());
+        let mut b = [0u8; 1];
+        assert_eq!(client.read(&mut b).await.unwrap(), 0, "its socket closed");
     }
 }

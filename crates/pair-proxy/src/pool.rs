@@ -34,6 +34,8 @@ use crate::dispatch::{DispatchError, Timeouts, http_connector};
 const MAX_CONNS: usize = 256;
 /// A connection unused this long is closed when next seen.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often the daemon sweeps idle connections out of quiet loops' pools.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 type Req = Request<Full<Bytes>>;
 /// What a pooled send yields: the answer's head, or the request back if it
@@ -78,6 +80,25 @@ impl LocalPool {
         self.len() == 0
     }
 
+    /// Closes connections idle longer than the idle timeout (a quiet loop
+    /// would otherwise keep them until its next request). Busy ones are
+    /// stamped as used now.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        if let Ok(mut conns) = self.conns.lock() {
+            conns.retain_mut(|c| {
+                if c.sender.is_closed() {
+                    return false;
+                }
+                if !c.sender.is_ready() {
+                    c.used = now;
+                    return true;
+                }
+                now.duration_since(c.used) <= IDLE_TIMEOUT
+            });
+        }
+    }
+
     /// Sends `req` (origin-form target, `Host` set) to the engine at `to`
     /// and waits for the answer's head.
     pub async fn send(
@@ -118,15 +139,21 @@ impl LocalPool {
         let mut i = conns.len();
         while i > 0 {
             i -= 1;
-            let c = &conns[i];
-            if c.sender.is_closed()
-                || (c.sender.is_ready() && now.duration_since(c.used) > IDLE_TIMEOUT)
-            {
+            let c = &mut conns[i];
+            if c.sender.is_closed() {
                 conns.swap_remove(i);
                 continue;
             }
-            if c.sender.is_ready() && c.to == *to {
-                let c = &mut conns[i];
+            if !c.sender.is_ready() {
+                // Busy (a long stream): idle time counts from its end.
+                c.used = now;
+                continue;
+            }
+            if now.duration_since(c.used) > IDLE_TIMEOUT {
+                conns.swap_remove(i);
+                continue;
+            }
+            if c.to == *to {
                 c.used = now;
                 return Ok(c.sender.try_send_request(req));
             }
@@ -314,6 +341,25 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
         assert!(pool.len() <= 1, "closed connections are dropped");
+    }
+
+    #[tokio::test]
+    async fn a_sweep_drops_closed_connections_and_keeps_live_ones() {
+        let (closing, _) = engine(1).await;
+        let (open, _) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        for to in [&open, &closing] {
+            let resp = pool.send(to, get(to, "/x")).await.unwrap();
+            assert_eq!(text(resp).await, "ok /x");
+        }
+        assert_eq!(pool.len(), 2);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pool.sweep();
+        assert_eq!(
+            pool.len(),
+            1,
+            "the closed connection went, the idle one stayed"
+        );
     }
 
     #[tokio::test]

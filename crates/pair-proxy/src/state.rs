@@ -133,6 +133,14 @@ impl ProxyState {
         &self.local_pools[i % self.local_pools.len()]
     }
 
+    /// Closes engine connections idle past the pools' timeout, on every
+    /// loop (the daemon calls it every [`crate::pool::SWEEP_EVERY`]).
+    pub fn sweep_engine_connections(&self) {
+        for p in &self.local_pools {
+            p.sweep();
+        }
+    }
+
     pub fn policy(&self) -> Policy {
         self.policy
     }
