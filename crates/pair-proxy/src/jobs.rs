@@ -25,6 +25,8 @@ const COMPACT_AT: usize = 4 * KEEP_RECORDS;
 /// A writer stuck on a dead disk must not grow memory without bound: past
 /// this many unwritten records, new ones stay in memory only.
 const MAX_UNWRITTEN: usize = 2 * KEEP_RECORDS;
+/// Records serialised between yields of the writer thread (~0.1 ms).
+const YIELD_EVERY: usize = 256;
 /// One turn's records usually fit, so a turn is one `write`.
 const WRITE_BUF: usize = 256 * 1024;
 pub const KEEP_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -230,9 +232,15 @@ fn write_loop(path: &Path, file: File, mut lines: usize, inner: &Mutex<Inner>, s
         }
         if !batch.is_empty() {
             let mut ok = true;
-            for rec in batch.drain(..) {
+            for (i, rec) in batch.drain(..).enumerate() {
                 ok &= append(&mut out, &rec);
                 lines += 1;
+                // A turn under load is a few thousand records (milliseconds
+                // of JSON): yield now and then, so the event loops sharing
+                // the cores are not held up behind it.
+                if i % YIELD_EVERY == YIELD_EVERY - 1 {
+                    std::thread::yield_now();
+                }
             }
             ok &= out.flush().is_ok();
             if !ok {
