@@ -167,13 +167,14 @@ pub async fn start(
         .iter()
         .zip(&engines)
         .map(|(e, handle)| {
-            Ok(LocalEngine {
-                kind: e.kind,
-                base: e.base_url.to_string().parse()?,
-                refresh: Some(handle.refresh_signal()),
-            })
+            let base = e.base_url.to_string().parse()?;
+            Ok(LocalEngine::new(
+                e.kind,
+                base,
+                Some(handle.refresh_signal()),
+            )?)
         })
-        .collect::<Result<Vec<_>, http::uri::InvalidUri>>()?;
+        .collect::<Result<Vec<_>>>()?;
 
     let jobs = Arc::new(JobLog::open(dir, now_ms())?);
     let loops = EventLoops::start(cfg.event_loops).context("starting the event loops")?;

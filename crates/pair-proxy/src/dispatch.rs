@@ -50,10 +50,12 @@ impl Default for Timeouts {
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
 pub enum Hop {
-    /// An engine on this machine, e.g. `http://127.0.0.1:11435`, and the
+    /// An engine on this machine ([`crate::state::LocalEngine::hop`]): its
+    /// address (e.g. `127.0.0.1:11435`), the `Host` value for it, and the
     /// signal that makes its poller re-read the inventory.
     Local {
-        base: Uri,
+        to: http::uri::Authority,
+        host: HeaderValue,
         refresh: Option<Arc<tokio::sync::Notify>>,
     },
     /// A paired peer's cluster port.
@@ -188,7 +190,7 @@ impl DispatchError {
     /// Every dispatch failure happens before anything reached the client,
     /// and each depends on the hop (its address, its connection, a relay
     /// URI that a peer hop makes longer), so another candidate may take the
-    /// request.
+    /// request. Part of the error contract callers (the edge SDK) rely on.
     pub fn retry(&self) -> RetryAdvice {
         RetryAdvice::BeforeFirstByte
     }
@@ -207,22 +209,26 @@ impl DispatchError {
     }
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and those the client library sets.
+/// Hop-by-hop headers (RFC 9110 §7.6.1) in either direction.
+const HOP_HEADERS: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Not copied onto a request to the next hop: the hop-by-hop headers, the
+/// proxy credentials meant for us, and those the client library sets.
 fn is_hop_header(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-    )
+    let n = name.as_str();
+    HOP_HEADERS.contains(&n)
+        || matches!(
+            n,
+            "proxy-authenticate" | "proxy-authorization" | "host" | "content-length"
+        )
 }
 
 /// Removes an upstream answer's hop-by-hop headers before it goes to the
@@ -245,15 +251,7 @@ pub fn strip_response_hop_headers(h: &mut HeaderMap) {
     for name in named {
         h.remove(name);
     }
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
+    for name in HOP_HEADERS {
         h.remove(name);
     }
 }
@@ -319,11 +317,10 @@ pub fn request<'a>(
         headers.insert(header::CONTENT_LENGTH, length);
     }
     match hop {
-        Hop::Local { base, .. } => {
-            let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
-            let host = host_value(&to)?;
-            req.headers_mut().insert(header::HOST, host);
+        Hop::Local { to, host, .. } => {
+            req.headers_mut().insert(header::HOST, host.clone());
             *req.uri_mut() = Uri::from(head.path_and_query.clone());
+            let to = to.clone();
             Ok(Box::pin(async move { local.send(&to, req).await }))
         }
         Hop::Peer(link) => {
@@ -338,7 +335,7 @@ pub fn request<'a>(
 }
 
 /// `Host` for an engine: host and port, never the URL's userinfo.
-fn host_value(to: &http::uri::Authority) -> Result<HeaderValue, DispatchError> {
+pub(crate) fn host_value(to: &http::uri::Authority) -> Result<HeaderValue, DispatchError> {
     let v = match to.port() {
         Some(p) => HeaderValue::from_str(&format!("{}:{}", to.host(), p.as_str())),
         None => HeaderValue::from_str(to.host()),

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use http::Uri;
+use http::uri::Authority;
+use http::{HeaderValue, Uri};
 use pair_core::{ClusterSnapshot, EngineKind, JobRecord, ModelPerf, NodeId, RequestProfile};
 use pair_scheduler::{
     Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
@@ -16,7 +17,7 @@ use pair_scheduler::{
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::dispatch::{Hop, PeerLink, Timeouts};
+use crate::dispatch::{self, DispatchError, Hop, PeerLink, Timeouts};
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::loops::EventLoops;
@@ -38,13 +39,34 @@ pub struct LocalEngine {
     /// Asks this engine's poller to re-read its inventory now: signalled
     /// when the engine answers 404 for a model this node advertised.
     pub refresh: Option<Arc<tokio::sync::Notify>>,
+    /// `base`'s authority (the pool key) and the `Host` value for it, made
+    /// once here rather than per request.
+    to: Authority,
+    host: HeaderValue,
 }
 
 impl LocalEngine {
+    pub fn new(
+        kind: EngineKind,
+        base: Uri,
+        refresh: Option<Arc<tokio::sync::Notify>>,
+    ) -> Result<Self, DispatchError> {
+        let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
+        let host = dispatch::host_value(&to)?;
+        Ok(Self {
+            kind,
+            base,
+            refresh,
+            to,
+            host,
+        })
+    }
+
     /// The hop that sends a request to this engine.
     pub(crate) fn hop(&self) -> Hop {
         Hop::Local {
-            base: self.base.clone(),
+            to: self.to.clone(),
+            host: self.host.clone(),
             refresh: self.refresh.clone(),
         }
     }
