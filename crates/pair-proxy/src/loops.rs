@@ -63,14 +63,19 @@ pub struct EventLoops {
 }
 
 impl EventLoops {
-    /// Everything on the caller's runtime (one loop).
-    pub fn single() -> Arc<Self> {
-        Arc::new(Self {
+    /// Just the caller's loop.
+    fn caller_only() -> Self {
+        Self {
             extra: Vec::new(),
             threads: std::sync::Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             stop: CancellationToken::new(),
-        })
+        }
+    }
+
+    /// Everything on the caller's runtime (one loop).
+    pub fn single() -> Arc<Self> {
+        Arc::new(Self::caller_only())
     }
 
     /// `n` loops in all: the caller's runtime and `n - 1` new threads.
@@ -78,12 +83,7 @@ impl EventLoops {
     pub fn start(n: usize) -> std::io::Result<Arc<Self>> {
         // Built in place, so an error half-way drops it and the threads
         // already running see `stop`.
-        let mut loops = Self {
-            extra: Vec::with_capacity(n.saturating_sub(1)),
-            threads: std::sync::Mutex::new(Vec::new()),
-            next: AtomicUsize::new(0),
-            stop: CancellationToken::new(),
-        };
+        let mut loops = Self::caller_only();
         tokio::spawn(anchor(loops.stop.clone()));
         for i in 1..n.max(1) {
             // Each runtime is built (and dropped) on its own thread: a

@@ -48,6 +48,22 @@ struct Conn {
     used: Instant,
 }
 
+impl Conn {
+    /// Whether to keep this connection: not closed, and busy or idle for
+    /// less than [`IDLE_TIMEOUT`]. A busy one (a long stream) is stamped
+    /// as used now, so its idle time counts from the end of its answer.
+    fn still_useful(&mut self, now: Instant) -> bool {
+        if self.sender.is_closed() {
+            return false;
+        }
+        if !self.sender.is_ready() {
+            self.used = now;
+            return true;
+        }
+        now.duration_since(self.used) <= IDLE_TIMEOUT
+    }
+}
+
 /// One event loop's connections to the local engines.
 pub struct LocalPool {
     connector: HttpConnector,
@@ -86,16 +102,7 @@ impl LocalPool {
     pub fn sweep(&self) {
         let now = Instant::now();
         if let Ok(mut conns) = self.conns.lock() {
-            conns.retain_mut(|c| {
-                if c.sender.is_closed() {
-                    return false;
-                }
-                if !c.sender.is_ready() {
-                    c.used = now;
-                    return true;
-                }
-                now.duration_since(c.used) <= IDLE_TIMEOUT
-            });
+            conns.retain_mut(|c| c.still_useful(now));
         }
     }
 
@@ -104,7 +111,7 @@ impl LocalPool {
     pub async fn send(
         &self,
         to: &Authority,
-        req: Request<Full<Bytes>>,
+        req: Req,
     ) -> Result<Response<Incoming>, DispatchError> {
         let req = match self.start_pooled(to, req) {
             Ok(sent) => match sent.await {
@@ -140,20 +147,11 @@ impl LocalPool {
         while i > 0 {
             i -= 1;
             let c = &mut conns[i];
-            if c.sender.is_closed() {
+            if !c.still_useful(now) {
                 conns.swap_remove(i);
                 continue;
             }
-            if !c.sender.is_ready() {
-                // Busy (a long stream): idle time counts from its end.
-                c.used = now;
-                continue;
-            }
-            if now.duration_since(c.used) > IDLE_TIMEOUT {
-                conns.swap_remove(i);
-                continue;
-            }
-            if c.to == *to {
+            if c.sender.is_ready() && c.to == *to {
                 c.used = now;
                 return Ok(c.sender.try_send_request(req));
             }
@@ -166,7 +164,7 @@ impl LocalPool {
     async fn send_new(
         &self,
         to: &Authority,
-        req: Request<Full<Bytes>>,
+        req: Req,
     ) -> Result<Response<Incoming>, DispatchError> {
         let uri = Uri::builder()
             .scheme("http")
