@@ -193,10 +193,8 @@ pub async fn run(
         } else {
             Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
         };
-        let batch = (!outbox.is_empty() && !links.is_empty()).then(|| {
-            let recs: Vec<&JobRecord> = outbox.iter().map(|r| &**r).collect();
-            Bytes::from(serde_json::to_vec(&recs).unwrap_or_default())
-        });
+        let batch = (!outbox.is_empty() && !links.is_empty())
+            .then(|| Bytes::from(serde_json::to_vec(&outbox).unwrap_or_default()));
         outbox.clear();
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);

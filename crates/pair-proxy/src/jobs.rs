@@ -285,7 +285,7 @@ fn compact(path: &Path, inner: &Mutex<Inner>) -> std::io::Result<usize> {
     {
         let mut w = BufWriter::new(File::create(&tmp)?);
         for rec in &records {
-            serde_json::to_writer(&mut w, &**rec)?;
+            serde_json::to_writer(&mut w, rec)?;
             w.write_all(b"\n")?;
         }
         w.flush()?;
