@@ -50,7 +50,7 @@ impl Default for Timeouts {
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
 pub enum Hop {
-    /// An engine on this machine ([`crate::state::LocalEngine::hop`]): its
+    /// An engine on this machine ([`crate::state::LocalEngine`]): its
     /// address (e.g. `127.0.0.1:11435`), the `Host` value for it, and the
     /// signal that makes its poller re-read the inventory.
     Local {
