@@ -57,6 +57,8 @@ fi
 PAIR_NODE="$BIN_DIR/pair-node"
 # The floor: a minimal hyper forwarder (crates/pair-proxy/examples), if built.
 FLOOR=${FLOOR:-$BIN_DIR/examples/floor_forwarder}
+# A floor without hyper: HTTP/1.1 framed on httparse (examples), if built.
+RAW=${RAW:-$BIN_DIR/examples/raw_forwarder}
 [ -x "$PAIR_NODE" ] || die "no $PAIR_NODE (build it or set BIN_DIR)"
 
 # 1,000 streams need ~2,000 descriptors in the node and more in nginx.
@@ -304,6 +306,15 @@ if want face; then
         PINNED_URL="http://127.0.0.1:$P_PINNED/v1/chat/completions"
         wait_http "http://127.0.0.1:$P_PINNED/health"
     fi
+    if [ -x "$RAW" ]; then
+        P_RAW=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        "$RAW" "127.0.0.1:$P_RAW" "127.0.0.1:$P_ENGINE" 2 >"$WORK/raw.log" 2>&1 &
+        RAW_PID=$!
+        PIDS+=($RAW_PID)
+        RAW_URL="http://127.0.0.1:$P_RAW/v1/chat/completions"
+        wait_http "http://127.0.0.1:$P_RAW/health"
+        warm "$RAW_URL"
+    fi
     for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
     [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL" && warm "$PINNED_URL"
     for ((r = 1; r <= RUNS; r++)); do
@@ -313,6 +324,9 @@ if want face; then
             if [ -n "${FLOOR_PID:-}" ]; then
                 CPU_PIDS=$FLOOR_PID run_wrk face floor "$c" "$r" "$FLOOR_URL"
                 CPU_PIDS=$PINNED_PID run_wrk face floor2 "$c" "$r" "$PINNED_URL"
+            fi
+            if [ -n "${RAW_PID:-}" ]; then
+                CPU_PIDS=$RAW_PID run_wrk face raw "$c" "$r" "$RAW_URL"
             fi
             if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
                 perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \

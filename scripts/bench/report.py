@@ -33,7 +33,7 @@ if "face" in sections:
     w("|---|---|---|---|---|---|---|")
     for c in (1, 32):
         base = med("face", "direct", c, "p50_us")
-        for v in ("direct", "nginx", "floor", "floor2", "pair", "pair-alt"):
+        for v in ("direct", "nginx", "floor", "floor2", "raw", "pair", "pair-alt"):
             if not rows[("face", v, c)]:
                 continue
             p50 = med("face", v, c, "p50_us")

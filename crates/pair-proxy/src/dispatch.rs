@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use pair_core::{NodeId, RetryAdvice};
 
-use crate::pool::LocalPool;
+use crate::pool::{EngineBody, EngineError, LocalPool, Outgoing};
 
 pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -154,9 +154,9 @@ pub enum DispatchError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("engine connection error")]
-    Http {
+    Engine {
         #[source]
-        source: hyper::Error,
+        source: EngineError,
     },
     #[error("upstream transport error")]
     Transport {
@@ -201,7 +201,7 @@ impl DispatchError {
             DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => "bad-request",
             DispatchError::Connect { .. } | DispatchError::NoHost => "connect",
             DispatchError::Transport { source } if source.is_connect() => "connect",
-            DispatchError::Transport { .. } | DispatchError::Http { .. } => "transport",
+            DispatchError::Transport { .. } | DispatchError::Engine { .. } => "transport",
             DispatchError::Body { .. } => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
@@ -222,7 +222,7 @@ const HOP_HEADERS: [&str; 7] = [
 
 /// Not copied onto a request to the next hop: the hop-by-hop headers, the
 /// proxy credentials meant for us, and those the client library sets.
-fn is_hop_header(name: &HeaderName) -> bool {
+pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
     let n = name.as_str();
     HOP_HEADERS.contains(&n)
         || matches!(
@@ -286,9 +286,72 @@ pub struct RequestHead {
     pub headers: HeaderMap,
 }
 
+/// An answer's body from either kind of hop.
+#[derive(Debug)]
+pub enum UpBody {
+    /// Read off a local engine connection ([`crate::pool`]).
+    Engine(EngineBody),
+    /// Relayed by a peer over its mTLS connection.
+    Peer(Incoming),
+}
+
+/// How an answer's body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpBodyError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("peer connection: {0}")]
+    Peer(#[from] hyper::Error),
+}
+
+impl UpBodyError {
+    /// A short label for job records and error events.
+    pub fn class(&self) -> &'static str {
+        match self {
+            UpBodyError::Engine(e) => e.class(),
+            UpBodyError::Peer(e) if e.is_incomplete_message() => "upstream-closed",
+            UpBodyError::Peer(e) if e.is_timeout() => "upstream-timeout",
+            UpBodyError::Peer(_) => "upstream-error",
+        }
+    }
+}
+
+impl http_body::Body for UpBody {
+    type Data = Bytes;
+    type Error = UpBodyError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, UpBodyError>>> {
+        match self.get_mut() {
+            UpBody::Engine(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
+            UpBody::Peer(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpBody::Engine(b) => b.is_end_stream(),
+            UpBody::Peer(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            UpBody::Engine(b) => b.size_hint(),
+            UpBody::Peer(b) => b.size_hint(),
+        }
+    }
+}
+
 /// An attempt in flight: the response head arrives when it is ready.
 pub type Pending<'a> =
-    std::pin::Pin<Box<dyn Future<Output = Result<Response<Incoming>, DispatchError>> + Send + 'a>>;
+    std::pin::Pin<Box<dyn Future<Output = Result<Response<UpBody>, DispatchError>> + Send + 'a>>;
 
 /// Starts one attempt. No deadline of its own; callers put one around it.
 /// Local engines get an origin-form request on this loop's pool; peers the
@@ -299,35 +362,29 @@ pub fn request<'a>(
     head: &RequestHead,
     body: Bytes,
 ) -> Result<Pending<'a>, DispatchError> {
-    let len = body.len();
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = head.method.clone();
-    let headers = req.headers_mut();
-    headers.reserve(head.headers.len() + 1);
-    copy_headers(&head.headers, headers);
-    // The body goes on byte for byte: the client's own Content-Length is
-    // still right and costs nothing (hyper would format a new one).
-    if len > 0 {
-        let length = head
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .filter(|v| v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len))
-            .cloned()
-            .unwrap_or_else(|| HeaderValue::from(len));
-        headers.insert(header::CONTENT_LENGTH, length);
-    }
     match hop {
         Hop::Local { to, host, .. } => {
-            req.headers_mut().insert(header::HOST, host.clone());
-            *req.uri_mut() = Uri::from(head.path_and_query.clone());
+            let out = Outgoing::new(host, head, body);
             let to = to.clone();
-            Ok(Box::pin(async move { local.send(&to, req).await }))
+            Ok(Box::pin(async move {
+                Ok(local.send(&to, out).await?.map(UpBody::Engine))
+            }))
         }
         Hop::Peer(link) => {
+            let len = body.len();
+            let mut req = Request::new(Full::new(body));
+            *req.method_mut() = head.method.clone();
+            let headers = req.headers_mut();
+            headers.reserve(head.headers.len() + 1);
+            copy_headers(&head.headers, headers);
+            if len > 0 {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            }
             *req.uri_mut() = join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?;
             let fut = link.client.request(req);
             Ok(Box::pin(async move {
                 fut.await
+                    .map(|r| r.map(UpBody::Peer))
                     .map_err(|source| DispatchError::Transport { source })
             }))
         }
@@ -351,7 +408,7 @@ pub async fn send(
     head: &RequestHead,
     body: Bytes,
     timeouts: Timeouts,
-) -> Result<Response<Incoming>, DispatchError> {
+) -> Result<Response<UpBody>, DispatchError> {
     let deadline = timeouts.first_byte;
     match tokio::time::timeout(deadline, request(local, hop, head, body)?).await {
         Ok(r) => r,

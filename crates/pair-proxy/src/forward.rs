@@ -15,7 +15,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use pair_core::{
     ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
     SessionKey,
@@ -349,7 +348,7 @@ pub(crate) fn refresh_inventory(hop: &Hop) {
 }
 
 /// Reads until the first data frame (trailers-only bodies end the same way).
-pub(crate) async fn first_data(body: &mut Incoming) -> Result<Option<Bytes>, &'static str> {
+pub(crate) async fn first_data(body: &mut dispatch::UpBody) -> Result<Option<Bytes>, &'static str> {
     loop {
         match body.frame().await {
             None => return Ok(None),

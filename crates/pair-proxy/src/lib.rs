@@ -18,6 +18,7 @@ pub mod error;
 pub mod face;
 pub mod forward;
 pub mod gossip;
+pub mod h1;
 pub mod jobs;
 pub mod listing;
 pub mod load;

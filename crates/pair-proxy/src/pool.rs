@@ -1,205 +1,461 @@
 //! Keep-alive HTTP/1.1 connections from one event loop to the local
-//! engines: the hot path's upstream client.
+//! engines: the hot path's upstream client, framed by hand on
+//! [`crate::h1`].
 //!
-//! Each event loop ([`crate::loops`]) owns one pool, and each connection's
-//! driver task runs on that loop, so no lock here is ever contended and no
-//! wake-up crosses threads. A connection stays in the pool while it
-//! serves a request; a request takes the most recently added connection
-//! that is ready (hyper says so once the previous answer was read to its
-//! end), so no check-in step can be forgotten. Closed connections are
-//! dropped as the list is scanned; a connection the engine closed while it
-//! sat idle is noticed when the request cannot be written to it, and the
-//! request goes out on a new connection instead (it never reached the
-//! engine; hyper hands such a request back, and no test provokes that race
-//! deterministically). Replaces hyper-util's general-purpose pooled client
-//! on this path, which per request hashed the pool key (SipHash), ran a
-//! checkout future and boxed a connection-info extension: 40.9 vs 43.4 µs
-//! CPU per request in an A/B (docs/benchmarks/proxy.md). Peers keep
-//! hyper-util's client (TLS).
+//! Each event loop ([`crate::loops`]) owns one pool; a connection belongs
+//! to the request using it (its [`EngineBody`] reads the answer straight
+//! off the socket, on the task that serves the client: no driver task, no
+//! channel between them) and comes back to the pool when the answer has
+//! been read to its end. The pool holds only idle connections: the newest
+//! goes first, long-idle ones are closed as the list is scanned (and by the
+//! daemon's sweep on quiet loops). A connection the engine closed while it
+//! sat idle is noticed before use (a read that does not block finds its
+//! end), and if a reused connection still fails before any byte of the
+//! answer came back, the request goes out once more on a new connection:
+//! a keep-alive race, not an engine failure. Peers keep hyper-util's client
+//! (TLS).
 
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
 use http::uri::Authority;
-use http::{Request, Response, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::client::legacy::connect::HttpConnector;
-use tower::Service;
+use http::{Method, Response};
+use http_body::{Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
-use crate::dispatch::{DispatchError, Timeouts, http_connector};
+use crate::dispatch::{DispatchError, RequestHead, Timeouts, is_hop_header};
+use crate::h1::{self, BodyLen, Chunked, FramingError};
 
-/// Connections one loop keeps; past this, a request's connection is used
-/// once and closed (a burst beyond any sane engine's concurrency).
-const MAX_CONNS: usize = 256;
+/// Idle connections one loop keeps; past this, a finished connection is
+/// closed (a burst beyond any sane engine's concurrency).
+const MAX_IDLE: usize = 256;
 /// A connection unused this long is closed when next seen.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often the daemon sweeps idle connections out of quiet loops' pools.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// Bodies up to this size go out in the same write as the head.
+const COALESCE: usize = 16 * 1024;
 
-type Req = Request<Full<Bytes>>;
-/// What a pooled send yields: the answer's head, or the request back if it
-/// was never written.
-type Sent = Result<Response<Incoming>, hyper::client::conn::TrySendError<Req>>;
+/// What went wrong on an engine connection.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the engine closed the connection before the answer's end")]
+    Closed,
+    #[error("engine connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Framing(#[from] FramingError),
+}
 
+impl EngineError {
+    /// A short label for job records and metrics.
+    pub fn class(&self) -> &'static str {
+        match self {
+            EngineError::Closed => "upstream-closed",
+            EngineError::Io(_) | EngineError::Framing(_) => "upstream-error",
+        }
+    }
+}
+
+/// One connection to an engine and what has been read from it.
+#[derive(Debug)]
 struct Conn {
-    to: Authority,
-    sender: SendRequest<Full<Bytes>>,
-    used: Instant,
+    tcp: TcpStream,
+    buf: BytesMut,
 }
 
 impl Conn {
-    /// Whether to keep this connection: not closed, and busy or idle for
-    /// less than [`IDLE_TIMEOUT`]. A busy one (a long stream) is stamped
-    /// as used now, so its idle time counts from the end of its answer.
-    fn still_useful(&mut self, now: Instant) -> bool {
-        if self.sender.is_closed() {
-            return false;
-        }
-        if !self.sender.is_ready() {
-            self.used = now;
-            return true;
-        }
-        now.duration_since(self.used) <= IDLE_TIMEOUT
+    /// Whether an idle connection is still open: the engine has neither
+    /// closed it nor sent anything unasked. Costs a system call only when
+    /// the socket was last seen readable.
+    fn still_open(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.tcp.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
+}
+
+#[derive(Debug)]
+struct Idle {
+    to: Authority,
+    conn: Conn,
+    since: Instant,
 }
 
 /// One event loop's connections to the local engines.
+#[derive(Debug)]
 pub struct LocalPool {
-    connector: HttpConnector,
-    conns: Mutex<Vec<Conn>>,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<Idle>>,
+    /// Handed to answers so they can bring their connection back.
+    me: Weak<LocalPool>,
 }
 
-impl std::fmt::Debug for LocalPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.conns.lock().map_or(0, |c| c.len());
-        f.debug_struct("LocalPool")
-            .field("connections", &n)
-            .finish_non_exhaustive()
-    }
+/// How one exchange on one connection failed.
+enum Failed {
+    /// A reused connection failed before any byte of the answer: the
+    /// engine had closed it. Another connection may take the request.
+    Stale,
+    Error(DispatchError),
 }
 
 impl LocalPool {
-    pub fn new(timeouts: Timeouts) -> Self {
-        Self {
-            connector: http_connector(timeouts),
-            conns: Mutex::new(Vec::new()),
-        }
+    pub fn new(timeouts: Timeouts) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            connect_timeout: timeouts.connect,
+            idle: Mutex::new(Vec::new()),
+            me: me.clone(),
+        })
     }
 
-    /// Connections held now (busy or idle).
+    /// Idle connections held now.
     pub fn len(&self) -> usize {
-        self.conns.lock().map_or(0, |c| c.len())
+        self.idle.lock().map_or(0, |c| c.len())
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Closes connections idle longer than the idle timeout (a quiet loop
-    /// would otherwise keep them until its next request). Busy ones are
-    /// stamped as used now.
+    /// Closes connections idle past the idle timeout (a quiet loop would
+    /// otherwise keep them until its next request) or closed by the engine.
     pub fn sweep(&self) {
         let now = Instant::now();
-        if let Ok(mut conns) = self.conns.lock() {
-            conns.retain_mut(|c| c.still_useful(now));
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain_mut(|c| now.duration_since(c.since) <= IDLE_TIMEOUT && c.conn.still_open());
         }
     }
 
-    /// Sends `req` (origin-form target, `Host` set) to the engine at `to`
-    /// and waits for the answer's head.
+    /// The newest idle connection to `to` that is still open.
+    fn take(&self, to: &Authority) -> Option<Conn> {
+        let mut idle = self.idle.lock().ok()?;
+        let now = Instant::now();
+        let mut i = idle.len();
+        while i > 0 {
+            i -= 1;
+            if now.duration_since(idle[i].since) > IDLE_TIMEOUT {
+                idle.swap_remove(i);
+                continue;
+            }
+            if idle[i].to == *to {
+                let mut c = idle.swap_remove(i).conn;
+                if c.still_open() {
+                    return Some(c);
+                }
+            }
+        }
+        None
+    }
+
+    fn put(&self, to: Authority, conn: Conn) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(Idle {
+                to,
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Sends a request to the engine at `to` and waits for the answer's
+    /// head.
     pub async fn send(
         &self,
         to: &Authority,
-        req: Req,
-    ) -> Result<Response<Incoming>, DispatchError> {
-        let req = match self.start_pooled(to, req) {
-            Ok(sent) => match sent.await {
+        req: Outgoing,
+    ) -> Result<Response<EngineBody>, DispatchError> {
+        while let Some(conn) = self.take(to) {
+            match self.exchange(to, conn, true, &req).await {
                 Ok(resp) => return Ok(resp),
-                Err(mut e) => match e.take_message() {
-                    // Never written: the connection had just closed.
-                    Some(back) => back,
-                    None => {
-                        return Err(DispatchError::Http {
-                            source: e.into_error(),
-                        });
-                    }
-                },
-            },
-            Err(req) => req,
-        };
-        self.send_new(to, req).await
-    }
-
-    /// Starts `req` on the newest ready connection to `to`, dropping closed
-    /// and long-idle ones on the way; hands `req` back when there is none.
-    #[allow(clippy::result_large_err)]
-    fn start_pooled(
-        &self,
-        to: &Authority,
-        req: Req,
-    ) -> Result<impl Future<Output = Sent> + use<>, Req> {
-        let Ok(mut conns) = self.conns.lock() else {
-            return Err(req);
-        };
-        let now = Instant::now();
-        let mut i = conns.len();
-        while i > 0 {
-            i -= 1;
-            let c = &mut conns[i];
-            if !c.still_useful(now) {
-                conns.swap_remove(i);
-                continue;
-            }
-            if c.sender.is_ready() && c.to == *to {
-                c.used = now;
-                return Ok(c.sender.try_send_request(req));
+                Err(Failed::Stale) => {}
+                Err(Failed::Error(e)) => return Err(e),
             }
         }
-        Err(req)
+        let conn = self.connect(to).await?;
+        match self.exchange(to, conn, false, &req).await {
+            Ok(resp) => Ok(resp),
+            Err(Failed::Error(e)) => Err(e),
+            Err(Failed::Stale) => Err(DispatchError::Engine {
+                source: EngineError::Closed,
+            }),
+        }
     }
 
-    /// A new connection (its driver on this loop), kept in the pool if
-    /// there is room.
-    async fn send_new(
+    async fn connect(&self, to: &Authority) -> Result<Conn, DispatchError> {
+        let port = to.port_u16().unwrap_or(80);
+        let connect = TcpStream::connect((
+            to.host().trim_start_matches('[').trim_end_matches(']'),
+            port,
+        ));
+        let tcp = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => {
+                return Err(DispatchError::Connect {
+                    source: Box::new(e),
+                });
+            }
+            Err(_) => {
+                return Err(DispatchError::Connect {
+                    source: format!("no connection within {:?}", self.connect_timeout).into(),
+                });
+            }
+        };
+        tcp.set_nodelay(true).map_err(|e| DispatchError::Connect {
+            source: Box::new(e),
+        })?;
+        Ok(Conn {
+            tcp,
+            buf: BytesMut::with_capacity(8 * 1024),
+        })
+    }
+
+    /// Writes the request and reads the answer's head.
+    async fn exchange(
         &self,
         to: &Authority,
-        req: Req,
-    ) -> Result<Response<Incoming>, DispatchError> {
-        let uri = Uri::builder()
-            .scheme("http")
-            .authority(to.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|source| DispatchError::BadRequest { source })?;
-        let mut connector = self.connector.clone();
-        let io = connector
-            .call(uri)
-            .await
-            .map_err(|source| DispatchError::Connect {
-                source: Box::new(source),
-            })?;
-        let (mut sender, conn) = http1::handshake::<_, Full<Bytes>>(io)
-            .await
-            .map_err(|source| DispatchError::Http { source })?;
-        tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(%error, "engine connection ended");
+        mut conn: Conn,
+        reused: bool,
+        req: &Outgoing,
+    ) -> Result<Response<EngineBody>, Failed> {
+        let fail = |source: EngineError| {
+            if reused {
+                Failed::Stale
+            } else {
+                Failed::Error(DispatchError::Engine { source })
             }
-        });
-        let sent = sender.send_request(req);
-        if let Ok(mut conns) = self.conns.lock()
-            && conns.len() < MAX_CONNS
+        };
+        if let Err(e) = conn.tcp.write_all(&req.wire).await {
+            return Err(fail(e.into()));
+        }
+        if !req.rest.is_empty()
+            && let Err(e) = conn.tcp.write_all(&req.rest).await
         {
-            conns.push(Conn {
-                to: to.clone(),
-                sender,
-                used: Instant::now(),
-            });
+            return Err(fail(e.into()));
         }
-        sent.await.map_err(|source| DispatchError::Http { source })
+        conn.buf.clear();
+        let head = loop {
+            match h1::parse_response(&mut conn.buf, req.head_request) {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(e) => return Err(Failed::Error(DispatchError::Engine { source: e.into() })),
+            }
+            let got_nothing = conn.buf.is_empty();
+            match tokio::io::AsyncReadExt::read_buf(&mut conn.tcp, &mut conn.buf).await {
+                Ok(0) if got_nothing => return Err(fail(EngineError::Closed)),
+                Ok(0) => {
+                    return Err(Failed::Error(DispatchError::Engine {
+                        source: EngineError::Closed,
+                    }));
+                }
+                Ok(_) => {}
+                Err(e) if got_nothing => return Err(fail(e.into())),
+                Err(e) => return Err(Failed::Error(DispatchError::Engine { source: e.into() })),
+            }
+        };
+        bytes::Buf::advance(&mut conn.buf, head.len);
+        let state = match head.body {
+            BodyLen::Length(n) => State::Length(n),
+            BodyLen::Chunked => State::Chunked(Chunked::Size),
+            BodyLen::Close => State::Close,
+        };
+        let mut resp = Response::new(EngineBody {
+            conn: Some(conn),
+            state,
+            keep_alive: head.keep_alive,
+            to: to.clone(),
+            pool: self.me.clone(),
+        });
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        let body = resp.body_mut();
+        if matches!(body.state, State::Length(0)) {
+            body.finish();
+        }
+        Ok(resp)
+    }
+}
+
+/// A request to an engine in HTTP/1.1 wire form, made before the attempt
+/// so the attempt borrows nothing: the client's end-to-end headers, this
+/// hop's `Host`, a Content-Length for the body, and the body itself (in the
+/// same write as the head when small).
+#[derive(Debug)]
+pub struct Outgoing {
+    wire: Vec<u8>,
+    rest: Bytes,
+    head_request: bool,
+}
+
+impl Outgoing {
+    pub fn new(host: &HeaderValue, head: &RequestHead, body: Bytes) -> Self {
+        let mut wire = Vec::with_capacity(512 + body.len().min(COALESCE));
+        wire.extend_from_slice(head.method.as_str().as_bytes());
+        wire.push(b' ');
+        wire.extend_from_slice(head.path_and_query.as_str().as_bytes());
+        wire.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        wire.extend_from_slice(host.as_bytes());
+        wire.extend_from_slice(b"\r\n");
+        h1::write_headers(
+            &mut wire,
+            head.headers.iter().filter(|(name, _)| !is_hop_header(name)),
+        );
+        let bodied = matches!(head.method, Method::POST | Method::PUT | Method::PATCH);
+        if bodied || !body.is_empty() {
+            wire.extend_from_slice(header::CONTENT_LENGTH.as_str().as_bytes());
+            wire.extend_from_slice(b": ");
+            h1::write_decimal(&mut wire, body.len() as u64);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"\r\n");
+        let rest = if body.len() > COALESCE {
+            body
+        } else {
+            wire.extend_from_slice(&body);
+            Bytes::new()
+        };
+        Self {
+            wire,
+            rest,
+            head_request: head.method == Method::HEAD,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+/// An engine's answer body, read off its connection as the client takes
+/// it; the connection goes back to its pool once the body has ended.
+#[derive(Debug)]
+pub struct EngineBody {
+    conn: Option<Conn>,
+    state: State,
+    keep_alive: bool,
+    to: Authority,
+    pool: Weak<LocalPool>,
+}
+
+impl EngineBody {
+    /// The body has ended: the connection goes back to the pool if the
+    /// engine keeps it open and sent nothing past the body.
+    fn finish(&mut self) {
+        self.state = State::Done;
+        if let Some(conn) = self.conn.take()
+            && self.keep_alive
+            && conn.buf.is_empty()
+            && let Some(pool) = self.pool.upgrade()
+        {
+            pool.put(self.to.clone(), conn);
+        }
+    }
+
+    /// Data already buffered, in this body's framing.
+    fn buffered(&mut self) -> Result<Option<Bytes>, EngineError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        match &mut self.state {
+            State::Length(left) => {
+                if conn.buf.is_empty() {
+                    return Ok(None);
+                }
+                let n = usize::try_from(*left)
+                    .unwrap_or(usize::MAX)
+                    .min(conn.buf.len());
+                *left -= n as u64;
+                let data = conn.buf.split_to(n).freeze();
+                if *left == 0 {
+                    self.finish();
+                }
+                Ok(Some(data))
+            }
+            State::Chunked(dec) => {
+                let data = dec.decode(&mut conn.buf)?;
+                if *dec == Chunked::Done {
+                    self.finish();
+                }
+                Ok(data)
+            }
+            State::Close => Ok((!conn.buf.is_empty()).then(|| conn.buf.split().freeze())),
+            State::Done => Ok(None),
+        }
+    }
+}
+
+impl http_body::Body for EngineBody {
+    type Data = Bytes;
+    type Error = EngineError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, EngineError>>> {
+        let this = self.get_mut();
+        loop {
+            match this.buffered() {
+                Ok(Some(data)) if !data.is_empty() => {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.conn = None;
+                    this.state = State::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+            if matches!(this.state, State::Done) {
+                return Poll::Ready(None);
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if conn.buf.capacity() - conn.buf.len() < 4096 {
+                conn.buf.reserve(8 * 1024);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.tcp), cx, &mut conn.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => {
+                    let ended = matches!(this.state, State::Close);
+                    this.conn = None;
+                    this.state = State::Done;
+                    return Poll::Ready(if ended {
+                        None
+                    } else {
+                        Some(Err(EngineError::Closed))
+                    });
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    this.conn = None;
+                    this.state = State::Done;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done | State::Length(0))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.state {
+            State::Length(n) => SizeHint::with_exact(n),
+            State::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
     }
 }
 
@@ -207,7 +463,6 @@ impl LocalPool {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -242,6 +497,24 @@ mod tests {
                             if path == "/slow" {
                                 tokio::time::sleep(Duration::from_millis(300)).await;
                             }
+                            // Reads the request, then closes without an
+                            // answer, on a connection that served before.
+                            if path == "/vanish-if-reused" && served > 0 {
+                                return;
+                            }
+                            let canned: Option<&[u8]> = match path.as_str() {
+                                "/chunked" => Some(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+                                "/cut" => Some(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"),
+                                "/to-close" => Some(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end"),
+                                _ => None,
+                            };
+                            if let Some(canned) = canned {
+                                if tcp.write_all(canned).await.is_err() || path != "/chunked" {
+                                    return;
+                                }
+                                served += 1;
+                                continue;
+                            }
                             if path == "/stream" {
                                 let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
                                 if tcp.write_all(head.as_bytes()).await.is_err() {
@@ -273,15 +546,20 @@ mod tests {
         (addr.to_string().parse().unwrap(), accepted)
     }
 
-    fn get(to: &Authority, path: &str) -> Req {
-        Request::builder()
-            .uri(path)
-            .header(http::header::HOST, to.as_str())
-            .body(Full::new(Bytes::new()))
-            .unwrap()
+    fn get(to: &Authority, path: &str) -> Outgoing {
+        let head = RequestHead {
+            method: Method::GET,
+            path_and_query: path.parse().unwrap(),
+            headers: http::HeaderMap::new(),
+        };
+        Outgoing::new(
+            &HeaderValue::from_str(to.as_str()).unwrap(),
+            &head,
+            Bytes::new(),
+        )
     }
 
-    async fn text(resp: Response<Incoming>) -> String {
+    async fn text(resp: Response<EngineBody>) -> String {
         let b = resp.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(b.to_vec()).unwrap()
     }
@@ -360,6 +638,80 @@ mod tests {
             1,
             "the closed connection went, the idle one stayed"
         );
+    }
+
+    #[tokio::test]
+    async fn chunked_answers_decode_and_give_their_connection_back() {
+        let (to, accepted) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let resp = pool.send(&to, get(&to, "/chunked")).await.unwrap();
+        assert_eq!(text(resp).await, "abcde");
+        assert_eq!(pool.len(), 1, "back in the pool once read to its end");
+        let resp = pool.send(&to, get(&to, "/after")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /after");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_is_an_error_and_its_connection_is_dropped() {
+        let (to, _) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let resp = pool.send(&to, get(&to, "/cut")).await.unwrap();
+        let err = resp.into_body().collect().await.unwrap_err();
+        assert!(matches!(err, EngineError::Closed), "{err}");
+        assert_eq!(err.class(), "upstream-closed");
+        assert!(pool.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_length_runs_to_the_close() {
+        let (to, _) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let resp = pool.send(&to, get(&to, "/to-close")).await.unwrap();
+        assert_eq!(text(resp).await, "until the end");
+        assert!(
+            pool.is_empty(),
+            "a close-delimited connection is not reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_closed_under_a_request_is_retried_on_a_new_one() {
+        let (to, accepted) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let resp = pool.send(&to, get(&to, "/a")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /a");
+        // The engine reads this one on the pooled connection and closes it
+        // without answering; a fresh connection gets the answer.
+        let resp = pool.send(&to, get(&to, "/vanish-if-reused")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /vanish-if-reused");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn requests_carry_host_length_and_end_to_end_headers_only() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("keep-alive"));
+        headers.insert("host", HeaderValue::from_static("127.0.0.1:1234"));
+        headers.insert("content-length", HeaderValue::from_static("999"));
+        headers.insert("authorization", HeaderValue::from_static("Bearer k"));
+        let head = RequestHead {
+            method: Method::POST,
+            path_and_query: "/v1/chat/completions?x=1".parse().unwrap(),
+            headers,
+        };
+        let out = Outgoing::new(
+            &HeaderValue::from_static("127.0.0.1:11435"),
+            &head,
+            Bytes::from_static(b"{\"model\":\"m\"}"),
+        );
+        assert_eq!(
+            String::from_utf8(out.wire).unwrap(),
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:11435\r\nauthorization: Bearer k\r\ncontent-length: 13\r\n\r\n{\"model\":\"m\"}"
+        );
+        let big = Bytes::from(vec![b'x'; COALESCE + 1]);
+        let out = Outgoing::new(&HeaderValue::from_static("h"), &head, big.clone());
+        assert_eq!(out.rest, big, "a large body is written on its own");
     }
 
     #[tokio::test]

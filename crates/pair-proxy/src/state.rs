@@ -96,7 +96,7 @@ pub struct ProxyState {
     pub body_cap: usize,
     /// One engine connection pool per event loop (index:
     /// [`crate::loops::current`]).
-    local_pools: Vec<LocalPool>,
+    local_pools: Vec<Arc<LocalPool>>,
     pub loops: Arc<EventLoops>,
     cluster: ArcSwap<ClusterSnapshot>,
     engines: ArcSwap<Vec<LocalEngine>>,

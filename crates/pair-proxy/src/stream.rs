@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use pair_core::ApiFlavor;
+
+use crate::dispatch::{UpBody, UpBodyError};
 
 /// How the answer is framed, from its content type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +89,7 @@ pub trait Watcher: Send + 'static {
 /// Passes an upstream body through to the client.
 pub struct Relay<W: Watcher> {
     first: Option<Bytes>,
-    inner: Incoming,
+    inner: UpBody,
     framing: Framing,
     flavor: ApiFlavor,
     watcher: Option<W>,
@@ -109,7 +110,7 @@ impl<W: Watcher> Relay<W> {
     /// `first` is the first data frame, already read to commit the attempt.
     pub fn new(
         first: Option<Bytes>,
-        inner: Incoming,
+        inner: UpBody,
         framing: Framing,
         flavor: ApiFlavor,
         watcher: W,
@@ -158,7 +159,7 @@ impl<W: Watcher> Drop for Relay<W> {
 
 impl<W: Watcher + Unpin> Body for Relay<W> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -187,13 +188,7 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
-                let class = if err.is_incomplete_message() {
-                    "upstream-closed"
-                } else if err.is_timeout() {
-                    "upstream-timeout"
-                } else {
-                    "upstream-error"
-                };
+                let class = err.class();
                 tracing::warn!(error = %err, class, "upstream failed mid-stream");
                 this.end(Ending::Failed { class });
                 match stream_error_event(

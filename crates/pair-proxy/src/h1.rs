@@ -1,0 +1,480 @@
+//! HTTP/1.1 framing for the hot path, on `httparse`: request and response
+//! heads, body delimitation (RFC 9112 §6), chunked decoding, and writing
+//! heads. The face ([`crate::fast`]) and the engine pool ([`crate::pool`])
+//! use it instead of hyper's connection machinery, which cost about 10 µs
+//! of CPU per proxied request on the benchmark box (raw floor 15.1 against
+//! hyper floor 24.5 µs; docs/benchmarks/proxy.md, "Fourth round"). What it
+//! does not handle (HTTP/1.0, chunked or `Expect` requests, upgrades) is
+//! left to hyper by the caller.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+
+/// Most header lines a head may carry.
+pub const MAX_HEADERS: usize = 100;
+/// Largest head accepted (request line or status line and headers).
+pub const MAX_HEAD: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FramingError {
+    #[error("malformed HTTP head: {0}")]
+    Head(String),
+    #[error("HTTP head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    #[error("invalid content-length")]
+    ContentLength,
+    #[error("malformed chunked body")]
+    Chunk,
+}
+
+/// How a message's body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyLen {
+    /// Exactly this many bytes (0: no body).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the connection closes (answers only).
+    Close,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub method: Method,
+    /// The request target as sent (origin form for the faces).
+    pub target: String,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: BodyLen,
+    /// The client wants the connection kept after this exchange.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` or an `Upgrade`: hyper's to serve.
+    pub special: bool,
+    /// Bytes of `buf` the head took.
+    pub len: usize,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: BodyLen,
+    /// The connection may carry another request after this answer.
+    pub keep_alive: bool,
+    pub len: usize,
+}
+
+fn version(v: Option<u8>) -> Version {
+    match v {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    }
+}
+
+/// The header map, and the framing facts read on the way.
+struct Facts {
+    headers: HeaderMap,
+    length: Option<u64>,
+    chunked: bool,
+    other_coding: bool,
+    close: bool,
+    keep_alive_token: bool,
+    special: bool,
+}
+
+fn collect(raw: &[httparse::Header<'_>]) -> Result<Facts, FramingError> {
+    let mut f = Facts {
+        headers: HeaderMap::with_capacity(raw.len()),
+        length: None,
+        chunked: false,
+        other_coding: false,
+        close: false,
+        keep_alive_token: false,
+        special: false,
+    };
+    for h in raw {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| FramingError::Head(format!("bad header name {:?}", h.name)))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
+        if name == header::CONTENT_LENGTH {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or(FramingError::ContentLength)?;
+            if f.length.is_some_and(|m| m != n) {
+                return Err(FramingError::ContentLength);
+            }
+            f.length = Some(n);
+        } else if name == header::TRANSFER_ENCODING {
+            // Chunked must be the last coding; anything else is read to
+            // the end of the connection (answers) or refused (requests).
+            for coding in value.to_str().unwrap_or("").split(',').map(str::trim) {
+                if coding.eq_ignore_ascii_case("chunked") {
+                    f.chunked = true;
+                    f.other_coding = false;
+                } else if !coding.is_empty() {
+                    f.chunked = false;
+                    f.other_coding = true;
+                }
+            }
+        } else if name == header::CONNECTION {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    f.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    f.keep_alive_token = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    f.special = true;
+                }
+            }
+        } else if name == header::EXPECT || name == header::UPGRADE {
+            f.special = true;
+        }
+        f.headers.append(name, value);
+    }
+    Ok(f)
+}
+
+fn keep_alive(v: Version, f: &Facts) -> bool {
+    if v == Version::HTTP_10 {
+        f.keep_alive_token && !f.close
+    } else {
+        !f.close
+    }
+}
+
+/// Parses a request head at the start of `buf`; `Ok(None)`: not all here.
+pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, FramingError> {
+    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut raw);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(FramingError::HeadTooLarge);
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(FramingError::Head(e.to_string())),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
+        .map_err(|_| FramingError::Head("bad method".into()))?;
+    let version = version(req.version);
+    let target = req.path.unwrap_or("/").to_owned();
+    let f = collect(req.headers)?;
+    let body = if f.chunked || f.other_coding {
+        // Only chunked is valid on a request; the caller hands it to hyper.
+        BodyLen::Chunked
+    } else {
+        BodyLen::Length(f.length.unwrap_or(0))
+    };
+    Ok(Some(RequestHead {
+        method,
+        target,
+        version,
+        keep_alive: keep_alive(version, &f),
+        special: f.special || f.other_coding,
+        headers: f.headers,
+        body,
+        len,
+    }))
+}
+
+/// Parses a response head at the start of `buf`, skipping interim (1xx)
+/// answers; `head_request`: the request was a HEAD (no body follows).
+pub fn parse_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<ResponseHead>, FramingError> {
+    loop {
+        let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut raw);
+        let len = match resp.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(FramingError::HeadTooLarge);
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(FramingError::Head(e.to_string())),
+        };
+        let status = StatusCode::from_u16(resp.code.unwrap_or(0))
+            .map_err(|_| FramingError::Head("bad status".into()))?;
+        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            buf.advance(len);
+            continue;
+        }
+        let version = version(resp.version);
+        let f = collect(resp.headers)?;
+        let no_body = head_request
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let body = if no_body {
+            BodyLen::Length(0)
+        } else if f.chunked {
+            BodyLen::Chunked
+        } else if f.other_coding {
+            BodyLen::Close
+        } else {
+            f.length.map_or(BodyLen::Close, BodyLen::Length)
+        };
+        return Ok(Some(ResponseHead {
+            status,
+            version,
+            keep_alive: keep_alive(version, &f) && body != BodyLen::Close,
+            headers: f.headers,
+            body,
+            len,
+        }));
+    }
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chunked {
+    /// Expecting a chunk-size line.
+    Size,
+    /// This many data bytes of the current chunk left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer lines after the last chunk.
+    Trailers,
+    Done,
+}
+
+impl Chunked {
+    /// Decodes what `buf` holds: data found is returned (and taken from
+    /// `buf`); `Ok(None)` means more input is needed or the body is done
+    /// (`self == Done`).
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, FramingError> {
+        loop {
+            match *self {
+                Chunked::Size => match httparse::parse_chunk_size(buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        buf.advance(used);
+                        *self = if size == 0 {
+                            Chunked::Trailers
+                        } else {
+                            Chunked::Data(size)
+                        };
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() > 1024 => {
+                        return Err(FramingError::Chunk);
+                    }
+                    Ok(httparse::Status::Partial) => return Ok(None),
+                    Err(_) => return Err(FramingError::Chunk),
+                },
+                Chunked::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(n).freeze();
+                    let left = left - n as u64;
+                    *self = if left == 0 {
+                        Chunked::DataEnd
+                    } else {
+                        Chunked::Data(left)
+                    };
+                    return Ok(Some(data));
+                }
+                Chunked::DataEnd => {
+                    if buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(FramingError::Chunk);
+                    }
+                    buf.advance(2);
+                    *self = Chunked::Size;
+                }
+                Chunked::Trailers => {
+                    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+                        if buf.len() > MAX_HEAD {
+                            return Err(FramingError::Chunk);
+                        }
+                        return Ok(None);
+                    };
+                    buf.advance(end + 2);
+                    if end == 0 {
+                        *self = Chunked::Done;
+                        return Ok(None);
+                    }
+                }
+                Chunked::Done => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Appends `name: value\r\n` for each header.
+pub fn write_headers<'a>(
+    out: &mut Vec<u8>,
+    headers: impl IntoIterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) {
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Appends a status line.
+pub fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a decimal number.
+pub fn write_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Appends a chunk-size line (hex) for `n` bytes of data.
+pub fn write_chunk_size(out: &mut Vec<u8>, n: usize) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{n:x}\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_heads_say_how_their_body_ends() {
+        let r = parse_request(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n{}",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.method, Method::POST);
+        assert_eq!(r.target, "/v1/chat/completions");
+        assert_eq!(r.body, BodyLen::Length(12));
+        assert!(r.keep_alive && !r.special);
+        assert_eq!(r.headers["host"], "x");
+        let r = parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.body, BodyLen::Length(0));
+        assert!(!r.keep_alive);
+        let r = parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert_eq!(r.version, Version::HTTP_10);
+        assert!(!r.keep_alive);
+        let r = parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.body, BodyLen::Chunked);
+        let r =
+            parse_request(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert!(r.special);
+        assert!(
+            parse_request(b"POST / HTTP/1.1\r\nHost: x\r\n")
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn bad_request_heads_are_errors() {
+        assert!(
+            parse_request(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
+                .is_err()
+        );
+        assert!(parse_request(b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n").is_err());
+        assert!(parse_request(b"\x01\x02 nonsense\r\n\r\n").is_err());
+        let huge = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD + 1));
+        assert_eq!(
+            parse_request(huge.as_bytes()).unwrap_err(),
+            FramingError::HeadTooLarge
+        );
+    }
+
+    #[test]
+    fn response_bodies_follow_rfc_9112() {
+        let mut b = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"[..]);
+        let r = parse_response(&mut b, false).unwrap().unwrap();
+        assert_eq!(
+            (r.status, r.body, r.keep_alive),
+            (StatusCode::OK, BodyLen::Length(5), true)
+        );
+        let mut b =
+            BytesMut::from(&b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n"[..]);
+        assert_eq!(
+            parse_response(&mut b, false).unwrap().unwrap().body,
+            BodyLen::Chunked
+        );
+        let mut b = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
+        let r = parse_response(&mut b, false).unwrap().unwrap();
+        assert_eq!((r.body, r.keep_alive), (BodyLen::Close, false));
+        let mut b = BytesMut::from(&b"HTTP/1.1 204 No Content\r\n\r\n"[..]);
+        assert_eq!(
+            parse_response(&mut b, false).unwrap().unwrap().body,
+            BodyLen::Length(0)
+        );
+        let mut b = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n"[..]);
+        assert_eq!(
+            parse_response(&mut b, true).unwrap().unwrap().body,
+            BodyLen::Length(0)
+        );
+        let mut b = BytesMut::from(&b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"[..]);
+        assert!(!parse_response(&mut b, false).unwrap().unwrap().keep_alive);
+        // An interim answer is skipped.
+        let mut b = BytesMut::from(
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n"[..],
+        );
+        assert_eq!(
+            parse_response(&mut b, false).unwrap().unwrap().status,
+            StatusCode::CREATED
+        );
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_any_split() {
+        let wire = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+        for split in 1..wire.len() {
+            let mut dec = Chunked::Size;
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            for part in [&wire[..split], &wire[split..]] {
+                buf.extend_from_slice(part);
+                while let Some(d) = dec.decode(&mut buf).unwrap() {
+                    got.extend_from_slice(&d);
+                }
+            }
+            assert_eq!(got, b"hello, world", "split at {split}");
+            assert_eq!(dec, Chunked::Done);
+            assert_eq!(&buf[..], b"NEXT", "what follows the body is left");
+        }
+        let mut dec = Chunked::Size;
+        assert!(dec.decode(&mut BytesMut::from(&b"zz\r\n"[..])).is_err());
+        let mut dec = Chunked::Size;
+        assert!(
+            dec.decode(&mut BytesMut::from(&b"1\r\nab"[..]))
+                .is_ok_and(|d| d.is_some())
+        );
+        assert!(dec.decode(&mut BytesMut::from(&b"ab"[..])).is_err());
+    }
+
+    #[test]
+    fn numbers_and_heads_are_written_plainly() {
+        let mut out = Vec::new();
+        write_status_line(&mut out, StatusCode::BAD_GATEWAY);
+        write_decimal(&mut out, 0);
+        write_decimal(&mut out, 1_234_567);
+        write_chunk_size(&mut out, 255);
+        write_chunk_size(&mut out, 0);
+        assert_eq!(out, b"HTTP/1.1 502 Bad Gateway\r\n01234567ff\r\n0\r\n");
+    }
+}
