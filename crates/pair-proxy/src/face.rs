@@ -22,10 +22,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::{accept, serve_connection, serve_http};
+use crate::cluster::{accept, serve_http};
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
+use crate::face_conn::{self, Answering, WholeRequest};
 use crate::forward::{self, Inference};
 use crate::listing::{self, engine_answers};
 use crate::route::{self, Listing, RouteClass};
@@ -136,6 +137,37 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceServi
     }
 }
 
+impl face_conn::Answer for FaceService {
+    fn body_cap(&self) -> usize {
+        self.fs.st.body_cap
+    }
+
+    fn answer(&self, req: WholeRequest) -> Answering {
+        let class = route::classify(req.method(), req.uri().path());
+        if matches!(class, RouteClass::Inference { .. }) {
+            let fs = self.fs.clone();
+            Box::pin(async move { serve_whole(&fs, class, req).await })
+        } else {
+            let app = self.app.clone();
+            Box::pin(async move {
+                use tower::ServiceExt;
+                match app.oneshot(req.map(Body::from)).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                }
+            })
+        }
+    }
+
+    fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
+        let flavor = match route::classify(method, path) {
+            RouteClass::Inference { flavor, .. } => flavor,
+            _ => self.fs.face.flavor(),
+        };
+        too_large(self.fs.st.body_cap, flavor)
+    }
+}
+
 /// Serves a face until `shutdown`, then lets in-flight requests finish
 /// (bounded by [`crate::cluster::SHUTDOWN_GRACE`]). HTTP/1.1 with
 /// keep-alive and TCP_NODELAY; the loopback check is made once per
@@ -159,10 +191,7 @@ pub async fn serve(
         if is_local(peer) {
             let svc = local.clone();
             loops.spawn(&conns, tcp, move |tcp| {
-                log_end(
-                    peer,
-                    serve_connection(TokioIo::new(tcp), svc, None, shutdown, None),
-                )
+                log_end(peer, face_conn::serve(tcp, svc, shutdown))
             });
         } else {
             tracing::info!(%peer, "refused a non-loopback client on a local face");
@@ -206,6 +235,20 @@ where
     B: http_body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
 {
+    let (parts, body) = req.into_parts();
+    let flavor = match class {
+        RouteClass::Inference { flavor, .. } => flavor,
+        _ => fs.face.flavor(),
+    };
+    let body = match read_capped(body, &parts.headers, fs.st.body_cap).await {
+        Ok(b) => b,
+        Err(resp) => return resp(flavor),
+    };
+    serve_whole(fs, class, http::Request::from_parts(parts, body)).await
+}
+
+/// Routes one request whose body has been read.
+async fn serve_whole(fs: &FaceState, class: RouteClass, req: WholeRequest) -> Response<Body> {
     let st = &fs.st;
     let (parts, body) = req.into_parts();
     let head = RequestHead {
@@ -216,14 +259,6 @@ where
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
         headers: parts.headers,
-    };
-    let flavor = match class {
-        RouteClass::Inference { flavor, .. } => flavor,
-        _ => fs.face.flavor(),
-    };
-    let body = match read_capped(body, &head.headers, st.body_cap).await {
-        Ok(b) => b,
-        Err(resp) => return resp(flavor),
     };
     match class {
         RouteClass::Inference {
@@ -248,6 +283,17 @@ where
     }
 }
 
+/// 413 in the face's flavour.
+fn too_large(cap: usize, flavor: ApiFlavor) -> Response<Body> {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        flavor,
+        "body_too_large",
+        &format!("request body exceeds the {} MiB limit", cap / (1024 * 1024)),
+        None,
+    )
+}
+
 type ErrorFn = Box<dyn FnOnce(ApiFlavor) -> Response<Body> + Send>;
 
 /// Reads the whole body up to `cap` bytes (kept for replay on failover).
@@ -260,15 +306,7 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
-    let too_big = move |flavor| {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            flavor,
-            "body_too_large",
-            &format!("request body exceeds the {} MiB limit", cap / (1024 * 1024)),
-            None,
-        )
-    };
+    let too_big = move |flavor| too_large(cap, flavor);
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

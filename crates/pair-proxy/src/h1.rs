@@ -1,6 +1,6 @@
 //! HTTP/1.1 framing for the hot path, on `httparse`: request and response
 //! heads, body delimitation (RFC 9112 §6), chunked decoding, and writing
-//! heads. The face ([`crate::fast`]) and the engine pool ([`crate::pool`])
+//! heads. The faces (`face_conn`) and the engine pool ([`crate::pool`])
 //! use it instead of hyper's connection machinery, which cost about 10 µs
 //! of CPU per proxied request on the benchmark box (raw floor 15.1 against
 //! hyper floor 24.5 µs; docs/benchmarks/proxy.md, "Fourth round"). What it

@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod dispatch;
 pub mod error;
 pub mod face;
+mod face_conn;
 pub mod forward;
 pub mod gossip;
 pub mod h1;
