@@ -20,6 +20,8 @@
 #        node with these extra flags, measured in the same runs as pair-alt)
 #        ALT_BIN=<pair-node binary> (the second node runs this build instead)  PERF=1 (perf record the face node
 #        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
+#        STRACE=1 (strace -c -f the face node during its first c=32 run; in
+#        $WORK/face.strace; slows that run, so its figures are not comparable)
 # Needs: nginx, wrk, hey (installed with apt-get if missing), python3, curl.
 set -euo pipefail
 
@@ -34,7 +36,7 @@ BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 PY=${PYTHON:-python3}
 SECTIONS=${SECTIONS:-face,ttfb,hop,mem}
 want() { [[ ",$SECTIONS," == *",$1,"* ]]; }
-[ -n "${PERF:-}" ] && KEEP_WORK=1
+[ -n "${PERF:-}${STRACE:-}" ] && KEEP_WORK=1
 
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
@@ -246,17 +248,27 @@ cpu_ticks() {
     echo "$t"
 }
 CLK_TCK=$(getconf CLK_TCK)
+# Context switches (voluntary + involuntary, all threads) of the given processes.
+ctx_switches() {
+    local pid t=0
+    for pid in "$@"; do
+        t=$((t + $(cat /proc/"$pid"/task/*/status 2>/dev/null |
+            awk '/ctxt_switches/ {n += $2} END {print n + 0}')))
+    done
+    echo "$t"
+}
 # run_wrk SECTION VARIANT CONC RUN URL [PIN] [MODE]
 # $CPU_PIDS (optional): the proxy's processes, for CPU time per request.
 run_wrk() {
-    local threads=1 out c0 c1 cpu=""
+    local threads=1 out c0 c1 x0 x1 cpu=""
     [ "$3" -gt 1 ] && threads=2
-    [ -n "${CPU_PIDS:-}" ] && c0=$(cpu_ticks $CPU_PIDS)
+    [ -n "${CPU_PIDS:-}" ] && c0=$(cpu_ticks $CPU_PIDS) && x0=$(ctx_switches $CPU_PIDS)
     out=$(BENCH_PIN=${6:-} BENCH_MODE=${7:-} wrk -t"$threads" -c"$3" -d"${DUR}s" \
         -s "$HERE/post.lua" "$5" | grep '^RESULT') || die "wrk $1/$2 c=$3"
     if [ -n "${CPU_PIDS:-}" ]; then
         c1=$(cpu_ticks $CPU_PIDS)
-        cpu=$($PY -c "import sys; t, n = float(sys.argv[1]), float(sys.argv[2].split('requests=')[1].split()[0]); print(f' cpu_us={t * 1e6 / $CLK_TCK / n:.1f}')" "$((c1 - c0))" "$out")
+        x1=$(ctx_switches $CPU_PIDS)
+        cpu=$($PY -c "import sys; t, x, n = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3].split('requests=')[1].split()[0]); print(f' cpu_us={t * 1e6 / $CLK_TCK / n:.1f} ctx={x / n:.2f}')" "$((c1 - c0))" "$((x1 - x0))" "$out")
     fi
     log "$1 $2 c=$3 run $4: $out$cpu"
     case "$out" in *errors=0*) ;; *) die "$1 $2 c=$3: errors: $out" ;; esac
@@ -326,7 +338,20 @@ if want face; then
                 CPU_PIDS=$PINNED_PID run_wrk face floor2 "$c" "$r" "$PINNED_URL"
             fi
             if [ -n "${RAW_PID:-}" ]; then
+                if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
+                    perf record -q ${PERF_ARGS:--g} -o "$WORK/raw.data" -p "$RAW_PID" \
+                        -- sleep "$DUR" >/dev/null 2>&1 &
+                    RAW_PERF=$!
+                fi
                 CPU_PIDS=$RAW_PID run_wrk face raw "$c" "$r" "$RAW_URL"
+                if [ -n "${RAW_PERF:-}" ]; then
+                    wait "$RAW_PERF" || true
+                    RAW_PERF=""
+                fi
+            fi
+            if [ -n "${STRACE:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
+                strace -c -f -o "$WORK/face.strace" -p "${NODE_PID[solo]}" >/dev/null 2>&1 &
+                STRACE_PID=$!
             fi
             if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
                 perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \
@@ -336,6 +361,12 @@ if want face; then
             CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$c" "$r" "$SOLO_URL"
             if [ -n "${ALT_URL:-}" ]; then
                 CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
+            fi
+            if [ -n "${STRACE_PID:-}" ]; then
+                kill -INT "$STRACE_PID" 2>/dev/null || true
+                wait "$STRACE_PID" 2>/dev/null || true
+                log "strace summary: $WORK/face.strace"
+                STRACE_PID=""
             fi
             if [ -n "${PERF_PID:-}" ]; then
                 wait "$PERF_PID" || true

@@ -15,6 +15,10 @@ def cpu(section, variant, conc):
     vals = [r["cpu_us"] for r in rows[(section, variant, conc)] if "cpu_us" in r]
     return f"{statistics.median(vals):.1f}" if vals else "—"
 
+def ctx(section, variant, conc):
+    vals = [r["ctx"] for r in rows[(section, variant, conc)] if "ctx" in r]
+    return f"{statistics.median(vals):.2f}" if vals else "—"
+
 def verdict(ok):
     return "PASS" if ok else "FAIL"
 
@@ -29,8 +33,8 @@ if "face" in sections:
     w("")
     w("### 1. Local face vs nginx (engine: nginx, fixed chat completion)")
     w("")
-    w("| c | path | p50 µs | p99 µs | req/s | added p50 µs | proxy CPU µs/req |")
-    w("|---|---|---|---|---|---|---|")
+    w("| c | path | p50 µs | p99 µs | req/s | added p50 µs | proxy CPU µs/req | proxy context switches/req |")
+    w("|---|---|---|---|---|---|---|---|")
     for c in (1, 32):
         base = med("face", "direct", c, "p50_us")
         for v in ("direct", "nginx", "floor", "floor2", "raw", "pair", "pair-alt"):
@@ -39,7 +43,7 @@ if "face" in sections:
             p50 = med("face", v, c, "p50_us")
             add = "—" if v == "direct" else f"{p50 - base:.0f}"
             w(f"| {c} | {v} | {p50:.0f} | {med('face', v, c, 'p99_us'):.0f} | "
-              f"{med('face', v, c, 'rps'):.0f} | {add} | {cpu('face', v, c)} |")
+              f"{med('face', v, c, 'rps'):.0f} | {add} | {cpu('face', v, c)} | {ctx('face', v, c)} |")
     for c in (1, 32):
         d = med("face", "direct", c, "p50_us")
         ours = med("face", "pair", c, "p50_us") - d

@@ -209,34 +209,38 @@ impl DispatchError {
     }
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) in either direction.
-const HOP_HEADERS: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Hop-by-hop headers (RFC 9110 §7.6.1) in either direction, as names
+/// (a lookup by `&str` parses and hashes the string every time).
+const HOP_HEADERS: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 /// Not copied onto a request to the next hop: the hop-by-hop headers, the
 /// proxy credentials meant for us, and those the client library sets.
 pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    HOP_HEADERS.contains(&n)
-        || matches!(
-            n,
-            "proxy-authenticate" | "proxy-authorization" | "host" | "content-length"
-        )
+    HOP_HEADERS.contains(name)
+        || *name == header::PROXY_AUTHENTICATE
+        || *name == header::PROXY_AUTHORIZATION
+        || *name == header::HOST
+        || *name == header::CONTENT_LENGTH
 }
 
 /// Removes an upstream answer's hop-by-hop headers before it goes to the
 /// client (RFC 9110 §7.6.1): those the answer's `Connection` header names,
-/// then the standard ones. This hop's own framing is hyper's to choose; a
-/// `Connection: close` from an engine must not close the client's
-/// keep-alive connection.
+/// then the standard ones. This hop's own framing is the server's to
+/// choose; a `Connection: close` from an engine must not close the
+/// client's keep-alive connection.
 pub fn strip_response_hop_headers(h: &mut HeaderMap) {
+    // One pass over the (few) names first: usually there is nothing to do.
+    if !h.keys().any(|k| HOP_HEADERS.contains(k)) {
+        return;
+    }
     // Engines mostly send `Connection: keep-alive` or `close`: those name
     // no header, so the usual case collects (allocates) nothing.
     let named: Vec<HeaderName> = h
@@ -251,7 +255,7 @@ pub fn strip_response_hop_headers(h: &mut HeaderMap) {
     for name in named {
         h.remove(name);
     }
-    for name in HOP_HEADERS {
+    for name in &HOP_HEADERS {
         h.remove(name);
     }
 }

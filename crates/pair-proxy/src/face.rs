@@ -26,7 +26,7 @@ use crate::cluster::{accept, serve_http};
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
-use crate::face_conn::{self, Answering, WholeRequest};
+use crate::face_conn::{self, WholeRequest};
 use crate::forward::{self, Inference};
 use crate::listing::{self, engine_answers};
 use crate::route::{self, Listing, RouteClass};
@@ -142,20 +142,16 @@ impl face_conn::Answer for FaceService {
         self.fs.st.body_cap
     }
 
-    fn answer(&self, req: WholeRequest) -> Answering {
+    async fn answer(&self, req: WholeRequest) -> Response<Body> {
         let class = route::classify(req.method(), req.uri().path());
         if matches!(class, RouteClass::Inference { .. }) {
-            let fs = self.fs.clone();
-            Box::pin(async move { serve_whole(&fs, class, req).await })
+            serve_whole(&self.fs, class, req).await
         } else {
-            let app = self.app.clone();
-            Box::pin(async move {
-                use tower::ServiceExt;
-                match app.oneshot(req.map(Body::from)).await {
-                    Ok(resp) => resp,
-                    Err(never) => match never {},
-                }
-            })
+            use tower::ServiceExt;
+            match self.app.clone().oneshot(req.map(Body::from)).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
         }
     }
 

@@ -38,7 +38,6 @@ const COPY_LIMIT: usize = 16 * 1024;
 
 /// A request, read whole, as the loop hands it over.
 pub(crate) type WholeRequest = http::Request<Bytes>;
-pub(crate) type Answering = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 
 /// What answers a face connection's requests.
 pub(crate) trait Answer:
@@ -54,8 +53,9 @@ pub(crate) trait Answer:
 {
     /// Largest request body accepted.
     fn body_cap(&self) -> usize;
-    /// Answers one request.
-    fn answer(&self, req: WholeRequest) -> Answering;
+    /// Answers one request. The future lives inside the connection's own
+    /// (no allocation, no move per request).
+    fn answer(&self, req: WholeRequest) -> impl Future<Output = Response<Body>> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
 }
@@ -94,7 +94,7 @@ async fn run<A: Answer>(
         // The next head; an idle connection closes at shutdown.
         let head = loop {
             if !buf.is_empty() {
-                match h1::parse_request(&buf) {
+                match h1::parse_request(&mut buf) {
                     Ok(Some(head)) => break head,
                     Ok(None) => {}
                     Err(_) => return hand_over(tcp, buf, svc, shutdown).await,
@@ -112,15 +112,15 @@ async fn run<A: Answer>(
                 return Ok(());
             }
         };
-        let BodyLen::Length(len) = head.body else {
-            return hand_over(tcp, buf, svc, shutdown).await;
+        let uri = http::Uri::from_maybe_shared(head.target.clone());
+        let (BodyLen::Length(len), Ok(uri), Version::HTTP_11, false) =
+            (head.body, uri, head.version, head.special)
+        else {
+            // Hyper serves the rest, from this head on.
+            let mut read = BytesMut::from(&head.raw[..]);
+            read.unsplit(buf);
+            return hand_over(tcp, read, svc, shutdown).await;
         };
-        let Ok(uri) = http::Uri::try_from(head.target.as_str()) else {
-            return hand_over(tcp, buf, svc, shutdown).await;
-        };
-        if head.version != Version::HTTP_11 || head.special {
-            return hand_over(tcp, buf, svc, shutdown).await;
-        }
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
             // The body is never read: answer and close.
@@ -130,16 +130,14 @@ async fn run<A: Answer>(
             return Ok(());
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
-        let want = head.len + len;
-        if buf.len() < want {
-            buf.reserve(want - buf.len());
+        if buf.len() < len {
+            buf.reserve(len - buf.len());
         }
-        while buf.len() < want {
+        while buf.len() < len {
             if tcp.read_buf(&mut buf).await.map_err(|_| "read failed")? == 0 {
                 return Err("client closed before its body's end");
             }
         }
-        buf.advance(head.len);
         let body = buf.split_to(len).freeze();
         let mut req = http::Request::new(body);
         *req.method_mut() = head.method;
@@ -358,8 +356,8 @@ mod tests {
             64
         }
 
-        fn answer(&self, req: WholeRequest) -> Answering {
-            Box::pin(async move {
+        async fn answer(&self, req: WholeRequest) -> Response<Body> {
+            {
                 match req.uri().path() {
                     "/stream" => {
                         let parts =
@@ -379,7 +377,7 @@ mod tests {
                         String::from_utf8_lossy(req.body())
                     ))),
                 }
-            })
+            }
         }
 
         fn too_large(&self, _: &Method, _: &str) -> Response<Body> {

@@ -32,11 +32,11 @@ use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
-pub const PIN_HEADER: &str = "x-pair-node-pin";
+pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
 /// Names a conversation for session affinity.
-pub const SESSION_HEADER: &str = "x-pair-session";
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session");
 /// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
-pub const EXPLAIN_HEADER: &str = "x-pair-explain";
+pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
 
 /// Why one attempt did not commit.
 enum AttemptError {
@@ -193,7 +193,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         let route_metrics = st.metrics.route(req.route);
         route_metrics.ttft.observe(ttft.as_secs_f64());
         let framing = Framing::from_content_type(parts.headers.get(http::header::CONTENT_TYPE));
-        let explain = req.head.headers.contains_key(EXPLAIN_HEADER);
+        let explain = req.head.headers.contains_key(&EXPLAIN_HEADER);
         let watcher = JobWatcher {
             st: Arc::clone(st),
             record: Some(record),
@@ -285,7 +285,7 @@ fn new_record(
 fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
-    if let Some(v) = headers.get(PIN_HEADER).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers.get(&PIN_HEADER).and_then(|v| v.to_str().ok()) {
         p.pinned = v.parse::<NodeId>().ok().or_else(|| {
             cluster
                 .nodes()
@@ -294,7 +294,7 @@ fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot)
                 .map(|n| n.id)
         });
     }
-    if let Some(v) = headers.get(SESSION_HEADER) {
+    if let Some(v) = headers.get(&SESSION_HEADER) {
         p.session = Some(SessionKey(fnv1a(v.as_bytes())));
     }
     p

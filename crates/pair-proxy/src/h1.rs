@@ -7,6 +7,8 @@
 //! does not handle (HTTP/1.0, chunked or `Expect` requests, upgrades) is
 //! left to hyper by the caller.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -44,7 +46,7 @@ pub enum BodyLen {
 pub struct RequestHead {
     pub method: Method,
     /// The request target as sent (origin form for the faces).
-    pub target: String,
+    pub target: Bytes,
     pub version: Version,
     pub headers: HeaderMap,
     pub body: BodyLen,
@@ -52,11 +54,11 @@ pub struct RequestHead {
     pub keep_alive: bool,
     /// `Expect: 100-continue` or an `Upgrade`: hyper's to serve.
     pub special: bool,
-    /// Bytes of `buf` the head took.
-    pub len: usize,
+    /// The head as it came (for handing the connection on).
+    pub raw: Bytes,
 }
 
-/// A parsed response head.
+/// A parsed response head (taken off the connection's buffer).
 #[derive(Debug)]
 pub struct ResponseHead {
     pub status: StatusCode,
@@ -65,7 +67,6 @@ pub struct ResponseHead {
     pub body: BodyLen,
     /// The connection may carry another request after this answer.
     pub keep_alive: bool,
-    pub len: usize,
 }
 
 fn version(v: Option<u8>) -> Version {
@@ -86,9 +87,40 @@ struct Facts {
     special: bool,
 }
 
-fn collect(raw: &[httparse::Header<'_>]) -> Result<Facts, FramingError> {
+/// Room left in a response's header map for what the proxy adds (the
+/// route receipt), so adding it does not grow the map.
+const ROOM: usize = 6;
+
+/// Where one header's name and value lie in its head: (name start, name
+/// end, value start, value end); heads are at most [`MAX_HEAD`] bytes.
+type Span = (u32, u32, u32, u32);
+
+/// httparse's header slots, left uninitialised (a 100-slot array of
+/// initialised headers is a 3 KiB memset per parse attempt).
+type RawHeaders<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
+
+/// The spans of `raw`'s headers within `base` (which they were parsed from).
+fn spans(base: &[u8], raw: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
+    // Offsets fit: the head was checked against MAX_HEAD.
+    let at = |p: *const u8| (p as usize - base.as_ptr() as usize) as u32;
+    for (slot, h) in out.iter_mut().zip(raw) {
+        let name = at(h.name.as_ptr());
+        let value = at(h.value.as_ptr());
+        *slot = (
+            name,
+            name + h.name.len() as u32,
+            value,
+            value + h.value.len() as u32,
+        );
+    }
+    raw.len()
+}
+
+/// Builds the header map from the head's bytes: values are slices of
+/// `head` (no copy, no allocation per header).
+fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
     let mut f = Facts {
-        headers: HeaderMap::with_capacity(raw.len()),
+        headers: HeaderMap::with_capacity(spans.len() + ROOM),
         length: None,
         chunked: false,
         other_coding: false,
@@ -96,13 +128,19 @@ fn collect(raw: &[httparse::Header<'_>]) -> Result<Facts, FramingError> {
         keep_alive_token: false,
         special: false,
     };
-    for h in raw {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| FramingError::Head(format!("bad header name {:?}", h.name)))?;
-        let value = HeaderValue::from_bytes(h.value)
+    for &(ns, ne, vs, ve) in spans {
+        let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
+        let raw_value = &head[vs..ve];
+        let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| {
+            FramingError::Head(format!(
+                "bad header name {:?}",
+                String::from_utf8_lossy(&head[ns..ne])
+            ))
+        })?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
             .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
         if name == header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(h.value)
+            let n = std::str::from_utf8(raw_value)
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .ok_or(FramingError::ContentLength)?;
@@ -123,7 +161,7 @@ fn collect(raw: &[httparse::Header<'_>]) -> Result<Facts, FramingError> {
                 }
             }
         } else if name == header::CONNECTION {
-            for token in h.value.split(|&b| b == b',') {
+            for token in raw_value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
                     f.close = true;
@@ -149,23 +187,44 @@ fn keep_alive(v: Version, f: &Facts) -> bool {
     }
 }
 
-/// Parses a request head at the start of `buf`; `Ok(None)`: not all here.
-pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, FramingError> {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut raw);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            return Err(FramingError::HeadTooLarge);
-        }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(FramingError::Head(e.to_string())),
+/// Parses a request head at the start of `buf` and takes it off `buf`
+/// (which then starts at the body); `Ok(None)`: not all here yet. On an
+/// error `buf` is left as it was.
+pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingError> {
+    let mut at = [(0, 0, 0, 0); MAX_HEADERS];
+    let (len, n, method, version, target) = {
+        let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        let len = match req.parse_with_uninit_headers(buf, &mut raw) {
+            Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => n,
+            Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => return Ok(None),
+            Ok(_) => return Err(FramingError::HeadTooLarge),
+            Err(e) => return Err(FramingError::Head(e.to_string())),
+        };
+        let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
+            .map_err(|_| FramingError::Head("bad method".into()))?;
+        let path = req.path.unwrap_or("/");
+        let start = path.as_ptr() as usize - buf.as_ptr() as usize;
+        let n = spans(buf, req.headers, &mut at);
+        (
+            len,
+            n,
+            method,
+            version(req.version),
+            start..start + path.len(),
+        )
     };
-    let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
-        .map_err(|_| FramingError::Head("bad method".into()))?;
-    let version = version(req.version);
-    let target = req.path.unwrap_or("/").to_owned();
-    let f = collect(req.headers)?;
+    let head = buf.split_to(len).freeze();
+    let f = match collect(&head, &at[..n]) {
+        Ok(f) => f,
+        Err(e) => {
+            // Put the head back for whoever serves the connection next.
+            let rest = buf.split();
+            buf.extend_from_slice(&head);
+            buf.unsplit(rest);
+            return Err(e);
+        }
+    };
     let body = if f.chunked || f.other_coding {
         // Only chunked is valid on a request; the caller hands it to hyper.
         BodyLen::Chunked
@@ -174,41 +233,47 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, FramingError> {
     };
     Ok(Some(RequestHead {
         method,
-        target,
+        target: head.slice(target),
         version,
         keep_alive: keep_alive(version, &f),
         special: f.special || f.other_coding,
         headers: f.headers,
         body,
-        len,
+        raw: head,
     }))
 }
 
-/// Parses a response head at the start of `buf`, skipping interim (1xx)
-/// answers; `head_request`: the request was a HEAD (no body follows).
+/// Parses a response head at the start of `buf` and takes it off `buf`,
+/// skipping interim (1xx) answers; `head_request`: the request was a HEAD
+/// (no body follows).
 pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<ResponseHead>, FramingError> {
     loop {
-        let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut raw);
-        let len = match resp.parse(buf) {
-            Ok(httparse::Status::Complete(n)) => n,
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                return Err(FramingError::HeadTooLarge);
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(e) => return Err(FramingError::Head(e.to_string())),
+        let mut at = [(0, 0, 0, 0); MAX_HEADERS];
+        let (len, n, status, version) = {
+            let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+            let mut resp = httparse::Response::new(&mut []);
+            let len = match httparse::ParserConfig::default()
+                .parse_response_with_uninit_headers(&mut resp, buf, &mut raw)
+            {
+                Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => n,
+                Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => return Ok(None),
+                Ok(_) => return Err(FramingError::HeadTooLarge),
+                Err(e) => return Err(FramingError::Head(e.to_string())),
+            };
+            let status = StatusCode::from_u16(resp.code.unwrap_or(0))
+                .map_err(|_| FramingError::Head("bad status".into()))?;
+            let n = spans(buf, resp.headers, &mut at);
+            (len, n, status, version(resp.version))
         };
-        let status = StatusCode::from_u16(resp.code.unwrap_or(0))
-            .map_err(|_| FramingError::Head("bad status".into()))?;
         if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
             buf.advance(len);
             continue;
         }
-        let version = version(resp.version);
-        let f = collect(resp.headers)?;
+        let head = buf.split_to(len).freeze();
+        let f = collect(&head, &at[..n])?;
         let no_body = head_request
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
@@ -228,7 +293,6 @@ pub fn parse_response(
             keep_alive: keep_alive(version, &f) && body != BodyLen::Close,
             headers: f.headers,
             body,
-            len,
         }));
     }
 }
@@ -352,51 +416,84 @@ mod tests {
 
     #[test]
     fn request_heads_say_how_their_body_ends() {
-        let r = parse_request(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n{}",
-        )
+        let r = parse_request(&mut BytesMut::from(
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n{}"[..],
+        ))
         .unwrap()
         .unwrap();
         assert_eq!(r.method, Method::POST);
         assert_eq!(r.target, "/v1/chat/completions");
+        assert!(r.raw.ends_with(b"\r\n\r\n"));
         assert_eq!(r.body, BodyLen::Length(12));
         assert!(r.keep_alive && !r.special);
         assert_eq!(r.headers["host"], "x");
-        let r = parse_request(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
-            .unwrap()
-            .unwrap();
+        let r = parse_request(&mut BytesMut::from(
+            &b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
+        ))
+        .unwrap()
+        .unwrap();
         assert_eq!(r.body, BodyLen::Length(0));
         assert!(!r.keep_alive);
-        let r = parse_request(b"GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
-        assert_eq!(r.version, Version::HTTP_10);
-        assert!(!r.keep_alive);
-        let r = parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        let r = parse_request(&mut BytesMut::from(&b"GET / HTTP/1.0\r\n\r\n"[..]))
             .unwrap()
             .unwrap();
+        assert_eq!(r.version, Version::HTTP_10);
+        assert!(!r.keep_alive);
+        let r = parse_request(&mut BytesMut::from(
+            &b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+        ))
+        .unwrap()
+        .unwrap();
         assert_eq!(r.body, BodyLen::Chunked);
-        let r =
-            parse_request(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
-                .unwrap()
-                .unwrap();
+        let r = parse_request(&mut BytesMut::from(
+            &b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n"[..],
+        ))
+        .unwrap()
+        .unwrap();
         assert!(r.special);
         assert!(
-            parse_request(b"POST / HTTP/1.1\r\nHost: x\r\n")
+            parse_request(&mut BytesMut::from(&b"POST / HTTP/1.1\r\nHost: x\r\n"[..]))
                 .unwrap()
                 .is_none()
         );
     }
 
     #[test]
+    fn a_parsed_head_leaves_the_body_and_values_share_its_bytes() {
+        let mut buf =
+            BytesMut::from(&b"POST /x HTTP/1.1\r\nx-a: one\r\ncontent-length: 2\r\n\r\nhiNEXT"[..]);
+        let r = parse_request(&mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..], b"hiNEXT");
+        assert_eq!(r.headers["x-a"], "one");
+        assert_eq!(r.body, BodyLen::Length(2));
+        // A head that does not parse leaves the buffer whole.
+        let wire = &b"POST /x HTTP/1.1\r\nx-a: \x01\r\n\r\nbody"[..];
+        let mut buf = BytesMut::from(wire);
+        assert!(parse_request(&mut buf).is_err());
+        assert_eq!(&buf[..], wire);
+        let mut b = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"[..]);
+        parse_response(&mut b, false).unwrap().unwrap();
+        assert_eq!(&b[..], b"hello");
+    }
+
+    #[test]
     fn bad_request_heads_are_errors() {
         assert!(
-            parse_request(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
-                .is_err()
+            parse_request(&mut BytesMut::from(
+                &b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"[..]
+            ))
+            .is_err()
         );
-        assert!(parse_request(b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n").is_err());
-        assert!(parse_request(b"\x01\x02 nonsense\r\n\r\n").is_err());
+        assert!(
+            parse_request(&mut BytesMut::from(
+                &b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n"[..]
+            ))
+            .is_err()
+        );
+        assert!(parse_request(&mut BytesMut::from(&b"\x01\x02 nonsense\r\n\r\n"[..])).is_err());
         let huge = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD + 1));
         assert_eq!(
-            parse_request(huge.as_bytes()).unwrap_err(),
+            parse_request(&mut BytesMut::from(huge.as_bytes())).unwrap_err(),
             FramingError::HeadTooLarge
         );
     }

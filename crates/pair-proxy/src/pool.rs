@@ -9,10 +9,10 @@
 //! been read to its end. The pool holds only idle connections: the newest
 //! goes first, long-idle ones are closed as the list is scanned (and by the
 //! daemon's sweep on quiet loops). A connection the engine closed while it
-//! sat idle is noticed before use (a read that does not block finds its
-//! end), and if a reused connection still fails before any byte of the
-//! answer came back, the request goes out once more on a new connection:
-//! a keep-alive race, not an engine failure. Peers keep hyper-util's client
+//! sat idle for a while is noticed before use (a read that does not block
+//! finds its end), and if a reused connection still fails before any byte
+//! of the answer came back, the request goes out once more on a new
+//! connection: a keep-alive race, not an engine failure. Peers keep hyper-util's client
 //! (TLS).
 
 use std::pin::Pin;
@@ -38,6 +38,10 @@ const MAX_IDLE: usize = 256;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often the daemon sweeps idle connections out of quiet loops' pools.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// A connection idle for less than this is used without first checking
+/// that the engine kept it open (a system call on the request's path); if
+/// it did not, the request is retried on a new connection anyway.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bodies up to this size go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;
 
@@ -142,9 +146,11 @@ impl LocalPool {
                 continue;
             }
             if idle[i].to == *to {
-                let mut c = idle.swap_remove(i).conn;
-                if c.still_open() {
-                    return Some(c);
+                let Idle {
+                    mut conn, since, ..
+                } = idle.swap_remove(i);
+                if now.duration_since(since) < PROBE_AFTER || conn.still_open() {
+                    return Some(conn);
                 }
             }
         }
@@ -240,10 +246,14 @@ impl LocalPool {
         }
         conn.buf.clear();
         let head = loop {
-            match h1::parse_response(&mut conn.buf, req.head_request) {
-                Ok(Some(head)) => break head,
-                Ok(None) => {}
-                Err(e) => return Err(Failed::Error(DispatchError::Engine { source: e.into() })),
+            if !conn.buf.is_empty() {
+                match h1::parse_response(&mut conn.buf, req.head_request) {
+                    Ok(Some(head)) => break head,
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(Failed::Error(DispatchError::Engine { source: e.into() }));
+                    }
+                }
             }
             let got_nothing = conn.buf.is_empty();
             match tokio::io::AsyncReadExt::read_buf(&mut conn.tcp, &mut conn.buf).await {
@@ -258,7 +268,6 @@ impl LocalPool {
                 Err(e) => return Err(Failed::Error(DispatchError::Engine { source: e.into() })),
             }
         };
-        bytes::Buf::advance(&mut conn.buf, head.len);
         let state = match head.body {
             BodyLen::Length(n) => State::Length(n),
             BodyLen::Chunked => State::Chunked(Chunked::Size),

@@ -95,6 +95,8 @@ pub struct Relay<W: Watcher> {
     watcher: Option<W>,
     events: u32,
     ended: bool,
+    /// How it ended, once known; told to the watcher on drop.
+    ending: Option<Ending>,
 }
 
 impl<W: Watcher> std::fmt::Debug for Relay<W> {
@@ -123,6 +125,7 @@ impl<W: Watcher> Relay<W> {
             watcher: Some(watcher),
             events: 0,
             ended: false,
+            ending: None,
         }
     }
 
@@ -134,25 +137,29 @@ impl<W: Watcher> Relay<W> {
         }
     }
 
+    /// Notes how the answer ended; the watcher hears it when the relay is
+    /// dropped, i.e. after the server has written the last piece, so job
+    /// bookkeeping is not on the path of the answer's last byte.
     fn end(&mut self, ending: Ending) {
         self.ended = true;
-        if let Some(mut w) = self.watcher.take() {
-            w.finish(ending, self.events);
-        }
+        self.ending.get_or_insert(ending);
     }
 }
 
 impl<W: Watcher> Drop for Relay<W> {
     fn drop(&mut self) {
-        if !self.ended {
-            // A server stops polling once Content-Length bytes are out, so a
-            // whole answer may be dropped without its final `None`.
-            let ending = if self.first.is_none() && self.inner.is_end_stream() {
-                Ending::Completed
-            } else {
-                Ending::Cancelled
-            };
-            self.end(ending);
+        // A server stops polling once Content-Length bytes are out, so a
+        // whole answer may be dropped without its final `None`.
+        let ending =
+            self.ending
+                .take()
+                .unwrap_or(if self.first.is_none() && self.inner.is_end_stream() {
+                    Ending::Completed
+                } else {
+                    Ending::Cancelled
+                });
+        if let Some(mut w) = self.watcher.take() {
+            w.finish(ending, self.events);
         }
     }
 }
