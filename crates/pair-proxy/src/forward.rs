@@ -202,7 +202,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
             t0,
             node_name: name.clone(),
             guard,
-            _reservation: reservation,
+            reservation: Some(reservation),
         };
         let relay = Relay::new(first, upstream, framing, req.flavor, watcher);
         let mut out = Response::from_parts(parts, Body::new(relay));
@@ -453,7 +453,9 @@ struct JobWatcher {
     t0: Instant,
     node_name: String,
     guard: Option<LoadGuard>,
-    _reservation: Reservation,
+    /// Held until the answer's end: the scheduler counts this request on
+    /// its node until then.
+    reservation: Option<Reservation>,
 }
 
 impl Watcher for JobWatcher {
@@ -461,6 +463,11 @@ impl Watcher for JobWatcher {
         if let Some(g) = self.guard.as_mut() {
             g.progress(events);
         }
+    }
+
+    fn ended(&mut self) {
+        self.guard.take();
+        self.reservation.take();
     }
 
     fn finish(&mut self, ending: Ending, events: u32) {
@@ -494,7 +501,7 @@ impl Watcher for JobWatcher {
             .inc();
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
-        self.guard.take();
+        self.ended();
         self.st.finish_job(rec);
     }
 }

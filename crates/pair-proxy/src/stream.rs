@@ -79,10 +79,14 @@ pub enum Ending {
     Cancelled,
 }
 
-/// Told about progress and, exactly once, about the ending.
+/// Told about progress, that the answer has ended (as soon as it has:
+/// what counts it as load stops counting), and, exactly once and after
+/// the server is done with the answer, about the ending.
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
     fn progress(&mut self, events: u32);
+    /// The last piece has been handed to the server.
+    fn ended(&mut self);
     fn finish(&mut self, ending: Ending, events: u32);
 }
 
@@ -137,12 +141,17 @@ impl<W: Watcher> Relay<W> {
         }
     }
 
-    /// Notes how the answer ended; the watcher hears it when the relay is
-    /// dropped, i.e. after the server has written the last piece, so job
-    /// bookkeeping is not on the path of the answer's last byte.
+    /// Notes how the answer ended: the watcher stops counting it as load at
+    /// once (a client's next request must not see it in flight) and hears
+    /// the rest when the relay is dropped, i.e. after the server has
+    /// written the last piece, so job bookkeeping is not on the path of the
+    /// answer's last byte.
     fn end(&mut self, ending: Ending) {
         self.ended = true;
         self.ending.get_or_insert(ending);
+        if let Some(w) = self.watcher.as_mut() {
+            w.ended();
+        }
     }
 }
 
