@@ -237,8 +237,15 @@ pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
 /// choose; a `Connection: close` from an engine must not close the
 /// client's keep-alive connection.
 pub fn strip_response_hop_headers(h: &mut HeaderMap) {
-    // One pass over the (few) names first: usually there is nothing to do.
-    if !h.keys().any(|k| HOP_HEADERS.contains(k)) {
+    // One pass over the (few) names: which hop-by-hop headers are here
+    // (usually just `connection`). Removing an absent name still hashes it.
+    let mut present = 0u8;
+    for k in h.keys() {
+        if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == k) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
     // Engines mostly send `Connection: keep-alive` or `close`: those name
@@ -255,8 +262,10 @@ pub fn strip_response_hop_headers(h: &mut HeaderMap) {
     for name in named {
         h.remove(name);
     }
-    for name in &HOP_HEADERS {
-        h.remove(name);
+    for (i, name) in HOP_HEADERS.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            h.remove(name);
+        }
     }
 }
 

@@ -477,6 +477,16 @@ mod tests {
     }
 
     #[test]
+    fn header_names_match_in_any_case() {
+        let mut buf = BytesMut::from(
+            &b"GET / HTTP/1.1\r\nX-Custom-Thing: 1\r\nCoNtEnT-LeNgTh: 0\r\n\r\n"[..],
+        );
+        let r = parse_request(&mut buf).unwrap().unwrap();
+        assert_eq!(r.headers["x-custom-thing"], "1");
+        assert_eq!(r.body, BodyLen::Length(0));
+    }
+
+    #[test]
     fn bad_request_heads_are_errors() {
         assert!(
             parse_request(&mut BytesMut::from(
