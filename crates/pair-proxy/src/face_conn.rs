@@ -35,6 +35,10 @@ use crate::h1::{self, BodyLen};
 /// Data chunks larger than this are written on their own instead of being
 /// copied behind their head.
 const COPY_LIMIT: usize = 16 * 1024;
+/// A read buffer grown past this by a large body is replaced afterwards.
+const SHRINK_ABOVE: usize = 64 * 1024;
+/// Read ahead (pipelined requests) while an answer is pending, up to this.
+const WATCH_LIMIT: usize = 64 * 1024;
 
 /// A request, read whole, as the loop hands it over.
 pub(crate) type WholeRequest = http::Request<Bytes>;
@@ -125,7 +129,7 @@ async fn run<A: Answer>(
         if len > svc.body_cap() as u64 {
             // The body is never read: answer and close.
             let resp = svc.too_large(&head.method, uri.path());
-            write_response(&mut tcp, &mut out, resp, head_request, true).await?;
+            write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
             let _ = tcp.shutdown().await;
             return Ok(());
         }
@@ -143,29 +147,69 @@ async fn run<A: Answer>(
         *req.method_mut() = head.method;
         *req.uri_mut() = uri;
         *req.headers_mut() = head.headers;
-        let resp = svc.answer(req).await;
+        // A client that hangs up cancels its request (as with hyper): the
+        // engine slot, the reservation and the load it counts are freed.
+        let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req)).await else {
+            return Ok(());
+        };
         let close = !head.keep_alive || shutdown.is_cancelled();
-        write_response(&mut tcp, &mut out, resp, head_request, close).await?;
+        let close = write_response(&mut tcp, &mut buf, &mut out, resp, head_request, close).await?;
         if close {
             let _ = tcp.shutdown().await;
             return Ok(());
+        }
+        // A large body grew the buffer: do not keep its size for the
+        // connection's lifetime.
+        if buf.capacity() > SHRINK_ABOVE && buf.len() < 8 * 1024 {
+            let mut small = BytesMut::with_capacity(8 * 1024);
+            small.extend_from_slice(&buf);
+            buf = small;
+        }
+    }
+}
+
+/// Awaits `fut` while watching the client's side of the connection: `None`
+/// when the client closed it (`fut` is dropped, which cancels what it was
+/// doing). Bytes that arrive meanwhile (a pipelined request) stay in `buf`.
+async fn watching<F: Future>(tcp: &mut TcpStream, buf: &mut BytesMut, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if buf.len() >= WATCH_LIMIT {
+            // Enough pipelined requests are waiting; stop reading ahead.
+            return Some(fut.await);
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(8 * 1024);
+        }
+        tokio::select! {
+            biased;
+            out = fut.as_mut() => return Some(out),
+            r = tcp.read_buf(buf) => match r {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
         }
     }
 }
 
 /// Writes an answer: Content-Length when its size is known, chunked
-/// otherwise, each piece of a stream as it comes. An error from the body
-/// ends the connection (the client sees an incomplete answer, never a
-/// complete-looking one).
+/// otherwise, each piece of a stream as it comes, and says whether the
+/// connection must close after it (the app asked, or it could not be
+/// framed as declared). An error from the body, a body shorter or longer
+/// than it declared, or a client that hangs up ends the connection: the
+/// client sees an incomplete answer, never a complete-looking one, and
+/// the connection never falls out of step.
 async fn write_response(
     tcp: &mut TcpStream,
+    buf: &mut BytesMut,
     out: &mut Vec<u8>,
     resp: Response<Body>,
     head_request: bool,
     close: bool,
-) -> Result<(), &'static str> {
+) -> Result<bool, &'static str> {
     let (parts, mut body) = resp.into_parts();
     let status = parts.status;
+    let close = close || wants_close(&parts.headers);
     out.clear();
     h1::write_status_line(out, status);
     h1::write_headers(
@@ -176,6 +220,9 @@ async fn write_response(
                 && **name != header::CONNECTION
         }),
     );
+    if !parts.headers.contains_key(header::DATE) {
+        date::write(out);
+    }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -207,10 +254,16 @@ async fn write_response(
     }
     out.extend_from_slice(b"\r\n");
     if no_body {
-        return tcp.write_all(out).await.map_err(|_| "write failed");
+        tcp.write_all(out).await.map_err(|_| "write failed")?;
+        return Ok(close);
     }
+    // Bytes the declared Content-Length still allows.
+    let mut left = exact.unwrap_or(u64::MAX);
     while !body.is_end_stream() {
-        let Some(frame) = body.frame().await else {
+        let Some(frame) = watching(tcp, buf, body.frame()).await else {
+            return Err("client closed during the answer");
+        };
+        let Some(frame) = frame else {
             break;
         };
         let Ok(data) = frame.map_err(|_| "answer body failed")?.into_data() else {
@@ -219,6 +272,14 @@ async fn write_response(
         if data.is_empty() {
             continue;
         }
+        if data.len() as u64 > left {
+            // More than declared: what fits goes out, then the connection
+            // ends (the client sees a framing it can check).
+            out.extend_from_slice(&data[..usize::try_from(left).unwrap_or(0)]);
+            let _ = tcp.write_all(out).await;
+            return Err("answer longer than its content-length");
+        }
+        left -= data.len() as u64;
         if chunked {
             h1::write_chunk_size(out, data.len());
         }
@@ -245,7 +306,47 @@ async fn write_response(
     if !out.is_empty() {
         tcp.write_all(out).await.map_err(|_| "write failed")?;
     }
-    Ok(())
+    if exact.is_some() && left > 0 {
+        return Err("answer shorter than its content-length");
+    }
+    Ok(close)
+}
+
+/// Whether an answer's `Connection` header says `close`.
+fn wants_close(headers: &http::HeaderMap) -> bool {
+    headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+    })
+}
+
+/// The `Date` header (RFC 9110 §6.6.1), formatted once a second per thread.
+mod date {
+    use std::cell::RefCell;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static NOW: RefCell<(u64, Vec<u8>)> = const { RefCell::new((0, Vec::new())) };
+    }
+
+    pub(super) fn write(out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_secs();
+        NOW.with_borrow_mut(|(at, line)| {
+            if *at != second || line.is_empty() {
+                *at = second;
+                line.clear();
+                line.extend_from_slice(b"date: ");
+                line.extend_from_slice(httpdate::fmt_http_date(now).as_bytes());
+                line.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(line);
+        });
+    }
 }
 
 /// The rest of the connection goes to hyper, starting with what was read.
@@ -322,9 +423,41 @@ mod tests {
 
     /// Answers `fast METHOD PATH BODY` on this loop, `hyper METHOD PATH
     /// BODY` when hyper serves; `/stream` sends three chunks, `/fail` one
-    /// chunk then an error.
-    #[derive(Clone)]
-    struct Echo;
+    /// chunk then an error, `/short` declares 10 bytes and sends 3,
+    /// `/close` asks for the connection to close, `/hang` never answers
+    /// (and notes when it is dropped).
+    #[derive(Clone, Default)]
+    struct Echo {
+        cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    /// A body that declares more than it has.
+    struct Short(Option<Bytes>);
+
+    impl http_body::Body for Short {
+        type Data = Bytes;
+        type Error = io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, io::Error>>> {
+            Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(10)
+        }
+    }
+
+    /// Sets its flag when dropped.
+    struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
 
     impl hyper::service::Service<http::Request<Incoming>> for Echo {
         type Response = Response<Body>;
@@ -359,6 +492,18 @@ mod tests {
         async fn answer(&self, req: WholeRequest) -> Response<Body> {
             {
                 match req.uri().path() {
+                    "/hang" => {
+                        let _flag = DropFlag(self.cancelled.clone());
+                        std::future::pending::<()>().await;
+                        unreachable!()
+                    }
+                    "/short" => Response::new(Body::new(Short(Some(Bytes::from("abc"))))),
+                    "/close" => {
+                        let mut r = Response::new(Body::from("bye"));
+                        r.headers_mut()
+                            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+                        r
+                    }
                     "/stream" => {
                         let parts =
                             ["one ", "two ", "three"].map(|p| Ok::<_, io::Error>(Bytes::from(p)));
@@ -388,16 +533,33 @@ mod tests {
     }
 
     async fn start() -> (SocketAddr, CancellationToken) {
+        let (addr, shutdown, _) = start_echo().await;
+        (addr, shutdown)
+    }
+
+    async fn start_echo() -> (SocketAddr, CancellationToken, Echo) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
+        let echo = Echo::default();
+        let svc = echo.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                tokio::spawn(serve(tcp, Echo, token.clone()));
+                tokio::spawn(serve(tcp, svc.clone(), token.clone()));
             }
         });
-        (addr, shutdown)
+        (addr, shutdown, echo)
+    }
+
+    /// The answer without its `date` lines (checked to be there).
+    fn undated(got: &str, answers: usize) -> String {
+        let dates = got.matches("\r\ndate: ").count();
+        assert_eq!(dates, answers, "one date per answer: {got}");
+        got.split("\r\n")
+            .filter(|l| !l.starts_with("date: "))
+            .collect::<Vec<_>>()
+            .join("\r\n")
     }
 
     /// Writes `wire` and reads until the server closes the connection.
@@ -421,7 +583,7 @@ mod tests {
         )
         .await;
         assert_eq!(
-            got,
+            undated(&got, 2),
             "HTTP/1.1 200 OK\r\ncontent-length: 15\r\n\r\nfast POST /a hi\
              HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 12\r\n\r\nfast GET /b "
         );
@@ -496,6 +658,43 @@ mod tests {
         let got = exchange(addr, "HEAD /h HTTP/1.1\r\nconnection: close\r\n\r\n").await;
         assert!(got.contains("content-length: 13\r\n"), "{got}");
         assert!(got.ends_with("\r\n\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_hangs_up_cancels_its_request() {
+        let (addr, _, echo) = start_echo().await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /hang HTTP/1.1\r\n\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!echo.cancelled.load(std::sync::atomic::Ordering::SeqCst));
+        drop(tcp);
+        let t = std::time::Instant::now();
+        while !echo.cancelled.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the answer was not dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_shorter_than_declared_closes_the_connection() {
+        let (addr, _) = start().await;
+        // The second request is never answered: the first one's framing
+        // failed and the connection ended.
+        let got = exchange(addr, "GET /short HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n").await;
+        assert!(got.ends_with("content-length: 10\r\n\r\nabc"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn an_app_asking_to_close_closes() {
+        let (addr, _) = start().await;
+        let got = exchange(addr, "GET /close HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n").await;
+        assert!(
+            got.contains("connection: close\r\n") && got.ends_with("bye"),
+            "{got}"
+        );
     }
 
     #[tokio::test]

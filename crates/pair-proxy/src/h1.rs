@@ -80,6 +80,8 @@ fn version(v: Option<u8>) -> Version {
 struct Facts {
     headers: HeaderMap,
     length: Option<u64>,
+    /// A Transfer-Encoding header was present at all.
+    has_coding: bool,
     chunked: bool,
     other_coding: bool,
     close: bool,
@@ -122,6 +124,7 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
     let mut f = Facts {
         headers: HeaderMap::with_capacity(spans.len() + ROOM),
         length: None,
+        has_coding: false,
         chunked: false,
         other_coding: false,
         close: false,
@@ -140,26 +143,32 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
         let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
             .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
         if name == header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(raw_value)
+            // Digits only (Rust's parser would take a leading `+`).
+            let digits = raw_value.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return Err(FramingError::ContentLength);
+            }
+            let n = std::str::from_utf8(digits)
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                .and_then(|v| v.parse::<u64>().ok())
                 .ok_or(FramingError::ContentLength)?;
             if f.length.is_some_and(|m| m != n) {
                 return Err(FramingError::ContentLength);
             }
             f.length = Some(n);
         } else if name == header::TRANSFER_ENCODING {
-            // Chunked must be the last coding; anything else is read to
-            // the end of the connection (answers) or refused (requests).
+            // Chunked must be the last coding; anything else (an empty or
+            // unreadable value included) is read to the end of the
+            // connection (answers) or left to hyper (requests).
+            f.has_coding = true;
+            let mut last_chunked = false;
             for coding in value.to_str().unwrap_or("").split(',').map(str::trim) {
-                if coding.eq_ignore_ascii_case("chunked") {
-                    f.chunked = true;
-                    f.other_coding = false;
-                } else if !coding.is_empty() {
-                    f.chunked = false;
-                    f.other_coding = true;
+                if !coding.is_empty() {
+                    last_chunked = coding.eq_ignore_ascii_case("chunked");
                 }
             }
+            f.chunked = last_chunked;
+            f.other_coding = !last_chunked;
         } else if name == header::CONNECTION {
             for token in raw_value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -287,10 +296,15 @@ pub fn parse_response(
         } else {
             f.length.map_or(BodyLen::Close, BodyLen::Length)
         };
+        // A message with both Transfer-Encoding and Content-Length must
+        // not be followed on its connection (RFC 9112 §6.3), nor an upgrade.
+        let reusable = body != BodyLen::Close
+            && !(f.has_coding && f.length.is_some())
+            && status != StatusCode::SWITCHING_PROTOCOLS;
         return Ok(Some(ResponseHead {
             status,
             version,
-            keep_alive: keep_alive(version, &f) && body != BodyLen::Close,
+            keep_alive: keep_alive(version, &f) && reusable,
             headers: f.headers,
             body,
         }));
@@ -484,6 +498,47 @@ mod tests {
         let r = parse_request(&mut buf).unwrap().unwrap();
         assert_eq!(r.headers["x-custom-thing"], "1");
         assert_eq!(r.body, BodyLen::Length(0));
+    }
+
+    #[test]
+    fn framing_that_hyper_refuses_is_not_taken_here() {
+        for bad in [
+            &b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nContent-Length: 5 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+        ] {
+            assert_eq!(
+                parse_request(&mut BytesMut::from(bad)).unwrap_err(),
+                FramingError::ContentLength
+            );
+        }
+        // Any Transfer-Encoding on a request, readable or not, with or
+        // without a Content-Length: not framed by this loop.
+        for te in [&b"x\x80, chunked"[..], b"", b"gzip", b"chunked"] {
+            let mut wire = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: ".to_vec();
+            wire.extend_from_slice(te);
+            wire.extend_from_slice(b"\r\n\r\n");
+            let r = parse_request(&mut BytesMut::from(&wire[..]))
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                r.body,
+                BodyLen::Chunked,
+                "{:?}",
+                String::from_utf8_lossy(te)
+            );
+        }
+        // Answers: both headers, or an upgrade, and the connection is not reused.
+        let mut b = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"[..],
+        );
+        let r = parse_response(&mut b, false).unwrap().unwrap();
+        assert_eq!((r.body, r.keep_alive), (BodyLen::Chunked, false));
+        let mut b = BytesMut::from(&b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n"[..]);
+        assert!(!parse_response(&mut b, false).unwrap().unwrap().keep_alive);
+        let mut b = BytesMut::from(&b"HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n"[..]);
+        let r = parse_response(&mut b, false).unwrap().unwrap();
+        assert_eq!((r.body, r.keep_alive), (BodyLen::Length(0), true));
     }
 
     #[test]

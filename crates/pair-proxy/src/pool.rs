@@ -176,7 +176,11 @@ impl LocalPool {
         to: &Authority,
         req: Outgoing,
     ) -> Result<Response<EngineBody>, DispatchError> {
-        while let Some(conn) = self.take(to) {
+        // At most one pooled connection is tried: if the engine closed it
+        // under the request, the request goes out once more, on a new
+        // connection (an engine that reads requests and hangs up must not
+        // see one request once per idle connection).
+        if let Some(conn) = self.take(to) {
             match self.exchange(to, conn, true, &req).await {
                 Ok(resp) => return Ok(resp),
                 Err(Failed::Stale) => {}
@@ -623,7 +627,9 @@ mod tests {
         for i in 0..3 {
             let resp = pool.send(&to, get(&to, &format!("/r{i}"))).await.unwrap();
             assert_eq!(text(resp).await, format!("ok /r{i}"));
-            // Let the driver see the close (as time between requests would).
+            // Idle under a second: not probed, so the closed connection is
+            // found when the request gets no answer on it, and the
+            // request goes out again on a new one.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
@@ -695,6 +701,28 @@ mod tests {
         let resp = pool.send(&to, get(&to, "/vanish-if-reused")).await.unwrap();
         assert_eq!(text(resp).await, "ok /vanish-if-reused");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_engine_hanging_up_on_requests_sees_each_at_most_twice() {
+        // Five idle connections, then an engine that reads a request on a
+        // reused connection and hangs up.
+        let (to, accepted) = engine(0).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let sent: Vec<_> = (0..5).map(|_| pool.send(&to, get(&to, "/slow"))).collect();
+        for resp in futures_util::future::join_all(sent).await {
+            assert_eq!(text(resp.unwrap()).await, "ok /slow");
+        }
+        assert_eq!(pool.len(), 5);
+        let before = accepted.load(Ordering::SeqCst);
+        let resp = pool.send(&to, get(&to, "/vanish-if-reused")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /vanish-if-reused");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            before + 1,
+            "one pooled try, then one new connection"
+        );
+        assert_eq!(pool.len(), 5, "four untouched, one new back in the pool");
     }
 
     #[test]
