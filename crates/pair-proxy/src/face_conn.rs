@@ -39,6 +39,9 @@ const COPY_LIMIT: usize = 16 * 1024;
 const SHRINK_ABOVE: usize = 64 * 1024;
 /// Read ahead (pipelined requests) while an answer is pending, up to this.
 const WATCH_LIMIT: usize = 64 * 1024;
+/// How long an answer may be pending before the client's socket is
+/// watched for a hang-up.
+const WATCH_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A request, read whole, as the loop hands it over.
 pub(crate) type WholeRequest = http::Request<Bytes>;
@@ -149,7 +152,7 @@ async fn run<A: Answer>(
         *req.headers_mut() = head.headers;
         // A client that hangs up cancels its request (as with hyper): the
         // engine slot, the reservation and the load it counts are freed.
-        let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req)).await else {
+        let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req), true).await else {
             return Ok(());
         };
         let close = !head.keep_alive || shutdown.is_cancelled();
@@ -171,8 +174,23 @@ async fn run<A: Answer>(
 /// Awaits `fut` while watching the client's side of the connection: `None`
 /// when the client closed it (`fut` is dropped, which cancels what it was
 /// doing). Bytes that arrive meanwhile (a pipelined request) stay in `buf`.
-async fn watching<F: Future>(tcp: &mut TcpStream, buf: &mut BytesMut, fut: F) -> Option<F::Output> {
+/// `after_grace`: start watching only once `fut` has been pending for
+/// [`WATCH_GRACE`] (the first look at the socket after a request is a read
+/// that finds nothing, a system call most answers finish without needing).
+async fn watching<F: Future>(
+    tcp: &mut TcpStream,
+    buf: &mut BytesMut,
+    fut: F,
+    after_grace: bool,
+) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
+    if after_grace {
+        tokio::select! {
+            biased;
+            out = fut.as_mut() => return Some(out),
+            () = tokio::time::sleep(WATCH_GRACE) => {}
+        }
+    }
     loop {
         if buf.len() >= WATCH_LIMIT {
             // Enough pipelined requests are waiting; stop reading ahead.
@@ -260,7 +278,7 @@ async fn write_response(
     // Bytes the declared Content-Length still allows.
     let mut left = exact.unwrap_or(u64::MAX);
     while !body.is_end_stream() {
-        let Some(frame) = watching(tcp, buf, body.frame()).await else {
+        let Some(frame) = watching(tcp, buf, body.frame(), false).await else {
             return Err("client closed during the answer");
         };
         let Some(frame) = frame else {
