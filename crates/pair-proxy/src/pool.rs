@@ -95,6 +95,8 @@ struct Idle {
 pub struct LocalPool {
     connect_timeout: Duration,
     idle: Mutex<Vec<Idle>>,
+    /// Requests sent again because a pooled connection failed under them.
+    resent: std::sync::atomic::AtomicU64,
     /// Handed to answers so they can bring their connection back.
     me: Weak<LocalPool>,
 }
@@ -112,6 +114,7 @@ impl LocalPool {
         Arc::new_cyclic(|me| Self {
             connect_timeout: timeouts.connect,
             idle: Mutex::new(Vec::new()),
+            resent: std::sync::atomic::AtomicU64::new(0),
             me: me.clone(),
         })
     }
@@ -123,6 +126,12 @@ impl LocalPool {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Requests sent a second time because the pooled connection they
+    /// went out on turned out closed (a keep-alive race with the engine).
+    pub fn resent(&self) -> u64 {
+        self.resent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Closes connections idle past the idle timeout (a quiet loop would
@@ -183,7 +192,10 @@ impl LocalPool {
         if let Some(conn) = self.take(to) {
             match self.exchange(to, conn, true, &req).await {
                 Ok(resp) => return Ok(resp),
-                Err(Failed::Stale) => {}
+                Err(Failed::Stale) => {
+                    self.resent
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(Failed::Error(e)) => return Err(e),
             }
         }
@@ -701,6 +713,27 @@ mod tests {
         let resp = pool.send(&to, get(&to, "/vanish-if-reused")).await.unwrap();
         assert_eq!(text(resp).await, "ok /vanish-if-reused");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.resent(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_over_a_second_is_checked_before_use() {
+        // The engine closes each connection after one answer. Past the
+        // probe threshold the closed connection is found before the
+        // request is written: nothing is sent twice.
+        let (to, accepted) = engine(1).await;
+        let pool = LocalPool::new(Timeouts::default());
+        let resp = pool.send(&to, get(&to, "/a")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /a");
+        tokio::time::sleep(PROBE_AFTER + Duration::from_millis(100)).await;
+        let resp = pool.send(&to, get(&to, "/b")).await.unwrap();
+        assert_eq!(text(resp).await, "ok /b");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            pool.resent(),
+            0,
+            "found closed by the probe, not by a failed send"
+        );
     }
 
     #[tokio::test]
@@ -722,6 +755,7 @@ mod tests {
             before + 1,
             "one pooled try, then one new connection"
         );
+        assert_eq!(pool.resent(), 1);
         assert_eq!(pool.len(), 5, "four untouched, one new back in the pool");
     }
 
