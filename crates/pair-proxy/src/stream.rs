@@ -98,8 +98,8 @@ pub struct Relay<W: Watcher> {
     flavor: ApiFlavor,
     watcher: Option<W>,
     events: u32,
-    ended: bool,
-    /// How it ended, once known; told to the watcher on drop.
+    /// How it ended, once known (nothing more is read after); told to the
+    /// watcher on drop.
     ending: Option<Ending>,
 }
 
@@ -128,7 +128,6 @@ impl<W: Watcher> Relay<W> {
             flavor,
             watcher: Some(watcher),
             events: 0,
-            ended: false,
             ending: None,
         }
     }
@@ -147,7 +146,6 @@ impl<W: Watcher> Relay<W> {
     /// written the last piece, so job bookkeeping is not on the path of the
     /// answer's last byte.
     fn end(&mut self, ending: Ending) {
-        self.ended = true;
         self.ending.get_or_insert(ending);
         if let Some(w) = self.watcher.as_mut() {
             w.ended();
@@ -189,7 +187,7 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
             }
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
-        if this.ended {
+        if this.ending.is_some() {
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
@@ -228,7 +226,7 @@ impl<W: Watcher + Unpin> Body for Relay<W> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && (self.ended || self.inner.is_end_stream())
+        self.first.is_none() && (self.ending.is_some() || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
