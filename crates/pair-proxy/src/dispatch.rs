@@ -253,11 +253,9 @@ pub fn strip_response_hop_headers(h: &mut HeaderMap) {
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .flat_map(|v| crate::h1::tokens(v.as_bytes()))
+        .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close"))
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
         .collect();
     for name in named {
         h.remove(name);

@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Response, StatusCode, Version, header};
+use http::{Method, Response, Version, header};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -107,9 +107,7 @@ async fn run<A: Answer>(
                     Err(_) => return hand_over(tcp, buf, svc, shutdown).await,
                 }
             }
-            if buf.capacity() - buf.len() < 1024 {
-                buf.reserve(8 * 1024);
-            }
+            make_room(&mut buf);
             let n = tokio::select! {
                 biased;
                 r = tcp.read_buf(&mut buf) => r.map_err(|_| "read failed")?,
@@ -171,6 +169,13 @@ async fn run<A: Answer>(
     }
 }
 
+/// Room for the next read (`read_buf` reads only into spare capacity).
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(8 * 1024);
+    }
+}
+
 /// Awaits `fut` while watching the client's side of the connection: `None`
 /// when the client closed it (`fut` is dropped, which cancels what it was
 /// doing). Bytes that arrive meanwhile (a pipelined request) stay in `buf`.
@@ -196,9 +201,7 @@ async fn watching<F: Future>(
             // Enough pipelined requests are waiting; stop reading ahead.
             return Some(fut.await);
         }
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(8 * 1024);
-        }
+        make_room(buf);
         tokio::select! {
             biased;
             out = fut.as_mut() => return Some(out),
@@ -244,10 +247,7 @@ async fn write_response(
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    let no_body = head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
+    let no_body = h1::bodiless(status, head_request);
     let exact = if head_request {
         // What a GET would have carried, when the answer says.
         parts
@@ -262,11 +262,7 @@ async fn write_response(
     match exact {
         // These statuses never have a body, nor framing to say so.
         _ if no_body && !head_request => {}
-        Some(n) => {
-            out.extend_from_slice(b"content-length: ");
-            h1::write_decimal(out, n);
-            out.extend_from_slice(b"\r\n");
-        }
+        Some(n) => h1::write_content_length(out, n),
         None if chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         None => {}
     }
@@ -332,11 +328,10 @@ async fn write_response(
 
 /// Whether an answer's `Connection` header says `close`.
 fn wants_close(headers: &http::HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-    })
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| h1::tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close")))
 }
 
 /// The `Date` header (RFC 9110 §6.6.1), formatted once a second per thread.
@@ -545,7 +540,7 @@ mod tests {
 
         fn too_large(&self, _: &Method, _: &str) -> Response<Body> {
             let mut r = Response::new(Body::from("too large"));
-            *r.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            *r.status_mut() = http::StatusCode::PAYLOAD_TOO_LARGE;
             r
         }
     }

@@ -82,8 +82,8 @@ struct Facts {
     length: Option<u64>,
     /// A Transfer-Encoding header was present at all.
     has_coding: bool,
+    /// ... and its last coding is chunked.
     chunked: bool,
-    other_coding: bool,
     close: bool,
     keep_alive_token: bool,
     special: bool,
@@ -126,7 +126,6 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
         length: None,
         has_coding: false,
         chunked: false,
-        other_coding: false,
         close: false,
         keep_alive_token: false,
         special: false,
@@ -161,17 +160,11 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
             // unreadable value included) is read to the end of the
             // connection (answers) or left to hyper (requests).
             f.has_coding = true;
-            let mut last_chunked = false;
-            for coding in value.to_str().unwrap_or("").split(',').map(str::trim) {
-                if !coding.is_empty() {
-                    last_chunked = coding.eq_ignore_ascii_case("chunked");
-                }
-            }
-            f.chunked = last_chunked;
-            f.other_coding = !last_chunked;
+            f.chunked = tokens(raw_value)
+                .last()
+                .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
         } else if name == header::CONNECTION {
-            for token in raw_value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
+            for token in tokens(raw_value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     f.close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
@@ -186,6 +179,23 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
         f.headers.append(name, value);
     }
     Ok(f)
+}
+
+/// The non-empty items of a comma-separated header value, trimmed.
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether an answer with this status (to a HEAD request or not) carries
+/// no body, whatever its headers say (RFC 9112 §6.3).
+pub fn bodiless(status: StatusCode, head_request: bool) -> bool {
+    head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
 }
 
 fn keep_alive(v: Version, f: &Facts) -> bool {
@@ -234,8 +244,9 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
             return Err(e);
         }
     };
-    let body = if f.chunked || f.other_coding {
-        // Only chunked is valid on a request; the caller hands it to hyper.
+    let body = if f.has_coding {
+        // Only chunked is valid on a request, and any coding (readable or
+        // not) is the caller's to hand to hyper.
         BodyLen::Chunked
     } else {
         BodyLen::Length(f.length.unwrap_or(0))
@@ -245,7 +256,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
         target: head.slice(target),
         version,
         keep_alive: keep_alive(version, &f),
-        special: f.special || f.other_coding,
+        special: f.special,
         headers: f.headers,
         body,
         raw: head,
@@ -283,15 +294,11 @@ pub fn parse_response(
         }
         let head = buf.split_to(len).freeze();
         let f = collect(&head, &at[..n])?;
-        let no_body = head_request
-            || status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
-        let body = if no_body {
+        let body = if bodiless(status, head_request) {
             BodyLen::Length(0)
         } else if f.chunked {
             BodyLen::Chunked
-        } else if f.other_coding {
+        } else if f.has_coding {
             BodyLen::Close
         } else {
             f.length.map_or(BodyLen::Close, BodyLen::Length)
@@ -415,6 +422,13 @@ pub fn write_status_line(out: &mut Vec<u8>, status: StatusCode) {
 /// Appends a decimal number.
 pub fn write_decimal(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Appends a `content-length` line.
+pub fn write_content_length(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(b"content-length: ");
+    write_decimal(out, n);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Appends a chunk-size line (hex) for `n` bytes of data.

@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::uri::Authority;
 use http::{Method, Response};
 use http_body::{Frame, SizeHint};
@@ -245,43 +245,36 @@ impl LocalPool {
         reused: bool,
         req: &Outgoing,
     ) -> Result<Response<EngineBody>, Failed> {
-        let fail = |source: EngineError| {
-            if reused {
+        // Nothing came back on a reused connection: the engine had closed
+        // it (another connection may take the request).
+        let fail = |source: EngineError, got_nothing: bool| {
+            if reused && got_nothing {
                 Failed::Stale
             } else {
                 Failed::Error(DispatchError::Engine { source })
             }
         };
         if let Err(e) = conn.tcp.write_all(&req.wire).await {
-            return Err(fail(e.into()));
+            return Err(fail(e.into(), true));
         }
         if !req.rest.is_empty()
             && let Err(e) = conn.tcp.write_all(&req.rest).await
         {
-            return Err(fail(e.into()));
+            return Err(fail(e.into(), true));
         }
-        conn.buf.clear();
         let head = loop {
             if !conn.buf.is_empty() {
                 match h1::parse_response(&mut conn.buf, req.head_request) {
                     Ok(Some(head)) => break head,
                     Ok(None) => {}
-                    Err(e) => {
-                        return Err(Failed::Error(DispatchError::Engine { source: e.into() }));
-                    }
+                    Err(e) => return Err(fail(e.into(), false)),
                 }
             }
             let got_nothing = conn.buf.is_empty();
             match tokio::io::AsyncReadExt::read_buf(&mut conn.tcp, &mut conn.buf).await {
-                Ok(0) if got_nothing => return Err(fail(EngineError::Closed)),
-                Ok(0) => {
-                    return Err(Failed::Error(DispatchError::Engine {
-                        source: EngineError::Closed,
-                    }));
-                }
+                Ok(0) => return Err(fail(EngineError::Closed, got_nothing)),
                 Ok(_) => {}
-                Err(e) if got_nothing => return Err(fail(e.into())),
-                Err(e) => return Err(Failed::Error(DispatchError::Engine { source: e.into() })),
+                Err(e) => return Err(fail(e.into(), got_nothing)),
             }
         };
         let state = match head.body {
@@ -333,10 +326,7 @@ impl Outgoing {
         );
         let bodied = matches!(head.method, Method::POST | Method::PUT | Method::PATCH);
         if bodied || !body.is_empty() {
-            wire.extend_from_slice(header::CONTENT_LENGTH.as_str().as_bytes());
-            wire.extend_from_slice(b": ");
-            h1::write_decimal(&mut wire, body.len() as u64);
-            wire.extend_from_slice(b"\r\n");
+            h1::write_content_length(&mut wire, body.len() as u64);
         }
         wire.extend_from_slice(b"\r\n");
         let rest = if body.len() > COALESCE {
@@ -384,6 +374,12 @@ impl EngineBody {
         {
             pool.put(self.to.clone(), conn);
         }
+    }
+
+    /// The connection cannot carry anything more: dropped, body over.
+    fn abandon(&mut self) {
+        self.conn = None;
+        self.state = State::Done;
     }
 
     /// Data already buffered, in this body's framing.
@@ -435,8 +431,7 @@ impl http_body::Body for EngineBody {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    this.conn = None;
-                    this.state = State::Done;
+                    this.abandon();
                     return Poll::Ready(Some(Err(e)));
                 }
             }
@@ -453,8 +448,7 @@ impl http_body::Body for EngineBody {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => {
                     let ended = matches!(this.state, State::Close);
-                    this.conn = None;
-                    this.state = State::Done;
+                    this.abandon();
                     return Poll::Ready(if ended {
                         None
                     } else {
@@ -463,8 +457,7 @@ impl http_body::Body for EngineBody {
                 }
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => {
-                    this.conn = None;
-                    this.state = State::Done;
+                    this.abandon();
                     return Poll::Ready(Some(Err(e.into())));
                 }
             }
@@ -472,7 +465,8 @@ impl http_body::Body for EngineBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done | State::Length(0))
+        // A length body reaching 0 is finished at once (`finish`).
+        matches!(self.state, State::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
