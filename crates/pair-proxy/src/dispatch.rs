@@ -388,8 +388,17 @@ pub fn request<'a>(
             let headers = req.headers_mut();
             headers.reserve(head.headers.len() + 1);
             copy_headers(&head.headers, headers);
+            // The body goes on byte for byte: the client's own
+            // Content-Length is still right and costs nothing (hyper would
+            // format a new one).
             if len > 0 {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                let length = head
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .filter(|v| v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len))
+                    .cloned()
+                    .unwrap_or_else(|| HeaderValue::from(len));
+                headers.insert(header::CONTENT_LENGTH, length);
             }
             *req.uri_mut() = join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?;
             let fut = link.client.request(req);

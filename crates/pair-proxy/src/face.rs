@@ -106,9 +106,10 @@ async fn log_end(peer: SocketAddr, conn: impl Future<Output = Result<(), &'stati
     }
 }
 
-/// What serves a loopback connection: inference requests go straight to
-/// the executor (no router matching, no body boxing: this is the path
-/// every token takes); everything else goes through the face's router.
+/// What serves a loopback connection ([`face_conn`]): inference requests
+/// go straight to the executor (no router matching, no body boxing: this
+/// is the path every token takes); everything else goes through the
+/// face's router, as does all of a connection handed to hyper.
 #[derive(Clone)]
 struct FaceService {
     fs: FaceState,
@@ -122,18 +123,12 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceServi
         Box<dyn std::future::Future<Output = Result<Response<Body>, Self::Error>> + Send>,
     >;
 
+    /// The connections `face_conn` hands to hyper (HTTP/1.0, chunked or
+    /// `Expect` requests, upgrades): rare, so the router serves them all
+    /// (its fallback routes inference the same way).
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        let class = route::classify(req.method(), req.uri().path());
-        if matches!(class, RouteClass::Inference { .. }) {
-            let fs = self.fs.clone();
-            Box::pin(async move { Ok(serve_request(&fs, class, req).await) })
-        } else {
-            let app = self.app.clone();
-            Box::pin(async move {
-                use tower::ServiceExt;
-                app.oneshot(req.map(Body::new)).await
-            })
-        }
+        use tower::ServiceExt;
+        Box::pin(self.app.clone().oneshot(req.map(Body::new)))
     }
 }
 
@@ -220,17 +215,8 @@ async fn handle(State(fs): State<FaceState>, req: Request) -> Response<Body> {
     serve_request(&fs, class, req).await
 }
 
-/// Routes one request on a face; `B` is hyper's own body on the direct
-/// inference path and axum's for everything the router dispatches.
-async fn serve_request<B>(
-    fs: &FaceState,
-    class: RouteClass,
-    req: http::Request<B>,
-) -> Response<Body>
-where
-    B: http_body::Body<Data = Bytes> + Send,
-    B::Error: Into<axum::BoxError>,
-{
+/// Routes one request the router dispatched.
+async fn serve_request(fs: &FaceState, class: RouteClass, req: Request) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let flavor = match class {
         RouteClass::Inference { flavor, .. } => flavor,
