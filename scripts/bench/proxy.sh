@@ -92,6 +92,10 @@ for _ in range(16):
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 )"
+# One more free loopback port (for the optional variants).
+free_port() {
+    $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
 P_ENGINE=${PORTS[0]}
 P_NGX=${PORTS[1]}
 P_DEAD=${PORTS[2]} # nothing listens here: node A's own engine
@@ -295,9 +299,9 @@ if want face; then
     NGX_URL="http://127.0.0.1:$P_NGX/v1/chat/completions"
     FLOOR_URL="http://127.0.0.1:${PORTS[15]}/v1/chat/completions"
     if [ -n "${ALT_ARGS:-}${ALT_BIN:-}" ]; then
-        P_ALT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-        P_ALT2=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-        P_ALT3=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        P_ALT=$(free_port)
+        P_ALT2=$(free_port)
+        P_ALT3=$(free_port)
         EXTRA=${ALT_ARGS:-} BIN=${ALT_BIN:-$PAIR_NODE} start_node alt "$P_ENGINE" "$P_ALT" "$P_ALT2" "$P_ALT3"
         ALT_URL="http://127.0.0.1:$P_ALT2/v1/chat/completions"
         wait_routable "$ALT_URL"
@@ -311,7 +315,7 @@ if want face; then
         # A second floor variant, $FLOOR2 = its mode and worker count (default:
         # thread per core, 2 current-thread workers; "pinned" = one upstream
         # connection per client connection).
-        P_PINNED=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        P_PINNED=$(free_port)
         "$FLOOR" "127.0.0.1:$P_PINNED" "http://127.0.0.1:$P_ENGINE/" ${FLOOR2:-pool 2} >"$WORK/floor2.log" 2>&1 &
         PINNED_PID=$!
         PIDS+=($PINNED_PID)
@@ -319,7 +323,7 @@ if want face; then
         wait_http "http://127.0.0.1:$P_PINNED/health"
     fi
     if [ -x "$RAW" ]; then
-        P_RAW=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+        P_RAW=$(free_port)
         "$RAW" "127.0.0.1:$P_RAW" "127.0.0.1:$P_ENGINE" 2 >"$WORK/raw.log" 2>&1 &
         RAW_PID=$!
         PIDS+=($RAW_PID)

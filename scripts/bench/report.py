@@ -11,13 +11,10 @@ for line in open(env["TSV"]):
 def med(section, variant, conc, key):
     return statistics.median(r[key] for r in rows[(section, variant, conc)])
 
-def cpu(section, variant, conc):
-    vals = [r["cpu_us"] for r in rows[(section, variant, conc)] if "cpu_us" in r]
-    return f"{statistics.median(vals):.1f}" if vals else "—"
-
-def ctx(section, variant, conc):
-    vals = [r["ctx"] for r in rows[(section, variant, conc)] if "ctx" in r]
-    return f"{statistics.median(vals):.2f}" if vals else "—"
+def optional(section, variant, conc, key, digits):
+    """Median of a figure only some variants have (the proxies' own CPU)."""
+    vals = [r[key] for r in rows[(section, variant, conc)] if key in r]
+    return f"{statistics.median(vals):.{digits}f}" if vals else "—"
 
 def verdict(ok):
     return "PASS" if ok else "FAIL"
@@ -43,7 +40,7 @@ if "face" in sections:
             p50 = med("face", v, c, "p50_us")
             add = "—" if v == "direct" else f"{p50 - base:.0f}"
             w(f"| {c} | {v} | {p50:.0f} | {med('face', v, c, 'p99_us'):.0f} | "
-              f"{med('face', v, c, 'rps'):.0f} | {add} | {cpu('face', v, c)} | {ctx('face', v, c)} |")
+              f"{med('face', v, c, 'rps'):.0f} | {add} | {optional('face', v, c, 'cpu_us', 1)} | {optional('face', v, c, 'ctx', 2)} |")
     for c in (1, 32):
         d = med("face", "direct", c, "p50_us")
         ours = med("face", "pair", c, "p50_us") - d

@@ -36,6 +36,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+#[path = "support/workers.rs"]
+mod workers;
+
 type Answer = Response<BoxBody<Bytes, hyper::Error>>;
 
 /// Where a client connection's requests go.
@@ -179,14 +182,7 @@ async fn serve(listen: SocketAddr, base: Uri, pinned: bool) -> std::io::Result<(
 /// Thread per core: `workers` current-thread runtimes, each with its own
 /// pool; the acceptor (this thread) deals connections out round-robin.
 async fn serve_workers(listen: SocketAddr, base: Uri, workers: usize) -> std::io::Result<()> {
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        handles.push(rt.handle().clone());
-        std::thread::spawn(move || rt.block_on(std::future::pending::<()>()));
-    }
+    let handles = workers::spawn(workers)?;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let mut next = 0;
     loop {

@@ -15,6 +15,9 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+#[path = "support/workers.rs"]
+mod workers;
+
 const MAX_HEADERS: usize = 64;
 
 #[derive(serde::Deserialize)]
@@ -180,14 +183,7 @@ fn main() -> std::io::Result<()> {
         .parse()
         .map_err(std::io::Error::other)?;
     let workers: usize = args.get(3).and_then(|w| w.parse().ok()).unwrap_or(2);
-    let mut handles = Vec::new();
-    for _ in 0..workers {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        handles.push(rt.handle().clone());
-        std::thread::spawn(move || rt.block_on(std::future::pending::<()>()));
-    }
+    let handles = workers::spawn(workers)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
