@@ -465,11 +465,6 @@ impl Watcher for JobWatcher {
         }
     }
 
-    fn ended(&mut self) {
-        self.guard.take();
-        self.reservation.take();
-    }
-
     fn finish(&mut self, ending: Ending, events: u32) {
         let elapsed = self.t0.elapsed();
         let Some(mut rec) = self.record.take() else {
@@ -501,7 +496,8 @@ impl Watcher for JobWatcher {
             .inc();
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
-        self.ended();
+        self.guard.take();
+        self.reservation.take();
         self.st.finish_job(rec);
     }
 }

@@ -252,9 +252,6 @@ impl Watcher for LoadWatcher {
             g.progress(events);
         }
     }
-    fn ended(&mut self) {
-        self.0.take();
-    }
     fn finish(&mut self, _ending: Ending, _events: u32) {
         self.0.take();
     }

@@ -79,14 +79,10 @@ pub enum Ending {
     Cancelled,
 }
 
-/// Told about progress, that the answer has ended (as soon as it has:
-/// what counts it as load stops counting), and, exactly once and after
-/// the server is done with the answer, about the ending.
+/// Told about progress and, exactly once, about the ending.
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
     fn progress(&mut self, events: u32);
-    /// The last piece has been handed to the server.
-    fn ended(&mut self);
     fn finish(&mut self, ending: Ending, events: u32);
 }
 
@@ -98,8 +94,7 @@ pub struct Relay<W: Watcher> {
     flavor: ApiFlavor,
     watcher: Option<W>,
     events: u32,
-    /// How it ended, once known (nothing more is read after); told to the
-    /// watcher on drop.
+    /// How it ended, once known (nothing more is read after).
     ending: Option<Ending>,
 }
 
@@ -140,33 +135,28 @@ impl<W: Watcher> Relay<W> {
         }
     }
 
-    /// Notes how the answer ended: the watcher stops counting it as load at
-    /// once (a client's next request must not see it in flight) and hears
-    /// the rest when the relay is dropped, i.e. after the server has
-    /// written the last piece, so job bookkeeping is not on the path of the
-    /// answer's last byte.
+    /// The answer has ended: the watcher hears it at once, before the
+    /// server writes the last piece, so a client's next request sees this
+    /// one finished (its load released, its timing learned).
     fn end(&mut self, ending: Ending) {
         self.ending.get_or_insert(ending);
-        if let Some(w) = self.watcher.as_mut() {
-            w.ended();
+        if let Some(mut w) = self.watcher.take() {
+            w.finish(ending, self.events);
         }
     }
 }
 
 impl<W: Watcher> Drop for Relay<W> {
     fn drop(&mut self) {
-        // A server stops polling once Content-Length bytes are out, so a
-        // whole answer may be dropped without its final `None`.
-        let ending =
-            self.ending
-                .take()
-                .unwrap_or(if self.first.is_none() && self.inner.is_end_stream() {
-                    Ending::Completed
-                } else {
-                    Ending::Cancelled
-                });
-        if let Some(mut w) = self.watcher.take() {
-            w.finish(ending, self.events);
+        if self.ending.is_none() {
+            // A server stops polling once Content-Length bytes are out, so
+            // a whole answer may be dropped without its final `None`.
+            let ending = if self.first.is_none() && self.inner.is_end_stream() {
+                Ending::Completed
+            } else {
+                Ending::Cancelled
+            };
+            self.end(ending);
         }
     }
 }
