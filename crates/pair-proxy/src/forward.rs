@@ -26,7 +26,7 @@ use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop, RequestHead};
 use crate::error::json_error;
 use crate::load::LoadGuard;
-use crate::metrics::{FailoverLabels, RequestLabels, RouteMetrics};
+use crate::metrics::{FailoverLabels, RouteMetrics};
 use crate::route::Work;
 use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
@@ -379,14 +379,7 @@ fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String
 }
 
 fn count(st: &ProxyState, route: &'static str, status: u16, node: &str) {
-    st.metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            route,
-            status,
-            node: node.to_owned(),
-        })
-        .inc();
+    st.metrics.count_request(route, status, node);
 }
 
 /// Route receipt: which node served it, after how many tries, and (when
@@ -449,7 +442,7 @@ struct JobWatcher {
     /// Taken by `finish` (called once).
     record: Option<JobRecord>,
     route: &'static str,
-    metrics: RouteMetrics,
+    metrics: Arc<RouteMetrics>,
     t0: Instant,
     node_name: String,
     guard: Option<LoadGuard>,
@@ -487,13 +480,7 @@ impl Watcher for JobWatcher {
         };
         self.st
             .metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                route: self.route,
-                status: rec.http_status.unwrap_or(0),
-                node: std::mem::take(&mut self.node_name),
-            })
-            .inc();
+            .count_request(self.route, rec.http_status.unwrap_or(0), &self.node_name);
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
         self.guard.take();

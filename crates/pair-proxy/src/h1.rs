@@ -63,6 +63,9 @@ pub struct RequestHead {
 pub struct ResponseHead {
     pub status: StatusCode,
     pub version: Version,
+    /// Without this hop's framing: no `Transfer-Encoding`, no plain
+    /// `Connection` or `Keep-Alive`, and `Content-Length` only on an
+    /// answer without a body (`body` says how the body is framed).
     pub headers: HeaderMap,
     pub body: BodyLen,
     /// The connection may carry another request after this answer.
@@ -118,9 +121,21 @@ fn spans(base: &[u8], raw: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS
     raw.len()
 }
 
+/// Which headers [`collect`] leaves out of the map.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Requests: every header (the router and hyper's fallback see them).
+    All,
+    /// Answers: not this hop's framing (`Transfer-Encoding`, a plain
+    /// `Connection: keep-alive` or `close`, `Keep-Alive`), which the proxy
+    /// reads here and frames anew for its client; nor `Content-Length`
+    /// when a body follows (the body carries its exact length).
+    EndToEnd { length: bool },
+}
+
 /// Builds the header map from the head's bytes: values are slices of
 /// `head` (no copy, no allocation per header).
-fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
+fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingError> {
     let mut f = Facts {
         headers: HeaderMap::with_capacity(spans.len() + ROOM),
         length: None,
@@ -155,6 +170,9 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
                 return Err(FramingError::ContentLength);
             }
             f.length = Some(n);
+            if keep == (Keep::EndToEnd { length: false }) {
+                continue;
+            }
         } else if name == header::TRANSFER_ENCODING {
             // Chunked must be the last coding; anything else (an empty or
             // unreadable value included) is read to the end of the
@@ -163,16 +181,30 @@ fn collect(head: &Bytes, spans: &[Span]) -> Result<Facts, FramingError> {
             f.chunked = tokens(raw_value)
                 .last()
                 .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+            if keep != Keep::All {
+                continue;
+            }
         } else if name == header::CONNECTION {
+            // Whether it names only this hop's keep-alive (then an answer's
+            // copy is not kept: nothing else is for the proxy to remove).
+            let mut plain = true;
             for token in tokens(raw_value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     f.close = true;
                 } else if token.eq_ignore_ascii_case(b"keep-alive") {
                     f.keep_alive_token = true;
-                } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    f.special = true;
+                } else {
+                    plain = false;
+                    if token.eq_ignore_ascii_case(b"upgrade") {
+                        f.special = true;
+                    }
                 }
             }
+            if plain && keep != Keep::All {
+                continue;
+            }
+        } else if keep != Keep::All && name.as_str() == "keep-alive" {
+            continue;
         } else if name == header::EXPECT || name == header::UPGRADE {
             f.special = true;
         }
@@ -234,7 +266,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
         )
     };
     let head = buf.split_to(len).freeze();
-    let f = match collect(&head, &at[..n]) {
+    let f = match collect(&head, &at[..n], Keep::All) {
         Ok(f) => f,
         Err(e) => {
             // Put the head back for whoever serves the connection next.
@@ -293,8 +325,9 @@ pub fn parse_response(
             continue;
         }
         let head = buf.split_to(len).freeze();
-        let f = collect(&head, &at[..n])?;
-        let body = if bodiless(status, head_request) {
+        let bodiless = bodiless(status, head_request);
+        let f = collect(&head, &at[..n], Keep::EndToEnd { length: bodiless })?;
+        let body = if bodiless {
             BodyLen::Length(0)
         } else if f.chunked {
             BodyLen::Chunked
@@ -502,6 +535,43 @@ mod tests {
         let mut b = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"[..]);
         parse_response(&mut b, false).unwrap().unwrap();
         assert_eq!(&b[..], b"hello");
+    }
+
+    #[test]
+    fn answers_keep_only_end_to_end_headers() {
+        let parse = |wire: &[u8], head_request: bool| {
+            parse_response(&mut BytesMut::from(wire), head_request)
+                .unwrap()
+                .unwrap()
+        };
+        let r = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\
+              Keep-Alive: timeout=5\r\nContent-Length: 5\r\nServer: e\r\n\r\nhello",
+            false,
+        );
+        let names: Vec<&str> = r.headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["content-type", "server"]);
+        assert_eq!(r.body, BodyLen::Length(5));
+        assert!(r.keep_alive);
+        let r = parse(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            false,
+        );
+        assert!(r.headers.is_empty(), "{:?}", r.headers);
+        assert_eq!(r.body, BodyLen::Chunked);
+        assert!(!r.keep_alive);
+        // A HEAD answer's length says what a GET would carry: it stays.
+        let r = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", true);
+        assert_eq!(r.headers["content-length"], "42");
+        assert_eq!(r.body, BodyLen::Length(0));
+        // A Connection header that names other headers stays, for the
+        // proxy to remove them with it.
+        let r = parse(
+            b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nx-hop: 1\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        assert_eq!(r.headers["connection"], "x-hop");
+        assert_eq!(r.headers["x-hop"], "1");
     }
 
     #[test]

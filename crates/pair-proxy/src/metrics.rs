@@ -1,5 +1,7 @@
 //! Prometheus metrics of the request path, served at `/metrics`.
 
+use std::sync::{Arc, RwLock};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,8 +23,9 @@ pub struct RouteLabels {
 }
 
 /// One inference route's histograms, looked up once at start so the
-/// request path neither hashes labels nor takes the family's lock.
-#[derive(Clone, Debug)]
+/// request path neither hashes labels nor takes the family's lock (and
+/// holds them with one reference count, not three).
+#[derive(Debug)]
 pub struct RouteMetrics {
     pub ttft: Histogram,
     pub duration: Histogram,
@@ -58,8 +61,24 @@ pub struct Metrics {
     pub pending: Gauge,
     pub pressure: Gauge,
     pub peers: Gauge,
-    routes: Vec<(&'static str, RouteMetrics)>,
+    routes: Vec<(&'static str, Arc<RouteMetrics>)>,
+    /// `requests` counters already looked up: the request path finds its
+    /// counter with a short scan instead of hashing a label set (and
+    /// allocating the node's name) each time.
+    served: RwLock<Vec<(RequestKey, Counter)>>,
 }
+
+/// A [`RequestLabels`] without the allocation.
+#[derive(Debug)]
+struct RequestKey {
+    route: &'static str,
+    status: u16,
+    node: Box<str>,
+}
+
+/// Past this many label sets the cache stops growing (the family still
+/// counts every one).
+const SERVED_CACHE: usize = 256;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -127,7 +146,7 @@ impl Metrics {
                     duration: duration.get_or_create(&l).clone(),
                     attempts: attempts.get_or_create(&l).clone(),
                 };
-                (route, handles)
+                (route, Arc::new(handles))
             })
             .collect();
         Self {
@@ -142,21 +161,56 @@ impl Metrics {
             pressure,
             peers,
             routes,
+            served: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Counts one request answered on `route` with `status` by `node` (a
+    /// node name, or "none").
+    pub fn count_request(&self, route: &'static str, status: u16, node: &str) {
+        let hit = |(k, _): &&(RequestKey, Counter)| {
+            k.status == status && k.route == route && &*k.node == node
+        };
+        if let Ok(served) = self.served.read()
+            && let Some((_, c)) = served.iter().find(hit)
+        {
+            c.inc();
+            return;
+        }
+        let c = self
+            .requests
+            .get_or_create(&RequestLabels {
+                route,
+                status,
+                node: node.to_owned(),
+            })
+            .clone();
+        c.inc();
+        if let Ok(mut served) = self.served.write()
+            && served.len() < SERVED_CACHE
+            && !served.iter().any(|e| hit(&e))
+        {
+            let key = RequestKey {
+                route,
+                status,
+                node: node.into(),
+            };
+            served.push((key, c));
         }
     }
 
     /// The histograms of an inference route (one of
     /// [`crate::route::INFERENCE_ROUTES`]).
-    pub fn route(&self, route: &'static str) -> RouteMetrics {
+    pub fn route(&self, route: &'static str) -> Arc<RouteMetrics> {
         match self.routes.iter().find(|(r, _)| *r == route) {
-            Some((_, m)) => m.clone(),
+            Some((_, m)) => Arc::clone(m),
             None => {
                 let l = RouteLabels { route };
-                RouteMetrics {
+                Arc::new(RouteMetrics {
                     ttft: self.ttft.get_or_create(&l).clone(),
                     duration: self.duration.get_or_create(&l).clone(),
                     attempts: self.attempts.get_or_create(&l).clone(),
-                }
+                })
             }
         }
     }
@@ -178,17 +232,19 @@ mod tests {
     #[test]
     fn encodes_counters_and_histograms() {
         let m = Metrics::new();
-        m.requests
-            .get_or_create(&RequestLabels {
-                route: "/api/chat",
-                status: 200,
-                node: "a".into(),
-            })
-            .inc();
+        m.count_request("/api/chat", 200, "a");
+        m.count_request("/api/chat", 200, "a");
+        m.count_request("/api/chat", 502, "none");
         m.route("/api/chat").ttft.observe(0.012);
         let text = m.encode();
         assert!(
-            text.contains("pair_requests_total{route=\"/api/chat\",status=\"200\",node=\"a\"} 1"),
+            text.contains("pair_requests_total{route=\"/api/chat\",status=\"200\",node=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "pair_requests_total{route=\"/api/chat\",status=\"502\",node=\"none\"} 1"
+            ),
             "{text}"
         );
         assert!(
