@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Request, Response, Uri};
+use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -20,7 +20,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use pair_core::{NodeId, RetryAdvice};
 
-use crate::pool::{EngineBody, EngineError, LocalPool, Outgoing};
+use crate::pool::{EngineAnswer, EngineBody, EngineError, LocalPool, Outgoing};
+use crate::reply::Headers;
 
 pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -360,9 +361,57 @@ impl http_body::Body for UpBody {
     }
 }
 
+/// An answer's head from either kind of hop, and its body.
+#[derive(Debug)]
+pub struct Upstream {
+    pub status: StatusCode,
+    /// A local engine's fields as it sent them, or a peer's map; neither
+    /// with hop-by-hop headers.
+    pub headers: Headers,
+    pub body: UpBody,
+}
+
+impl Upstream {
+    fn engine(a: EngineAnswer) -> Self {
+        let headers = if a.names_hops {
+            // Its Connection header names other headers: remove them (rare,
+            // so done on a map).
+            let mut map = Headers::Raw(a.fields).into_map(0);
+            strip_response_hop_headers(&mut map);
+            Headers::Map(map)
+        } else {
+            Headers::Raw(a.fields)
+        };
+        Upstream {
+            status: a.status,
+            headers,
+            body: UpBody::Engine(a.body),
+        }
+    }
+
+    fn peer(resp: Response<Incoming>) -> Self {
+        let (parts, body) = resp.into_parts();
+        let mut map = parts.headers;
+        strip_response_hop_headers(&mut map);
+        Upstream {
+            status: parts.status,
+            headers: Headers::Map(map),
+            body: UpBody::Peer(body),
+        }
+    }
+
+    /// As a response (headers made into a map).
+    pub fn into_response(self) -> Response<UpBody> {
+        let mut resp = Response::new(self.body);
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.into_map(0);
+        resp
+    }
+}
+
 /// An attempt in flight: the response head arrives when it is ready.
 pub type Pending<'a> =
-    std::pin::Pin<Box<dyn Future<Output = Result<Response<UpBody>, DispatchError>> + Send + 'a>>;
+    std::pin::Pin<Box<dyn Future<Output = Result<Upstream, DispatchError>> + Send + 'a>>;
 
 /// Starts one attempt. No deadline of its own; callers put one around it.
 /// Local engines get an origin-form request on this loop's pool; peers the
@@ -378,7 +427,7 @@ pub fn request<'a>(
             let out = Outgoing::new(host, head, body);
             let to = to.clone();
             Ok(Box::pin(async move {
-                Ok(local.send(&to, out).await?.map(UpBody::Engine))
+                Ok(Upstream::engine(local.send(&to, out).await?))
             }))
         }
         Hop::Peer(link) => {
@@ -404,7 +453,7 @@ pub fn request<'a>(
             let fut = link.client.request(req);
             Ok(Box::pin(async move {
                 fut.await
-                    .map(|r| r.map(UpBody::Peer))
+                    .map(Upstream::peer)
                     .map_err(|source| DispatchError::Transport { source })
             }))
         }
@@ -421,7 +470,7 @@ pub(crate) fn host_value(to: &http::uri::Authority) -> Result<HeaderValue, Dispa
 }
 
 /// Sends one attempt and waits (up to the first-byte deadline) for the
-/// response head.
+/// response head; the answer comes without hop-by-hop headers.
 pub async fn send(
     local: &LocalPool,
     hop: &Hop,
@@ -431,7 +480,7 @@ pub async fn send(
 ) -> Result<Response<UpBody>, DispatchError> {
     let deadline = timeouts.first_byte;
     match tokio::time::timeout(deadline, request(local, hop, head, body)?).await {
-        Ok(r) => r,
+        Ok(r) => r.map(Upstream::into_response),
         Err(_) => Err(DispatchError::Deadline(deadline)),
     }
 }

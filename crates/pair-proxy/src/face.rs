@@ -29,6 +29,7 @@ use crate::error::json_error;
 use crate::face_conn::{self, WholeRequest};
 use crate::forward::{self, Inference};
 use crate::listing::{self, engine_answers};
+use crate::reply::Reply;
 use crate::route::{self, Listing, RouteClass};
 use crate::state::ProxyState;
 
@@ -137,14 +138,14 @@ impl face_conn::Answer for FaceService {
         self.fs.st.body_cap
     }
 
-    async fn answer(&self, req: WholeRequest) -> Response<Body> {
+    async fn answer(&self, req: WholeRequest) -> Reply {
         let class = route::classify(req.method(), req.uri().path());
         if matches!(class, RouteClass::Inference { .. }) {
             serve_whole(&self.fs, class, req).await
         } else {
             use tower::ServiceExt;
             match self.app.clone().oneshot(req.map(Body::from)).await {
-                Ok(resp) => resp,
+                Ok(resp) => resp.into(),
                 Err(never) => match never {},
             }
         }
@@ -226,11 +227,13 @@ async fn serve_request(fs: &FaceState, class: RouteClass, req: Request) -> Respo
         Ok(b) => b,
         Err(resp) => return resp(flavor),
     };
-    serve_whole(fs, class, http::Request::from_parts(parts, body)).await
+    serve_whole(fs, class, http::Request::from_parts(parts, body))
+        .await
+        .into_response()
 }
 
 /// Routes one request whose body has been read.
-async fn serve_whole(fs: &FaceState, class: RouteClass, req: WholeRequest) -> Response<Body> {
+async fn serve_whole(fs: &FaceState, class: RouteClass, req: WholeRequest) -> Reply {
     let st = &fs.st;
     let (parts, body) = req.into_parts();
     let head = RequestHead {
@@ -260,8 +263,8 @@ async fn serve_whole(fs: &FaceState, class: RouteClass, req: WholeRequest) -> Re
             )
             .await
         }
-        RouteClass::Listing(kind) => merged_listing(st, kind).await,
-        RouteClass::Passthrough => passthrough(st, fs.face, head, body).await,
+        RouteClass::Listing(kind) => merged_listing(st, kind).await.into(),
+        RouteClass::Passthrough => passthrough(st, fs.face, head, body).await.into(),
     }
 }
 
@@ -344,9 +347,7 @@ async fn passthrough(
     match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
-            let mut out = Response::from_parts(parts, Body::new(incoming));
-            dispatch::strip_response_hop_headers(out.headers_mut());
-            out
+            Response::from_parts(parts, Body::new(incoming))
         }
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,

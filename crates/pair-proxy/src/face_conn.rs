@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{SHUTDOWN_GRACE, serve_connection};
 use crate::h1::{self, BodyLen};
+use crate::reply::{Headers, Reply};
 
 /// Data chunks larger than this are written on their own instead of being
 /// copied behind their head.
@@ -62,7 +63,7 @@ pub(crate) trait Answer:
     fn body_cap(&self) -> usize;
     /// Answers one request. The future lives inside the connection's own
     /// (no allocation, no move per request).
-    fn answer(&self, req: WholeRequest) -> impl Future<Output = Response<Body>> + Send;
+    fn answer(&self, req: WholeRequest) -> impl Future<Output = Reply> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
 }
@@ -118,8 +119,9 @@ async fn run<A: Answer>(
             }
         };
         let uri = http::Uri::from_maybe_shared(head.target.clone());
-        let (BodyLen::Length(len), Ok(uri), Version::HTTP_11, false) =
-            (head.body, uri, head.version, head.special)
+        let headers = head.headers.to_map(0);
+        let (BodyLen::Length(len), Ok(uri), Ok(headers), Version::HTTP_11, false) =
+            (head.body, uri, headers, head.version, head.special)
         else {
             // Hyper serves the rest, from this head on.
             let mut read = BytesMut::from(&head.raw[..]);
@@ -129,7 +131,7 @@ async fn run<A: Answer>(
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
             // The body is never read: answer and close.
-            let resp = svc.too_large(&head.method, uri.path());
+            let resp = svc.too_large(&head.method, uri.path()).into();
             write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
             let _ = tcp.shutdown().await;
             return Ok(());
@@ -147,7 +149,7 @@ async fn run<A: Answer>(
         let mut req = http::Request::new(body);
         *req.method_mut() = head.method;
         *req.uri_mut() = uri;
-        *req.headers_mut() = head.headers;
+        *req.headers_mut() = headers;
         // A client that hangs up cancels its request (as with hyper): the
         // engine slot, the reservation and the load it counts are freed.
         let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req), true).await else {
@@ -224,40 +226,33 @@ async fn write_response(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
     out: &mut Vec<u8>,
-    resp: Response<Body>,
+    reply: Reply,
     head_request: bool,
     close: bool,
 ) -> Result<bool, &'static str> {
-    let (parts, mut body) = resp.into_parts();
-    let status = parts.status;
-    let close = close || wants_close(&parts.headers);
+    let status = reply.status;
+    let close = close || wants_close(&reply.headers);
     out.clear();
     h1::write_status_line(out, status);
-    h1::write_headers(
-        out,
-        parts.headers.iter().filter(|(name, _)| {
-            **name != header::CONTENT_LENGTH
-                && **name != header::TRANSFER_ENCODING
-                && **name != header::CONNECTION
-        }),
-    );
-    if !parts.headers.contains_key(header::DATE) {
+    reply.headers.write(out, &FRAMING);
+    if let Some(r) = &reply.receipt {
+        r.write(out);
+    }
+    if !reply.headers.contains(&header::DATE) {
         date::write(out);
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     let no_body = h1::bodiless(status, head_request);
-    let exact = if head_request {
-        // What a GET would have carried, when the answer says.
-        parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .or(body.size_hint().exact())
+    // What a GET would have carried, when a HEAD answer says.
+    let declared = if head_request {
+        reply.declared_length()
     } else {
-        body.size_hint().exact()
+        None
     };
+    let mut body = reply.body;
+    let exact = declared.or(body.size_hint().exact());
     let chunked = exact.is_none() && !no_body;
     match exact {
         // These statuses never have a body, nor framing to say so.
@@ -326,12 +321,24 @@ async fn write_response(
     Ok(close)
 }
 
-/// Whether an answer's `Connection` header says `close`.
-fn wants_close(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .any(|v| h1::tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close")))
+/// The framing headers an answer's own are not copied from: this loop
+/// frames each answer itself.
+const FRAMING: [header::HeaderName; 3] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+];
+
+/// Whether an answer's `Connection` header says `close` (an app's answer;
+/// an engine's or a peer's lost theirs as hop-by-hop headers).
+fn wants_close(headers: &Headers) -> bool {
+    match headers {
+        Headers::Map(m) => m
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| h1::tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close"))),
+        Headers::Raw(_) => false,
+    }
 }
 
 /// The `Date` header (RFC 9110 §6.6.1), formatted once a second per thread.
@@ -502,8 +509,8 @@ mod tests {
             64
         }
 
-        async fn answer(&self, req: WholeRequest) -> Response<Body> {
-            {
+        async fn answer(&self, req: WholeRequest) -> Reply {
+            let resp = {
                 match req.uri().path() {
                     "/hang" => {
                         let _flag = DropFlag(self.cancelled.clone());
@@ -535,7 +542,8 @@ mod tests {
                         String::from_utf8_lossy(req.body())
                     ))),
                 }
-            }
+            };
+            resp.into()
         }
 
         fn too_large(&self, _: &Method, _: &str) -> Response<Body> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
 use pair_core::{
     ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
@@ -27,6 +27,7 @@ use crate::dispatch::{self, DispatchError, Hop, RequestHead};
 use crate::error::json_error;
 use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteMetrics};
+use crate::reply::{self, Receipt, Reply};
 use crate::route::Work;
 use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
@@ -74,7 +75,7 @@ pub struct Inference {
 }
 
 /// Routes one inference request through the cluster.
-pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
+pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     let created_at_ms = now_ms();
     let t0 = Instant::now();
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
@@ -87,7 +88,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
                 "invalid_request",
                 &e.to_string(),
                 None,
-            );
+            )
+            .into();
         }
     };
     let cluster = st.cluster();
@@ -105,7 +107,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
                 facts.model
             ),
             Some(json!({ "model": facts.model, "nodes": cluster.len() })),
-        );
+        )
+        .into();
     }
 
     let job = JobId::from_uuid(uuid::Uuid::new_v4());
@@ -132,52 +135,48 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
         let attempt = async {
-            let resp = dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?
+            let mut up = dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?
                 .await
                 .map_err(AttemptError::Dispatch)?;
-            let status = resp.status();
-            let advice = RetryAdvice::for_status(status.as_u16(), true);
+            let advice = RetryAdvice::for_status(up.status.as_u16(), true);
             if advice.is_some_and(RetryAdvice::may_retry) {
-                return Err(AttemptError::Status(status));
+                return Err(AttemptError::Status(up.status));
             }
-            let (parts, mut upstream) = resp.into_parts();
             // Success: wait for the first body byte before committing, so an
             // engine that dies between head and body is still retried.
             let first = if advice.is_none() {
-                first_data(&mut upstream)
-                    .await
-                    .map_err(AttemptError::Body)?
+                first_data(&mut up.body).await.map_err(AttemptError::Body)?
             } else {
                 None
             };
-            Ok((status, parts, upstream, first))
+            Ok((up, first))
         };
-        let (status, parts, upstream, first) =
-            match tokio::time::timeout(st.timeouts.first_byte, attempt).await {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(AttemptError::Dispatch(e))) => {
-                    // Nothing reached the client: the next candidate.
-                    tracing::debug!(%node, error = %e, "attempt failed");
-                    fail(st, &mut attempts, node, name, e.class());
-                    continue;
+        let (up, first) = match tokio::time::timeout(st.timeouts.first_byte, attempt).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(AttemptError::Dispatch(e))) => {
+                // Nothing reached the client: the next candidate.
+                tracing::debug!(%node, error = %e, "attempt failed");
+                fail(st, &mut attempts, node, name, e.class());
+                continue;
+            }
+            Ok(Err(AttemptError::Status(status))) => {
+                if status == StatusCode::NOT_FOUND {
+                    refresh_inventory(&hop);
                 }
-                Ok(Err(AttemptError::Status(status))) => {
-                    if status == StatusCode::NOT_FOUND {
-                        refresh_inventory(&hop);
-                    }
-                    fail(st, &mut attempts, node, name, status.as_str());
-                    continue;
-                }
-                Ok(Err(AttemptError::Body(class))) => {
-                    fail(st, &mut attempts, node, name, class);
-                    continue;
-                }
-                Err(_) => {
-                    deadline_hit = true;
-                    fail(st, &mut attempts, node, name, "first-byte-timeout");
-                    continue;
-                }
-            };
+                fail(st, &mut attempts, node, name, status.as_str());
+                continue;
+            }
+            Ok(Err(AttemptError::Body(class))) => {
+                fail(st, &mut attempts, node, name, class);
+                continue;
+            }
+            Err(_) => {
+                deadline_hit = true;
+                fail(st, &mut attempts, node, name, "first-byte-timeout");
+                continue;
+            }
+        };
+        let status = up.status;
         attempts.push(Attempt {
             node,
             name: name.clone(),
@@ -192,7 +191,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         record.ttft_ms = Some(millis(ttft));
         let route_metrics = st.metrics.route(req.route);
         route_metrics.ttft.observe(ttft.as_secs_f64());
-        let framing = Framing::from_content_type(parts.headers.get(http::header::CONTENT_TYPE));
+        let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
         let explain = req.head.headers.contains_key(&EXPLAIN_HEADER);
         let watcher = JobWatcher {
             st: Arc::clone(st),
@@ -204,19 +203,24 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
             guard,
             reservation: Some(reservation),
         };
-        let relay = Relay::new(first, upstream, framing, req.flavor, watcher);
-        let mut out = Response::from_parts(parts, Body::new(relay));
-        dispatch::strip_response_hop_headers(out.headers_mut());
-        receipt(
-            st,
-            out.headers_mut(),
-            &name,
-            node,
-            attempts.len(),
-            job,
-            explain.then_some(cand),
-        );
-        return out;
+        let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
+        let node_receipt = if node == st.node.id {
+            st.receipt_self.clone()
+        } else {
+            crate::state::node_receipt(&name, node)
+        };
+        return Reply {
+            status,
+            headers: up.headers,
+            receipt: Some(Receipt {
+                node: node_receipt,
+                attempts: attempts.len(),
+                policy: st.policy().as_str(),
+                job,
+                why: explain.then(|| cand.to_string()),
+            }),
+            body: Body::new(relay),
+        };
     }
 
     // Every candidate failed before answering.
@@ -249,8 +253,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Response<Body> {
         Some(json!({ "attempts": attempts, "job": job })),
     );
     resp.headers_mut()
-        .insert("x-pair-attempts", attempts_value(attempts.len()));
-    resp
+        .insert(reply::ATTEMPTS, reply::attempts_value(attempts.len()));
+    resp.into()
 }
 
 /// A job record with what is known before any attempt.
@@ -380,56 +384,6 @@ fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String
 
 fn count(st: &ProxyState, route: &'static str, status: u16, node: &str) {
     st.metrics.count_request(route, status, node);
-}
-
-/// Route receipt: which node served it, after how many tries, and (when
-/// the client sent [`EXPLAIN_HEADER`]) why.
-fn receipt(
-    st: &ProxyState,
-    h: &mut http::HeaderMap,
-    name: &str,
-    node: NodeId,
-    attempts: usize,
-    job: JobId,
-    why: Option<&pair_scheduler::Candidate>,
-) {
-    let served_by = if node == st.node.id {
-        st.receipt_self.clone()
-    } else {
-        crate::state::node_receipt(name, node)
-    };
-    if let Some(v) = served_by {
-        h.insert(HeaderName::from_static("x-pair-node"), v);
-    }
-    h.insert(
-        HeaderName::from_static("x-pair-attempts"),
-        attempts_value(attempts),
-    );
-    h.insert(
-        HeaderName::from_static("x-pair-policy"),
-        HeaderValue::from_static(st.policy().as_str()),
-    );
-    if let Some(why) = why
-        && let Ok(v) = HeaderValue::from_str(&why.to_string())
-    {
-        h.insert(HeaderName::from_static("x-pair-route"), v);
-    }
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = job.as_uuid().hyphenated().encode_lower(&mut buf);
-    if let Ok(v) = HeaderValue::from_str(id) {
-        h.insert(HeaderName::from_static("x-pair-job"), v);
-    }
-}
-
-/// `x-pair-attempts`: static for the usual counts (`HeaderValue::from`
-/// allocates twice).
-fn attempts_value(n: usize) -> HeaderValue {
-    match n {
-        1 => HeaderValue::from_static("1"),
-        2 => HeaderValue::from_static("2"),
-        3 => HeaderValue::from_static("3"),
-        n => HeaderValue::from(n),
-    }
 }
 
 fn millis(d: Duration) -> u32 {

@@ -10,7 +10,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
 /// Most header lines a head may carry.
@@ -48,7 +48,7 @@ pub struct RequestHead {
     /// The request target as sent (origin form for the faces).
     pub target: Bytes,
     pub version: Version,
-    pub headers: HeaderMap,
+    pub headers: Fields,
     pub body: BodyLen,
     /// The client wants the connection kept after this exchange.
     pub keep_alive: bool,
@@ -66,7 +66,10 @@ pub struct ResponseHead {
     /// Without this hop's framing: no `Transfer-Encoding`, no plain
     /// `Connection` or `Keep-Alive`, and `Content-Length` only on an
     /// answer without a body (`body` says how the body is framed).
-    pub headers: HeaderMap,
+    pub fields: Fields,
+    /// Its `Connection` header (kept in `fields`) names other headers,
+    /// which are hop-by-hop too: the proxy must remove them.
+    pub names_hops: bool,
     pub body: BodyLen,
     /// The connection may carry another request after this answer.
     pub keep_alive: bool,
@@ -79,9 +82,9 @@ fn version(v: Option<u8>) -> Version {
     }
 }
 
-/// The header map, and the framing facts read on the way.
+/// The header fields, and the framing facts read on the way.
 struct Facts {
-    headers: HeaderMap,
+    fields: Fields,
     length: Option<u64>,
     /// A Transfer-Encoding header was present at all.
     has_coding: bool,
@@ -90,15 +93,89 @@ struct Facts {
     close: bool,
     keep_alive_token: bool,
     special: bool,
+    /// A `Connection` header names headers other than its own tokens.
+    names_hops: bool,
 }
-
-/// Room left in a response's header map for what the proxy adds (the
-/// route receipt), so adding it does not grow the map.
-const ROOM: usize = 6;
 
 /// Where one header's name and value lie in its head: (name start, name
 /// end, value start, value end); heads are at most [`MAX_HEAD`] bytes.
 type Span = (u32, u32, u32, u32);
+
+/// A head's header fields as they came: names and values are spans of the
+/// head's bytes (checked by httparse), neither copied nor hashed. The hot
+/// path reads the few it needs and writes the rest on as they are; a
+/// [`HeaderMap`] is built from them only where one is needed.
+#[derive(Clone, Debug, Default)]
+pub struct Fields {
+    head: Bytes,
+    spans: Vec<Span>,
+}
+
+impl Fields {
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// (name, value) pairs in the order they came; names as sent.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.spans.iter().map(|&(ns, ne, vs, ve)| {
+            (
+                &self.head[ns as usize..ne as usize],
+                &self.head[vs as usize..ve as usize],
+            )
+        })
+    }
+
+    /// The first value of `name` (names compare without regard to case).
+    pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
+        let want = name.as_str().as_bytes();
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(want))
+            .map(|(_, v)| v)
+    }
+
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Appends each field as a `name: value` line, unless `skip` says so.
+    pub fn write(&self, out: &mut Vec<u8>, skip: impl Fn(&[u8]) -> bool) {
+        for (name, value) in self.iter() {
+            if !skip(name) {
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
+    /// As a header map, with `room` for more; values share the head's bytes.
+    pub fn to_map(&self, room: usize) -> Result<HeaderMap, FramingError> {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + room);
+        for &(ns, ne, vs, ve) in &self.spans {
+            let name = &self.head[ns as usize..ne as usize];
+            let name = HeaderName::from_bytes(name).map_err(|_| {
+                FramingError::Head(format!(
+                    "bad header name {:?}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+            let value = HeaderValue::from_maybe_shared(self.head.slice(vs as usize..ve as usize))
+                .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
+            map.append(name, value);
+        }
+        Ok(map)
+    }
+}
+
+/// Room left in a response's header map for what the proxy adds (the
+/// route receipt), so adding it does not grow the map.
+pub const ROOM: usize = 6;
 
 /// httparse's header slots, left uninitialised (a 100-slot array of
 /// initialised headers is a 3 KiB memset per parse attempt).
@@ -121,7 +198,7 @@ fn spans(base: &[u8], raw: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS
     raw.len()
 }
 
-/// Which headers [`collect`] leaves out of the map.
+/// Which headers [`collect`] leaves out of the fields.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Keep {
     /// Requests: every header (the router and hyper's fallback see them).
@@ -133,30 +210,33 @@ enum Keep {
     EndToEnd { length: bool },
 }
 
-/// Builds the header map from the head's bytes: values are slices of
-/// `head` (no copy, no allocation per header).
+/// Reads the framing facts off a head's fields and keeps the fields `keep`
+/// says; names and values stay where they are in `head`.
 fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingError> {
     let mut f = Facts {
-        headers: HeaderMap::with_capacity(spans.len() + ROOM),
+        fields: Fields {
+            head: head.clone(),
+            spans: Vec::with_capacity(spans.len()),
+        },
         length: None,
         has_coding: false,
         chunked: false,
         close: false,
         keep_alive_token: false,
         special: false,
+        names_hops: false,
     };
-    for &(ns, ne, vs, ve) in spans {
-        let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
+    let answer = keep != Keep::All;
+    for &span in spans {
+        let (ns, ne, vs, ve) = (
+            span.0 as usize,
+            span.1 as usize,
+            span.2 as usize,
+            span.3 as usize,
+        );
+        let name = &head[ns..ne];
         let raw_value = &head[vs..ve];
-        let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| {
-            FramingError::Head(format!(
-                "bad header name {:?}",
-                String::from_utf8_lossy(&head[ns..ne])
-            ))
-        })?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
-            .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
-        if name == header::CONTENT_LENGTH {
+        if name.eq_ignore_ascii_case(b"content-length") {
             // Digits only (Rust's parser would take a leading `+`).
             let digits = raw_value.trim_ascii();
             if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
@@ -173,7 +253,7 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
             if keep == (Keep::EndToEnd { length: false }) {
                 continue;
             }
-        } else if name == header::TRANSFER_ENCODING {
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // Chunked must be the last coding; anything else (an empty or
             // unreadable value included) is read to the end of the
             // connection (answers) or left to hyper (requests).
@@ -181,10 +261,10 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
             f.chunked = tokens(raw_value)
                 .last()
                 .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
-            if keep != Keep::All {
+            if answer {
                 continue;
             }
-        } else if name == header::CONNECTION {
+        } else if name.eq_ignore_ascii_case(b"connection") {
             // Whether it names only this hop's keep-alive (then an answer's
             // copy is not kept: nothing else is for the proxy to remove).
             let mut plain = true;
@@ -200,15 +280,16 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
                     }
                 }
             }
-            if plain && keep != Keep::All {
+            f.names_hops |= !plain;
+            if plain && answer {
                 continue;
             }
-        } else if keep != Keep::All && name.as_str() == "keep-alive" {
-            continue;
-        } else if name == header::EXPECT || name == header::UPGRADE {
+        } else if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"upgrade") {
             f.special = true;
+        } else if answer && name.eq_ignore_ascii_case(b"keep-alive") {
+            continue;
         }
-        f.headers.append(name, value);
+        f.fields.spans.push(span);
     }
     Ok(f)
 }
@@ -289,7 +370,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
         version,
         keep_alive: keep_alive(version, &f),
         special: f.special,
-        headers: f.headers,
+        headers: f.fields,
         body,
         raw: head,
     }))
@@ -345,7 +426,8 @@ pub fn parse_response(
             status,
             version,
             keep_alive: keep_alive(version, &f) && reusable,
-            headers: f.headers,
+            names_hops: f.names_hops,
+            fields: f.fields,
             body,
         }));
     }
@@ -475,6 +557,10 @@ pub fn write_chunk_size(out: &mut Vec<u8>, n: usize) {
 mod tests {
     use super::*;
 
+    fn val<'f>(f: &'f Fields, name: &'static str) -> Option<&'f [u8]> {
+        f.get(&HeaderName::from_static(name))
+    }
+
     #[test]
     fn request_heads_say_how_their_body_ends() {
         let r = parse_request(&mut BytesMut::from(
@@ -487,7 +573,7 @@ mod tests {
         assert!(r.raw.ends_with(b"\r\n\r\n"));
         assert_eq!(r.body, BodyLen::Length(12));
         assert!(r.keep_alive && !r.special);
-        assert_eq!(r.headers["host"], "x");
+        assert_eq!(val(&r.headers, "host"), Some(&b"x"[..]));
         let r = parse_request(&mut BytesMut::from(
             &b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
         ))
@@ -525,7 +611,7 @@ mod tests {
             BytesMut::from(&b"POST /x HTTP/1.1\r\nx-a: one\r\ncontent-length: 2\r\n\r\nhiNEXT"[..]);
         let r = parse_request(&mut buf).unwrap().unwrap();
         assert_eq!(&buf[..], b"hiNEXT");
-        assert_eq!(r.headers["x-a"], "one");
+        assert_eq!(val(&r.headers, "x-a"), Some(&b"one"[..]));
         assert_eq!(r.body, BodyLen::Length(2));
         // A head that does not parse leaves the buffer whole.
         let wire = &b"POST /x HTTP/1.1\r\nx-a: \x01\r\n\r\nbody"[..];
@@ -549,20 +635,20 @@ mod tests {
               Keep-Alive: timeout=5\r\nContent-Length: 5\r\nServer: e\r\n\r\nhello",
             false,
         );
-        let names: Vec<&str> = r.headers.keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["content-type", "server"]);
+        let names: Vec<&[u8]> = r.fields.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"Content-Type"[..], b"Server"]);
         assert_eq!(r.body, BodyLen::Length(5));
         assert!(r.keep_alive);
         let r = parse(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
             false,
         );
-        assert!(r.headers.is_empty(), "{:?}", r.headers);
+        assert!(r.fields.is_empty(), "{:?}", r.fields);
         assert_eq!(r.body, BodyLen::Chunked);
         assert!(!r.keep_alive);
         // A HEAD answer's length says what a GET would carry: it stays.
         let r = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", true);
-        assert_eq!(r.headers["content-length"], "42");
+        assert_eq!(val(&r.fields, "content-length"), Some(&b"42"[..]));
         assert_eq!(r.body, BodyLen::Length(0));
         // A Connection header that names other headers stays, for the
         // proxy to remove them with it.
@@ -570,8 +656,9 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nx-hop: 1\r\nContent-Length: 0\r\n\r\n",
             false,
         );
-        assert_eq!(r.headers["connection"], "x-hop");
-        assert_eq!(r.headers["x-hop"], "1");
+        assert_eq!(val(&r.fields, "connection"), Some(&b"x-hop"[..]));
+        assert_eq!(val(&r.fields, "x-hop"), Some(&b"1"[..]));
+        assert!(r.names_hops);
     }
 
     #[test]
@@ -580,7 +667,10 @@ mod tests {
             &b"GET / HTTP/1.1\r\nX-Custom-Thing: 1\r\nCoNtEnT-LeNgTh: 0\r\n\r\n"[..],
         );
         let r = parse_request(&mut buf).unwrap().unwrap();
-        assert_eq!(r.headers["x-custom-thing"], "1");
+        assert_eq!(val(&r.headers, "x-custom-thing"), Some(&b"1"[..]));
+        let map = r.headers.to_map(0).unwrap();
+        assert_eq!(map["x-custom-thing"], "1");
+        assert_eq!(map["content-length"], "0");
         assert_eq!(r.body, BodyLen::Length(0));
     }
 

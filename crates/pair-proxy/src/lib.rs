@@ -27,6 +27,7 @@ pub mod loops;
 pub mod metrics;
 pub mod pool;
 pub mod relay;
+pub mod reply;
 pub mod route;
 pub mod state;
 pub mod stream;

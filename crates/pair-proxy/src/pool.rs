@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::uri::Authority;
-use http::{Method, Response};
+use http::{Method, StatusCode};
 use http_body::{Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::dispatch::{DispatchError, RequestHead, Timeouts, is_hop_header};
-use crate::h1::{self, BodyLen, Chunked, FramingError};
+use crate::h1::{self, BodyLen, Chunked, Fields, FramingError};
 
 /// Idle connections one loop keeps; past this, a finished connection is
 /// closed (a burst beyond any sane engine's concurrency).
@@ -180,11 +180,7 @@ impl LocalPool {
 
     /// Sends a request to the engine at `to` and waits for the answer's
     /// head.
-    pub async fn send(
-        &self,
-        to: &Authority,
-        req: Outgoing,
-    ) -> Result<Response<EngineBody>, DispatchError> {
+    pub async fn send(&self, to: &Authority, req: Outgoing) -> Result<EngineAnswer, DispatchError> {
         // At most one pooled connection is tried: if the engine closed it
         // under the request, the request goes out once more, on a new
         // connection (an engine that reads requests and hangs up must not
@@ -244,7 +240,7 @@ impl LocalPool {
         mut conn: Conn,
         reused: bool,
         req: &Outgoing,
-    ) -> Result<Response<EngineBody>, Failed> {
+    ) -> Result<EngineAnswer, Failed> {
         // Nothing came back on a reused connection: the engine had closed
         // it (another connection may take the request).
         let fail = |source: EngineError, got_nothing: bool| {
@@ -282,21 +278,22 @@ impl LocalPool {
             BodyLen::Chunked => State::Chunked(Chunked::Size),
             BodyLen::Close => State::Close,
         };
-        let mut resp = Response::new(EngineBody {
+        let mut body = EngineBody {
             conn: Some(conn),
             state,
             keep_alive: head.keep_alive,
             to: to.clone(),
             pool: self.me.clone(),
-        });
-        *resp.status_mut() = head.status;
-        *resp.version_mut() = head.version;
-        *resp.headers_mut() = head.headers;
-        let body = resp.body_mut();
+        };
         if matches!(body.state, State::Length(0)) {
             body.finish();
         }
-        Ok(resp)
+        Ok(EngineAnswer {
+            status: head.status,
+            fields: head.fields,
+            names_hops: head.names_hops,
+            body,
+        })
     }
 }
 
@@ -341,6 +338,17 @@ impl Outgoing {
             head_request: head.method == Method::HEAD,
         }
     }
+}
+
+/// An engine's answer: its head as read (the header fields left as they
+/// came, see [`h1::ResponseHead`]) and its body.
+#[derive(Debug)]
+pub struct EngineAnswer {
+    pub status: StatusCode,
+    pub fields: Fields,
+    /// See [`h1::ResponseHead::names_hops`].
+    pub names_hops: bool,
+    pub body: EngineBody,
 }
 
 #[derive(Debug)]
@@ -578,8 +586,8 @@ mod tests {
         )
     }
 
-    async fn text(resp: Response<EngineBody>) -> String {
-        let b = resp.into_body().collect().await.unwrap().to_bytes();
+    async fn text(resp: EngineAnswer) -> String {
+        let b = resp.body.collect().await.unwrap().to_bytes();
         String::from_utf8(b.to_vec()).unwrap()
     }
 
@@ -678,7 +686,7 @@ mod tests {
         let (to, _) = engine(0).await;
         let pool = LocalPool::new(Timeouts::default());
         let resp = pool.send(&to, get(&to, "/cut")).await.unwrap();
-        let err = resp.into_body().collect().await.unwrap_err();
+        let err = resp.body.collect().await.unwrap_err();
         assert!(matches!(err, EngineError::Closed), "{err}");
         assert_eq!(err.class(), "upstream-closed");
         assert!(pool.is_empty());

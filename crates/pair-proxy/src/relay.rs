@@ -223,11 +223,14 @@ async fn run_locally(
             } else {
                 None
             };
-            let framing = Framing::from_content_type(parts.headers.get(header::CONTENT_TYPE));
+            let framing = Framing::from_content_type(
+                parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .map(HeaderValue::as_bytes),
+            );
             let relay = Relay::new(first, incoming, framing, flavor, LoadWatcher(Some(guard)));
-            let mut out = Response::from_parts(parts, Body::new(relay));
-            dispatch::strip_response_hop_headers(out.headers_mut());
-            out
+            Response::from_parts(parts, Body::new(relay))
         }
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,

@@ -24,11 +24,11 @@ pub enum Framing {
 }
 
 impl Framing {
-    pub fn from_content_type(ct: Option<&http::HeaderValue>) -> Self {
-        let ct = ct.and_then(|v| v.to_str().ok()).unwrap_or("");
-        if ct.starts_with("application/x-ndjson") {
+    pub fn from_content_type(ct: Option<&[u8]>) -> Self {
+        let ct = ct.unwrap_or(b"");
+        if ct.starts_with(b"application/x-ndjson") {
             Framing::Ndjson
-        } else if ct.starts_with("text/event-stream") {
+        } else if ct.starts_with(b"text/event-stream") {
             Framing::Sse
         } else {
             Framing::Whole
@@ -264,9 +264,12 @@ mod tests {
     #[test]
     fn framing_from_content_type() {
         let v = http::HeaderValue::from_static("text/event-stream; charset=utf-8");
-        assert_eq!(Framing::from_content_type(Some(&v)), Framing::Sse);
+        assert_eq!(Framing::from_content_type(Some(v.as_bytes())), Framing::Sse);
         let v = http::HeaderValue::from_static("application/x-ndjson");
-        assert_eq!(Framing::from_content_type(Some(&v)), Framing::Ndjson);
+        assert_eq!(
+            Framing::from_content_type(Some(v.as_bytes())),
+            Framing::Ndjson
+        );
         assert_eq!(Framing::from_content_type(None), Framing::Whole);
     }
 }

@@ -1,0 +1,262 @@
+//! An answer on its way back to a client: status, headers, the route
+//! receipt and a body.
+//!
+//! A local engine's headers stay as the engine wrote them ([`Fields`]: spans
+//! of its head's bytes) and the receipt as a few values, so the loopback
+//! face (`face_conn`) writes both straight into its output, with no header
+//! map built, hashed or dropped per request. Whatever hyper serves (the
+//! fallback connections, the router) gets a [`Response`] from
+//! [`Reply::into_response`].
+
+use axum::body::Body;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use pair_core::JobId;
+
+use crate::h1::{self, Fields};
+
+/// Where an answer's headers are.
+#[derive(Debug)]
+pub enum Headers {
+    /// A local engine's, as it sent them, less its framing headers.
+    Raw(Fields),
+    /// A built map, already without hop-by-hop headers.
+    Map(HeaderMap),
+}
+
+impl Headers {
+    /// The first value of `name`.
+    pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
+        match self {
+            Headers::Raw(f) => f.get(name),
+            Headers::Map(m) => m.get(name).map(HeaderValue::as_bytes),
+        }
+    }
+
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// As a map, with `room` for more headers. Engine fields that a map
+    /// cannot hold (httparse accepts a few values `http` refuses) are
+    /// dropped with a warning rather than failing the answer.
+    pub fn into_map(self, room: usize) -> HeaderMap {
+        match self {
+            Headers::Map(m) => m,
+            Headers::Raw(f) => f.to_map(room).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "engine answer header not representable");
+                let mut m = HeaderMap::with_capacity(f.len() + room);
+                for (name, value) in f.iter() {
+                    if let (Ok(n), Ok(v)) =
+                        (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+                    {
+                        m.append(n, v);
+                    }
+                }
+                m
+            }),
+        }
+    }
+
+    /// Appends each header as a line, less those `skip` names.
+    pub fn write(&self, out: &mut Vec<u8>, skip: &[HeaderName]) {
+        match self {
+            Headers::Raw(f) => f.write(out, |name| {
+                skip.iter()
+                    .any(|s| name.eq_ignore_ascii_case(s.as_str().as_bytes()))
+            }),
+            Headers::Map(m) => {
+                h1::write_headers(out, m.iter().filter(|(name, _)| !skip.contains(name)));
+            }
+        }
+    }
+}
+
+/// The route receipt every routed answer carries: `x-pair-node`,
+/// `x-pair-attempts`, `x-pair-policy`, `x-pair-job`, and `x-pair-route`
+/// when the client asked why.
+#[derive(Debug)]
+pub struct Receipt {
+    /// `name (uuid)` of the node that served it.
+    pub node: Option<HeaderValue>,
+    pub attempts: usize,
+    pub policy: &'static str,
+    pub job: JobId,
+    pub why: Option<String>,
+}
+
+const NODE: HeaderName = HeaderName::from_static("x-pair-node");
+pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-pair-attempts");
+const POLICY: HeaderName = HeaderName::from_static("x-pair-policy");
+const ROUTE: HeaderName = HeaderName::from_static("x-pair-route");
+const JOB: HeaderName = HeaderName::from_static("x-pair-job");
+
+impl Receipt {
+    fn job_id<'b>(&self, buf: &'b mut [u8; uuid::fmt::Hyphenated::LENGTH]) -> &'b str {
+        self.job.as_uuid().hyphenated().encode_lower(buf)
+    }
+
+    /// Appends the receipt as header lines.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut line = |name: &HeaderName, value: &[u8]| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        };
+        if let Some(v) = &self.node {
+            line(&NODE, v.as_bytes());
+        }
+        line(&ATTEMPTS, attempts_value(self.attempts).as_bytes());
+        line(&POLICY, self.policy.as_bytes());
+        if let Some(why) = self.why.as_deref().filter(|w| valid_value(w)) {
+            line(&ROUTE, why.as_bytes());
+        }
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        line(&JOB, self.job_id(&mut buf).as_bytes());
+    }
+
+    /// Inserts the receipt into a header map.
+    pub fn insert(self, h: &mut HeaderMap) {
+        if let Some(v) = self.node.clone() {
+            h.insert(NODE, v);
+        }
+        h.insert(ATTEMPTS, attempts_value(self.attempts));
+        h.insert(POLICY, HeaderValue::from_static(self.policy));
+        if let Some(v) = self
+            .why
+            .as_deref()
+            .and_then(|w| HeaderValue::from_str(w).ok())
+        {
+            h.insert(ROUTE, v);
+        }
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        if let Ok(v) = HeaderValue::from_str(self.job_id(&mut buf)) {
+            h.insert(JOB, v);
+        }
+    }
+}
+
+/// What `HeaderValue::from_str` accepts (no control bytes but tab), so a
+/// written receipt and an inserted one say the same.
+fn valid_value(s: &str) -> bool {
+    s.bytes().all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
+}
+
+/// `x-pair-attempts`: static for the usual counts (`HeaderValue::from`
+/// allocates twice).
+pub fn attempts_value(n: usize) -> HeaderValue {
+    match n {
+        1 => HeaderValue::from_static("1"),
+        2 => HeaderValue::from_static("2"),
+        3 => HeaderValue::from_static("3"),
+        n => HeaderValue::from(n),
+    }
+}
+
+/// An answer for the client.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: Headers,
+    pub receipt: Option<Receipt>,
+    pub body: Body,
+}
+
+impl Reply {
+    /// As a response for hyper: engine fields made into a map, the
+    /// receipt inserted.
+    pub fn into_response(self) -> Response<Body> {
+        let room = if self.receipt.is_some() { h1::ROOM } else { 0 };
+        let mut headers = self.headers.into_map(room);
+        if let Some(r) = self.receipt {
+            r.insert(&mut headers);
+        }
+        let mut resp = Response::new(self.body);
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = headers;
+        resp
+    }
+
+    /// The headers an answer to a HEAD request would have had framed by:
+    /// its declared `Content-Length`.
+    pub fn declared_length(&self) -> Option<u64> {
+        let v = self.headers.get(&header::CONTENT_LENGTH)?;
+        std::str::from_utf8(v).ok()?.trim().parse().ok()
+    }
+}
+
+impl From<Response<Body>> for Reply {
+    fn from(resp: Response<Body>) -> Self {
+        let (parts, body) = resp.into_parts();
+        Reply {
+            status: parts.status,
+            headers: Headers::Map(parts.headers),
+            receipt: None,
+            body,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(why: Option<&str>) -> Receipt {
+        Receipt {
+            node: Some(HeaderValue::from_static(
+                "a (00000000-0000-0000-0000-000000000001)",
+            )),
+            attempts: 2,
+            policy: "predicted-latency",
+            job: JobId::from_uuid(uuid::Uuid::from_u128(7)),
+            why: why.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_written_receipt_says_what_an_inserted_one_does() {
+        for why in [None, Some("score 1.5 (local)"), Some("bad\nvalue")] {
+            let mut lines = Vec::new();
+            receipt(why).write(&mut lines);
+            let mut map = HeaderMap::new();
+            receipt(why).insert(&mut map);
+            let mut from_map = Vec::new();
+            h1::write_headers(&mut from_map, &map);
+            let sorted = |b: &[u8]| {
+                let mut l: Vec<Vec<u8>> = b.split(|&c| c == b'\n').map(<[u8]>::to_vec).collect();
+                l.sort();
+                l
+            };
+            assert_eq!(sorted(&lines), sorted(&from_map), "why = {why:?}");
+        }
+        let mut lines = Vec::new();
+        receipt(None).write(&mut lines);
+        let text = String::from_utf8(lines).unwrap();
+        assert!(text.contains("x-pair-attempts: 2\r\n"), "{text}");
+        assert!(
+            text.contains("x-pair-job: 00000000-0000-0000-0000-000000000007\r\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn raw_headers_read_and_write_like_a_map() {
+        let mut buf = bytes::BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Engine: e\r\nContent-Length: 2\r\n\r\nhi"[..],
+        );
+        let head = h1::parse_response(&mut buf, false).unwrap().unwrap();
+        let raw = Headers::Raw(head.fields);
+        assert_eq!(raw.get(&header::CONTENT_TYPE), Some(&b"text/plain"[..]));
+        assert!(
+            !raw.contains(&header::CONTENT_LENGTH),
+            "framing is the proxy's"
+        );
+        let mut out = Vec::new();
+        raw.write(&mut out, &[HeaderName::from_static("x-engine")]);
+        assert_eq!(out, b"Content-Type: text/plain\r\n");
+        let map = raw.into_map(0);
+        assert_eq!(map.len(), 2);
+        assert_eq!(map["x-engine"], "e");
+    }
+}
