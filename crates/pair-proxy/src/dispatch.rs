@@ -224,12 +224,24 @@ const HOP_HEADERS: [HeaderName; 7] = [
 
 /// Not copied onto a request to the next hop: the hop-by-hop headers, the
 /// proxy credentials meant for us, and those the client library sets.
-pub(crate) fn is_hop_header(name: &HeaderName) -> bool {
-    HOP_HEADERS.contains(name)
-        || *name == header::PROXY_AUTHENTICATE
-        || *name == header::PROXY_AUTHORIZATION
-        || *name == header::HOST
-        || *name == header::CONTENT_LENGTH
+const NOT_FORWARDED: [&[u8]; 11] = [
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"host",
+    b"content-length",
+];
+
+/// Whether a request header stays with this hop (see [`NOT_FORWARDED`]);
+/// `name` in any case.
+pub(crate) fn is_hop_header(name: &[u8]) -> bool {
+    crate::h1::is_one_of(name, &NOT_FORWARDED)
 }
 
 /// Removes an upstream answer's hop-by-hop headers before it goes to the
@@ -269,10 +281,26 @@ pub fn strip_response_hop_headers(h: &mut HeaderMap) {
 }
 
 /// Copies end-to-end headers.
-pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
-    for (name, value) in from {
-        if !is_hop_header(name) {
-            to.append(name.clone(), value.clone());
+pub fn copy_headers(from: &Headers, to: &mut HeaderMap) {
+    match from {
+        Headers::Map(m) => {
+            for (name, value) in m {
+                if !is_hop_header(name.as_str().as_bytes()) {
+                    to.append(name.clone(), value.clone());
+                }
+            }
+        }
+        Headers::Raw(f) => {
+            for (name, value) in f.iter() {
+                if is_hop_header(name) {
+                    continue;
+                }
+                if let (Ok(n), Ok(v)) =
+                    (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+                {
+                    to.append(n, v);
+                }
+            }
         }
     }
 }
@@ -295,7 +323,7 @@ pub struct RequestHead {
     pub method: http::Method,
     /// Path and query as the client sent them.
     pub path_and_query: PathAndQuery,
-    pub headers: HeaderMap,
+    pub headers: Headers,
 }
 
 /// An answer's body from either kind of hop.
@@ -443,9 +471,14 @@ pub fn request<'a>(
             if len > 0 {
                 let length = head
                     .headers
-                    .get(header::CONTENT_LENGTH)
-                    .filter(|v| v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) == Some(len))
-                    .cloned()
+                    .get(&header::CONTENT_LENGTH)
+                    .filter(|v| {
+                        std::str::from_utf8(v)
+                            .ok()
+                            .and_then(|v| v.parse::<usize>().ok())
+                            == Some(len)
+                    })
+                    .and_then(|v| HeaderValue::from_bytes(v).ok())
                     .unwrap_or_else(|| HeaderValue::from(len));
                 headers.insert(header::CONTENT_LENGTH, length);
             }
@@ -499,9 +532,42 @@ mod tests {
         from.insert("authorization", HeaderValue::from_static("Bearer k"));
         from.insert("content-type", HeaderValue::from_static("application/json"));
         let mut to = HeaderMap::new();
-        copy_headers(&from, &mut to);
+        copy_headers(&Headers::Map(from), &mut to);
         assert_eq!(to.len(), 2);
         assert!(to.contains_key("authorization"));
+    }
+
+    #[test]
+    fn raw_request_fields_lose_hop_headers_in_any_case() {
+        let mut buf = bytes::BytesMut::from(
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHOST: x\r\nConnection: keep-alive\r\n\
+               Content-Length: 2\r\nAuthorization: Bearer k\r\nProxy-Authorization: p\r\n\
+               Content-Type: application/json\r\n\r\n{}"[..],
+        );
+        let head = crate::h1::parse_request(&mut buf).unwrap().unwrap();
+        let raw = Headers::Raw(head.headers);
+        let mut to = HeaderMap::new();
+        copy_headers(&raw, &mut to);
+        let mut names: Vec<&str> = to.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["authorization", "content-type"]);
+        // The engine's request line and headers, written from the fields.
+        let out = Outgoing::new(
+            &HeaderValue::from_static("127.0.0.1:9"),
+            &RequestHead {
+                method: http::Method::POST,
+                path_and_query: PathAndQuery::from_static("/v1/chat/completions"),
+                headers: raw,
+            },
+            Bytes::from_static(b"{}"),
+        );
+        let wire = String::from_utf8(out.wire().to_vec()).unwrap();
+        assert_eq!(
+            wire,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:9\r\n\
+             Authorization: Bearer k\r\nContent-Type: application/json\r\n\
+             content-length: 2\r\n\r\n{}"
+        );
     }
 
     #[test]

@@ -26,8 +26,9 @@ use crate::cluster::{accept, serve_http};
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
-use crate::face_conn::{self, WholeRequest};
+use crate::face_conn::{self, Whole};
 use crate::forward::{self, Inference};
+use crate::h1::Headers;
 use crate::listing::{self, engine_answers};
 use crate::reply::Reply;
 use crate::route::{self, Listing, RouteClass};
@@ -138,16 +139,38 @@ impl face_conn::Answer for FaceService {
         self.fs.st.body_cap
     }
 
-    async fn answer(&self, req: WholeRequest) -> Reply {
-        let class = route::classify(req.method(), req.uri().path());
+    async fn answer(&self, req: Whole) -> Reply {
+        let class = route::classify(&req.method, req.uri.path());
         if matches!(class, RouteClass::Inference { .. }) {
-            serve_whole(&self.fs, class, req).await
-        } else {
-            use tower::ServiceExt;
-            match self.app.clone().oneshot(req.map(Body::from)).await {
-                Ok(resp) => resp.into(),
-                Err(never) => match never {},
+            // Routed on the fields as they came: no header map is built.
+            let head = RequestHead {
+                method: req.method,
+                path_and_query: path_and_query(&req.uri),
+                headers: Headers::Raw(req.headers),
+            };
+            return serve_whole(&self.fs, class, head, req.body).await;
+        }
+        let headers = match req.headers.to_map(0) {
+            Ok(h) => h,
+            Err(e) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    self.fs.face.flavor(),
+                    "invalid_request",
+                    &e.to_string(),
+                    None,
+                )
+                .into();
             }
+        };
+        let mut http_req = http::Request::new(Body::from(req.body));
+        *http_req.method_mut() = req.method;
+        *http_req.uri_mut() = req.uri;
+        *http_req.headers_mut() = headers;
+        use tower::ServiceExt;
+        match self.app.clone().oneshot(http_req).await {
+            Ok(resp) => resp.into(),
+            Err(never) => match never {},
         }
     }
 
@@ -227,24 +250,23 @@ async fn serve_request(fs: &FaceState, class: RouteClass, req: Request) -> Respo
         Ok(b) => b,
         Err(resp) => return resp(flavor),
     };
-    serve_whole(fs, class, http::Request::from_parts(parts, body))
-        .await
-        .into_response()
+    let head = RequestHead {
+        method: parts.method,
+        path_and_query: path_and_query(&parts.uri),
+        headers: Headers::Map(parts.headers),
+    };
+    serve_whole(fs, class, head, body).await.into_response()
+}
+
+fn path_and_query(uri: &http::Uri) -> http::uri::PathAndQuery {
+    uri.path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"))
 }
 
 /// Routes one request whose body has been read.
-async fn serve_whole(fs: &FaceState, class: RouteClass, req: WholeRequest) -> Reply {
+async fn serve_whole(fs: &FaceState, class: RouteClass, head: RequestHead, body: Bytes) -> Reply {
     let st = &fs.st;
-    let (parts, body) = req.into_parts();
-    let head = RequestHead {
-        method: parts.method,
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        headers: parts.headers,
-    };
     match class {
         RouteClass::Inference {
             flavor,
@@ -407,7 +429,7 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
     let head = RequestHead {
         method: Method::GET,
         path_and_query: http::uri::PathAndQuery::from_static(path),
-        headers: http::HeaderMap::new(),
+        headers: Headers::Map(http::HeaderMap::new()),
     };
     let mut timeouts = st.timeouts;
     timeouts.first_byte = LISTING_DEADLINE;

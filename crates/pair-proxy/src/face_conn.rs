@@ -44,8 +44,15 @@ const WATCH_LIMIT: usize = 64 * 1024;
 /// watched for a hang-up.
 const WATCH_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// A request, read whole, as the loop hands it over.
-pub(crate) type WholeRequest = http::Request<Bytes>;
+/// A request, read whole, as the loop hands it over: its header fields as
+/// they came (a header map is built only where one is needed).
+#[derive(Debug)]
+pub(crate) struct Whole {
+    pub method: Method,
+    pub uri: http::Uri,
+    pub headers: h1::Fields,
+    pub body: Bytes,
+}
 
 /// What answers a face connection's requests.
 pub(crate) trait Answer:
@@ -63,7 +70,7 @@ pub(crate) trait Answer:
     fn body_cap(&self) -> usize;
     /// Answers one request. The future lives inside the connection's own
     /// (no allocation, no move per request).
-    fn answer(&self, req: WholeRequest) -> impl Future<Output = Reply> + Send;
+    fn answer(&self, req: Whole) -> impl Future<Output = Reply> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
 }
@@ -119,9 +126,8 @@ async fn run<A: Answer>(
             }
         };
         let uri = http::Uri::from_maybe_shared(head.target.clone());
-        let headers = head.headers.to_map(0);
-        let (BodyLen::Length(len), Ok(uri), Ok(headers), Version::HTTP_11, false) =
-            (head.body, uri, headers, head.version, head.special)
+        let (BodyLen::Length(len), Ok(uri), Version::HTTP_11, false) =
+            (head.body, uri, head.version, head.special)
         else {
             // Hyper serves the rest, from this head on.
             let mut read = BytesMut::from(&head.raw[..]);
@@ -145,11 +151,12 @@ async fn run<A: Answer>(
                 return Err("client closed before its body's end");
             }
         }
-        let body = buf.split_to(len).freeze();
-        let mut req = http::Request::new(body);
-        *req.method_mut() = head.method;
-        *req.uri_mut() = uri;
-        *req.headers_mut() = headers;
+        let req = Whole {
+            method: head.method,
+            uri,
+            headers: head.headers,
+            body: buf.split_to(len).freeze(),
+        };
         // A client that hangs up cancels its request (as with hyper): the
         // engine slot, the reservation and the load it counts are freed.
         let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req), true).await else {
@@ -234,7 +241,9 @@ async fn write_response(
     let close = close || wants_close(&reply.headers);
     out.clear();
     h1::write_status_line(out, status);
-    reply.headers.write(out, &FRAMING);
+    reply
+        .headers
+        .write(out, |name| h1::is_one_of(name, &FRAMING));
     if let Some(r) = &reply.receipt {
         r.write(out);
     }
@@ -323,11 +332,7 @@ async fn write_response(
 
 /// The framing headers an answer's own are not copied from: this loop
 /// frames each answer itself.
-const FRAMING: [header::HeaderName; 3] = [
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::CONNECTION,
-];
+const FRAMING: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"connection"];
 
 /// Whether an answer's `Connection` header says `close` (an app's answer;
 /// an engine's or a peer's lost theirs as hop-by-hop headers).
@@ -509,9 +514,9 @@ mod tests {
             64
         }
 
-        async fn answer(&self, req: WholeRequest) -> Reply {
+        async fn answer(&self, req: Whole) -> Reply {
             let resp = {
-                match req.uri().path() {
+                match req.uri.path() {
                     "/hang" => {
                         let _flag = DropFlag(self.cancelled.clone());
                         std::future::pending::<()>().await;
@@ -538,8 +543,8 @@ mod tests {
                     }
                     path => Response::new(Body::from(format!(
                         "fast {} {path} {}",
-                        req.method(),
-                        String::from_utf8_lossy(req.body())
+                        req.method,
+                        String::from_utf8_lossy(&req.body)
                     ))),
                 }
             };

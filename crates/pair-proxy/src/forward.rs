@@ -192,7 +192,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
         let route_metrics = st.metrics.route(req.route);
         route_metrics.ttft.observe(ttft.as_secs_f64());
         let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
-        let explain = req.head.headers.contains_key(&EXPLAIN_HEADER);
+        let explain = req.head.headers.contains(&EXPLAIN_HEADER);
         let watcher = JobWatcher {
             st: Arc::clone(st),
             record: Some(record),
@@ -289,7 +289,10 @@ fn new_record(
 fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
-    if let Some(v) = headers.get(&PIN_HEADER).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(&PIN_HEADER)
+        .and_then(|v| std::str::from_utf8(v).ok())
+    {
         p.pinned = v.parse::<NodeId>().ok().or_else(|| {
             cluster
                 .nodes()
@@ -299,7 +302,7 @@ fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot)
         });
     }
     if let Some(v) = headers.get(&SESSION_HEADER) {
-        p.session = Some(SessionKey(fnv1a(v.as_bytes())));
+        p.session = Some(SessionKey(fnv1a(v)));
     }
     p
 }

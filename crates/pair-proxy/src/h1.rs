@@ -173,6 +173,80 @@ impl Fields {
     }
 }
 
+/// A message's headers: as they came, or as a map.
+#[derive(Clone, Debug)]
+pub enum Headers {
+    /// As they came off the wire (an engine's answer less its framing
+    /// headers, a loopback client's request).
+    Raw(Fields),
+    /// A built map (answers: already without hop-by-hop headers).
+    Map(HeaderMap),
+}
+
+impl Headers {
+    pub fn len(&self) -> usize {
+        match self {
+            Headers::Raw(f) => f.len(),
+            Headers::Map(m) => m.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first value of `name`.
+    pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
+        match self {
+            Headers::Raw(f) => f.get(name),
+            Headers::Map(m) => m.get(name).map(HeaderValue::as_bytes),
+        }
+    }
+
+    pub fn contains(&self, name: &HeaderName) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// As a map, with `room` for more headers. Fields that a map cannot
+    /// hold (httparse accepts a few values `http` refuses) are dropped with
+    /// a warning rather than failing the message.
+    pub fn into_map(self, room: usize) -> HeaderMap {
+        match self {
+            Headers::Map(m) => m,
+            Headers::Raw(f) => f.to_map(room).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "a header field a map cannot hold was dropped");
+                let mut m = HeaderMap::with_capacity(f.len() + room);
+                for (name, value) in f.iter() {
+                    if let (Ok(n), Ok(v)) =
+                        (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+                    {
+                        m.append(n, v);
+                    }
+                }
+                m
+            }),
+        }
+    }
+
+    /// Appends each header as a `name: value` line, less those `skip`
+    /// says (it is given the name's bytes, in whatever case they came).
+    pub fn write(&self, out: &mut Vec<u8>, skip: impl Fn(&[u8]) -> bool) {
+        match self {
+            Headers::Raw(f) => f.write(out, skip),
+            Headers::Map(m) => write_headers(
+                out,
+                m.iter().filter(|(name, _)| !skip(name.as_str().as_bytes())),
+            ),
+        }
+    }
+}
+
+/// Whether `name` is one of `list` (lower-case names; compared without
+/// regard to case).
+pub fn is_one_of(name: &[u8], list: &[&[u8]]) -> bool {
+    list.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
 /// Room left in a response's header map for what the proxy adds (the
 /// route receipt), so adding it does not grow the map.
 pub const ROOM: usize = 6;

@@ -317,10 +317,7 @@ impl Outgoing {
         wire.extend_from_slice(b" HTTP/1.1\r\nhost: ");
         wire.extend_from_slice(host.as_bytes());
         wire.extend_from_slice(b"\r\n");
-        h1::write_headers(
-            &mut wire,
-            head.headers.iter().filter(|(name, _)| !is_hop_header(name)),
-        );
+        head.headers.write(&mut wire, is_hop_header);
         let bodied = matches!(head.method, Method::POST | Method::PUT | Method::PATCH);
         if bodied || !body.is_empty() {
             h1::write_content_length(&mut wire, body.len() as u64);
@@ -349,6 +346,14 @@ pub struct EngineAnswer {
     /// See [`h1::ResponseHead::names_hops`].
     pub names_hops: bool,
     pub body: EngineBody,
+}
+
+#[cfg(test)]
+impl Outgoing {
+    /// What goes out first: request line, headers, and a small body.
+    pub(crate) fn wire(&self) -> &[u8] {
+        &self.wire
+    }
 }
 
 #[derive(Debug)]
@@ -577,7 +582,7 @@ mod tests {
         let head = RequestHead {
             method: Method::GET,
             path_and_query: path.parse().unwrap(),
-            headers: http::HeaderMap::new(),
+            headers: h1::Headers::Map(http::HeaderMap::new()),
         };
         Outgoing::new(
             &HeaderValue::from_str(to.as_str()).unwrap(),
@@ -771,7 +776,7 @@ mod tests {
         let head = RequestHead {
             method: Method::POST,
             path_and_query: "/v1/chat/completions?x=1".parse().unwrap(),
-            headers,
+            headers: h1::Headers::Map(headers),
         };
         let out = Outgoing::new(
             &HeaderValue::from_static("127.0.0.1:11435"),

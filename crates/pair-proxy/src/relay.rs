@@ -20,6 +20,7 @@ use crate::error::json_error;
 use crate::face::{local_listing, read_capped};
 use crate::forward::hop_for;
 use crate::gossip::PeerReports;
+use crate::h1::Headers;
 use crate::listing;
 use crate::load::LoadGuard;
 use crate::route::{self, RouteClass};
@@ -136,7 +137,7 @@ async fn relay(
                 path_and_query: inner
                     .parse()
                     .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
-                headers: parts.headers,
+                headers: Headers::Map(parts.headers),
             };
             run_locally(st, peer, head, body, flavor, work).await
         }

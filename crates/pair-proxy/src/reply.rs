@@ -13,64 +13,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use pair_core::JobId;
 
-use crate::h1::{self, Fields};
-
-/// Where an answer's headers are.
-#[derive(Debug)]
-pub enum Headers {
-    /// A local engine's, as it sent them, less its framing headers.
-    Raw(Fields),
-    /// A built map, already without hop-by-hop headers.
-    Map(HeaderMap),
-}
-
-impl Headers {
-    /// The first value of `name`.
-    pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
-        match self {
-            Headers::Raw(f) => f.get(name),
-            Headers::Map(m) => m.get(name).map(HeaderValue::as_bytes),
-        }
-    }
-
-    pub fn contains(&self, name: &HeaderName) -> bool {
-        self.get(name).is_some()
-    }
-
-    /// As a map, with `room` for more headers. Engine fields that a map
-    /// cannot hold (httparse accepts a few values `http` refuses) are
-    /// dropped with a warning rather than failing the answer.
-    pub fn into_map(self, room: usize) -> HeaderMap {
-        match self {
-            Headers::Map(m) => m,
-            Headers::Raw(f) => f.to_map(room).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "engine answer header not representable");
-                let mut m = HeaderMap::with_capacity(f.len() + room);
-                for (name, value) in f.iter() {
-                    if let (Ok(n), Ok(v)) =
-                        (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-                    {
-                        m.append(n, v);
-                    }
-                }
-                m
-            }),
-        }
-    }
-
-    /// Appends each header as a line, less those `skip` names.
-    pub fn write(&self, out: &mut Vec<u8>, skip: &[HeaderName]) {
-        match self {
-            Headers::Raw(f) => f.write(out, |name| {
-                skip.iter()
-                    .any(|s| name.eq_ignore_ascii_case(s.as_str().as_bytes()))
-            }),
-            Headers::Map(m) => {
-                h1::write_headers(out, m.iter().filter(|(name, _)| !skip.contains(name)));
-            }
-        }
-    }
-}
+use crate::h1;
+pub use crate::h1::Headers;
 
 /// The route receipt every routed answer carries: `x-pair-node`,
 /// `x-pair-attempts`, `x-pair-policy`, `x-pair-job`, and `x-pair-route`
@@ -253,7 +197,7 @@ mod tests {
             "framing is the proxy's"
         );
         let mut out = Vec::new();
-        raw.write(&mut out, &[HeaderName::from_static("x-engine")]);
+        raw.write(&mut out, |n| n.eq_ignore_ascii_case(b"x-engine"));
         assert_eq!(out, b"Content-Type: text/plain\r\n");
         let map = raw.into_map(0);
         assert_eq!(map.len(), 2);
