@@ -1,6 +1,8 @@
 //! Job records: what happened to one request. Never holds prompt or output
 //! text, so they can be logged, shown and replicated to peers freely.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiFlavor, JobId, NodeId};
@@ -29,8 +31,9 @@ pub struct JobRecord {
     pub id: JobId,
     pub model: String,
     pub flavor: ApiFlavor,
-    /// HTTP route the client called, e.g. `/api/chat`.
-    pub route: String,
+    /// HTTP route the client called, e.g. `/api/chat` (borrowed from the
+    /// route table on the request path: no allocation per request).
+    pub route: Cow<'static, str>,
     pub streaming: bool,
     /// The node whose face received the request ("sent to").
     pub origin: NodeId,
@@ -49,7 +52,7 @@ pub struct JobRecord {
     pub prompt_tokens: Option<u32>,
     pub output_tokens: Option<u32>,
     /// Short reason when it failed (an error class, never request text).
-    pub error: Option<String>,
+    pub error: Option<Cow<'static, str>>,
 }
 
 #[cfg(test)]

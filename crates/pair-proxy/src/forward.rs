@@ -270,7 +270,7 @@ fn new_record(
         id,
         model: facts.model.clone(),
         flavor: req.flavor,
-        route: req.route.to_owned(),
+        route: req.route.into(),
         streaming: profile.streaming,
         origin,
         ran_on: None,
@@ -430,9 +430,11 @@ impl Watcher for JobWatcher {
             Ending::Cancelled => JobStatus::Cancelled,
         };
         rec.error = match ending {
-            Ending::Failed { class } => Some(class.to_owned()),
+            Ending::Failed { class } => Some(class.into()),
             Ending::Cancelled => Some("client went away".into()),
-            Ending::Completed if !ok => rec.http_status.map(|s| format!("engine answered {s}")),
+            Ending::Completed if !ok => rec
+                .http_status
+                .map(|s| format!("engine answered {s}").into()),
             Ending::Completed => None,
         };
         self.st
