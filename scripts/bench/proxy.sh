@@ -476,7 +476,9 @@ if want mem; then
     read -r MEM_PEAK_KB MEM_CONNS MEM_INFLIGHT <"$WORK/peak"
     sleep 1
     MEM_AFTER_KB=$(rss_kb "$MEM_PID")
-    STREAMS_OK=$(awk '/\[200\]/ {print $2}' "$WORK/hey.txt")
+    # The status line ("  [200]  1000 responses"), not a latency histogram
+    # bucket that happens to hold 200 answers ("  7.1 [200] |■■■").
+    STREAMS_OK=$(awk '$1 == "[200]" {print $2; exit}' "$WORK/hey.txt")
     STREAMS_OK=${STREAMS_OK:-0}
     STREAM_WALL=$($PY -c "print(f'{$STREAM_T1 - $STREAM_T0:.1f}')")
     log "streams: $STREAMS_OK/$STREAMS answered 200, peak RSS ${MEM_PEAK_KB} kB, peak conns $MEM_CONNS, peak in-flight $MEM_INFLIGHT, ${STREAM_WALL}s"

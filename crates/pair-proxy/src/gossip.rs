@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use pair_core::{ClusterSnapshot, JobRecord, JobStatus, Liveness, NodeId, NodeSnapshot};
-use tokio::sync::broadcast::error::TryRecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::relay::{JOBS_PATH, REPORT_PATH};
@@ -151,6 +150,10 @@ pub fn assemble(
     ClusterSnapshot::new(generation, now_ms, nodes)
 }
 
+/// Most job records replicated per tick (the newest; at high request rates
+/// peers' Jobs views show a sample, not every request).
+const REPLICATE_MAX: usize = 1024;
+
 /// Pushes reports and job records to peers and republishes the snapshot
 /// every interval, until `shutdown`.
 pub async fn run(
@@ -161,7 +164,8 @@ pub async fn run(
     cfg: GossipConfig,
     shutdown: CancellationToken,
 ) {
-    let mut jobs = st.jobs.subscribe();
+    // Records from now on (replication sends what happens while it runs).
+    let mut jobs_seen = st.jobs.end();
     let mut outbox: Vec<Arc<JobRecord>> = Vec::new();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -173,18 +177,15 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         // Our own terminal jobs, for the peers' Jobs views.
-        loop {
-            match jobs.try_recv() {
-                Ok(rec) if rec.origin == st.node.id && rec.status != JobStatus::Running => {
-                    outbox.push(rec);
-                }
-                Ok(_) => {}
-                Err(TryRecvError::Lagged(n)) => {
-                    tracing::debug!(n, "job replication lagged; some records stay local");
-                }
-                Err(_) => break,
-            }
+        let (recent, skipped) = st.jobs.since(&mut jobs_seen, REPLICATE_MAX);
+        if skipped > 0 {
+            tracing::debug!(skipped, "job replication lagged; some records stay local");
         }
+        outbox.extend(
+            recent
+                .into_iter()
+                .filter(|rec| rec.origin == st.node.id && rec.status != JobStatus::Running),
+        );
         let mine = local();
         let links = st.peer_links();
         // Serialise only for someone: a lone node just republishes.

@@ -14,7 +14,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pair_core::{JobId, JobRecord};
-use tokio::sync::broadcast;
 
 pub const KEEP_RECORDS: usize = 10_000;
 /// The file is rewritten with just the kept records once it holds this
@@ -79,7 +78,6 @@ struct Writer {
 pub struct JobLog {
     inner: Arc<Mutex<Inner>>,
     writer: Option<Writer>,
-    events: broadcast::Sender<Arc<JobRecord>>,
 }
 
 impl JobLog {
@@ -129,7 +127,6 @@ impl JobLog {
     }
 
     fn new(loaded: Vec<JobRecord>) -> Self {
-        let (events, _) = broadcast::channel(1024);
         let mut inner = Inner {
             records: VecDeque::new(),
             index: HashMap::default(),
@@ -142,7 +139,6 @@ impl JobLog {
         Self {
             inner: Arc::new(Mutex::new(inner)),
             writer: None,
-            events,
         }
     }
 
@@ -156,10 +152,8 @@ impl JobLog {
                 }
                 inner.unwritten.push_back(Arc::clone(&rec));
             }
-            upsert(&mut inner, Arc::clone(&rec));
+            upsert(&mut inner, rec);
         }
-        // Nobody listening is fine.
-        let _ = self.events.send(rec);
     }
 
     /// Newest first, at most `n`.
@@ -195,9 +189,35 @@ impl JobLog {
         self.len() == 0
     }
 
-    /// New and updated records as they are recorded (for replication).
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<JobRecord>> {
-        self.events.subscribe()
+    /// Where the next new record will be: a cursor for [`JobLog::since`].
+    pub fn end(&self) -> usize {
+        self.inner
+            .lock()
+            .map(|i| i.dropped + i.records.len())
+            .unwrap_or(0)
+    }
+
+    /// Records added since `cursor` (which moves past them), at most the
+    /// newest `max`, and how many newer ones than `cursor` were skipped
+    /// (over `max`, or already dropped from the log). Replication reads
+    /// this on its own tick: the request path only appends, with no
+    /// channel and no wake-up per record. A record updated in place is
+    /// not seen again.
+    pub fn since(&self, cursor: &mut usize, max: usize) -> (Vec<Arc<JobRecord>>, usize) {
+        let Ok(inner) = self.inner.lock() else {
+            return (Vec::new(), 0);
+        };
+        let end = inner.dropped + inner.records.len();
+        let from = (*cursor).clamp(inner.dropped, end);
+        let start = from.max(end.saturating_sub(max));
+        let skipped = start - (*cursor).min(start);
+        let out = inner
+            .records
+            .range(start - inner.dropped..)
+            .cloned()
+            .collect();
+        *cursor = end;
+        (out, skipped)
     }
 }
 
@@ -372,6 +392,41 @@ mod tests {
             output_tokens: Some(3),
             error: None,
         }
+    }
+
+    #[test]
+    fn replication_reads_what_was_added_since_its_cursor() {
+        let ids = |v: Vec<Arc<JobRecord>>| -> Vec<u128> {
+            v.iter().map(|r| r.id.as_uuid().as_u128()).collect()
+        };
+        let log = JobLog::in_memory();
+        log.record(rec(1, 0));
+        let mut cursor = log.end();
+        assert_eq!(
+            log.since(&mut cursor, 10),
+            (Vec::new(), 0),
+            "only what comes after"
+        );
+        for i in 2..=4 {
+            log.record(rec(i, 0));
+        }
+        let (got, skipped) = log.since(&mut cursor, 10);
+        assert_eq!((ids(got), skipped), (vec![2, 3, 4], 0));
+        // An update in place is not new.
+        log.record(rec(3, 1));
+        assert_eq!(log.since(&mut cursor, 10).0.len(), 0);
+        // Over `max`: the newest, and how many were passed over.
+        for i in 5..=9 {
+            log.record(rec(i, 0));
+        }
+        let (got, skipped) = log.since(&mut cursor, 2);
+        assert_eq!((ids(got), skipped), (vec![8, 9], 3));
+        // Records the log dropped before they were read count as skipped.
+        for i in 0..(KEEP_RECORDS as u128 + 10) {
+            log.record(rec(100 + i, 0));
+        }
+        let (got, skipped) = log.since(&mut cursor, KEEP_RECORDS);
+        assert_eq!((got.len(), skipped), (KEEP_RECORDS, 10));
     }
 
     #[test]
