@@ -241,12 +241,7 @@ async fn write_response(
     let close = close || wants_close(&reply.headers);
     out.clear();
     h1::write_status_line(out, status);
-    reply
-        .headers
-        .write(out, |name| h1::is_one_of(name, &FRAMING));
-    if let Some(r) = &reply.receipt {
-        r.write(out);
-    }
+    reply.write_headers(out, &FRAMING);
     if !reply.headers.contains(&header::DATE) {
         date::write(out);
     }

@@ -29,6 +29,16 @@ pub struct Receipt {
     pub why: Option<String>,
 }
 
+/// The receipt's header names: an answer's own headers of these names
+/// give way to the receipt.
+const RECEIPT: [&[u8]; 5] = [
+    b"x-pair-node",
+    b"x-pair-attempts",
+    b"x-pair-policy",
+    b"x-pair-route",
+    b"x-pair-job",
+];
+
 const NODE: HeaderName = HeaderName::from_static("x-pair-node");
 pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-pair-attempts");
 const POLICY: HeaderName = HeaderName::from_static("x-pair-policy");
@@ -122,6 +132,24 @@ impl Reply {
         resp
     }
 
+    /// Appends the answer's header lines for a client: its headers less
+    /// the framing ones (`skip`) and, when it has a receipt, less any of
+    /// the receipt's names (the receipt's values replace them, as
+    /// [`Reply::into_response`] does), then the receipt.
+    pub fn write_headers(&self, out: &mut Vec<u8>, framing: &[&[u8]]) {
+        let receipt = self.receipt.is_some();
+        self.headers.write(out, |name| {
+            h1::is_one_of(name, framing)
+                || (receipt
+                    && name.len() > 7
+                    && name[..7].eq_ignore_ascii_case(b"x-pair-")
+                    && h1::is_one_of(name, &RECEIPT))
+        });
+        if let Some(r) = &self.receipt {
+            r.write(out);
+        }
+    }
+
     /// The headers an answer to a HEAD request would have had framed by:
     /// its declared `Content-Length`.
     pub fn declared_length(&self) -> Option<u64> {
@@ -182,6 +210,30 @@ mod tests {
             text.contains("x-pair-job: 00000000-0000-0000-0000-000000000007\r\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_receipt_replaces_an_answer_s_own_receipt_headers() {
+        let mut buf = bytes::BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nX-Pair-Attempts: 9\r\nx-pair-other: kept\r\nContent-Length: 0\r\n\r\n"[..],
+        );
+        let head = h1::parse_response(&mut buf, true).unwrap().unwrap();
+        let reply = Reply {
+            status: StatusCode::OK,
+            headers: Headers::Raw(head.fields),
+            receipt: Some(receipt(None)),
+            body: Body::empty(),
+        };
+        let mut out = Vec::new();
+        reply.write_headers(&mut out, &[b"content-length"]);
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("X-Pair-Attempts: 9"), "{text}");
+        assert!(text.contains("x-pair-attempts: 2\r\n"), "{text}");
+        assert!(text.contains("x-pair-other: kept\r\n"), "{text}");
+        assert!(!text.contains("Content-Length"), "{text}");
+        let resp = reply.into_response();
+        assert_eq!(resp.headers()["x-pair-attempts"], "2");
+        assert_eq!(resp.headers().get_all("x-pair-attempts").iter().count(), 1);
     }
 
     #[test]
