@@ -1,7 +1,7 @@
 //! An answer on its way back to a client: status, headers, the route
 //! receipt and a body.
 //!
-//! A local engine's headers stay as the engine wrote them ([`Fields`]: spans
+//! A local engine's headers stay as the engine wrote them ([`Fields`](crate::h1::Fields): spans
 //! of its head's bytes) and the receipt as a few values, so the loopback
 //! face (`face_conn`) writes both straight into its output, with no header
 //! map built, hashed or dropped per request. Whatever hyper serves (the
