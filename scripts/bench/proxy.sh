@@ -17,7 +17,8 @@
 #        RESULTS=<file> (markdown output; default /tmp/pair-bench-proxy-results.md)
 #        SECTIONS=face,ttfb,hop,mem (which parts to run)  NODE_ARGS="..." (extra
 #        flags for every pair-node run)  ALT_ARGS="..." (face section: a second
-#        node with these extra flags, measured in the same runs as pair-alt)
+#        node with these extra flags, measured in the same runs as pair-alt;
+#        it goes second in odd runs and first in even ones: use an even RUNS)
 #        ALT_BIN=<pair-node binary> (the second node runs this build instead)  PERF=1 (perf record the face node
 #        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
 #        STRACE=1 (strace -c -f the face node during its first c=32 run; in
@@ -362,8 +363,15 @@ if want face; then
                     -- sleep "$DUR" >/dev/null 2>&1 &
                 PERF_PID=$!
             fi
+            # Of two nodes measured back to back, the second did better on
+            # the benchmark box in every A/B (docs/benchmarks/proxy.md,
+            # fifth round): pair-alt goes first in even runs (use an even
+            # RUNS for an A/B).
+            if [ -n "${ALT_URL:-}" ] && ((r % 2 == 0)); then
+                CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
+            fi
             CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$c" "$r" "$SOLO_URL"
-            if [ -n "${ALT_URL:-}" ]; then
+            if [ -n "${ALT_URL:-}" ] && ((r % 2 == 1)); then
                 CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
             fi
             if [ -n "${STRACE_PID:-}" ]; then
