@@ -401,18 +401,9 @@ pub struct Upstream {
 
 impl Upstream {
     fn engine(a: EngineAnswer) -> Self {
-        let headers = if a.names_hops {
-            // Its Connection header names other headers: remove them (rare,
-            // so done on a map).
-            let mut map = Headers::Raw(a.fields).into_map(0);
-            strip_response_hop_headers(&mut map);
-            Headers::Map(map)
-        } else {
-            Headers::Raw(a.fields)
-        };
         Upstream {
             status: a.status,
-            headers,
+            headers: Headers::Raw(a.fields),
             body: UpBody::Engine(a.body),
         }
     }

@@ -62,14 +62,11 @@ pub struct RequestHead {
 #[derive(Debug)]
 pub struct ResponseHead {
     pub status: StatusCode,
-    pub version: Version,
-    /// Without this hop's framing: no `Transfer-Encoding`, no plain
-    /// `Connection` or `Keep-Alive`, and `Content-Length` only on an
-    /// answer without a body (`body` says how the body is framed).
+    /// Without hop-by-hop headers: no `Transfer-Encoding`, `Connection`,
+    /// `Keep-Alive` or header a `Connection` names, and `Content-Length`
+    /// only on an answer without a body (`body` says how the body is
+    /// framed).
     pub fields: Fields,
-    /// Its `Connection` header (kept in `fields`) names other headers,
-    /// which are hop-by-hop too: the proxy must remove them.
-    pub names_hops: bool,
     pub body: BodyLen,
     /// The connection may carry another request after this answer.
     pub keep_alive: bool,
@@ -93,8 +90,6 @@ struct Facts {
     close: bool,
     keep_alive_token: bool,
     special: bool,
-    /// A `Connection` header names headers other than its own tokens.
-    names_hops: bool,
 }
 
 /// Where one header's name and value lie in its head: (name start, name
@@ -277,10 +272,11 @@ fn spans(base: &[u8], raw: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS
 enum Keep {
     /// Requests: every header (the router and hyper's fallback see them).
     All,
-    /// Answers: not this hop's framing (`Transfer-Encoding`, a plain
-    /// `Connection: keep-alive` or `close`, `Keep-Alive`), which the proxy
-    /// reads here and frames anew for its client; nor `Content-Length`
-    /// when a body follows (the body carries its exact length).
+    /// Answers: no hop-by-hop header (`Transfer-Encoding`, `Connection`,
+    /// `Keep-Alive`, and any header a `Connection` names): the proxy reads
+    /// this hop's framing here and frames anew for its client; nor
+    /// `Content-Length` when a body follows (the body carries its exact
+    /// length).
     EndToEnd { length: bool },
 }
 
@@ -298,9 +294,10 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
         close: false,
         keep_alive_token: false,
         special: false,
-        names_hops: false,
     };
     let answer = keep != Keep::All;
+    // An answer's `Connection` values that name other headers (rare).
+    let mut naming: Vec<Span> = Vec::new();
     for &span in spans {
         let (ns, ne, vs, ve) = (
             span.0 as usize,
@@ -339,8 +336,6 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
                 continue;
             }
         } else if name.eq_ignore_ascii_case(b"connection") {
-            // Whether it names only this hop's keep-alive (then an answer's
-            // copy is not kept: nothing else is for the proxy to remove).
             let mut plain = true;
             for token in tokens(raw_value) {
                 if token.eq_ignore_ascii_case(b"close") {
@@ -354,8 +349,10 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
                     }
                 }
             }
-            f.names_hops |= !plain;
-            if plain && answer {
+            if answer {
+                if !plain {
+                    naming.push(span);
+                }
                 continue;
             }
         } else if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"upgrade") {
@@ -364,6 +361,16 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
             continue;
         }
         f.fields.spans.push(span);
+    }
+    if !naming.is_empty() {
+        let named = |n: &[u8]| {
+            naming.iter().any(|&(_, _, vs, ve)| {
+                tokens(&head[vs as usize..ve as usize]).any(|t| t.eq_ignore_ascii_case(n))
+            })
+        };
+        f.fields
+            .spans
+            .retain(|&(ns, ne, _, _)| !named(&head[ns as usize..ne as usize]));
     }
     Ok(f)
 }
@@ -498,9 +505,7 @@ pub fn parse_response(
             && status != StatusCode::SWITCHING_PROTOCOLS;
         return Ok(Some(ResponseHead {
             status,
-            version,
             keep_alive: keep_alive(version, &f) && reusable,
-            names_hops: f.names_hops,
             fields: f.fields,
             body,
         }));
@@ -724,15 +729,16 @@ mod tests {
         let r = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", true);
         assert_eq!(val(&r.fields, "content-length"), Some(&b"42"[..]));
         assert_eq!(r.body, BodyLen::Length(0));
-        // A Connection header that names other headers stays, for the
-        // proxy to remove them with it.
+        // A Connection header that names other headers: they are
+        // hop-by-hop too, wherever they stand.
         let r = parse(
-            b"HTTP/1.1 200 OK\r\nConnection: x-hop\r\nx-hop: 1\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-Hop: 1\r\nConnection: close, x-hop\r\nx-end: 2\r\nContent-Length: 0\r\n\r\n",
             false,
         );
-        assert_eq!(val(&r.fields, "connection"), Some(&b"x-hop"[..]));
-        assert_eq!(val(&r.fields, "x-hop"), Some(&b"1"[..]));
-        assert!(r.names_hops);
+        assert_eq!(val(&r.fields, "connection"), None);
+        assert_eq!(val(&r.fields, "x-hop"), None);
+        assert_eq!(val(&r.fields, "x-end"), Some(&b"2"[..]));
+        assert!(!r.keep_alive);
     }
 
     #[test]

@@ -291,7 +291,6 @@ impl LocalPool {
         Ok(EngineAnswer {
             status: head.status,
             fields: head.fields,
-            names_hops: head.names_hops,
             body,
         })
     }
@@ -343,8 +342,6 @@ impl Outgoing {
 pub struct EngineAnswer {
     pub status: StatusCode,
     pub fields: Fields,
-    /// See [`h1::ResponseHead::names_hops`].
-    pub names_hops: bool,
     pub body: EngineBody,
 }
 
