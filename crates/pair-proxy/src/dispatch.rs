@@ -291,14 +291,9 @@ pub fn copy_headers(from: &Headers, to: &mut HeaderMap) {
             }
         }
         Headers::Raw(f) => {
-            for (name, value) in f.iter() {
-                if is_hop_header(name) {
-                    continue;
-                }
-                if let (Ok(n), Ok(v)) =
-                    (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-                {
-                    to.append(n, v);
+            for (name, value) in f.entries().flatten() {
+                if !is_hop_header(name.as_str().as_bytes()) {
+                    to.append(name, value);
                 }
             }
         }

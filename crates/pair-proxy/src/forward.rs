@@ -217,7 +217,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
                 attempts: attempts.len(),
                 policy: st.policy().as_str(),
                 job,
-                why: explain.then(|| cand.to_string()),
+                why: explain
+                    .then(|| http::HeaderValue::from_str(&cand.to_string()).ok())
+                    .flatten(),
             }),
             body: Body::new(relay),
         };

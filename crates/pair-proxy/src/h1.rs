@@ -139,20 +139,18 @@ impl Fields {
 
     /// Appends each field as a `name: value` line, unless `skip` says so.
     pub fn write(&self, out: &mut Vec<u8>, skip: impl Fn(&[u8]) -> bool) {
-        for (name, value) in self.iter() {
-            if !skip(name) {
-                out.extend_from_slice(name);
-                out.extend_from_slice(b": ");
-                out.extend_from_slice(value);
-                out.extend_from_slice(b"\r\n");
-            }
+        for (name, value) in self.iter().filter(|(name, _)| !skip(name)) {
+            write_field(out, name, value);
         }
     }
 
-    /// As a header map, with `room` for more; values share the head's bytes.
-    pub fn to_map(&self, room: usize) -> Result<HeaderMap, FramingError> {
-        let mut map = HeaderMap::with_capacity(self.spans.len() + room);
-        for &(ns, ne, vs, ve) in &self.spans {
+    /// Each field as a header-map entry (values share the head's bytes),
+    /// or why a map cannot hold it (httparse accepts a few names and
+    /// values `http` refuses).
+    pub fn entries(
+        &self,
+    ) -> impl Iterator<Item = Result<(HeaderName, HeaderValue), FramingError>> + '_ {
+        self.spans.iter().map(|&(ns, ne, vs, ve)| {
             let name = &self.head[ns as usize..ne as usize];
             let name = HeaderName::from_bytes(name).map_err(|_| {
                 FramingError::Head(format!(
@@ -162,6 +160,16 @@ impl Fields {
             })?;
             let value = HeaderValue::from_maybe_shared(self.head.slice(vs as usize..ve as usize))
                 .map_err(|_| FramingError::Head(format!("bad value for {name}")))?;
+            Ok((name, value))
+        })
+    }
+
+    /// As a header map, with `room` for more; the first field a map cannot
+    /// hold is an error.
+    pub fn to_map(&self, room: usize) -> Result<HeaderMap, FramingError> {
+        let mut map = HeaderMap::with_capacity(self.spans.len() + room);
+        for entry in self.entries() {
+            let (name, value) = entry?;
             map.append(name, value);
         }
         Ok(map)
@@ -208,18 +216,20 @@ impl Headers {
     pub fn into_map(self, room: usize) -> HeaderMap {
         match self {
             Headers::Map(m) => m,
-            Headers::Raw(f) => f.to_map(room).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "a header field a map cannot hold was dropped");
+            Headers::Raw(f) => {
                 let mut m = HeaderMap::with_capacity(f.len() + room);
-                for (name, value) in f.iter() {
-                    if let (Ok(n), Ok(v)) =
-                        (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-                    {
-                        m.append(n, v);
+                for entry in f.entries() {
+                    match entry {
+                        Ok((name, value)) => {
+                            m.append(name, value);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a header field a map cannot hold was dropped");
+                        }
                     }
                 }
                 m
-            }),
+            }
         }
     }
 
@@ -241,10 +251,6 @@ impl Headers {
 pub fn is_one_of(name: &[u8], list: &[&[u8]]) -> bool {
     list.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
-
-/// Room left in a response's header map for what the proxy adds (the
-/// route receipt), so adding it does not grow the map.
-pub const ROOM: usize = 6;
 
 /// httparse's header slots, left uninitialised (a 100-slot array of
 /// initialised headers is a 3 KiB memset per parse attempt).
@@ -597,11 +603,16 @@ pub fn write_headers<'a>(
     headers: impl IntoIterator<Item = (&'a HeaderName, &'a HeaderValue)>,
 ) {
     for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
+}
+
+/// Appends one `name: value` header line.
+pub fn write_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Appends a status line.

@@ -26,24 +26,22 @@ pub struct Receipt {
     pub attempts: usize,
     pub policy: &'static str,
     pub job: JobId,
-    pub why: Option<String>,
+    /// The scheduler's reasoning, when the client asked for it.
+    pub why: Option<HeaderValue>,
 }
-
-/// The receipt's header names: an answer's own headers of these names
-/// give way to the receipt.
-const RECEIPT: [&[u8]; 5] = [
-    b"x-pair-node",
-    b"x-pair-attempts",
-    b"x-pair-policy",
-    b"x-pair-route",
-    b"x-pair-job",
-];
 
 const NODE: HeaderName = HeaderName::from_static("x-pair-node");
 pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-pair-attempts");
 const POLICY: HeaderName = HeaderName::from_static("x-pair-policy");
 const ROUTE: HeaderName = HeaderName::from_static("x-pair-route");
 const JOB: HeaderName = HeaderName::from_static("x-pair-job");
+/// The receipt's header names: an answer's own headers of these names
+/// give way to the receipt.
+const RECEIPT: [HeaderName; 5] = [NODE, ATTEMPTS, POLICY, ROUTE, JOB];
+
+/// Room left in an answer's header map for the receipt, so adding it does
+/// not grow the map.
+const ROOM: usize = 6;
 
 impl Receipt {
     fn job_id<'b>(&self, buf: &'b mut [u8; uuid::fmt::Hyphenated::LENGTH]) -> &'b str {
@@ -53,18 +51,15 @@ impl Receipt {
     /// Appends the receipt as header lines.
     pub fn write(&self, out: &mut Vec<u8>) {
         let mut line = |name: &HeaderName, value: &[u8]| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
+            h1::write_field(out, name.as_str().as_bytes(), value);
         };
         if let Some(v) = &self.node {
             line(&NODE, v.as_bytes());
         }
         line(&ATTEMPTS, attempts_value(self.attempts).as_bytes());
         line(&POLICY, self.policy.as_bytes());
-        if let Some(why) = self.why.as_deref().filter(|w| valid_value(w)) {
-            line(&ROUTE, why.as_bytes());
+        if let Some(v) = &self.why {
+            line(&ROUTE, v.as_bytes());
         }
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
         line(&JOB, self.job_id(&mut buf).as_bytes());
@@ -77,11 +72,7 @@ impl Receipt {
         }
         h.insert(ATTEMPTS, attempts_value(self.attempts));
         h.insert(POLICY, HeaderValue::from_static(self.policy));
-        if let Some(v) = self
-            .why
-            .as_deref()
-            .and_then(|w| HeaderValue::from_str(w).ok())
-        {
+        if let Some(v) = self.why.clone() {
             h.insert(ROUTE, v);
         }
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
@@ -89,12 +80,6 @@ impl Receipt {
             h.insert(JOB, v);
         }
     }
-}
-
-/// What `HeaderValue::from_str` accepts (no control bytes but tab), so a
-/// written receipt and an inserted one say the same.
-fn valid_value(s: &str) -> bool {
-    s.bytes().all(|b| b == b'\t' || (b >= b' ' && b != 0x7f))
 }
 
 /// `x-pair-attempts`: static for the usual counts (`HeaderValue::from`
@@ -121,7 +106,7 @@ impl Reply {
     /// As a response for hyper: engine fields made into a map, the
     /// receipt inserted.
     pub fn into_response(self) -> Response<Body> {
-        let room = if self.receipt.is_some() { h1::ROOM } else { 0 };
+        let room = if self.receipt.is_some() { ROOM } else { 0 };
         let mut headers = self.headers.into_map(room);
         if let Some(r) = self.receipt {
             r.insert(&mut headers);
@@ -143,7 +128,9 @@ impl Reply {
                 || (receipt
                     && name.len() > 7
                     && name[..7].eq_ignore_ascii_case(b"x-pair-")
-                    && h1::is_one_of(name, &RECEIPT))
+                    && RECEIPT
+                        .iter()
+                        .any(|r| name.eq_ignore_ascii_case(r.as_str().as_bytes())))
         });
         if let Some(r) = &self.receipt {
             r.write(out);
@@ -182,13 +169,13 @@ mod tests {
             attempts: 2,
             policy: "predicted-latency",
             job: JobId::from_uuid(uuid::Uuid::from_u128(7)),
-            why: why.map(str::to_owned),
+            why: why.map(|w| HeaderValue::from_str(w).unwrap()),
         }
     }
 
     #[test]
     fn a_written_receipt_says_what_an_inserted_one_does() {
-        for why in [None, Some("score 1.5 (local)"), Some("bad\nvalue")] {
+        for why in [None, Some("score 1.5 (local)")] {
             let mut lines = Vec::new();
             receipt(why).write(&mut lines);
             let mut map = HeaderMap::new();
