@@ -367,10 +367,7 @@ async fn passthrough(
     };
     let hop = engine.hop();
     match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
-        Ok(resp) => {
-            let (parts, incoming) = resp.into_parts();
-            Response::from_parts(parts, Body::new(incoming))
-        }
+        Ok(resp) => resp.map(Body::new),
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,
             face.flavor(),

@@ -81,7 +81,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
         Err(e) => {
-            count(st, req.route, 400, "none");
+            st.metrics.count_request(req.route, 400, "none");
             return json_error(
                 StatusCode::BAD_REQUEST,
                 req.flavor,
@@ -97,7 +97,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     let mut ranking = Ranking::with_capacity(cluster.len());
     st.rank(&cluster, &profile, &mut ranking);
     if ranking.is_empty() {
-        count(st, req.route, 502, "none");
+        st.metrics.count_request(req.route, 502, "none");
         return json_error(
             StatusCode::BAD_GATEWAY,
             req.flavor,
@@ -231,7 +231,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     } else {
         StatusCode::BAD_GATEWAY
     };
-    count(st, req.route, status.as_u16(), "none");
+    st.metrics.count_request(req.route, status.as_u16(), "none");
     let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
     record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
     record.status = JobStatus::Failed;
@@ -385,10 +385,6 @@ fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String
         name,
         outcome: outcome.to_owned(),
     });
-}
-
-fn count(st: &ProxyState, route: &'static str, status: u16, node: &str) {
-    st.metrics.count_request(route, status, node);
 }
 
 fn millis(d: Duration) -> u32 {

@@ -244,9 +244,6 @@ fn write_loop(
     turn: Duration,
 ) {
     let mut file = file;
-    // Lines are encoded into this buffer and written in pieces of about
-    // WRITE_BUF: serde_json writing straight into a `BufWriter` spends more
-    // on the writer's per-call checks than on the JSON.
     let mut buf = Vec::with_capacity(WRITE_BUF + 1024);
     let mut batch = VecDeque::new();
     loop {
@@ -259,25 +256,11 @@ fn write_loop(
             Err(_) => return,
         }
         if !batch.is_empty() {
-            let mut ok = true;
-            for (i, rec) in batch.drain(..).enumerate() {
-                encode(&mut buf, &rec);
-                lines += 1;
-                if buf.len() >= WRITE_BUF {
-                    ok &= file.write_all(&buf).is_ok();
-                    buf.clear();
-                }
-                // A turn under load is a few thousand records (milliseconds
-                // of JSON): yield now and then, so the event loops sharing
-                // the cores are not held up behind it.
-                if i % YIELD_EVERY == YIELD_EVERY - 1 {
-                    std::thread::yield_now();
-                }
-            }
-            ok &= file.write_all(&buf).is_ok();
-            buf.clear();
-            if !ok {
-                tracing::warn!(path = %path.display(), "could not append to the job log");
+            lines += batch.len();
+            let written = write_records(&mut file, &mut buf, batch.iter().map(|r| &**r));
+            batch.clear();
+            if let Err(e) = written {
+                tracing::warn!(path = %path.display(), error = %e, "could not append to the job log");
             }
         }
         if lines > COMPACT_AT {
@@ -296,6 +279,33 @@ fn write_loop(
             return;
         }
     }
+}
+
+/// Writes records as JSON lines to `f`, encoded into `buf` and written in
+/// pieces of about [`WRITE_BUF`] (serde_json writing straight into a
+/// `BufWriter` spends more on the writer's per-call checks than on the
+/// JSON). Stops at the first failed write.
+fn write_records<'r>(
+    f: &mut File,
+    buf: &mut Vec<u8>,
+    records: impl Iterator<Item = &'r JobRecord>,
+) -> std::io::Result<()> {
+    buf.clear();
+    for (i, rec) in records.enumerate() {
+        encode(buf, rec);
+        if buf.len() >= WRITE_BUF {
+            f.write_all(buf)?;
+            buf.clear();
+        }
+        // Thousands of records are milliseconds of JSON: yield now and
+        // then, so the event loops sharing the cores are not held up.
+        if i % YIELD_EVERY == YIELD_EVERY - 1 {
+            std::thread::yield_now();
+        }
+    }
+    f.write_all(buf)?;
+    buf.clear();
+    Ok(())
 }
 
 /// Appends one record as a JSON line.
@@ -324,19 +334,7 @@ fn compact(path: &Path, inner: &Mutex<Inner>, buf: &mut Vec<u8>) -> std::io::Res
     let tmp = path.with_extension("jsonl.tmp");
     {
         let mut f = File::create(&tmp)?;
-        buf.clear();
-        for (i, rec) in records.iter().enumerate() {
-            encode(buf, rec);
-            if buf.len() >= WRITE_BUF {
-                f.write_all(buf)?;
-                buf.clear();
-            }
-            if i % YIELD_EVERY == YIELD_EVERY - 1 {
-                std::thread::yield_now();
-            }
-        }
-        f.write_all(buf)?;
-        buf.clear();
+        write_records(&mut f, buf, records.iter().map(|r| &**r))?;
         f.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;

@@ -65,15 +65,7 @@ pub struct Metrics {
     /// `requests` counters already looked up: the request path finds its
     /// counter with a short scan instead of hashing a label set (and
     /// allocating the node's name) each time.
-    served: RwLock<Vec<(RequestKey, Counter)>>,
-}
-
-/// A [`RequestLabels`] without the allocation.
-#[derive(Debug)]
-struct RequestKey {
-    route: &'static str,
-    status: u16,
-    node: Box<str>,
+    served: RwLock<Vec<(RequestLabels, Counter)>>,
 }
 
 /// Past this many label sets the cache stops growing (the family still
@@ -168,8 +160,8 @@ impl Metrics {
     /// Counts one request answered on `route` with `status` by `node` (a
     /// node name, or "none").
     pub fn count_request(&self, route: &'static str, status: u16, node: &str) {
-        let hit = |(k, _): &&(RequestKey, Counter)| {
-            k.status == status && k.route == route && &*k.node == node
+        let hit = |(k, _): &&(RequestLabels, Counter)| {
+            k.status == status && k.route == route && k.node == node
         };
         if let Ok(served) = self.served.read()
             && let Some((_, c)) = served.iter().find(hit)
@@ -177,25 +169,18 @@ impl Metrics {
             c.inc();
             return;
         }
-        let c = self
-            .requests
-            .get_or_create(&RequestLabels {
-                route,
-                status,
-                node: node.to_owned(),
-            })
-            .clone();
+        let labels = RequestLabels {
+            route,
+            status,
+            node: node.to_owned(),
+        };
+        let c = self.requests.get_or_create(&labels).clone();
         c.inc();
         if let Ok(mut served) = self.served.write()
             && served.len() < SERVED_CACHE
             && !served.iter().any(|e| hit(&e))
         {
-            let key = RequestKey {
-                route,
-                status,
-                node: node.into(),
-            };
-            served.push((key, c));
+            served.push((labels, c));
         }
     }
 

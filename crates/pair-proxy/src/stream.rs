@@ -263,11 +263,12 @@ mod tests {
 
     #[test]
     fn framing_from_content_type() {
-        let v = http::HeaderValue::from_static("text/event-stream; charset=utf-8");
-        assert_eq!(Framing::from_content_type(Some(v.as_bytes())), Framing::Sse);
-        let v = http::HeaderValue::from_static("application/x-ndjson");
         assert_eq!(
-            Framing::from_content_type(Some(v.as_bytes())),
+            Framing::from_content_type(Some(b"text/event-stream; charset=utf-8")),
+            Framing::Sse
+        );
+        assert_eq!(
+            Framing::from_content_type(Some(b"application/x-ndjson")),
             Framing::Ndjson
         );
         assert_eq!(Framing::from_content_type(None), Framing::Whole);
