@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::hash::BuildHasherDefault;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,12 +49,14 @@ pub enum JobLogError {
 struct Inner {
     /// Shared with the writer's batch and the replication channel: a
     /// record is allocated once and never copied on the request path.
+    /// No index by id: the request path only appends (a job id it just
+    /// drew is new), and keeping an index of 10,000 random ids cost the
+    /// request path more than the rest of the log (a hash-map insert and
+    /// removal, each a likely cache miss, per request). Finding by id
+    /// scans; only a peer's batch and the API do.
     records: VecDeque<Arc<JobRecord>>,
-    /// Job ids are random UUIDs: a plain multiplicative hash spreads them
-    /// as well as SipHash at a fraction of the cost.
-    index: HashMap<JobId, usize, BuildHasherDefault<rustc_hash::FxHasher>>,
-    /// Records removed from the front since start; `index` values are
-    /// absolute positions, so front removal is O(1).
+    /// Records removed from the front since start (replication's cursors
+    /// are absolute positions).
     dropped: usize,
     /// Recorded but not yet appended to the file (file-backed logs only),
     /// at most the newest [`KEEP_RECORDS`]: an older one could only be
@@ -129,30 +130,41 @@ impl JobLog {
     fn new(loaded: Vec<JobRecord>) -> Self {
         let mut inner = Inner {
             records: VecDeque::new(),
-            index: HashMap::default(),
             dropped: 0,
             unwritten: VecDeque::new(),
         };
-        for rec in loaded {
-            upsert(&mut inner, Arc::new(rec));
-        }
+        // A record updated in place was appended again: the last line wins.
+        merge(&mut inner, loaded.into_iter().map(Arc::new));
         Self {
             inner: Arc::new(Mutex::new(inner)),
             writer: None,
         }
     }
 
-    /// Records a new or updated job (local or replicated from a peer).
+    /// Records a job this node just ran or routed; its id is new (drawn
+    /// for it), so nothing is looked up.
     pub fn record(&self, rec: JobRecord) {
         let rec = Arc::new(rec);
         if let Ok(mut inner) = self.inner.lock() {
             if self.writer.is_some() {
-                if inner.unwritten.len() == KEEP_RECORDS {
-                    inner.unwritten.pop_front();
-                }
-                inner.unwritten.push_back(Arc::clone(&rec));
+                queue_write(&mut inner, Arc::clone(&rec));
             }
-            upsert(&mut inner, rec);
+            append(&mut inner, rec);
+        }
+    }
+
+    /// Takes in records from elsewhere (a peer's replication batch): one
+    /// whose id the log holds replaces it in place, the rest are appended
+    /// in order. One pass over the log per batch.
+    pub fn merge(&self, records: impl IntoIterator<Item = JobRecord>) {
+        let records: Vec<Arc<JobRecord>> = records.into_iter().map(Arc::new).collect();
+        if let Ok(mut inner) = self.inner.lock() {
+            if self.writer.is_some() {
+                for rec in &records {
+                    queue_write(&mut inner, Arc::clone(rec));
+                }
+            }
+            merge(&mut inner, records);
         }
     }
 
@@ -174,10 +186,11 @@ impl JobLog {
 
     pub fn get(&self, id: JobId) -> Option<JobRecord> {
         let inner = self.inner.lock().ok()?;
-        let pos = *inner.index.get(&id)?;
         inner
             .records
-            .get(pos - inner.dropped)
+            .iter()
+            .rev()
+            .find(|r| r.id == id)
             .map(|r| JobRecord::clone(r))
     }
 
@@ -469,27 +482,45 @@ fn compact(path: &Path, inner: &Mutex<Inner>, buf: &mut Vec<u8>) -> std::io::Res
     Ok(records.len())
 }
 
-fn upsert(inner: &mut Inner, rec: Arc<JobRecord>) {
-    use std::collections::hash_map::Entry;
-    // One probe of the index (a new record is the usual case).
-    let pos = inner.dropped + inner.records.len();
-    match inner.index.entry(rec.id) {
-        Entry::Occupied(e) => {
-            let i = *e.get() - inner.dropped;
-            if let Some(slot) = inner.records.get_mut(i) {
-                *slot = rec;
-            }
-            return;
-        }
-        Entry::Vacant(e) => {
-            e.insert(pos);
+/// Queues a record for the writer, keeping the newest [`KEEP_RECORDS`].
+fn queue_write(inner: &mut Inner, rec: Arc<JobRecord>) {
+    if inner.unwritten.len() == KEEP_RECORDS {
+        inner.unwritten.pop_front();
+    }
+    inner.unwritten.push_back(rec);
+}
+
+/// Appends a record, dropping the oldest beyond [`KEEP_RECORDS`].
+fn append(inner: &mut Inner, rec: Arc<JobRecord>) {
+    inner.records.push_back(rec);
+    if inner.records.len() > KEEP_RECORDS {
+        inner.records.pop_front();
+        inner.dropped += 1;
+    }
+}
+
+/// Records whose id the log holds replace theirs in place; the others are
+/// appended in order (of several with one id, the last wins). The ids
+/// come from peers, so the map is the standard library's (keyed hashing).
+fn merge(inner: &mut Inner, records: impl IntoIterator<Item = Arc<JobRecord>>) {
+    let mut order = Vec::new();
+    let mut by_id: HashMap<JobId, Arc<JobRecord>> = HashMap::new();
+    for rec in records {
+        if by_id.insert(rec.id, Arc::clone(&rec)).is_none() {
+            order.push(rec.id);
         }
     }
-    inner.records.push_back(rec);
-    while inner.records.len() > KEEP_RECORDS {
-        if let Some(old) = inner.records.pop_front() {
-            inner.index.remove(&old.id);
-            inner.dropped += 1;
+    if by_id.is_empty() {
+        return;
+    }
+    for slot in &mut inner.records {
+        if let Some(rec) = by_id.remove(&slot.id) {
+            *slot = rec;
+        }
+    }
+    for id in order {
+        if let Some(rec) = by_id.remove(&id) {
+            append(inner, rec);
         }
     }
 }
@@ -614,7 +645,7 @@ mod tests {
         let (got, skipped) = log.since(&mut cursor, 10);
         assert_eq!((ids(got), skipped), (vec![2, 3, 4], 0));
         // An update in place is not new.
-        log.record(rec(3, 1));
+        log.merge([rec(3, 1)]);
         assert_eq!(log.since(&mut cursor, 10).0.len(), 0);
         // Over `max`: the newest, and how many were passed over.
         for i in 5..=9 {
@@ -643,9 +674,30 @@ mod tests {
         );
         let mut r = rec(KEEP_RECORDS as u128 + 4, 0);
         r.status = JobStatus::Failed;
-        log.record(r);
+        // A peer's batch: one update (its last copy wins), one new record.
+        let mut older = r.clone();
+        older.status = JobStatus::Running;
+        log.merge([older, r, rec(KEEP_RECORDS as u128 + 5, 0)]);
         assert_eq!(log.len(), KEEP_RECORDS);
-        assert_eq!(log.recent(1)[0].status, JobStatus::Failed);
+        let recent = log.recent(2);
+        assert_eq!(
+            recent[0].id,
+            JobId::from_uuid(uuid::Uuid::from_u128(KEEP_RECORDS as u128 + 5))
+        );
+        assert_eq!(
+            recent[1].status,
+            JobStatus::Failed,
+            "updated where it stood"
+        );
+        assert_eq!(
+            log.get(recent[1].id).map(|r| r.status),
+            Some(JobStatus::Failed)
+        );
+        assert!(
+            log.get(JobId::from_uuid(uuid::Uuid::from_u128(5)))
+                .is_none(),
+            "the oldest were dropped to make room"
+        );
     }
 
     #[test]

@@ -88,12 +88,13 @@ async fn jobs(
     if peer.role != Role::Node {
         return StatusCode::FORBIDDEN;
     }
-    for rec in records.into_iter().take(1_000) {
-        // Peers only speak for jobs they originated.
-        if rec.origin == peer.id {
-            rs.st.finish_job(rec);
-        }
-    }
+    // Peers only speak for jobs they originated.
+    let theirs = records
+        .into_iter()
+        .take(1_000)
+        .filter(|rec| rec.origin == peer.id)
+        .collect();
+    rs.st.merge_jobs(theirs);
     StatusCode::NO_CONTENT
 }
 

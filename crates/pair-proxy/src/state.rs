@@ -237,12 +237,25 @@ impl ProxyState {
         }
     }
 
-    /// Records a finished job and learns the serving node's speed from it.
+    /// Records a job this node routed and learns the serving node's speed
+    /// from it.
     pub fn finish_job(&self, rec: JobRecord) {
-        if let (Some(obs), Ok(mut l)) = (Observation::from_job(&rec), self.learner.lock()) {
+        self.learn(&rec);
+        self.jobs.record(rec);
+    }
+
+    /// Takes in a peer's finished jobs (replication) and learns from them.
+    pub fn merge_jobs(&self, records: Vec<JobRecord>) {
+        for rec in &records {
+            self.learn(rec);
+        }
+        self.jobs.merge(records);
+    }
+
+    fn learn(&self, rec: &JobRecord) {
+        if let (Some(obs), Ok(mut l)) = (Observation::from_job(rec), self.learner.lock()) {
             l.observe(&obs);
         }
-        self.jobs.record(rec);
     }
 
     /// Learned speed of `model` on `node` over `seed`, if jobs taught us any.
