@@ -112,17 +112,21 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     }
 
     let job = JobId::from_uuid(uuid::Uuid::new_v4());
-    let mut attempts: Vec<Attempt> = Vec::with_capacity(MAX_ATTEMPTS.min(ranking.len()));
+    // Failed attempts (the answer's error lists them); none on the usual
+    // path, so nothing is allocated for them.
+    let mut attempts: Vec<Attempt> = Vec::new();
     let mut deadline_hit = false;
+    let name_of = |node: NodeId| {
+        cluster
+            .node(node)
+            .map_or_else(|| node.short(), |n| n.name.clone())
+    };
     for cand in ranking.iter().take(MAX_ATTEMPTS) {
         let node = cand.node;
-        let name = cluster
-            .node(node)
-            .map_or_else(|| node.short(), |n| n.name.clone());
         let hop = match hop_for(st, &cluster, node, &facts.model, req.flavor) {
             Ok(h) => h,
             Err(e) => {
-                fail(st, &mut attempts, node, name, e.class());
+                fail(st, &mut attempts, node, name_of(node), e.class());
                 continue;
             }
         };
@@ -156,37 +160,36 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
             Ok(Err(AttemptError::Dispatch(e))) => {
                 // Nothing reached the client: the next candidate.
                 tracing::debug!(%node, error = %e, "attempt failed");
-                fail(st, &mut attempts, node, name, e.class());
+                fail(st, &mut attempts, node, name_of(node), e.class());
                 continue;
             }
             Ok(Err(AttemptError::Status(status))) => {
                 if status == StatusCode::NOT_FOUND {
                     refresh_inventory(&hop);
                 }
-                fail(st, &mut attempts, node, name, status.as_str());
+                fail(st, &mut attempts, node, name_of(node), status.as_str());
                 continue;
             }
             Ok(Err(AttemptError::Body(class))) => {
-                fail(st, &mut attempts, node, name, class);
+                fail(st, &mut attempts, node, name_of(node), class);
                 continue;
             }
             Err(_) => {
                 deadline_hit = true;
-                fail(st, &mut attempts, node, name, "first-byte-timeout");
+                fail(st, &mut attempts, node, name_of(node), "first-byte-timeout");
                 continue;
             }
         };
         let status = up.status;
-        attempts.push(Attempt {
-            node,
-            name: name.clone(),
-            outcome: status.as_str().to_owned(),
-        });
+        let tries = attempts.len() + 1;
+        // This node's own name is at hand; a peer's is copied out of the
+        // snapshot for the metrics and the receipt.
+        let peer_name = (node != st.node.id).then(|| name_of(node));
         st.bind_session(&profile, node);
         let ttft = t0.elapsed();
         let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
         record.ran_on = Some(node);
-        record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
+        record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
         record.http_status = Some(status.as_u16());
         record.ttft_ms = Some(millis(ttft));
         let route_metrics = st.metrics.route(req.route);
@@ -199,22 +202,21 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
             route: req.route,
             metrics: route_metrics,
             t0,
-            node_name: name.clone(),
+            peer_name: peer_name.clone(),
             guard,
             reservation: Some(reservation),
         };
         let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
-        let node_receipt = if node == st.node.id {
-            st.receipt_self.clone()
-        } else {
-            crate::state::node_receipt(&name, node)
+        let node_receipt = match &peer_name {
+            None => st.receipt_self.clone(),
+            Some(name) => crate::state::node_receipt(name, node),
         };
         return Reply {
             status,
             headers: up.headers,
             receipt: Some(Receipt {
                 node: node_receipt,
-                attempts: attempts.len(),
+                attempts: tries,
                 policy: st.policy().as_str(),
                 job,
                 why: explain
@@ -399,7 +401,8 @@ struct JobWatcher {
     route: &'static str,
     metrics: Arc<RouteMetrics>,
     t0: Instant,
-    node_name: String,
+    /// The serving node's name when it is a peer (`None`: this node).
+    peer_name: Option<String>,
     guard: Option<LoadGuard>,
     /// Held until the answer's end: the scheduler counts this request on
     /// its node until then.
@@ -435,9 +438,10 @@ impl Watcher for JobWatcher {
                 .map(|s| format!("engine answered {s}").into()),
             Ending::Completed => None,
         };
+        let node_name = self.peer_name.as_deref().unwrap_or(&self.st.node.name);
         self.st
             .metrics
-            .count_request(self.route, rec.http_status.unwrap_or(0), &self.node_name);
+            .count_request(self.route, rec.http_status.unwrap_or(0), node_name);
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
         self.guard.take();
