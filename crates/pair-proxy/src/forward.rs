@@ -19,7 +19,6 @@ use pair_core::{
     ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
     SessionKey,
 };
-use pair_scheduler::Ranking;
 use serde_json::json;
 
 use crate::body::{self, RequestFacts};
@@ -94,8 +93,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
     };
     let cluster = st.cluster();
     let profile = profile_for(&facts, &req, &cluster);
-    let mut ranking = Ranking::with_capacity(cluster.len());
-    st.rank(&cluster, &profile, &mut ranking);
+    let ranking = st.rank(&cluster, &profile);
     if ranking.is_empty() {
         st.metrics.count_request(req.route, 502, "none");
         return json_error(

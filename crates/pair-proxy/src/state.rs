@@ -11,11 +11,12 @@ use http::uri::Authority;
 use http::{HeaderValue, Uri};
 use pair_core::{ClusterSnapshot, EngineKind, JobRecord, ModelPerf, NodeId, RequestProfile};
 use pair_scheduler::{
-    Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
+    Candidate, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
     SchedulerConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use smallvec::SmallVec;
 
 use crate::dispatch::{self, DispatchError, Hop, PeerLink, Timeouts};
 use crate::jobs::JobLog;
@@ -84,7 +85,15 @@ struct Sched {
     scheduler: Scheduler,
     reservations: Reservations,
     rng: SmallRng,
+    /// The ranking's working buffers, grown once and reused by every
+    /// request (a request keeps only its [`Shortlist`]).
+    ranking: Ranking,
 }
+
+/// The best candidates for one request, in order: at most
+/// [`MAX_ATTEMPTS`] (all a request may try), held inline, so ranking
+/// allocates nothing per request.
+pub type Shortlist = SmallVec<[Candidate; MAX_ATTEMPTS]>;
 
 /// Everything the faces and the relay share.
 #[derive(Debug)]
@@ -137,6 +146,7 @@ impl ProxyState {
                 scheduler: Scheduler::new(config.scheduler),
                 reservations: Reservations::new(),
                 rng: SmallRng::from_os_rng(),
+                ranking: Ranking::new(),
             }),
             node: config.node,
             timeouts: config.timeouts,
@@ -205,16 +215,20 @@ impl ProxyState {
     }
 
     /// Ranks `request` over the current snapshot into `out`.
-    pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile, out: &mut Ranking) {
+    pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile) -> Shortlist {
         let now = now_ms();
+        let mut top = Shortlist::new();
         if let Ok(s) = self.sched.lock().as_deref_mut() {
             let Sched {
                 scheduler,
                 reservations,
                 rng,
+                ranking,
             } = s;
-            scheduler.rank_into(out, cluster, request, reservations, now, rng);
+            scheduler.rank_into(ranking, cluster, request, reservations, now, rng);
+            top.extend(ranking.iter().take(MAX_ATTEMPTS).copied());
         }
+        top
     }
 
     /// Counts `request` on `node` at once, until the guard drops.
