@@ -105,6 +105,12 @@ async fn run<A: Answer>(
 ) -> Result<(), &'static str> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
+    // One of each per connection, not per request: the shutdown signal
+    // stays registered with its token, and the watch grace's timer is
+    // moved forward for each request (tokio extends an armed timer in
+    // place) instead of being put into and taken out of the timer wheel.
+    let mut stopping = std::pin::pin!(shutdown.clone().cancelled_owned());
+    let mut grace = std::pin::pin!(tokio::time::sleep(WATCH_GRACE));
     loop {
         // The next head; an idle connection closes at shutdown.
         let head = loop {
@@ -119,7 +125,7 @@ async fn run<A: Answer>(
             let n = tokio::select! {
                 biased;
                 r = tcp.read_buf(&mut buf) => r.map_err(|_| "read failed")?,
-                () = shutdown.cancelled(), if buf.is_empty() => return Ok(()),
+                () = stopping.as_mut(), if buf.is_empty() => return Ok(()),
             };
             if n == 0 {
                 return Ok(());
@@ -159,7 +165,11 @@ async fn run<A: Answer>(
         };
         // A client that hangs up cancels its request (as with hyper): the
         // engine slot, the reservation and the load it counts are freed.
-        let Some(resp) = watching(&mut tcp, &mut buf, svc.answer(req), true).await else {
+        grace
+            .as_mut()
+            .reset(tokio::time::Instant::now() + WATCH_GRACE);
+        let answer = svc.answer(req);
+        let Some(resp) = watching(&mut tcp, &mut buf, answer, Some(grace.as_mut())).await else {
             return Ok(());
         };
         let close = !head.keep_alive || shutdown.is_cancelled();
@@ -188,21 +198,21 @@ fn make_room(buf: &mut BytesMut) {
 /// Awaits `fut` while watching the client's side of the connection: `None`
 /// when the client closed it (`fut` is dropped, which cancels what it was
 /// doing). Bytes that arrive meanwhile (a pipelined request) stay in `buf`.
-/// `after_grace`: start watching only once `fut` has been pending for
-/// [`WATCH_GRACE`] (the first look at the socket after a request is a read
-/// that finds nothing, a system call most answers finish without needing).
+/// `grace`: start watching only once it has elapsed (the first look at
+/// the socket after a request is a read that finds nothing, a system call
+/// most answers finish without needing).
 async fn watching<F: Future>(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
     fut: F,
-    after_grace: bool,
+    grace: Option<Pin<&mut tokio::time::Sleep>>,
 ) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
-    if after_grace {
+    if let Some(grace) = grace {
         tokio::select! {
             biased;
             out = fut.as_mut() => return Some(out),
-            () = tokio::time::sleep(WATCH_GRACE) => {}
+            () = grace => {}
         }
     }
     loop {
@@ -273,7 +283,7 @@ async fn write_response(
     // Bytes the declared Content-Length still allows.
     let mut left = exact.unwrap_or(u64::MAX);
     while !body.is_end_stream() {
-        let Some(frame) = watching(tcp, buf, body.frame(), false).await else {
+        let Some(frame) = watching(tcp, buf, body.frame(), None).await else {
             return Err("client closed during the answer");
         };
         let Some(frame) = frame else {
@@ -696,6 +706,35 @@ mod tests {
                 "the answer was not dropped"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The watch grace's timer is one per connection, moved forward for
+    /// each request: a hang-up is still seen on a later request, whether
+    /// the timer was still armed from the last one or had fired while the
+    /// connection sat idle.
+    #[tokio::test]
+    async fn a_hang_up_is_seen_on_a_later_request_of_a_connection() {
+        for idle in [Duration::ZERO, WATCH_GRACE * 3] {
+            let (addr, _, echo) = start_echo().await;
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(b"GET /a HTTP/1.1\r\n\r\n").await.unwrap();
+            let mut buf = [0u8; 256];
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(buf[..n].ends_with(b"fast GET /a "), "{idle:?}");
+            tokio::time::sleep(idle).await;
+            tcp.write_all(b"GET /hang HTTP/1.1\r\n\r\n").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!echo.cancelled.load(std::sync::atomic::Ordering::SeqCst));
+            drop(tcp);
+            let t = std::time::Instant::now();
+            while !echo.cancelled.load(std::sync::atomic::Ordering::SeqCst) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "the answer was not dropped (idle {idle:?})"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 
