@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use pair_core::{ApiFlavor, EngineKind};
 use serde_json::Value;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -139,7 +141,7 @@ impl face_conn::Answer for FaceService {
         self.fs.st.body_cap
     }
 
-    async fn answer(&self, req: Whole) -> Reply {
+    async fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> Reply {
         let class = route::classify(&req.method, req.uri.path());
         if matches!(class, RouteClass::Inference { .. }) {
             // Routed on the fields as they came: no header map is built.
@@ -148,7 +150,7 @@ impl face_conn::Answer for FaceService {
                 path_and_query: path_and_query(&req.uri),
                 headers: Headers::Raw(req.headers),
             };
-            return serve_whole(&self.fs, class, head, req.body).await;
+            return serve_whole(&self.fs, class, head, req.body, deadline).await;
         }
         let headers = match req.headers.to_map(0) {
             Ok(h) => h,
@@ -255,7 +257,10 @@ async fn serve_request(fs: &FaceState, class: RouteClass, req: Request) -> Respo
         path_and_query: path_and_query(&parts.uri),
         headers: Headers::Map(parts.headers),
     };
-    serve_whole(fs, class, head, body).await.into_response()
+    let deadline = std::pin::pin!(tokio::time::sleep(fs.st.timeouts.first_byte));
+    serve_whole(fs, class, head, body, deadline)
+        .await
+        .into_response()
 }
 
 fn path_and_query(uri: &http::Uri) -> http::uri::PathAndQuery {
@@ -265,7 +270,13 @@ fn path_and_query(uri: &http::Uri) -> http::uri::PathAndQuery {
 }
 
 /// Routes one request whose body has been read.
-async fn serve_whole(fs: &FaceState, class: RouteClass, head: RequestHead, body: Bytes) -> Reply {
+async fn serve_whole(
+    fs: &FaceState,
+    class: RouteClass,
+    head: RequestHead,
+    body: Bytes,
+    deadline: Pin<&mut Sleep>,
+) -> Reply {
     let st = &fs.st;
     match class {
         RouteClass::Inference {
@@ -282,6 +293,7 @@ async fn serve_whole(fs: &FaceState, class: RouteClass, head: RequestHead, body:
                     work,
                     route,
                 },
+                deadline,
             )
             .await
         }

@@ -18,6 +18,8 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use tokio::time::Sleep;
+
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Response, Version, header};
@@ -69,8 +71,10 @@ pub(crate) trait Answer:
     /// Largest request body accepted.
     fn body_cap(&self) -> usize;
     /// Answers one request. The future lives inside the connection's own
-    /// (no allocation, no move per request).
-    fn answer(&self, req: Whole) -> impl Future<Output = Reply> + Send;
+    /// (no allocation, no move per request). `deadline` is the
+    /// connection's timer for the answer's own deadlines (moved forward,
+    /// never re-armed per request; see [`crate::forward::execute`]).
+    fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
 }
@@ -106,11 +110,13 @@ async fn run<A: Answer>(
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
     // One of each per connection, not per request: the shutdown signal
-    // stays registered with its token, and the watch grace's timer is
-    // moved forward for each request (tokio extends an armed timer in
-    // place) instead of being put into and taken out of the timer wheel.
+    // stays registered with its token, and the two timers (the watch
+    // grace, the answer's deadlines) are moved forward for each request
+    // (tokio extends an armed timer in place) instead of being put into
+    // and taken out of the timer wheel. Each is set before its first use.
     let mut stopping = std::pin::pin!(shutdown.clone().cancelled_owned());
     let mut grace = std::pin::pin!(tokio::time::sleep(WATCH_GRACE));
+    let mut deadline = std::pin::pin!(tokio::time::sleep(WATCH_GRACE));
     loop {
         // The next head; an idle connection closes at shutdown.
         let head = loop {
@@ -168,7 +174,7 @@ async fn run<A: Answer>(
         grace
             .as_mut()
             .reset(tokio::time::Instant::now() + WATCH_GRACE);
-        let answer = svc.answer(req);
+        let answer = svc.answer(req, deadline.as_mut());
         let Some(resp) = watching(&mut tcp, &mut buf, answer, Some(grace.as_mut())).await else {
             return Ok(());
         };
@@ -205,7 +211,7 @@ async fn watching<F: Future>(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
     fut: F,
-    grace: Option<Pin<&mut tokio::time::Sleep>>,
+    grace: Option<Pin<&mut Sleep>>,
 ) -> Option<F::Output> {
     let mut fut = std::pin::pin!(fut);
     if let Some(grace) = grace {
@@ -519,7 +525,7 @@ mod tests {
             64
         }
 
-        async fn answer(&self, req: Whole) -> Reply {
+        async fn answer(&self, req: Whole, _: Pin<&mut Sleep>) -> Reply {
             let resp = {
                 match req.uri.path() {
                     "/hang" => {

@@ -8,6 +8,7 @@
 //! [`MAX_ATTEMPTS`] dispatches. Once a byte has reached the client there is
 //! no resend: a failure ends the stream with an error event.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use pair_core::{
     SessionKey,
 };
 use serde_json::json;
+use tokio::time::Sleep;
 
 use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop, RequestHead};
@@ -73,8 +75,11 @@ pub struct Inference {
     pub route: &'static str,
 }
 
-/// Routes one inference request through the cluster.
-pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
+/// Routes one inference request through the cluster. `deadline` is the
+/// timer each attempt's first-byte deadline is set on: a face connection
+/// lends its own, so a request moves an armed timer forward instead of
+/// putting one into tokio's timer wheel and taking it out again.
+pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mut Sleep>) -> Reply {
     let created_at_ms = now_ms();
     let t0 = Instant::now();
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
@@ -153,7 +158,15 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference) -> Reply {
             };
             Ok((up, first))
         };
-        let (up, first) = match tokio::time::timeout(st.timeouts.first_byte, attempt).await {
+        deadline
+            .as_mut()
+            .reset(tokio::time::Instant::now() + st.timeouts.first_byte);
+        let outcome = tokio::select! {
+            biased;
+            r = attempt => Ok(r),
+            () = deadline.as_mut() => Err(()),
+        };
+        let (up, first) = match outcome {
             Ok(Ok(answer)) => answer,
             Ok(Err(AttemptError::Dispatch(e))) => {
                 // Nothing reached the client: the next candidate.
