@@ -256,21 +256,23 @@ pub fn is_one_of(name: &[u8], list: &[&[u8]]) -> bool {
 /// initialised headers is a 3 KiB memset per parse attempt).
 type RawHeaders<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
 
-/// The spans of `raw`'s headers within `base` (which they were parsed from).
-fn spans(base: &[u8], raw: &[httparse::Header<'_>], out: &mut [Span; MAX_HEADERS]) -> usize {
+/// The spans of `raw`'s headers within `base` (which they were parsed
+/// from): the fields' own list, which [`collect`] then filters in place.
+fn spans(base: &[u8], raw: &[httparse::Header<'_>]) -> Vec<Span> {
     // Offsets fit: the head was checked against MAX_HEAD.
     let at = |p: *const u8| (p as usize - base.as_ptr() as usize) as u32;
-    for (slot, h) in out.iter_mut().zip(raw) {
-        let name = at(h.name.as_ptr());
-        let value = at(h.value.as_ptr());
-        *slot = (
-            name,
-            name + h.name.len() as u32,
-            value,
-            value + h.value.len() as u32,
-        );
-    }
-    raw.len()
+    raw.iter()
+        .map(|h| {
+            let name = at(h.name.as_ptr());
+            let value = at(h.value.as_ptr());
+            (
+                name,
+                name + h.name.len() as u32,
+                value,
+                value + h.value.len() as u32,
+            )
+        })
+        .collect()
 }
 
 /// Which headers [`collect`] leaves out of the fields.
@@ -288,11 +290,11 @@ enum Keep {
 
 /// Reads the framing facts off a head's fields and keeps the fields `keep`
 /// says; names and values stay where they are in `head`.
-fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingError> {
+fn collect(head: &Bytes, mut spans: Vec<Span>, keep: Keep) -> Result<Facts, FramingError> {
     let mut f = Facts {
         fields: Fields {
             head: head.clone(),
-            spans: Vec::with_capacity(spans.len()),
+            spans: Vec::new(),
         },
         length: None,
         has_coding: false,
@@ -304,7 +306,10 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
     let answer = keep != Keep::All;
     // An answer's `Connection` values that name other headers (rare).
     let mut naming: Vec<Span> = Vec::new();
-    for &span in spans {
+    // Kept spans are moved down to the front of `spans`.
+    let mut kept = 0;
+    for i in 0..spans.len() {
+        let span = spans[i];
         let (ns, ne, vs, ve) = (
             span.0 as usize,
             span.1 as usize,
@@ -366,8 +371,11 @@ fn collect(head: &Bytes, spans: &[Span], keep: Keep) -> Result<Facts, FramingErr
         } else if answer && name.eq_ignore_ascii_case(b"keep-alive") {
             continue;
         }
-        f.fields.spans.push(span);
+        spans[kept] = span;
+        kept += 1;
     }
+    spans.truncate(kept);
+    f.fields.spans = spans;
     if !naming.is_empty() {
         let named = |n: &[u8]| {
             naming.iter().any(|&(_, _, vs, ve)| {
@@ -410,8 +418,7 @@ fn keep_alive(v: Version, f: &Facts) -> bool {
 /// (which then starts at the body); `Ok(None)`: not all here yet. On an
 /// error `buf` is left as it was.
 pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingError> {
-    let mut at = [(0, 0, 0, 0); MAX_HEADERS];
-    let (len, n, method, version, target) = {
+    let (len, spans, method, version, target) = {
         let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);
         let len = match req.parse_with_uninit_headers(buf, &mut raw) {
@@ -424,17 +431,16 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
             .map_err(|_| FramingError::Head("bad method".into()))?;
         let path = req.path.unwrap_or("/");
         let start = path.as_ptr() as usize - buf.as_ptr() as usize;
-        let n = spans(buf, req.headers, &mut at);
         (
             len,
-            n,
+            spans(buf, req.headers),
             method,
             version(req.version),
             start..start + path.len(),
         )
     };
     let head = buf.split_to(len).freeze();
-    let f = match collect(&head, &at[..n], Keep::All) {
+    let f = match collect(&head, spans, Keep::All) {
         Ok(f) => f,
         Err(e) => {
             // Put the head back for whoever serves the connection next.
@@ -471,8 +477,7 @@ pub fn parse_response(
     head_request: bool,
 ) -> Result<Option<ResponseHead>, FramingError> {
     loop {
-        let mut at = [(0, 0, 0, 0); MAX_HEADERS];
-        let (len, n, status, version) = {
+        let (len, spans, status, version) = {
             let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
             let mut resp = httparse::Response::new(&mut []);
             let len = match httparse::ParserConfig::default()
@@ -485,8 +490,7 @@ pub fn parse_response(
             };
             let status = StatusCode::from_u16(resp.code.unwrap_or(0))
                 .map_err(|_| FramingError::Head("bad status".into()))?;
-            let n = spans(buf, resp.headers, &mut at);
-            (len, n, status, version(resp.version))
+            (len, spans(buf, resp.headers), status, version(resp.version))
         };
         if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
             buf.advance(len);
@@ -494,7 +498,7 @@ pub fn parse_response(
         }
         let head = buf.split_to(len).freeze();
         let bodiless = bodiless(status, head_request);
-        let f = collect(&head, &at[..n], Keep::EndToEnd { length: bodiless })?;
+        let f = collect(&head, spans, Keep::EndToEnd { length: bodiless })?;
         let body = if bodiless {
             BodyLen::Length(0)
         } else if f.chunked {
