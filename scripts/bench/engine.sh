@@ -1,0 +1,63 @@
+# scripts/bench/engine.sh — sourced by the bench scripts that need only the
+# benchmark engine: nginx answering a fixed small chat completion (and what
+# pair-node's openai-compat poller reads) on 127.0.0.1:$1, one worker,
+# state and logs under $2. Sets ENGINE_PID.
+start_bench_engine() {
+    local port=$1 dir=$2
+    mkdir -p "$dir/nginx-tmp"
+    cat >"$dir/engine.conf" <<CONF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $dir/engine.pid;
+error_log $dir/engine-error.log warn;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $dir/nginx-tmp/body;
+    proxy_temp_path $dir/nginx-tmp/proxy;
+    fastcgi_temp_path $dir/nginx-tmp/fastcgi;
+    uwsgi_temp_path $dir/nginx-tmp/uwsgi;
+    scgi_temp_path $dir/nginx-tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    default_type application/json;
+    server {
+        listen 127.0.0.1:$port;
+        location = /health { return 200 '{"status":"ok"}'; }
+        location = /props { return 200 '{"total_slots":1024}'; }
+        location = /v1/models { return 200 '{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}'; }
+        location = /v1/chat/completions { return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'; }
+        location / { return 404 '{"error":"not found"}'; }
+    }
+}
+CONF
+    "${NGINX:-nginx}" -c "$dir/engine.conf" -p "$dir" -e "$dir/engine-error.log" &
+    ENGINE_PID=$!
+}
+
+# free_ports N: N distinct free loopback ports.
+free_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# wait_chat PORT: until a chat completion through the face at PORT answers 200.
+wait_chat() {
+    local i
+    for ((i = 0; i < 150; i++)); do
+        curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' \
+            -d '{"model":"bench","messages":[]}' "http://127.0.0.1:$1/v1/chat/completions" 2>/dev/null |
+            grep -q 200 && return 0
+        sleep 0.2
+    done
+    echo "nothing answers on 127.0.0.1:$1" >&2
+    return 1
+}

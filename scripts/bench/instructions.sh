@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/bench/instructions.sh — instructions per proxied request: pair-node
+# (one event loop) under valgrind's callgrind, wrk -t1 -c4 for $DUR seconds
+# through its OpenAI face to the benchmark engine (nginx, fixed answer).
+# Total instructions (start-up included) over requests; steadier than wall
+# time on a noisy box. The profile is kept for callgrind_annotate.
+# Usage: scripts/bench/instructions.sh [PAIR_NODE] (default target/release/pair-node)
+# Env:   DUR=20  OUT=<callgrind output file> (default /tmp/pair-callgrind.out)
+# Needs: valgrind, nginx, wrk, curl, python3.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$ROOT/scripts/bench/engine.sh"
+NODE=${1:-$ROOT/target/release/pair-node}
+DUR=${DUR:-20}
+OUT=${OUT:-/tmp/pair-callgrind.out}
+WORK=$(mktemp -d /tmp/pair-instr.XXXXXX)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
+start_bench_engine "$P_ENGINE" "$WORK"
+PIDS+=("$ENGINE_PID")
+valgrind --tool=callgrind --callgrind-out-file="$OUT" "$NODE" run --state-dir "$WORK/node" \
+    --name instr --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
+    --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
+    --mdns off --threads 1 >"$WORK/node.log" 2>&1 &
+NODE_PID=$!
+PIDS+=("$NODE_PID")
+wait_chat "$P_OPENAI"
+result=$(wrk -t1 -c4 -d"${DUR}s" -s "$ROOT/scripts/bench/post.lua" \
+    "http://127.0.0.1:$P_OPENAI/v1/chat/completions" | grep RESULT)
+kill -INT "$NODE_PID"
+wait "$NODE_PID" 2>/dev/null || true
+requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$result")
+total=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+echo "requests=$requests instructions=$total per_request=$((total / requests)) profile=$OUT"
