@@ -16,11 +16,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d /tmp/pair-ab.XXXXXX)
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-read -r -a P <<<"$(python3 -c '
-import socket
-s = [socket.socket() for _ in range(6)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(" ".join(str(x.getsockname()[1]) for x in s))')"
+# shellcheck source=engine.sh
+source "$HERE/engine.sh"
+read -r -a P <<<"$(free_ports 6)"
 start() { # name bin ollama openai cluster
     mkdir -p "$WORK/$1"
     "$2" run --state-dir "$WORK/$1" --name "$1" --ollama-face "127.0.0.1:$3" \

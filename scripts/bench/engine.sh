@@ -1,37 +1,64 @@
-# scripts/bench/engine.sh — sourced by the bench scripts that need only the
-# benchmark engine: nginx answering a fixed small chat completion (and what
-# pair-node's openai-compat poller reads) on 127.0.0.1:$1, one worker,
-# state and logs under $2. Sets ENGINE_PID.
-start_bench_engine() {
-    local port=$1 dir=$2
-    mkdir -p "$dir/nginx-tmp"
-    cat >"$dir/engine.conf" <<CONF
+# scripts/bench/engine.sh — sourced by the bench scripts: the nginx
+# configuration they share, and the benchmark engine alone (nginx answering
+# a fixed small chat completion, and what pair-node's openai-compat poller
+# reads) for the scripts that need only it.
+
+# The benchmark engine's answer: a small non-streamed chat completion.
+BENCH_CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
+
+# nginx_preamble NAME DIR WORKERS: the start of an nginx configuration
+# (through `http {` and its common settings) with state and logs under DIR.
+nginx_preamble() {
+    cat <<CONF
 daemon off;
-master_process off;
-worker_processes 1;
-pid $dir/engine.pid;
-error_log $dir/engine-error.log warn;
+master_process on;
+worker_processes $3;
+worker_rlimit_nofile 20000;
+pid $2/$1.pid;
+error_log $2/$1-error.log warn;
 events { worker_connections 8192; }
 http {
     access_log off;
-    client_body_temp_path $dir/nginx-tmp/body;
-    proxy_temp_path $dir/nginx-tmp/proxy;
-    fastcgi_temp_path $dir/nginx-tmp/fastcgi;
-    uwsgi_temp_path $dir/nginx-tmp/uwsgi;
-    scgi_temp_path $dir/nginx-tmp/scgi;
+    client_body_temp_path $2/nginx-tmp/body;
+    proxy_temp_path $2/nginx-tmp/proxy;
+    fastcgi_temp_path $2/nginx-tmp/fastcgi;
+    uwsgi_temp_path $2/nginx-tmp/uwsgi;
+    scgi_temp_path $2/nginx-tmp/scgi;
     keepalive_requests 1000000;
     keepalive_timeout 300s;
+CONF
+}
+
+# What pair-node's openai-compat poller reads from an engine, as nginx
+# locations.
+engine_poller_locations() {
+    cat <<'CONF'
+        location = /health { return 200 '{"status":"ok"}'; }
+        location = /props { return 200 '{"total_slots":1024}'; }
+        location = /v1/models {
+            return 200 '{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}';
+        }
+CONF
+}
+
+# start_bench_engine PORT DIR: the engine on 127.0.0.1:PORT, one worker.
+# Sets ENGINE_PID.
+start_bench_engine() {
+    local port=$1 dir=$2
+    mkdir -p "$dir/nginx-tmp"
+    {
+        nginx_preamble engine "$dir" 1
+        cat <<CONF
     default_type application/json;
     server {
         listen 127.0.0.1:$port;
-        location = /health { return 200 '{"status":"ok"}'; }
-        location = /props { return 200 '{"total_slots":1024}'; }
-        location = /v1/models { return 200 '{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}'; }
-        location = /v1/chat/completions { return 200 '{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'; }
+$(engine_poller_locations)
+        location = /v1/chat/completions { return 200 '$BENCH_CHAT'; }
         location / { return 404 '{"error":"not found"}'; }
     }
 }
 CONF
+    } >"$dir/engine.conf"
     "${NGINX:-nginx}" -c "$dir/engine.conf" -p "$dir" -e "$dir/engine-error.log" &
     ENGINE_PID=$!
 }

@@ -28,6 +28,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/scripts/bench"
+# shellcheck source=engine.sh
+source "$HERE/engine.sh"
 RUNS=${RUNS:-3}
 DUR=${DUR:-5}
 TTFB_N=${TTFB_N:-2000}
@@ -83,26 +85,15 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Distinct free loopback ports, all held open until every one is chosen.
-read -r -a PORTS <<<"$($PY - <<'EOF'
-import socket
-socks = []
-for _ in range(16):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-)"
+read -r -a PORTS <<<"$(free_ports 16)"
 # One more free loopback port (for the optional variants).
-free_port() {
-    $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+free_port() { free_ports 1; }
 P_ENGINE=${PORTS[0]}
 P_NGX=${PORTS[1]}
 P_DEAD=${PORTS[2]} # nothing listens here: node A's own engine
 
 # ------------------------------------------------------------- nginx
-CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
+CHAT=$BENCH_CHAT
 sse_body() { # $1 = number of token events
     local i out=""
     for ((i = 0; i < $1; i++)); do
@@ -116,38 +107,13 @@ SSE_LONG=$(sse_body 48) # nginx caps one parameter at 4 KB
 # The slow stream trickles out over about SLOW_SECONDS.
 SLOW_RATE=$(( ($(printf '%s' "$SSE_LONG" | wc -c) + 2) / SLOW_SECONDS ))
 mkdir -p "$WORK/nginx-tmp"
-nginx_common() {
-    cat <<EOF
-daemon off;
-master_process on;
-worker_processes 2;
-worker_rlimit_nofile 20000;
-pid $WORK/$1.pid;
-error_log $WORK/$1-error.log warn;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    client_body_temp_path $WORK/nginx-tmp/body;
-    proxy_temp_path $WORK/nginx-tmp/proxy;
-    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
-    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
-    scgi_temp_path $WORK/nginx-tmp/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-EOF
-}
 {
-    nginx_common engine
+    nginx_preamble engine "$WORK" 2
     cat <<EOF
     default_type application/json;
     server {
         listen 127.0.0.1:$P_ENGINE;
-        # What pair-node's openai-compat poller reads.
-        location = /health { return 200 '{"status":"ok"}'; }
-        location = /props { return 200 '{"total_slots":1024}'; }
-        location = /v1/models {
-            return 200 '{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}';
-        }
+$(engine_poller_locations)
         # The answer; an x-bench header (passed through by the proxies)
         # picks a short SSE stream or a slow one instead.
         location = /v1/chat/completions {
@@ -172,7 +138,7 @@ EOF
 EOF
 } >"$WORK/engine.conf"
 {
-    nginx_common proxy
+    nginx_preamble proxy "$WORK" 2
     cat <<EOF
     upstream engine {
         server 127.0.0.1:$P_ENGINE;
