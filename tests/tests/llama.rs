@@ -12,24 +12,10 @@ use std::time::{Duration, Instant};
 
 use pair_tests::{cluster, http};
 
-fn env_path(var: &str, fallback: PathBuf) -> PathBuf {
-    let p = std::env::var_os(var).map_or(fallback, PathBuf::from);
-    assert!(
-        p.exists(),
-        "{} is missing ({var}): run scripts/setup-python.sh (CI does)",
-        p.display()
-    );
-    p
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
-    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
-    let cache = home.join(".cache/pair/llama-0.3.36");
-    let llama_py = env_path("PAIR_LLAMA_PYTHON", cache.join("bin/python"));
-    let model = env_path("PAIR_LLAMA_MODEL", cache.join("model/smollm2.gguf"));
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let py = env_path("PAIR_PYTHON", root.join(".venv/bin/python"));
+    let (llama_py, model) = pair_testenv::llama_paths().unwrap_or_else(|e| panic!("{e}"));
+    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

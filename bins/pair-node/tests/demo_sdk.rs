@@ -11,16 +11,7 @@ use pair_node::harness::{KillOnDrop, wait_for_output};
 use std::time::Duration;
 
 fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let py = std::env::var_os("PAIR_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".venv/bin/python"));
-    assert!(
-        py.exists(),
-        "{} is missing: run scripts/setup-python.sh (CI does)",
-        py.display()
-    );
-    py
+    pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

@@ -11,18 +11,9 @@ use pair_emulator::{EmulatedEngine, EngineConfig, Flavor};
 const MODEL: &str = "llama3.2:3b";
 const EMBED: &str = "nomic-embed-text:137m";
 
-/// The interpreter with the SDKs: `PAIR_PYTHON`, else the repo's `.venv`.
+/// The interpreter with the SDKs.
 fn python() -> PathBuf {
-    let path = std::env::var_os("PAIR_PYTHON").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"),
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "no Python with the openai/ollama SDKs at {}: run scripts/setup-python.sh (or set PAIR_PYTHON)",
-        path.display()
-    );
-    path
+    pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn run_script(script: &str, flavor: Flavor, base_path: &str) {

@@ -1,9 +1,9 @@
 //! Starts a real OpenAI-compatible engine, llama-cpp-python's server with
 //! the SmolLM2-135M GGUF, as a child the test owns (killed on drop).
 //!
-//! Paths come from `PAIR_LLAMA_PYTHON` / `PAIR_LLAMA_MODEL`, falling back to
-//! the cache `scripts/setup-python.sh` builds. A missing interpreter or model
-//! fails the test: CI installs them, and a silent pass would hide a gap.
+//! Paths from `pair_testenv::llama_paths` (`PAIR_LLAMA_PYTHON` /
+//! `PAIR_LLAMA_MODEL`, else the cache `scripts/setup-python.sh` builds); a
+//! missing interpreter or model fails the test.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -15,30 +15,9 @@ use pair_engines::{EngineCommand, PortUse, inspect_port};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-const SETUP_HINT: &str =
-    "run scripts/setup-python.sh (it prints PAIR_LLAMA_PYTHON and PAIR_LLAMA_MODEL)";
-
 /// The interpreter of the llama-cpp-python venv and the GGUF model.
 pub(crate) fn llama_paths() -> anyhow::Result<(PathBuf, PathBuf)> {
-    let cache = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/pair/llama-0.3.36"))
-        .unwrap_or_default();
-    let python = std::env::var_os("PAIR_LLAMA_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache.join("bin/python"));
-    let model = std::env::var_os("PAIR_LLAMA_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cache.join("model/smollm2.gguf"));
-    if !python.is_file() {
-        bail!(
-            "llama-cpp-python interpreter {} is missing: {SETUP_HINT}",
-            python.display()
-        );
-    }
-    if !model.is_file() {
-        bail!("SmolLM2 GGUF {} is missing: {SETUP_HINT}", model.display());
-    }
-    Ok((python, model))
+    pair_testenv::llama_paths().map_err(anyhow::Error::msg)
 }
 
 /// The command line that serves the model under the alias `smollm2`, with
