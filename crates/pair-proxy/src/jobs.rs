@@ -8,11 +8,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus};
+use pair_core::{JobId, JobRecord};
 
 pub const KEEP_RECORDS: usize = 10_000;
 /// The file is rewritten with just the kept records once it holds this
@@ -47,8 +47,8 @@ pub enum JobLogError {
 
 #[derive(Debug)]
 struct Inner {
-    /// Shared with the writer's batch and the replication channel: a
-    /// record is allocated once and never copied on the request path.
+    /// Shared with the writer's batch and replication: a record is
+    /// allocated once and never copied on the request path.
     /// No index by id: the request path only appends (a job id it just
     /// drew is new), and keeping an index of 10,000 random ids cost the
     /// request path more than the rest of the log (a hash-map insert and
@@ -327,8 +327,8 @@ fn write_records<'r>(
 /// a byte at a time for characters to escape, which made the log's writer
 /// thread the largest single cost of a request (a sixth of its
 /// instructions); here the keys are constants, ids and numbers cannot need
-/// escaping, and a string is handed to serde_json only when it holds a
-/// character that does.
+/// escaping, and serde_json writes only the two enums and a string that
+/// holds a character to escape.
 fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     // Destructured so a field added to the record fails to compile here
     // instead of silently missing from the log.
@@ -355,7 +355,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     buf.extend_from_slice(b",\"model\":");
     json_str(buf, model);
     buf.extend_from_slice(b",\"flavor\":");
-    buf.extend_from_slice(flavor.quoted_name());
+    json_serde(buf, flavor);
     buf.extend_from_slice(b",\"route\":");
     json_str(buf, route);
     buf.extend_from_slice(if *streaming {
@@ -369,7 +369,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     buf.extend_from_slice(b",\"attempts\":");
     json_int(buf, *attempts);
     buf.extend_from_slice(b",\"status\":");
-    buf.extend_from_slice(status.quoted_name());
+    json_serde(buf, status);
     buf.extend_from_slice(b",\"http_status\":");
     json_opt(buf, *http_status, json_int);
     buf.extend_from_slice(b",\"created_at_ms\":");
@@ -412,54 +412,19 @@ fn json_str(buf: &mut Vec<u8>, s: &str) {
         buf.push(b'"');
         buf.extend_from_slice(s.as_bytes());
         buf.push(b'"');
-    } else if serde_json::to_writer(&mut *buf, s).is_err() {
-        // Writing a string into memory cannot fail; an empty string keeps
-        // the line valid JSON if it ever did.
-        buf.extend_from_slice(b"\"\"");
+    } else {
+        json_serde(buf, s);
     }
 }
 
-/// A unit variant's serde name as JSON, rendered by serde_json once per
-/// variant and kept, so the names are spelled only in the enums' serde
-/// attributes.
-trait QuotedName {
-    fn quoted_name(&self) -> &'static [u8];
+/// A value as serde_json writes it.
+fn json_serde(buf: &mut Vec<u8>, v: &(impl serde::Serialize + ?Sized)) {
+    if serde_json::to_writer(&mut *buf, v).is_err() {
+        // Writing a string or a unit variant into memory cannot fail; a
+        // null keeps the line valid JSON if it ever did.
+        buf.extend_from_slice(b"null");
+    }
 }
-
-macro_rules! quoted_names {
-    ($ty:ident { $($variant:ident),+ $(,)? }) => {
-        impl QuotedName for $ty {
-            fn quoted_name(&self) -> &'static [u8] {
-                const ALL: &[$ty] = &[$($ty::$variant),+];
-                static NAMES: OnceLock<Vec<String>> = OnceLock::new();
-                // Stops the build when a variant is added and not listed.
-                match self {
-                    $($ty::$variant)|+ => {}
-                }
-                let names = NAMES.get_or_init(|| {
-                    ALL.iter()
-                        .map(|v| serde_json::to_string(v).expect("a unit variant serialises"))
-                        .collect()
-                });
-                let i = ALL.iter().position(|v| v == self).expect("listed above");
-                names[i].as_bytes()
-            }
-        }
-    };
-}
-
-quoted_names!(ApiFlavor {
-    Ollama,
-    OpenAi,
-    Anthropic
-});
-quoted_names!(JobStatus {
-    Queued,
-    Running,
-    Completed,
-    Failed,
-    Cancelled
-});
 
 /// Rewrites the file with just the records kept (write, fsync, rename), and
 /// returns how many lines it now has. The records are copied out first so
@@ -528,7 +493,7 @@ fn merge(inner: &mut Inner, records: impl IntoIterator<Item = Arc<JobRecord>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pair_core::NodeId;
+    use pair_core::{ApiFlavor, JobStatus, NodeId};
     use proptest::prelude::*;
 
     fn rec(n: u128, at: u64) -> JobRecord {
