@@ -18,8 +18,6 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::time::Sleep;
-
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Response, Version, header};
@@ -29,6 +27,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{SHUTDOWN_GRACE, serve_connection};

@@ -126,8 +126,6 @@ impl Reply {
         self.headers.write(out, |name| {
             h1::is_one_of(name, framing)
                 || (receipt
-                    && name.len() > 7
-                    && name[..7].eq_ignore_ascii_case(b"x-pair-")
                     && RECEIPT
                         .iter()
                         .any(|r| name.eq_ignore_ascii_case(r.as_str().as_bytes())))
