@@ -385,8 +385,8 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
 /// `x-pair-session` through a face: once a conversation has run on a node,
 /// its next turns go back there (its KV cache is warm), while requests
 /// without the header keep going where the scheduler ranks best. One node
-/// is clearly the fastest, so "where the scheduler ranks best" does not
-/// hang on tie-breaks between the speeds identical nodes learn.
+/// is clearly the fastest, so that pick is one node by a wide margin
+/// rather than a tie-break among identical ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_sticks_to_the_node_it_ran_on() {
     let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
