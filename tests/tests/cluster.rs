@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pair_core::Role;
 use pair_tests::{cluster, http, served_by};
@@ -382,6 +382,43 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
     c.stop().await;
 }
 
+/// Requests sent one after another, each the moment the last answered,
+/// all go to the fastest node, here the local one. Its own workload is read
+/// live: the cluster view's copy is refreshed once per gossip interval and
+/// would still show the request that just finished, which on a one-slot
+/// engine looks like a queue and would send the next request to a slower
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_requests_stay_on_the_idle_fastest_node() {
+    let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let fastest = c.nodes[0].id.to_string();
+    let started = Instant::now();
+    let mut served = Vec::new();
+    // Long enough to span several gossip intervals.
+    while served.len() < 20 || started.elapsed() < Duration::from_secs(2) {
+        let r = http()
+            .post(&url)
+            .json(
+                &json!({"model": "llama3.2:3b", "prompt": "next", "stream": false,
+                          "options": {"num_predict": 4}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        served.push(served_by(&r).unwrap());
+    }
+    let elsewhere = served.iter().filter(|n| **n != fastest).count();
+    assert_eq!(
+        elsewhere,
+        0,
+        "{elsewhere} of {} requests left the idle fastest node",
+        served.len()
+    );
+    c.stop().await;
+}
+
 /// `x-pair-session` through a face: once a conversation has run on a node,
 /// its next turns go back there (its KV cache is warm), while requests
 /// without the header keep going where the scheduler ranks best. One node
@@ -428,10 +465,10 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
             elsewhere,
             "turn {turn} of the session left its node"
         );
-        // A node's workload reaches the cluster view once per gossip
-        // interval, its own included: a request just finished can still
-        // count as running there for that long (and sink its node). Wait
-        // it out so the scheduler's pick is compared with like.
+        // A peer's workload reaches the cluster view once per gossip
+        // interval: the turn just finished can still count as running on
+        // the session's node for that long. Wait it out so the scheduler's
+        // pick is compared with like.
         wait_settled(&c, "llama3.2:3b").await;
         assert_eq!(
             ask(None, None).await,

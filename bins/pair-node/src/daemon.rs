@@ -405,16 +405,16 @@ fn local_snapshot(
         n.pressure = t.pressure_at(now);
         drop(t);
         st.metrics.pressure.set(i64::from(n.pressure.band()));
-        n.workload = st.load.workload(n.slots());
         // Work sent straight to an engine's own port (vLLM reports its queue)
         // is invisible to PAIR; count it here.
-        for h in &engines {
-            if let Some(q) = h.report().queue {
-                let extra_running = q.running.saturating_sub(n.workload.running);
-                n.workload.running += extra_running;
-                n.workload.queued = n.workload.queued.max(q.waiting);
-            }
-        }
+        let (running, waiting) = engines
+            .iter()
+            .filter_map(|h| h.report().queue)
+            .fold((0u32, 0u32), |(r, w), q| {
+                (r.saturating_add(q.running), w.saturating_add(q.waiting))
+            });
+        st.load.set_engine_queue(running, waiting);
+        n.workload = st.load.workload(n.slots());
         n.reported_at_ms = now;
         n.base_perf = base_perf;
         n

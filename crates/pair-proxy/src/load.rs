@@ -15,6 +15,11 @@ pub struct LocalLoad {
     decode_tokens: AtomicU64,
     /// Requests served since start, for reports and metrics.
     served: AtomicU64,
+    /// What the engines themselves last reported running and waiting
+    /// (vLLM does): work sent straight to an engine's own port, which
+    /// passes no guard.
+    engine_running: AtomicU32,
+    engine_waiting: AtomicU32,
 }
 
 impl LocalLoad {
@@ -37,16 +42,24 @@ impl LocalLoad {
     }
 
     /// The workload as the scheduler models it: `slots` requests run at
-    /// once on the engines, the rest wait.
+    /// once on the engines, the rest wait; an engine's own larger counts
+    /// (requests that bypassed the proxy) raise it.
     pub fn workload(&self, slots: u32) -> Workload {
         let n = self.in_flight.load(Relaxed);
         let running = n.min(slots.max(1));
         Workload {
-            running,
-            queued: n - running,
+            running: running.max(self.engine_running.load(Relaxed)),
+            queued: (n - running).max(self.engine_waiting.load(Relaxed)),
             prefill_tokens: self.prefill_tokens.load(Relaxed),
             decode_tokens: self.decode_tokens.load(Relaxed),
         }
+    }
+
+    /// The engines' own queue report, summed over those that give one
+    /// (call it whenever they are polled).
+    pub fn set_engine_queue(&self, running: u32, waiting: u32) {
+        self.engine_running.store(running, Relaxed);
+        self.engine_waiting.store(waiting, Relaxed);
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -124,5 +137,17 @@ mod tests {
         drop(b);
         assert_eq!(load.workload(1), Workload::default());
         assert_eq!(load.served(), 2);
+    }
+
+    #[test]
+    fn an_engines_own_queue_raises_the_counts() {
+        let load = LocalLoad::new();
+        let _a = load.begin(10, 5);
+        load.set_engine_queue(3, 2);
+        let w = load.workload(4);
+        assert_eq!((w.running, w.queued), (3, 2));
+        load.set_engine_queue(0, 0);
+        let w = load.workload(4);
+        assert_eq!((w.running, w.queued), (1, 0));
     }
 }

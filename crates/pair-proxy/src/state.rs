@@ -214,10 +214,15 @@ impl ProxyState {
         self.peers.store(Arc::new(peers));
     }
 
-    /// Ranks `request` over the current snapshot into `out`.
+    /// Ranks `request` over `cluster`, with this node's own workload read
+    /// live: the snapshot's copy of it is up to one gossip interval old, and
+    /// a request that has just finished here must not still weigh on it.
     pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile) -> Shortlist {
         let now = now_ms();
         let mut top = Shortlist::new();
+        let live = cluster
+            .node(self.node.id)
+            .map(|me| (me.id, self.load.workload(me.slots())));
         if let Ok(s) = self.sched.lock().as_deref_mut() {
             let Sched {
                 scheduler,
@@ -225,6 +230,7 @@ impl ProxyState {
                 rng,
                 ranking,
             } = s;
+            reservations.set_live(live);
             scheduler.rank_into(ranking, cluster, request, reservations, now, rng);
             top.extend(ranking.iter().take(MAX_ATTEMPTS).copied());
         }

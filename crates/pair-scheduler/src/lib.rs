@@ -83,6 +83,13 @@
 //! //    workload reports already cover, and forget lost ones.
 //! reservations.sync(&cluster);
 //! reservations.expire(now_ms);
+//!
+//! // 6. A router that runs on a node reads that node's workload live,
+//! //    fresher than any report: set it before each ranking, counting
+//! //    every request the router sent there (it replaces the report and
+//! //    that node's reservations).
+//! let live = pair_scheduler::pair_core::Workload { running: 1, ..Default::default() };
+//! reservations.set_live(Some((NodeId::from_u128(1), live)));
 //! ```
 
 mod affinity;

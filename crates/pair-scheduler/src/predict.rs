@@ -6,7 +6,7 @@
 //! with what is already running. Every term is non-decreasing in the work
 //! ahead, so more pending work never makes a node look faster.
 
-use pair_core::{Liveness, ModelEntry, ModelPerf, NodeSnapshot, RequestProfile};
+use pair_core::{Liveness, ModelEntry, ModelPerf, NodeSnapshot, RequestProfile, Workload};
 
 use crate::ranking::{Metric, Prediction, RateSource};
 use crate::reservations::Reserved;
@@ -99,9 +99,11 @@ pub fn fits_vram(node: &NodeSnapshot, entry: &ModelEntry) -> bool {
 }
 
 /// Predicts what `request` would feel on `node`, served by `entry`, with
-/// `reserved` work dispatched there but not yet reported.
+/// `workload` running or queued there (usually `node.workload`, the
+/// reported one) and `reserved` work dispatched there on top of it.
 pub fn predict(
     node: &NodeSnapshot,
+    workload: &Workload,
     entry: &ModelEntry,
     request: &RequestProfile,
     reserved: Reserved,
@@ -113,7 +115,7 @@ pub fn predict(
     let overhead = f64::from(perf.overhead_ms);
 
     let slots = node.slots();
-    let w = &node.workload;
+    let w = workload;
     let jobs_ahead = w.pending().saturating_add(reserved.jobs);
     let prefill_ahead = w.prefill_tokens.saturating_add(reserved.prefill_tokens);
     let decode_ahead = w
@@ -231,7 +233,13 @@ mod tests {
     };
 
     fn one(n: &NodeSnapshot, r: &RequestProfile) -> Prediction {
-        predict(n, &n.engines[0].models[0], r, Reserved::default())
+        predict(
+            n,
+            &n.workload,
+            &n.engines[0].models[0],
+            r,
+            Reserved::default(),
+        )
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use pair_core::{ClusterSnapshot, NodeId, RequestProfile};
+use pair_core::{ClusterSnapshot, NodeId, RequestProfile, Workload};
 
 /// Handle for one reservation, returned by [`Reservations::reserve`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -118,6 +118,7 @@ pub struct Reservations {
     nodes: Vec<NodeReservations>,
     next_seq: u64,
     ttl_ms: u64,
+    live: Option<(NodeId, Workload)>,
 }
 
 impl Default for Reservations {
@@ -144,7 +145,24 @@ impl Reservations {
             nodes: Vec::new(),
             next_seq: 0,
             ttl_ms,
+            live: None,
         }
+    }
+
+    /// The workload of a node this router reads live rather than from
+    /// reports: its own, when the router runs on a node. Ranking takes it
+    /// in place of that node's reported workload (which is up to one report
+    /// interval old) and counts none of the node's reservations on top, so
+    /// `workload` must already include every request this router
+    /// dispatched there. Set it before each ranking; `None` goes back to
+    /// reports alone.
+    pub fn set_live(&mut self, live: Option<(NodeId, Workload)>) {
+        self.live = live;
+    }
+
+    /// The live workload set by [`Reservations::set_live`], if any.
+    pub fn live(&self) -> Option<(NodeId, Workload)> {
+        self.live
     }
 
     /// Counts `profile` on `node` from `now_ms` until it is released or a

@@ -158,6 +158,7 @@ impl Scheduler {
         reservations: &Reservations,
     ) {
         let reserved_lists = reservations.sorted();
+        let live = reservations.live();
         let wanted = Wanted::new(&request.model, request.flavor);
         let mut r = 0;
         for node in cluster.nodes() {
@@ -173,11 +174,14 @@ impl Scheduler {
             while r < reserved_lists.len() && reserved_lists[r].node.as_uuid().as_u128() < id {
                 r += 1;
             }
-            let reserved = match reserved_lists.get(r) {
-                Some(list) if list.node == node.id => list.uncovered(node.reported_at_ms),
-                _ => Reserved::default(),
+            let (workload, reserved) = match (reserved_lists.get(r), live) {
+                (_, Some((live_node, w))) if live_node == node.id => (w, Reserved::default()),
+                (Some(list), _) if list.node == node.id => {
+                    (node.workload, list.uncovered(node.reported_at_ms))
+                }
+                _ => (node.workload, Reserved::default()),
             };
-            let reported = node.workload.pending();
+            let reported = workload.pending();
             let policy_key = |primary: u64, secondary: u64| SortKey {
                 tier: SortKey::POLICY,
                 class: 0,
@@ -217,7 +221,7 @@ impl Scheduler {
                     )
                 }
                 Policy::PredictedLatency => {
-                    let p = predict(node, entry, request, reserved);
+                    let p = predict(node, &workload, entry, request, reserved);
                     let key = SortKey {
                         tier: SortKey::POLICY,
                         // Suspect nodes after live ones; within each, nodes
@@ -686,6 +690,54 @@ mod tests {
             res.reserve(first.node, &req(true), 1 + t);
         }
         assert_eq!(firsts, [id(1), id(2), id(3)]);
+    }
+
+    /// The router's own node read live: a request that finished there since
+    /// the last report no longer counts, and the node's reservations are
+    /// not added on top (the live workload already holds them).
+    #[test]
+    fn a_live_workload_replaces_the_nodes_report_and_its_reservations() {
+        let busy = Workload {
+            running: 1,
+            queued: 3,
+            prefill_tokens: 2_000,
+            decode_tokens: 800,
+        };
+        let mut fast = node(1, 1, FAST, true);
+        fast.workload = busy;
+        fast.reported_at_ms = 10;
+        let laptop = node(2, 1, LAPTOP, true);
+        let nodes = vec![fast, laptop];
+        for policy in [Policy::PredictedLatency, Policy::LeastPending, Policy::Pair] {
+            let mut s = Scheduler::with_policy(policy);
+            let mut res = Reservations::new();
+            // The stale report sinks the fast node...
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 20);
+            assert_eq!(order(&r), [id(2), id(1)], "{policy}: {}", r.candidates()[0]);
+            // ...its live workload (idle now) lifts it back...
+            res.set_live(Some((id(1), Workload::default())));
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 20);
+            assert_eq!(order(&r), [id(1), id(2)], "{policy}: {}", r.candidates()[0]);
+            assert_eq!(r.candidates()[0].score.pending(), Some(0), "{policy}");
+            // ...reservations on it made after the report do not count twice...
+            for t in 0..4 {
+                res.reserve(id(1), &req(true), 20 + t);
+            }
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 30);
+            assert_eq!(order(&r), [id(1), id(2)], "{policy}");
+            // ...and a busy live workload sinks it again, on another node too.
+            res.set_live(Some((id(1), busy)));
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 30);
+            assert_eq!(order(&r), [id(2), id(1)], "{policy}");
+            assert_eq!(
+                r.candidates()[1].score.pending(),
+                Some(busy.pending()),
+                "{policy}"
+            );
+            res.set_live(Some((id(9), Workload::default())));
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 30);
+            assert_eq!(order(&r), [id(2), id(1)], "{policy}");
+        }
     }
 
     #[test]
