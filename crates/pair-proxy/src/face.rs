@@ -15,7 +15,7 @@ use axum::extract::{Request, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
-use futures_util::future::join_all;
+use futures_util::future::{Either, join_all};
 use http::{HeaderValue, Method, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use pair_core::{ApiFlavor, EngineKind};
@@ -141,17 +141,50 @@ impl face_conn::Answer for FaceService {
         self.fs.st.body_cap
     }
 
-    async fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> Reply {
-        let class = route::classify(&req.method, req.uri.path());
-        if matches!(class, RouteClass::Inference { .. }) {
-            // Routed on the fields as they came: no header map is built.
-            let head = RequestHead {
-                method: req.method,
-                path_and_query: path_and_query(&req.uri),
-                headers: Headers::Raw(req.headers),
-            };
-            return serve_whole(&self.fs, class, head, req.body, deadline).await;
-        }
+    fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send {
+        let RouteClass::Inference {
+            flavor,
+            work,
+            route,
+        } = route::classify(&req.method, req.uri.path())
+        else {
+            return Either::Right(Box::pin(self.answer_app(req)));
+        };
+        // The executor's own future, with no layer around it: its state
+        // (the whole request path, about 2 KiB) is built where the
+        // connection pins it and never moved. Routed on the fields as they
+        // came: no header map is built.
+        let head = RequestHead {
+            method: req.method,
+            path_and_query: path_and_query(&req.uri),
+            headers: Headers::Raw(req.headers),
+        };
+        Either::Left(forward::execute(
+            &self.fs.st,
+            Inference {
+                head,
+                body: req.body,
+                flavor,
+                work,
+                route,
+            },
+            deadline,
+        ))
+    }
+
+    fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
+        let flavor = match route::classify(method, path) {
+            RouteClass::Inference { flavor, .. } => flavor,
+            _ => self.fs.face.flavor(),
+        };
+        too_large(self.fs.st.body_cap, flavor)
+    }
+}
+
+impl FaceService {
+    /// Everything but inference (listings, the UI, the control API, the
+    /// engine's own routes): the face's router, with a header map.
+    async fn answer_app(&self, req: Whole) -> Reply {
         let headers = match req.headers.to_map(0) {
             Ok(h) => h,
             Err(e) => {
@@ -174,14 +207,6 @@ impl face_conn::Answer for FaceService {
             Ok(resp) => resp.into(),
             Err(never) => match never {},
         }
-    }
-
-    fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
-        let flavor = match route::classify(method, path) {
-            RouteClass::Inference { flavor, .. } => flavor,
-            _ => self.fs.face.flavor(),
-        };
-        too_large(self.fs.st.body_cap, flavor)
     }
 }
 

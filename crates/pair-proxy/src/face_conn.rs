@@ -173,7 +173,9 @@ async fn run<A: Answer>(
         grace
             .as_mut()
             .reset(tokio::time::Instant::now() + WATCH_GRACE);
-        let answer = svc.answer(req, deadline.as_mut());
+        // Pinned here and lent: the answer's state machine (the whole
+        // request path) is not moved again into the watch.
+        let answer = std::pin::pin!(svc.answer(req, deadline.as_mut()));
         let Some(resp) = watching(&mut tcp, &mut buf, answer, Some(grace.as_mut())).await else {
             return Ok(());
         };

@@ -128,9 +128,15 @@ impl Fields {
     /// The first value of `name` (names compare without regard to case).
     pub fn get(&self, name: &HeaderName) -> Option<&[u8]> {
         let want = name.as_str().as_bytes();
-        self.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(want))
-            .map(|(_, v)| v)
+        // Lengths first, from the spans: most fields are skipped without
+        // slicing the head.
+        self.spans
+            .iter()
+            .find(|&&(ns, ne, _, _)| {
+                (ne - ns) as usize == want.len()
+                    && self.head[ns as usize..ne as usize].eq_ignore_ascii_case(want)
+            })
+            .map(|&(_, _, vs, ve)| &self.head[vs as usize..ve as usize])
     }
 
     pub fn contains(&self, name: &HeaderName) -> bool {
@@ -248,6 +254,16 @@ impl Headers {
 
 /// Whether `name` is one of `list` (lower-case names; compared without
 /// regard to case).
+/// Whether a header name (token characters, as httparse checked) is
+/// `lower` (lowercase letters, digits and `-`) in any case. Setting bit
+/// 0x20 lowercases a letter and leaves digits and `-` alone; the only
+/// other bytes it would turn into one of those are control characters,
+/// which no header name holds.
+#[inline]
+pub fn is_name(name: &[u8], lower: &[u8]) -> bool {
+    name.len() == lower.len() && name.iter().zip(lower).all(|(&a, &b)| a | 0x20 == b)
+}
+
 pub fn is_one_of(name: &[u8], list: &[&[u8]]) -> bool {
     list.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
@@ -318,58 +334,63 @@ fn collect(head: &Bytes, mut spans: Vec<Span>, keep: Keep) -> Result<Facts, Fram
         );
         let name = &head[ns..ne];
         let raw_value = &head[vs..ve];
-        if name.eq_ignore_ascii_case(b"content-length") {
-            // Digits only (Rust's parser would take a leading `+`).
-            let digits = raw_value.trim_ascii();
-            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                return Err(FramingError::ContentLength);
+        // Dispatched on the name's length first: most fields (Host, Date,
+        // Content-Type, Server, ...) are compared with nothing.
+        match name.len() {
+            14 if is_name(name, b"content-length") => {
+                // Digits only (Rust's parser would take a leading `+`).
+                let digits = raw_value.trim_ascii();
+                if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                    return Err(FramingError::ContentLength);
+                }
+                let n = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or(FramingError::ContentLength)?;
+                if f.length.is_some_and(|m| m != n) {
+                    return Err(FramingError::ContentLength);
+                }
+                f.length = Some(n);
+                if keep == (Keep::EndToEnd { length: false }) {
+                    continue;
+                }
             }
-            let n = std::str::from_utf8(digits)
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or(FramingError::ContentLength)?;
-            if f.length.is_some_and(|m| m != n) {
-                return Err(FramingError::ContentLength);
+            17 if is_name(name, b"transfer-encoding") => {
+                // Chunked must be the last coding; anything else (an empty or
+                // unreadable value included) is read to the end of the
+                // connection (answers) or left to hyper (requests).
+                f.has_coding = true;
+                f.chunked = tokens(raw_value)
+                    .last()
+                    .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+                if answer {
+                    continue;
+                }
             }
-            f.length = Some(n);
-            if keep == (Keep::EndToEnd { length: false }) {
-                continue;
-            }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Chunked must be the last coding; anything else (an empty or
-            // unreadable value included) is read to the end of the
-            // connection (answers) or left to hyper (requests).
-            f.has_coding = true;
-            f.chunked = tokens(raw_value)
-                .last()
-                .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
-            if answer {
-                continue;
-            }
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            let mut plain = true;
-            for token in tokens(raw_value) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    f.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    f.keep_alive_token = true;
-                } else {
-                    plain = false;
-                    if token.eq_ignore_ascii_case(b"upgrade") {
-                        f.special = true;
+            10 if is_name(name, b"connection") => {
+                let mut plain = true;
+                for token in tokens(raw_value) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        f.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        f.keep_alive_token = true;
+                    } else {
+                        plain = false;
+                        if token.eq_ignore_ascii_case(b"upgrade") {
+                            f.special = true;
+                        }
                     }
                 }
-            }
-            if answer {
-                if !plain {
-                    naming.push(span);
+                if answer {
+                    if !plain {
+                        naming.push(span);
+                    }
+                    continue;
                 }
-                continue;
             }
-        } else if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"upgrade") {
-            f.special = true;
-        } else if answer && name.eq_ignore_ascii_case(b"keep-alive") {
-            continue;
+            6 | 7 if is_name(name, b"expect") || is_name(name, b"upgrade") => f.special = true,
+            10 if answer && is_name(name, b"keep-alive") => continue,
+            _ => {}
         }
         spans[kept] = span;
         kept += 1;
@@ -907,5 +928,57 @@ mod tests {
         write_chunk_size(&mut out, 255);
         write_chunk_size(&mut out, 0);
         assert_eq!(out, b"HTTP/1.1 502 Bad Gateway\r\n01234567ff\r\n0\r\n");
+    }
+
+    /// Every name `collect` looks for.
+    const LOOKED_FOR: [&[u8]; 6] = [
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"expect",
+        b"upgrade",
+        b"keep-alive",
+    ];
+
+    proptest::proptest! {
+        /// For any name httparse accepts (token characters), `is_name`
+        /// agrees with a case-insensitive comparison on every name
+        /// `collect` looks for, including near misses (`^` beside `~`,
+        /// `_` beside DEL differ only in bit 0x20).
+        #[test]
+        fn is_name_agrees_with_eq_ignore_ascii_case(
+            which in 0..LOOKED_FOR.len(),
+            flips in proptest::collection::vec(proptest::bool::ANY, 17),
+            other in "[!#$%&'*+.^_`|~0-9A-Za-z-]{1,20}",
+            pos in 0..17usize,
+            ch in "[!#$%&'*+.^_`|~0-9A-Za-z-]",
+        ) {
+            let want = LOOKED_FOR[which];
+            // The name itself in a random case: a match.
+            let cased: Vec<u8> = want
+                .iter()
+                .zip(&flips)
+                .map(|(&b, &up)| if up { b.to_ascii_uppercase() } else { b })
+                .collect();
+            proptest::prop_assert!(is_name(&cased, want));
+            // The name with one byte replaced by any token character, and
+            // any other token: the two comparisons agree.
+            let mut near = want.to_vec();
+            near[pos % want.len()] = ch.as_bytes()[0];
+            proptest::prop_assert_eq!(is_name(&near, want), near.eq_ignore_ascii_case(want));
+            proptest::prop_assert_eq!(
+                is_name(other.as_bytes(), want),
+                other.as_bytes().eq_ignore_ascii_case(want)
+            );
+        }
+    }
+
+    #[test]
+    fn is_name_tells_near_misses_apart() {
+        assert!(is_name(b"Content-Length", b"content-length"));
+        assert!(is_name(b"CONNECTION", b"connection"));
+        assert!(!is_name(b"content-lengt", b"content-length"));
+        assert!(!is_name(b"content_length", b"content-length"));
+        assert!(!is_name(b"expecT~", b"expect"));
     }
 }
