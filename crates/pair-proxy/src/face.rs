@@ -146,7 +146,7 @@ impl face_conn::Answer for FaceService {
             flavor,
             work,
             route,
-        } = route::classify(&req.method, req.uri.path())
+        } = route::classify(&req.method, req.target.path())
         else {
             return Either::Right(Box::pin(self.answer_app(req)));
         };
@@ -156,7 +156,7 @@ impl face_conn::Answer for FaceService {
         // came: no header map is built.
         let head = RequestHead {
             method: req.method,
-            path_and_query: path_and_query(&req.uri),
+            path_and_query: req.target,
             headers: Headers::Raw(req.headers),
         };
         Either::Left(forward::execute(
@@ -200,7 +200,7 @@ impl FaceService {
         };
         let mut http_req = http::Request::new(Body::from(req.body));
         *http_req.method_mut() = req.method;
-        *http_req.uri_mut() = req.uri;
+        *http_req.uri_mut() = http::Uri::from(req.target);
         *http_req.headers_mut() = headers;
         use tower::ServiceExt;
         match self.app.clone().oneshot(http_req).await {

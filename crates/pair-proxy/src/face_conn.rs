@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
+use http::uri::PathAndQuery;
 use http::{Method, Response, Version, header};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -50,7 +51,9 @@ const WATCH_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 #[derive(Debug)]
 pub(crate) struct Whole {
     pub method: Method,
-    pub uri: http::Uri,
+    /// The target in origin form (`/path?query`); any other form goes to
+    /// hyper.
+    pub target: PathAndQuery,
     pub headers: h1::Fields,
     pub body: Bytes,
 }
@@ -136,9 +139,9 @@ async fn run<A: Answer>(
                 return Ok(());
             }
         };
-        let uri = http::Uri::from_maybe_shared(head.target.clone());
-        let (BodyLen::Length(len), Ok(uri), Version::HTTP_11, false) =
-            (head.body, uri, head.version, head.special)
+        let target = origin_form(&head.target);
+        let (BodyLen::Length(len), Some(target), Version::HTTP_11, false) =
+            (head.body, target, head.version, head.special)
         else {
             // Hyper serves the rest, from this head on.
             let mut read = BytesMut::from(&head.raw[..]);
@@ -148,7 +151,7 @@ async fn run<A: Answer>(
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
             // The body is never read: answer and close.
-            let resp = svc.too_large(&head.method, uri.path()).into();
+            let resp = svc.too_large(&head.method, target.path()).into();
             write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
             let _ = tcp.shutdown().await;
             return Ok(());
@@ -164,7 +167,7 @@ async fn run<A: Answer>(
         }
         let req = Whole {
             method: head.method,
-            uri,
+            target,
             headers: head.headers,
             body: buf.split_to(len).freeze(),
         };
@@ -193,6 +196,17 @@ async fn run<A: Answer>(
             buf = small;
         }
     }
+}
+
+/// A request target in origin form (`/path?query`), the form clients send
+/// to an origin server; `None` for the other forms (absolute, authority,
+/// asterisk), which hyper serves. Cheaper than a whole `Uri`: no scheme or
+/// authority to look for.
+fn origin_form(target: &Bytes) -> Option<PathAndQuery> {
+    if target.first() != Some(&b'/') {
+        return None;
+    }
+    PathAndQuery::from_maybe_shared(target.clone()).ok()
 }
 
 /// Room for the next read (`read_buf` reads only into spare capacity).
@@ -528,7 +542,7 @@ mod tests {
 
         async fn answer(&self, req: Whole, _: Pin<&mut Sleep>) -> Reply {
             let resp = {
-                match req.uri.path() {
+                match req.target.path() {
                     "/hang" => {
                         let _flag = DropFlag(self.cancelled.clone());
                         std::future::pending::<()>().await;

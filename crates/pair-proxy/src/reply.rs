@@ -128,7 +128,7 @@ impl Reply {
                 || (receipt
                     && RECEIPT
                         .iter()
-                        .any(|r| name.eq_ignore_ascii_case(r.as_str().as_bytes())))
+                        .any(|r| h1::is_name(name, r.as_str().as_bytes())))
         });
         if let Some(r) = &self.receipt {
             r.write(out);
