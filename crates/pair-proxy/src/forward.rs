@@ -10,7 +10,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -21,7 +21,7 @@ use pair_core::{
     SessionKey,
 };
 use serde_json::json;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop, RequestHead};
@@ -98,7 +98,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
     };
     let cluster = st.cluster();
     let profile = profile_for(&facts, &req, &cluster);
-    let ranking = st.rank(&cluster, &profile);
+    let ranking = st.rank(&cluster, &profile, created_at_ms);
     if ranking.is_empty() {
         st.metrics.count_request(req.route, 502, "none");
         return json_error(
@@ -133,7 +133,14 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
                 continue;
             }
         };
-        let reservation = st.reserve(node, &profile);
+        // The first attempt goes out now; a later one after the failures
+        // before it, whose time a workload report may already cover.
+        let (sent_ms, sent) = if attempts.is_empty() {
+            (created_at_ms, t0)
+        } else {
+            (now_ms(), Instant::now())
+        };
+        let reservation = st.reserve(node, &profile, sent_ms);
         let guard = matches!(hop, Hop::Local { .. }).then(|| {
             st.load
                 .begin(profile.prompt_tokens, profile.max_output_tokens)
@@ -158,9 +165,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
             };
             Ok((up, first))
         };
-        deadline
-            .as_mut()
-            .reset(tokio::time::Instant::now() + st.timeouts.first_byte);
+        deadline.as_mut().reset(sent + st.timeouts.first_byte);
         let outcome = tokio::select! {
             biased;
             r = attempt => Ok(r),

@@ -150,15 +150,17 @@ impl LocalPool {
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
-            if now.duration_since(idle[i].since) > IDLE_TIMEOUT {
+            let age = now.duration_since(idle[i].since);
+            if age > IDLE_TIMEOUT {
                 idle.swap_remove(i);
                 continue;
             }
-            if idle[i].to == *to {
-                let Idle {
-                    mut conn, since, ..
-                } = idle.swap_remove(i);
-                if now.duration_since(since) < PROBE_AFTER || conn.still_open() {
+            // Byte-equal first (the same engine's authority, as it always
+            // is): `Authority`'s own comparison folds case byte by byte.
+            let same = idle[i].to.as_str() == to.as_str() || idle[i].to == *to;
+            if same {
+                let Idle { mut conn, .. } = idle.swap_remove(i);
+                if age < PROBE_AFTER || conn.still_open() {
                     return Some(conn);
                 }
             }

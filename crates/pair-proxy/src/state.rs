@@ -217,8 +217,14 @@ impl ProxyState {
     /// Ranks `request` over `cluster`, with this node's own workload read
     /// live: the snapshot's copy of it is up to one gossip interval old, and
     /// a request that has just finished here must not still weigh on it.
-    pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile) -> Shortlist {
-        let now = now_ms();
+    /// `now_ms`: the request's arrival (unix ms), for session affinity.
+    pub fn rank(
+        &self,
+        cluster: &ClusterSnapshot,
+        request: &RequestProfile,
+        now_ms: u64,
+    ) -> Shortlist {
+        let now = now_ms;
         let mut top = Shortlist::new();
         let live = cluster
             .node(self.node.id)
@@ -237,13 +243,19 @@ impl ProxyState {
         top
     }
 
-    /// Counts `request` on `node` at once, until the guard drops.
-    pub fn reserve(self: &Arc<Self>, node: NodeId, request: &RequestProfile) -> Reservation {
+    /// Counts `request` on `node` from `sent_ms` (unix ms, when it is
+    /// dispatched), until the guard drops.
+    pub fn reserve(
+        self: &Arc<Self>,
+        node: NodeId,
+        request: &RequestProfile,
+        sent_ms: u64,
+    ) -> Reservation {
         let id = self
             .sched
             .lock()
             .ok()
-            .map(|mut s| s.reservations.reserve(node, request, now_ms()));
+            .map(|mut s| s.reservations.reserve(node, request, sent_ms));
         Reservation {
             state: Arc::clone(self),
             id,
