@@ -145,12 +145,16 @@ impl JobLog {
     /// for it), so nothing is looked up.
     pub fn record(&self, rec: JobRecord) {
         let rec = Arc::new(rec);
-        if let Ok(mut inner) = self.inner.lock() {
-            if self.writer.is_some() {
-                queue_write(&mut inner, Arc::clone(&rec));
+        // The record this one pushes out is freed after the lock is let go.
+        let _evicted = match self.inner.lock() {
+            Ok(mut inner) => {
+                if self.writer.is_some() {
+                    queue_write(&mut inner, Arc::clone(&rec));
+                }
+                append(&mut inner, rec)
             }
-            append(&mut inner, rec);
-        }
+            Err(_) => None,
+        };
     }
 
     /// Takes in records from elsewhere (a peer's replication batch): one
@@ -455,13 +459,15 @@ fn queue_write(inner: &mut Inner, rec: Arc<JobRecord>) {
     inner.unwritten.push_back(rec);
 }
 
-/// Appends a record, dropping the oldest beyond [`KEEP_RECORDS`].
-fn append(inner: &mut Inner, rec: Arc<JobRecord>) {
+/// Appends a record; returns the oldest when that makes more than
+/// [`KEEP_RECORDS`].
+fn append(inner: &mut Inner, rec: Arc<JobRecord>) -> Option<Arc<JobRecord>> {
     inner.records.push_back(rec);
     if inner.records.len() > KEEP_RECORDS {
-        inner.records.pop_front();
         inner.dropped += 1;
+        return inner.records.pop_front();
     }
+    None
 }
 
 /// Records whose id the log holds replace theirs in place; the others are

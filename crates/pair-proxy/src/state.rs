@@ -264,7 +264,10 @@ impl ProxyState {
 
     /// Remembers which node a session's request committed to.
     pub fn bind_session(&self, request: &RequestProfile, node: NodeId) {
-        if let (Some(session), Ok(mut s)) = (request.session, self.sched.lock()) {
+        // The lock only for a request that has a session.
+        if let Some(session) = request.session
+            && let Ok(mut s) = self.sched.lock()
+        {
             s.scheduler.bind_session(session, node, now_ms());
         }
     }
