@@ -20,6 +20,7 @@ use pair_core::{
     ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
     SessionKey,
 };
+use pair_scheduler::ReservationId;
 use serde_json::json;
 use tokio::time::{Instant, Sleep};
 
@@ -30,7 +31,7 @@ use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteMetrics};
 use crate::reply::{self, Receipt, Reply};
 use crate::route::Work;
-use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Reservation, now_ms};
+use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, now_ms};
 use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
@@ -220,7 +221,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
             t0,
             peer_name: peer_name.clone(),
             guard,
-            reservation: Some(reservation),
+            reservation: reservation.keep(),
         };
         let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
         let node_receipt = match &peer_name {
@@ -421,8 +422,22 @@ struct JobWatcher {
     peer_name: Option<String>,
     guard: Option<LoadGuard>,
     /// Held until the answer's end: the scheduler counts this request on
-    /// its node until then.
-    reservation: Option<Reservation>,
+    /// its node until then (released by `finish`, or on drop).
+    reservation: Option<ReservationId>,
+}
+
+impl JobWatcher {
+    fn release(&mut self) {
+        if let Some(id) = self.reservation.take() {
+            self.st.release(id);
+        }
+    }
+}
+
+impl Drop for JobWatcher {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl Watcher for JobWatcher {
@@ -461,7 +476,7 @@ impl Watcher for JobWatcher {
         self.metrics.duration.observe(elapsed.as_secs_f64());
         self.metrics.attempts.observe(f64::from(rec.attempts));
         self.guard.take();
-        self.reservation.take();
+        self.release();
         self.st.finish_job(rec);
     }
 }

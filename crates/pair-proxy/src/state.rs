@@ -245,20 +245,19 @@ impl ProxyState {
 
     /// Counts `request` on `node` from `sent_ms` (unix ms, when it is
     /// dispatched), until the guard drops.
-    pub fn reserve(
-        self: &Arc<Self>,
-        node: NodeId,
-        request: &RequestProfile,
-        sent_ms: u64,
-    ) -> Reservation {
+    pub fn reserve(&self, node: NodeId, request: &RequestProfile, sent_ms: u64) -> Reservation<'_> {
         let id = self
             .sched
             .lock()
             .ok()
             .map(|mut s| s.reservations.reserve(node, request, sent_ms));
-        Reservation {
-            state: Arc::clone(self),
-            id,
+        Reservation { state: self, id }
+    }
+
+    /// Releases a reservation taken out of its guard ([`Reservation::keep`]).
+    pub fn release(&self, id: ReservationId) {
+        if let Ok(mut s) = self.sched.lock() {
+            s.reservations.release(id);
         }
     }
 
@@ -307,17 +306,24 @@ pub(crate) fn node_receipt(name: &str, id: NodeId) -> Option<http::HeaderValue> 
 
 /// A scheduler reservation, released when dropped.
 #[derive(Debug)]
-pub struct Reservation {
-    state: Arc<ProxyState>,
+pub struct Reservation<'a> {
+    state: &'a ProxyState,
     id: Option<ReservationId>,
 }
 
-impl Drop for Reservation {
+impl Reservation<'_> {
+    /// Takes the reservation out of this guard, for a holder that outlives
+    /// the borrow (an answer's body) and calls [`ProxyState::release`]
+    /// itself: no reference count on the shared state per request.
+    pub fn keep(mut self) -> Option<ReservationId> {
+        self.id.take()
+    }
+}
+
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.id.take()
-            && let Ok(mut s) = self.state.sched.lock()
-        {
-            s.reservations.release(id);
+        if let Some(id) = self.id.take() {
+            self.state.release(id);
         }
     }
 }
