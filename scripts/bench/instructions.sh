@@ -2,8 +2,11 @@
 # scripts/bench/instructions.sh — instructions per proxied request: pair-node
 # (one event loop) under valgrind's callgrind, wrk -t1 -c4 for $DUR seconds
 # through its OpenAI face to the benchmark engine (nginx, fixed answer).
-# Total instructions (start-up included) over requests; steadier than wall
-# time on a noisy box. The profile is kept for callgrind_annotate.
+# Total instructions (start-up included) over requests, and the face
+# connection tasks' own instructions per request (the steadier figure: the
+# total's start-up share depends on how many requests the run got
+# through); both steadier than wall time on a noisy box. The profile is
+# kept for callgrind_annotate.
 # Usage: scripts/bench/instructions.sh [PAIR_NODE] (default target/release/pair-node)
 # Env:   DUR=20  OUT=<callgrind output file> (default /tmp/pair-callgrind.out)
 # Needs: valgrind, nginx, wrk, curl, python3.
@@ -32,4 +35,11 @@ kill -INT "$NODE_PID"
 wait "$NODE_PID" 2>/dev/null || true
 requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$result")
 total=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-echo "requests=$requests instructions=$total per_request=$((total / requests)) profile=$OUT"
+# The face connection tasks alone (everything a request costs on its event
+# loop, start-up and the job writer's thread left out), which does not
+# depend on how many requests the run got through: the largest inclusive
+# count of the task's outermost future.
+face=$(callgrind_annotate --inclusive=yes "$OUT" 2>/dev/null |
+    awk '/pair_proxy::face::log_end/ {gsub(",", "", $1); if ($1 + 0 > m) m = $1 + 0} END {print m + 0}')
+echo "requests=$requests instructions=$total per_request=$((total / requests))" \
+    "face_tasks_per_request=$((face / requests)) profile=$OUT"
