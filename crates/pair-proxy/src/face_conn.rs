@@ -685,6 +685,20 @@ mod tests {
             got.starts_with("HTTP/1.0 200 OK") && got.ends_with("hyper GET /old "),
             "{got}"
         );
+        // A target not in origin form (absolute form, as sent to proxies).
+        let got = exchange(
+            addr,
+            "GET http://x/abs?q=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(got.ends_with("hyper GET /abs "), "{got}");
+        // Origin form stays on this loop.
+        let got = exchange(
+            addr,
+            "GET /here?q=1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(got.ends_with("fast GET /here "), "{got}");
         // Nonsense gets hyper's 400.
         let got = exchange(addr, "BLAH\x01 / HTTP/1.1\r\n\r\n").await;
         assert!(got.starts_with("HTTP/1.1 400"), "{got}");
