@@ -217,14 +217,8 @@ impl ProxyState {
     /// Ranks `request` over `cluster`, with this node's own workload read
     /// live: the snapshot's copy of it is up to one gossip interval old, and
     /// a request that has just finished here must not still weigh on it.
-    /// `now_ms`: the request's arrival (unix ms), for session affinity.
-    pub fn rank(
-        &self,
-        cluster: &ClusterSnapshot,
-        request: &RequestProfile,
-        now_ms: u64,
-    ) -> Shortlist {
-        let now = now_ms;
+    /// `now`: the request's arrival (unix ms), for session affinity.
+    pub fn rank(&self, cluster: &ClusterSnapshot, request: &RequestProfile, now: u64) -> Shortlist {
         let mut top = Shortlist::new();
         let live = cluster
             .node(self.node.id)
