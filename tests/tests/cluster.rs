@@ -382,17 +382,29 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
     c.stop().await;
 }
 
-/// Requests sent one after another, each the moment the last answered,
-/// all go to the fastest node, here the local one. Its own workload is read
-/// live: the cluster view's copy is refreshed once per gossip interval and
-/// would still show the request that just finished, which on a one-slot
-/// engine looks like a queue and would send the next request to a slower
-/// node.
+/// Requests sent one after another through node 0, each the moment the
+/// last answered, all go to the fastest node, here the local one. Its own
+/// workload is read live: the cluster view's copy is refreshed once per
+/// gossip interval and would still show the request that just finished,
+/// which on a one-slot engine looks like a queue and would send the next
+/// request to a slower node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_requests_stay_on_the_idle_fastest_node() {
-    let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
+    back_to_back(&["rtx4090", "rtx3060", "rtx3060"], 0).await;
+}
+
+/// The same when the fastest node is a peer: its report, made while the
+/// last request ran there, counts that request until the next report, so
+/// the router credits back the requests it saw finish after a report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_requests_stay_on_the_idle_fastest_peer() {
+    back_to_back(&["rtx3060", "rtx4090", "rtx3060"], 1).await;
+}
+
+async fn back_to_back(profiles: &[&str], fastest: usize) {
+    let c = warm_cluster(profiles, 0.05).await;
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
-    let fastest = c.nodes[0].id.to_string();
+    let fastest = c.nodes[fastest].id.to_string();
     let started = Instant::now();
     let mut served = Vec::new();
     // Long enough to span several gossip intervals.

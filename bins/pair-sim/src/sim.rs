@@ -525,7 +525,8 @@ impl<'a> Sim<'a> {
         self.live -= 1;
         self.completed += 1;
         self.last_finish = self.last_finish.max(t.finished_us);
-        self.reservations.release(f.reservation);
+        self.reservations
+            .release(f.reservation, t.finished_us / US_PER_MS);
         let plan = &self.plan.nodes[i];
         let rtt = plan.rtt;
         let node = &mut self.nodes[i];

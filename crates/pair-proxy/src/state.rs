@@ -251,7 +251,7 @@ impl ProxyState {
     /// Releases a reservation taken out of its guard ([`Reservation::keep`]).
     pub fn release(&self, id: ReservationId) {
         if let Ok(mut s) = self.sched.lock() {
-            s.reservations.release(id);
+            s.reservations.release(id, now_ms());
         }
     }
 

@@ -62,7 +62,7 @@
 //!     println!("trying {}: {candidate}", candidate.node); // the route receipt
 //!     let reservation = reservations.reserve(candidate.node, &request, now_ms);
 //!     let ok = true; // ... send the request to candidate.node here ...
-//!     reservations.release(reservation); // finished (or failed): stop counting it
+//!     reservations.release(reservation, now_ms); // finished (or failed): stop counting it
 //!     if ok {
 //!         served_by = Some(candidate.node);
 //!         break;
@@ -79,8 +79,9 @@
 //!     scheduler.bind_session(session, node, now_ms);
 //! }
 //!
-//! // 5. When a fresher snapshot is published, drop the reservations its
-//! //    workload reports already cover, and forget lost ones.
+//! // 5. When a fresher snapshot is published, stop adding the reservations
+//! //    its workload reports already cover (those that finish before the
+//! //    next report are credited, taken off it), and forget lost ones.
 //! reservations.sync(&cluster);
 //! reservations.expire(now_ms);
 //!

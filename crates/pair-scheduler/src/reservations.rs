@@ -42,8 +42,16 @@ struct Reservation {
 #[derive(Clone, Debug)]
 pub(crate) struct NodeReservations {
     pub(crate) node: NodeId,
+    /// Dispatched after the node's last report: ranking adds them.
     items: VecDeque<Reservation>,
     totals: Reserved,
+    /// Dispatched before the node's last report, which counts them, and
+    /// still running (in dispatch order).
+    covered: VecDeque<Reservation>,
+    /// Finished after the node's last report, which still counts them:
+    /// ranking takes them off the report. `at_ms` is when each finished.
+    credits: VecDeque<Reservation>,
+    credit_totals: Reserved,
 }
 
 impl NodeReservations {
@@ -52,6 +60,86 @@ impl NodeReservations {
             node,
             items: VecDeque::new(),
             totals: Reserved::default(),
+            covered: VecDeque::new(),
+            credits: VecDeque::new(),
+            credit_totals: Reserved::default(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.items.is_empty() && self.covered.is_empty() && self.credits.is_empty()
+    }
+
+    /// A report made at `reported_ms`: the reservations it covers move to
+    /// `covered`, the credits it makes stale go.
+    fn covered_by(&mut self, reported_ms: u64) {
+        while let Some(front) = self.items.front().copied() {
+            if front.at_ms > reported_ms {
+                break;
+            }
+            self.take(&front);
+            self.items.pop_front();
+            if self.covered.len() >= Reservations::MAX_PER_NODE {
+                self.covered.pop_front();
+            }
+            self.covered.push_back(front);
+        }
+        self.drop_credits_while(|c| c.at_ms <= reported_ms);
+    }
+
+    fn drop_credits_while(&mut self, mut stale: impl FnMut(&Reservation) -> bool) {
+        while let Some(front) = self.credits.front().copied() {
+            if !stale(&front) {
+                break;
+            }
+            sub(&mut self.credit_totals, &front);
+            self.credits.pop_front();
+        }
+    }
+
+    /// A covered reservation finished at `now_ms`: credited until a report
+    /// made after it.
+    fn credit(&mut self, mut r: Reservation, now_ms: u64) {
+        // Kept in time order even if the caller's clock steps back.
+        r.at_ms = self.credits.back().map_or(now_ms, |c| c.at_ms.max(now_ms));
+        if self.credits.len() >= Reservations::MAX_PER_NODE
+            && let Some(oldest) = self.credits.pop_front()
+        {
+            sub(&mut self.credit_totals, &oldest);
+        }
+        add(&mut self.credit_totals, &r);
+        self.credits.push_back(r);
+    }
+
+    /// Work a report made at `reported_at_ms` still counts that has
+    /// finished since (what ranking takes off the report).
+    pub(crate) fn credited(&self, reported_at_ms: u64) -> Reserved {
+        match (self.credits.front(), self.credits.back()) {
+            (Some(oldest), _) if oldest.at_ms > reported_at_ms => self.credit_totals,
+            (_, Some(newest)) if newest.at_ms > reported_at_ms => {
+                let mut out = Reserved::default();
+                for c in self.credits.iter().filter(|c| c.at_ms > reported_at_ms) {
+                    add(&mut out, c);
+                }
+                out
+            }
+            _ => Reserved::default(),
+        }
+    }
+
+    /// `workload` as reported at `reported_at_ms`, less what has finished
+    /// since (queued jobs first, then running ones; never below zero).
+    pub(crate) fn less_credited(&self, workload: Workload, reported_at_ms: u64) -> Workload {
+        let c = self.credited(reported_at_ms);
+        if c.jobs == 0 {
+            return workload;
+        }
+        let from_queue = c.jobs.min(workload.queued);
+        Workload {
+            queued: workload.queued - from_queue,
+            running: workload.running.saturating_sub(c.jobs - from_queue),
+            prefill_tokens: workload.prefill_tokens.saturating_sub(c.prefill_tokens),
+            decode_tokens: workload.decode_tokens.saturating_sub(c.decode_tokens),
         }
     }
 
@@ -60,22 +148,12 @@ impl NodeReservations {
     }
 
     fn push(&mut self, r: Reservation) {
-        self.totals.jobs = self.totals.jobs.saturating_add(1);
-        self.totals.prefill_tokens += u64::from(r.prefill);
-        self.totals.decode_tokens += u64::from(r.decode);
+        add(&mut self.totals, &r);
         self.items.push_back(r);
     }
 
     fn take(&mut self, r: &Reservation) {
-        self.totals.jobs = self.totals.jobs.saturating_sub(1);
-        self.totals.prefill_tokens = self
-            .totals
-            .prefill_tokens
-            .saturating_sub(u64::from(r.prefill));
-        self.totals.decode_tokens = self
-            .totals
-            .decode_tokens
-            .saturating_sub(u64::from(r.decode));
+        sub(&mut self.totals, r);
     }
 
     fn pop_front_while(&mut self, mut covered: impl FnMut(&Reservation) -> bool) {
@@ -106,6 +184,18 @@ impl NodeReservations {
             _ => Reserved::default(),
         }
     }
+}
+
+fn add(t: &mut Reserved, r: &Reservation) {
+    t.jobs = t.jobs.saturating_add(1);
+    t.prefill_tokens += u64::from(r.prefill);
+    t.decode_tokens += u64::from(r.decode);
+}
+
+fn sub(t: &mut Reserved, r: &Reservation) {
+    t.jobs = t.jobs.saturating_sub(1);
+    t.prefill_tokens = t.prefill_tokens.saturating_sub(u64::from(r.prefill));
+    t.decode_tokens = t.decode_tokens.saturating_sub(u64::from(r.decode));
 }
 
 /// Every outstanding reservation, per node, sorted by node id.
@@ -208,44 +298,70 @@ impl Reservations {
         ReservationId { node, seq }
     }
 
-    /// The request finished (or failed); returns whether it was still counted.
-    pub fn release(&mut self, id: ReservationId) -> bool {
+    /// The request finished (or failed) at `now_ms`; returns whether it
+    /// was still counted. One that a report had already covered (it was
+    /// running when the report was made) is credited: ranking takes it off
+    /// that node's reported workload until a report made after `now_ms`.
+    pub fn release(&mut self, id: ReservationId, now_ms: u64) -> bool {
         let Ok(i) = self.nodes.binary_search_by_key(&id.node, |n| n.node) else {
             return false;
         };
         let entry = &mut self.nodes[i];
-        let Ok(j) = entry.items.binary_search_by_key(&id.seq, |r| r.seq) else {
+        if let Ok(j) = entry.items.binary_search_by_key(&id.seq, |r| r.seq) {
+            if let Some(r) = entry.items.remove(j) {
+                entry.take(&r);
+            }
+        } else if let Ok(j) = entry.covered.binary_search_by_key(&id.seq, |r| r.seq) {
+            if let Some(r) = entry.covered.remove(j) {
+                entry.credit(r, now_ms);
+            }
+        } else {
             return false;
-        };
-        if let Some(r) = entry.items.remove(j) {
-            entry.take(&r);
         }
-        if entry.items.is_empty() {
+        if entry.is_empty() {
             self.nodes.remove(i);
         }
         true
     }
 
-    /// Drops every reservation that a node's workload report covers (the
-    /// report was made at or after the reservation). Call it whenever a new
-    /// snapshot is published; ranking is correct without it, only slower.
+    /// Takes in a new snapshot: reservations a node's workload report
+    /// covers (made at or after them) stop being added to it, and credits
+    /// for requests that finished before the report stop being taken off
+    /// it. Call it whenever a new snapshot is published: ranking adds
+    /// reservations correctly without it (only slower), but credits only
+    /// what it has seen covered.
     pub fn sync(&mut self, cluster: &ClusterSnapshot) {
         for entry in &mut self.nodes {
             if let Some(node) = cluster.node(entry.node) {
-                let reported = node.reported_at_ms;
-                entry.pop_front_while(|r| r.at_ms <= reported);
+                entry.covered_by(node.reported_at_ms);
             }
         }
-        self.nodes.retain(|n| !n.items.is_empty());
+        self.nodes.retain(|n| !n.is_empty());
     }
 
-    /// Forgets reservations older than the time-to-live.
+    /// Forgets reservations and credits older than the time-to-live.
     pub fn expire(&mut self, now_ms: u64) {
         let ttl = self.ttl_ms;
+        let old = |r: &Reservation| now_ms.saturating_sub(r.at_ms) > ttl;
         for entry in &mut self.nodes {
-            entry.pop_front_while(|r| now_ms.saturating_sub(r.at_ms) > ttl);
+            entry.pop_front_while(old);
+            while entry.covered.front().is_some_and(old) {
+                entry.covered.pop_front();
+            }
+            entry.drop_credits_while(old);
         }
-        self.nodes.retain(|n| !n.items.is_empty());
+        self.nodes.retain(|n| !n.is_empty());
+    }
+
+    /// Work on `node` that a report made at `reported_at_ms` still counts
+    /// but that has finished since.
+    pub fn credited(&self, node: NodeId, reported_at_ms: u64) -> Reserved {
+        self.nodes
+            .binary_search_by_key(&node, |n| n.node)
+            .map_or_else(
+                |_| Reserved::default(),
+                |i| self.nodes[i].credited(reported_at_ms),
+            )
     }
 
     /// Work reserved on `node` that a report made at `reported_at_ms` does
@@ -259,9 +375,12 @@ impl Reservations {
             )
     }
 
-    /// Outstanding reservations over all nodes.
+    /// Outstanding reservations over all nodes (reported or not).
     pub fn len(&self) -> usize {
-        self.nodes.iter().map(|n| n.items.len()).sum()
+        self.nodes
+            .iter()
+            .map(|n| n.items.len() + n.covered.len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -316,10 +435,10 @@ mod tests {
                 decode_tokens: 30
             }
         );
-        assert!(r.release(a));
-        assert!(!r.release(a), "second release is a no-op");
+        assert!(r.release(a, 7));
+        assert!(!r.release(a, 7), "second release is a no-op");
         assert_eq!(r.on_node(id(1), 0).jobs, 1);
-        assert!(r.release(b));
+        assert!(r.release(b, 7));
         assert_eq!(r.on_node(id(1), 0), Reserved::default());
         assert_eq!(r.len(), 1);
     }
@@ -335,13 +454,53 @@ mod tests {
         assert_eq!(r.on_node(id(1), 150).prefill_tokens, 20);
         assert_eq!(r.on_node(id(1), 200).jobs, 0);
 
+        // A report at 150 covers the first: it is no longer added (but
+        // still outstanding: the report counts it while it runs).
         let mut n = NodeSnapshot::new(id(1), "a");
         n.reported_at_ms = 150;
         r.sync(&ClusterSnapshot::new(1, 150, vec![n.clone()]));
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
         assert_eq!(r.on_node(id(1), 0).prefill_tokens, 20);
         n.reported_at_ms = 200;
-        r.sync(&ClusterSnapshot::new(2, 200, vec![n]));
+        r.sync(&ClusterSnapshot::new(2, 200, vec![n.clone()]));
+        assert_eq!(r.on_node(id(1), 0), Reserved::default());
+        assert_eq!(r.credited(id(1), 200), Reserved::default());
+    }
+
+    #[test]
+    fn a_covered_request_that_finishes_is_credited_until_a_newer_report() {
+        let mut r = Reservations::new();
+        let a = r.reserve(id(1), &profile(10, 10), 100);
+        let b = r.reserve(id(1), &profile(20, 20), 120);
+        let mut n = NodeSnapshot::new(id(1), "a");
+        n.reported_at_ms = 150;
+        r.sync(&ClusterSnapshot::new(1, 150, vec![n.clone()]));
+        // `a` finishes at 160: the report made at 150 still counts it.
+        assert!(r.release(a, 160));
+        let c = r.credited(id(1), 150);
+        assert_eq!((c.jobs, c.prefill_tokens, c.decode_tokens), (1, 10, 10));
+        assert_eq!(
+            r.credited(id(1), 160),
+            Reserved::default(),
+            "a report after it"
+        );
+        let mut w = n.workload;
+        w.running = 2;
+        w.decode_tokens = 25;
+        let less = r.sorted()[0].less_credited(w, 150);
+        assert_eq!((less.running, less.queued, less.decode_tokens), (1, 0, 15));
+        // The next report (made after 160) no longer counts it: the credit goes.
+        n.reported_at_ms = 170;
+        r.sync(&ClusterSnapshot::new(2, 170, vec![n.clone()]));
+        assert_eq!(r.credited(id(1), 0), Reserved::default());
+        assert_eq!(r.len(), 1);
+        // A reservation released before any report covered it is simply gone.
+        let d = r.reserve(id(1), &profile(5, 5), 180);
+        assert!(r.release(d, 190));
+        assert_eq!(r.credited(id(1), 170), Reserved::default());
+        assert!(r.release(b, 200));
+        n.reported_at_ms = 210;
+        r.sync(&ClusterSnapshot::new(3, 210, vec![n]));
         assert!(r.is_empty());
     }
 
@@ -393,6 +552,6 @@ mod tests {
         r.reserve(id(1), &profile(1, 1), 500);
         let late = r.reserve(id(1), &profile(2, 2), 100);
         assert_eq!(r.on_node(id(1), 499).jobs, 2);
-        assert!(r.release(late));
+        assert!(r.release(late, 300));
     }
 }

@@ -176,9 +176,10 @@ impl Scheduler {
             }
             let (workload, reserved) = match (reserved_lists.get(r), live) {
                 (_, Some((live_node, w))) if live_node == node.id => (w, Reserved::default()),
-                (Some(list), _) if list.node == node.id => {
-                    (node.workload, list.uncovered(node.reported_at_ms))
-                }
+                (Some(list), _) if list.node == node.id => (
+                    list.less_credited(node.workload, node.reported_at_ms),
+                    list.uncovered(node.reported_at_ms),
+                ),
                 _ => (node.workload, Reserved::default()),
             };
             let reported = workload.pending();
@@ -737,6 +738,37 @@ mod tests {
             res.set_live(Some((id(9), Workload::default())));
             let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 30);
             assert_eq!(order(&r), [id(2), id(1)], "{policy}");
+        }
+    }
+
+    /// A peer's report made while this router's request ran there counts
+    /// that request; once it has finished, ranking takes it off the report
+    /// until the peer reports again.
+    #[test]
+    fn a_request_finished_since_the_report_no_longer_weighs_on_its_node() {
+        let mut fast = node(1, 1, FAST, true);
+        fast.workload = Workload {
+            running: 1,
+            queued: 0,
+            prefill_tokens: 0,
+            decode_tokens: 2_000,
+        };
+        fast.reported_at_ms = 10;
+        let laptop = node(2, 1, LAPTOP, true);
+        let nodes = vec![fast.clone(), laptop];
+        for policy in [Policy::PredictedLatency, Policy::LeastPending, Policy::Pair] {
+            let mut s = Scheduler::with_policy(policy);
+            let mut res = Reservations::new();
+            let rid = res.reserve(id(1), &req(true), 5);
+            res.sync(&ClusterSnapshot::new(1, 10, vec![fast.clone()]));
+            // Still running: the report is right, the laptop goes first.
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 12);
+            assert_eq!(order(&r), [id(2), id(1)], "{policy}");
+            // Finished at 15: the fast node is idle again.
+            assert!(res.release(rid, 15));
+            let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 16);
+            assert_eq!(order(&r), [id(1), id(2)], "{policy}: {}", r.candidates()[0]);
+            assert_eq!(r.candidates()[0].score.pending(), Some(0), "{policy}");
         }
     }
 

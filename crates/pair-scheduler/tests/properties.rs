@@ -422,8 +422,18 @@ proptest! {
         ops in prop::collection::vec((0u8..4, 0u128..4, 0u64..100, 0u32..1000), 0..60),
     ) {
         // op 0/1: reserve; 2: release the n-th made; 3: sync with a report at t.
+        // A reservation a report covered, released later, is credited until
+        // a report made after its release.
+        struct Made {
+            rid: pair_scheduler::ReservationId,
+            node: NodeId,
+            at: u64,
+            tokens: u32,
+            covered: bool,
+        }
         let mut res = Reservations::new();
-        let mut model: Vec<(pair_scheduler::ReservationId, NodeId, u64, u32)> = Vec::new();
+        let mut model: Vec<Made> = Vec::new();
+        let mut credits: Vec<(NodeId, u64, u32)> = Vec::new();
         let mut clock = 0u64;
         for (op, node, t, tokens) in ops {
             let id = NodeId::from_u128(node);
@@ -433,19 +443,25 @@ proptest! {
                     let mut r = RequestProfile::new("m", ApiFlavor::Ollama);
                     r.prompt_tokens = tokens;
                     let rid = res.reserve(id, &r, clock);
-                    model.push((rid, id, clock, tokens));
+                    model.push(Made { rid, node: id, at: clock, tokens, covered: false });
                 }
                 2 => {
                     if !model.is_empty() {
-                        let (rid, ..) = model.remove(tokens as usize % model.len());
-                        prop_assert!(res.release(rid));
+                        let m = model.remove(tokens as usize % model.len());
+                        prop_assert!(res.release(m.rid, clock));
+                        if m.covered {
+                            credits.push((m.node, clock, m.tokens));
+                        }
                     }
                 }
                 _ => {
                     let mut n = NodeSnapshot::new(id, "n");
                     n.reported_at_ms = t;
                     res.sync(&ClusterSnapshot::new(1, t, vec![n]));
-                    model.retain(|(_, nid, at, _)| *nid != id || *at > t);
+                    for m in model.iter_mut().filter(|m| m.node == id && m.at <= t) {
+                        m.covered = true;
+                    }
+                    credits.retain(|(nid, at, _)| *nid != id || *at > t);
                 }
             }
             for probe in 0..4u128 {
@@ -453,9 +469,19 @@ proptest! {
                 for reported in [0, clock / 2, clock] {
                     let want: Vec<_> = model
                         .iter()
-                        .filter(|(_, nid, at, _)| *nid == pid && *at > reported)
+                        .filter(|m| m.node == pid && !m.covered && m.at > reported)
                         .collect();
                     let got = res.on_node(pid, reported);
+                    prop_assert_eq!(got.jobs as usize, want.len());
+                    prop_assert_eq!(
+                        got.prefill_tokens,
+                        want.iter().map(|m| u64::from(m.tokens)).sum::<u64>()
+                    );
+                    let want: Vec<_> = credits
+                        .iter()
+                        .filter(|(nid, at, _)| *nid == pid && *at > reported)
+                        .collect();
+                    let got = res.credited(pid, reported);
                     prop_assert_eq!(got.jobs as usize, want.len());
                     prop_assert_eq!(
                         got.prefill_tokens,
