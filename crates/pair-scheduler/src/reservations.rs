@@ -87,14 +87,8 @@ impl NodeReservations {
         self.drop_credits_while(|c| c.at_ms <= reported_ms);
     }
 
-    fn drop_credits_while(&mut self, mut stale: impl FnMut(&Reservation) -> bool) {
-        while let Some(front) = self.credits.front().copied() {
-            if !stale(&front) {
-                break;
-            }
-            sub(&mut self.credit_totals, &front);
-            self.credits.pop_front();
-        }
+    fn drop_credits_while(&mut self, stale: impl FnMut(&Reservation) -> bool) {
+        pop_while(&mut self.credits, &mut self.credit_totals, stale);
     }
 
     /// A covered reservation finished at `now_ms`: credited until a report
@@ -114,17 +108,7 @@ impl NodeReservations {
     /// Work a report made at `reported_at_ms` still counts that has
     /// finished since (what ranking takes off the report).
     pub(crate) fn credited(&self, reported_at_ms: u64) -> Reserved {
-        match (self.credits.front(), self.credits.back()) {
-            (Some(oldest), _) if oldest.at_ms > reported_at_ms => self.credit_totals,
-            (_, Some(newest)) if newest.at_ms > reported_at_ms => {
-                let mut out = Reserved::default();
-                for c in self.credits.iter().filter(|c| c.at_ms > reported_at_ms) {
-                    add(&mut out, c);
-                }
-                out
-            }
-            _ => Reserved::default(),
-        }
+        newer_than(&self.credits, self.credit_totals, reported_at_ms)
     }
 
     /// `workload` as reported at `reported_at_ms`, less what has finished
@@ -156,33 +140,47 @@ impl NodeReservations {
         sub(&mut self.totals, r);
     }
 
-    fn pop_front_while(&mut self, mut covered: impl FnMut(&Reservation) -> bool) {
-        while let Some(front) = self.items.front().copied() {
-            if !covered(&front) {
-                break;
-            }
-            self.take(&front);
-            self.items.pop_front();
-        }
+    fn pop_front_while(&mut self, covered: impl FnMut(&Reservation) -> bool) {
+        pop_while(&mut self.items, &mut self.totals, covered);
     }
 
     /// Reservations newer than a report made at `reported_at_ms`. O(1) when
     /// [`Reservations::sync`] has run since the report; otherwise walks only
     /// this node's (bounded) list.
     pub(crate) fn uncovered(&self, reported_at_ms: u64) -> Reserved {
-        match (self.items.front(), self.items.back()) {
-            (Some(oldest), _) if oldest.at_ms > reported_at_ms => self.totals,
-            (_, Some(newest)) if newest.at_ms > reported_at_ms => {
-                let mut out = Reserved::default();
-                for r in self.items.iter().filter(|r| r.at_ms > reported_at_ms) {
-                    out.jobs += 1;
-                    out.prefill_tokens += u64::from(r.prefill);
-                    out.decode_tokens += u64::from(r.decode);
-                }
-                out
-            }
-            _ => Reserved::default(),
+        newer_than(&self.items, self.totals, reported_at_ms)
+    }
+}
+
+/// Drops the front of a time-ordered list while `stale` says so, keeping
+/// its totals.
+fn pop_while(
+    list: &mut VecDeque<Reservation>,
+    totals: &mut Reserved,
+    mut stale: impl FnMut(&Reservation) -> bool,
+) {
+    while let Some(front) = list.front().copied() {
+        if !stale(&front) {
+            break;
         }
+        sub(totals, &front);
+        list.pop_front();
+    }
+}
+
+/// The part of a time-ordered list (whose sum is `totals`) later than
+/// `t`: the totals when all of it is, without a walk.
+fn newer_than(list: &VecDeque<Reservation>, totals: Reserved, t: u64) -> Reserved {
+    match (list.front(), list.back()) {
+        (Some(oldest), _) if oldest.at_ms > t => totals,
+        (_, Some(newest)) if newest.at_ms > t => {
+            let mut out = Reserved::default();
+            for r in list.iter().filter(|r| r.at_ms > t) {
+                add(&mut out, r);
+            }
+            out
+        }
+        _ => Reserved::default(),
     }
 }
 
