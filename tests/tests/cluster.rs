@@ -477,9 +477,9 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
             elsewhere,
             "turn {turn} of the session left its node"
         );
-        // A peer's workload reaches the cluster view once per gossip
-        // interval: the turn just finished can still count as running on
-        // the session's node for that long. Wait it out so the scheduler's
+        // Peers' reports reach node 0 once per gossip interval (the turn
+        // just finished is credited off its node's report meanwhile): wait
+        // for a view in which every node reports idle, so the scheduler's
         // pick is compared with like.
         wait_settled(&c, "llama3.2:3b").await;
         assert_eq!(
