@@ -80,8 +80,8 @@
 //! }
 //!
 //! // 5. When a fresher snapshot is published, stop adding the reservations
-//! //    its workload reports already cover (those that finish before the
-//! //    next report are credited, taken off it), and forget lost ones.
+//! //    its workload reports already cover, credit finished requests a
+//! //    report still counts (taken off it), and forget lost ones.
 //! reservations.sync(&cluster);
 //! reservations.expire(now_ms);
 //!

@@ -52,6 +52,10 @@ pub(crate) struct NodeReservations {
     /// ranking takes them off the report. `at_ms` is when each finished.
     credits: VecDeque<Reservation>,
     credit_totals: Reserved,
+    /// Finished before any report seen here covered them, with when each
+    /// finished: a report made between its dispatch and its finish (one
+    /// that arrives after the finish) counts it, and then it is credited.
+    finished: VecDeque<(Reservation, u64)>,
 }
 
 impl NodeReservations {
@@ -63,11 +67,15 @@ impl NodeReservations {
             covered: VecDeque::new(),
             credits: VecDeque::new(),
             credit_totals: Reserved::default(),
+            finished: VecDeque::new(),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.covered.is_empty() && self.credits.is_empty()
+        self.items.is_empty()
+            && self.covered.is_empty()
+            && self.credits.is_empty()
+            && self.finished.is_empty()
     }
 
     /// A report made at `reported_ms`: the reservations it covers move to
@@ -85,6 +93,28 @@ impl NodeReservations {
             self.covered.push_back(front);
         }
         self.drop_credits_while(|c| c.at_ms <= reported_ms);
+        // Finished requests this report saw running are credited; those it
+        // was made after are gone from it; older reports never saw them.
+        let mut waiting = std::mem::take(&mut self.finished);
+        waiting.retain(|&(r, finished_ms)| {
+            if finished_ms <= reported_ms {
+                false
+            } else if r.at_ms <= reported_ms {
+                self.credit(r, finished_ms);
+                false
+            } else {
+                true
+            }
+        });
+        self.finished = waiting;
+    }
+
+    /// A reservation no report had covered finished at `now_ms`.
+    fn finish_uncovered(&mut self, r: Reservation, now_ms: u64) {
+        if self.finished.len() >= Reservations::MAX_PER_NODE {
+            self.finished.pop_front();
+        }
+        self.finished.push_back((r, now_ms));
     }
 
     fn drop_credits_while(&mut self, stale: impl FnMut(&Reservation) -> bool) {
@@ -297,9 +327,9 @@ impl Reservations {
     }
 
     /// The request finished (or failed) at `now_ms`; returns whether it
-    /// was still counted. One that a report had already covered (it was
-    /// running when the report was made) is credited: ranking takes it off
-    /// that node's reported workload until a report made after `now_ms`.
+    /// was still counted. A report made while it ran (seen by `sync` before
+    /// or after this) counts it: it is credited, ranking takes it off that
+    /// node's reported workload until a report made after `now_ms`.
     pub fn release(&mut self, id: ReservationId, now_ms: u64) -> bool {
         let Ok(i) = self.nodes.binary_search_by_key(&id.node, |n| n.node) else {
             return false;
@@ -308,6 +338,7 @@ impl Reservations {
         if let Ok(j) = entry.items.binary_search_by_key(&id.seq, |r| r.seq) {
             if let Some(r) = entry.items.remove(j) {
                 entry.take(&r);
+                entry.finish_uncovered(r, now_ms);
             }
         } else if let Ok(j) = entry.covered.binary_search_by_key(&id.seq, |r| r.seq) {
             if let Some(r) = entry.covered.remove(j) {
@@ -323,11 +354,12 @@ impl Reservations {
     }
 
     /// Takes in a new snapshot: reservations a node's workload report
-    /// covers (made at or after them) stop being added to it, and credits
-    /// for requests that finished before the report stop being taken off
-    /// it. Call it whenever a new snapshot is published: ranking adds
-    /// reservations correctly without it (only slower), but credits only
-    /// what it has seen covered.
+    /// covers (made at or after them) stop being added to it; finished
+    /// requests the report counts (made while they ran) are credited, and
+    /// credits for requests that finished before it go. Call it whenever a
+    /// new snapshot is published: ranking adds reservations correctly
+    /// without it (only slower), but credits come only from the reports it
+    /// has seen.
     pub fn sync(&mut self, cluster: &ClusterSnapshot) {
         for entry in &mut self.nodes {
             if let Some(node) = cluster.node(entry.node) {
@@ -347,6 +379,7 @@ impl Reservations {
                 entry.covered.pop_front();
             }
             entry.drop_credits_while(old);
+            entry.finished.retain(|(r, _)| !old(r));
         }
         self.nodes.retain(|n| !n.is_empty());
     }
@@ -499,6 +532,28 @@ mod tests {
         assert!(r.release(b, 200));
         n.reported_at_ms = 210;
         r.sync(&ClusterSnapshot::new(3, 210, vec![n]));
+        assert!(r.is_empty());
+    }
+
+    /// The report made while the request ran arrives only after it has
+    /// finished (reports travel once per gossip interval): it is credited
+    /// then, and a report older than the dispatch never is.
+    #[test]
+    fn a_report_arriving_after_the_finish_is_credited_too() {
+        let mut r = Reservations::new();
+        let a = r.reserve(id(1), &profile(10, 10), 100);
+        assert!(r.release(a, 160));
+        assert_eq!(r.len(), 0);
+        let mut n = NodeSnapshot::new(id(1), "a");
+        n.reported_at_ms = 90;
+        r.sync(&ClusterSnapshot::new(1, 90, vec![n.clone()]));
+        assert_eq!(r.credited(id(1), 90), Reserved::default(), "made before it");
+        n.reported_at_ms = 150;
+        r.sync(&ClusterSnapshot::new(2, 150, vec![n.clone()]));
+        assert_eq!(r.credited(id(1), 150).jobs, 1, "made while it ran");
+        n.reported_at_ms = 170;
+        r.sync(&ClusterSnapshot::new(3, 170, vec![n]));
+        assert_eq!(r.credited(id(1), 150), Reserved::default());
         assert!(r.is_empty());
     }
 

@@ -434,6 +434,14 @@ proptest! {
         let mut res = Reservations::new();
         let mut model: Vec<Made> = Vec::new();
         let mut credits: Vec<(NodeId, u64, u32)> = Vec::new();
+        // Finished before a report was seen to cover them: (node,
+        // dispatched, finished, tokens).
+        let mut finished: Vec<(NodeId, u64, u64, u32)> = Vec::new();
+        // A credit's time: its finish, kept in order per node.
+        fn credit(credits: &mut Vec<(NodeId, u64, u32)>, node: NodeId, at: u64, tokens: u32) {
+            let last = credits.iter().filter(|c| c.0 == node).map(|c| c.1).max();
+            credits.push((node, last.map_or(at, |l| l.max(at)), tokens));
+        }
         let mut clock = 0u64;
         for (op, node, t, tokens) in ops {
             let id = NodeId::from_u128(node);
@@ -450,7 +458,9 @@ proptest! {
                         let m = model.remove(tokens as usize % model.len());
                         prop_assert!(res.release(m.rid, clock));
                         if m.covered {
-                            credits.push((m.node, clock, m.tokens));
+                            credit(&mut credits, m.node, clock, m.tokens);
+                        } else {
+                            finished.push((m.node, m.at, clock, m.tokens));
                         }
                     }
                 }
@@ -462,6 +472,19 @@ proptest! {
                         m.covered = true;
                     }
                     credits.retain(|(nid, at, _)| *nid != id || *at > t);
+                    // This report saw running what finished after it.
+                    let mut still = Vec::new();
+                    for f in finished.drain(..) {
+                        if f.0 != id {
+                            still.push(f);
+                        } else if f.2 <= t {
+                        } else if f.1 <= t {
+                            credit(&mut credits, f.0, f.2, f.3);
+                        } else {
+                            still.push(f);
+                        }
+                    }
+                    finished = still;
                 }
             }
             for probe in 0..4u128 {
