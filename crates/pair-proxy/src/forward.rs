@@ -141,11 +141,17 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         } else {
             (now_ms(), Instant::now())
         };
-        let reservation = st.reserve(node, &profile, sent_ms);
-        let guard = matches!(hop, Hop::Local { .. }).then(|| {
-            st.load
-                .begin(profile.prompt_tokens, profile.max_output_tokens)
-        });
+        // A local dispatch is counted by its load guard, which ranking
+        // reads live for this node (it ignores reservations there); a
+        // peer's by a reservation, until the peer's reports show it.
+        let (guard, reservation) = if matches!(hop, Hop::Local { .. }) {
+            let load = st
+                .load
+                .begin(profile.prompt_tokens, profile.max_output_tokens);
+            (Some(load), None)
+        } else {
+            (None, Some(st.reserve(node, &profile, sent_ms)))
+        };
         // The first-byte deadline is per attempt (a hung node must not eat
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
@@ -221,7 +227,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
             t0,
             peer_name: peer_name.clone(),
             guard,
-            reservation: reservation.keep(),
+            reservation: reservation.and_then(|r| r.keep()),
         };
         let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
         let node_receipt = match &peer_name {
