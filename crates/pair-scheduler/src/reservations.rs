@@ -387,23 +387,20 @@ impl Reservations {
     /// Work on `node` that a report made at `reported_at_ms` still counts
     /// but that has finished since.
     pub fn credited(&self, node: NodeId, reported_at_ms: u64) -> Reserved {
+        self.of(node, |n| n.credited(reported_at_ms))
+    }
+
+    /// `f` of `node`'s lists; nothing if it has none.
+    fn of(&self, node: NodeId, f: impl FnOnce(&NodeReservations) -> Reserved) -> Reserved {
         self.nodes
             .binary_search_by_key(&node, |n| n.node)
-            .map_or_else(
-                |_| Reserved::default(),
-                |i| self.nodes[i].credited(reported_at_ms),
-            )
+            .map_or_else(|_| Reserved::default(), |i| f(&self.nodes[i]))
     }
 
     /// Work reserved on `node` that a report made at `reported_at_ms` does
     /// not show yet.
     pub fn on_node(&self, node: NodeId, reported_at_ms: u64) -> Reserved {
-        self.nodes
-            .binary_search_by_key(&node, |n| n.node)
-            .map_or_else(
-                |_| Reserved::default(),
-                |i| self.nodes[i].uncovered(reported_at_ms),
-            )
+        self.of(node, |n| n.uncovered(reported_at_ms))
     }
 
     /// Outstanding reservations over all nodes (reported or not).
