@@ -1,19 +1,33 @@
 //! Reads what routing needs from a request body (the top-level `model`,
-//! whether it streams, how many tokens it may produce) without building a
-//! tree of the whole JSON document: unknown fields are skipped by serde.
+//! whether it streams, how many tokens it may produce) in one pass over
+//! the bytes, without building a tree of the document or decoding what it
+//! does not need: the prompt's strings are skipped eight bytes at a time
+//! and checked for what JSON forbids in them (control characters, bad
+//! escapes) in the same pass.
+//!
+//! What it accepts is what `serde_json` accepts for the same fields (a
+//! property test holds the two together): RFC 8259 syntax, UTF-8, no
+//! duplicate field among the ones read, each read field of its type or
+//! `null`, no trailing characters. Two deliberate differences: `options`
+//! must be an object (serde also read an array by position), and nesting
+//! deeper than [`MAX_DEPTH`] is refused (as `serde_json` refuses it when it
+//! builds a value).
 
 use std::borrow::Cow;
 
 use pair_core::{ApiFlavor, RequestProfile};
-use serde::Deserialize;
 
 use crate::route::Work;
+
+/// How deep arrays and objects may nest in a body, the body's own object
+/// included: as deep as `serde_json` parses a value.
+pub const MAX_DEPTH: usize = 127;
 
 /// Why a body could not be routed; each is the client's fault (400).
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error("request body is not valid JSON: {0}")]
-    Json(#[source] serde_json::Error),
+    Json(JsonError),
     #[error("request body has no \"model\" field")]
     MissingModel,
     #[error("request body must be a JSON object")]
@@ -24,24 +38,480 @@ pub enum BodyError {
     BadModel(#[source] pair_core::CoreError),
 }
 
-#[derive(Deserialize)]
-struct Facts<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    max_completion_tokens: Option<u64>,
-    #[serde(default)]
-    options: Option<Options>,
+/// Where and why a body is not the JSON routing expects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} at byte {at}")]
+pub struct JsonError {
+    pub what: &'static str,
+    pub at: usize,
 }
 
-#[derive(Deserialize)]
-struct Options {
-    #[serde(default)]
+/// The fields read, as they came (`None`: absent or `null`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Facts<'a> {
+    model: Option<Cow<'a, str>>,
+    stream: Option<bool>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
     num_predict: Option<i64>,
+}
+
+/// The fields routing reads: top-level ones, and `num_predict` inside
+/// Ollama's `options`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Model,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    Options,
+    NumPredict,
+    Other,
+}
+
+impl Field {
+    /// The fields of the top level (`nested`: of `options`).
+    fn of(key: &[u8], nested: bool) -> Field {
+        match (nested, key) {
+            (false, b"model") => Field::Model,
+            (false, b"stream") => Field::Stream,
+            (false, b"max_tokens") => Field::MaxTokens,
+            (false, b"max_completion_tokens") => Field::MaxCompletionTokens,
+            (false, b"options") => Field::Options,
+            (true, b"num_predict") => Field::NumPredict,
+            _ => Field::Other,
+        }
+    }
+
+    /// Bit in the set of fields seen (duplicates are refused).
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A cursor over the body's bytes (already checked to be UTF-8).
+struct Scan<'a> {
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+}
+
+type Step<T> = Result<T, JsonError>;
+
+impl<'a> Scan<'a> {
+    fn new(text: &'a str) -> Self {
+        Self {
+            text,
+            b: text.as_bytes(),
+            i: 0,
+        }
+    }
+
+    fn err<T>(&self, what: &'static str) -> Step<T> {
+        Err(JsonError { what, at: self.i })
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn eat(&mut self, c: u8, what: &'static str) -> Step<()> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            self.err(what)
+        }
+    }
+
+    /// The whole document: an object, then nothing but whitespace.
+    fn document(&mut self) -> Result<Facts<'a>, BodyError> {
+        self.ws();
+        if self.peek() != Some(b'{') {
+            // Valid JSON that is not an object, or not JSON at all.
+            self.value(0)?;
+            self.end()?;
+            return Err(BodyError::NotAnObject);
+        }
+        let mut facts = Facts::default();
+        self.object(false, &mut facts)?;
+        self.end()?;
+        Ok(facts)
+    }
+
+    fn end(&mut self) -> Step<()> {
+        self.ws();
+        if self.i < self.b.len() {
+            return self.err("trailing characters");
+        }
+        Ok(())
+    }
+
+    /// An object at the cursor whose read fields go into `facts`; the
+    /// others are skipped.
+    fn object(&mut self, nested: bool, facts: &mut Facts<'a>) -> Step<()> {
+        self.eat(b'{', "expected '{'")?;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(());
+        }
+        let mut seen = 0u8;
+        loop {
+            self.ws();
+            let field = self.key(nested)?;
+            if field != Field::Other {
+                if seen & field.bit() != 0 {
+                    return self.err("duplicate field");
+                }
+                seen |= field.bit();
+            }
+            self.ws();
+            self.eat(b':', "expected ':'")?;
+            self.ws();
+            match field {
+                Field::Model => facts.model = self.nullable(Self::model_string)?,
+                Field::Stream => facts.stream = self.nullable(Self::boolean)?,
+                Field::MaxTokens => facts.max_tokens = self.nullable(Self::integer)?,
+                Field::MaxCompletionTokens => {
+                    facts.max_completion_tokens = self.nullable(Self::integer)?;
+                }
+                Field::NumPredict => facts.num_predict = self.nullable(Self::integer)?,
+                Field::Options => {
+                    if self.peek() == Some(b'{') {
+                        self.object(true, facts)?;
+                    } else {
+                        self.nullable(|s| s.err::<()>("\"options\" must be an object"))?;
+                    }
+                }
+                Field::Other => self.value(if nested { 2 } else { 1 })?,
+            }
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                Some(_) => return self.err("expected ',' or '}'"),
+                None => return self.err("unexpected end of body"),
+            }
+        }
+    }
+
+    /// A key, and which read field it names.
+    fn key(&mut self, nested: bool) -> Step<Field> {
+        if self.peek() != Some(b'"') {
+            return self.err("expected a field name");
+        }
+        let at = self.i;
+        let (raw, escaped) = self.string()?;
+        if !escaped {
+            return Ok(Field::of(raw, nested));
+        }
+        // Rare: a name with escapes is compared decoded, as serde does.
+        match serde_json::from_str::<String>(&self.text[at..self.i]) {
+            Ok(name) => Ok(Field::of(name.as_bytes(), nested)),
+            Err(_) => Err(JsonError {
+                what: "invalid escape in a field name",
+                at,
+            }),
+        }
+    }
+
+    /// `null` (`None`) or what `read` reads.
+    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Step<T>) -> Step<Option<T>> {
+        if self.b[self.i..].starts_with(b"null") {
+            self.i += 4;
+            return Ok(None);
+        }
+        read(self).map(Some)
+    }
+
+    /// The model's name: borrowed from the body unless it has escapes.
+    fn model_string(&mut self) -> Step<Cow<'a, str>> {
+        if self.peek() != Some(b'"') {
+            return self.err("\"model\" must be a string");
+        }
+        let at = self.i;
+        let (_, escaped) = self.string()?;
+        let quoted = &self.text[at..self.i];
+        if !escaped {
+            return Ok(Cow::Borrowed(&quoted[1..quoted.len() - 1]));
+        }
+        // Decoded by serde_json, whose rules (surrogate pairs) it follows.
+        serde_json::from_str::<String>(quoted)
+            .map(Cow::Owned)
+            .map_err(|_| JsonError {
+                what: "invalid escape in \"model\"",
+                at,
+            })
+    }
+
+    fn boolean(&mut self) -> Step<bool> {
+        if self.b[self.i..].starts_with(b"true") {
+            self.i += 4;
+            Ok(true)
+        } else if self.b[self.i..].starts_with(b"false") {
+            self.i += 5;
+            Ok(false)
+        } else {
+            self.err("\"stream\" must be true or false")
+        }
+    }
+
+    /// An integer field: a JSON number without fraction or exponent, in
+    /// `T`'s range. As serde_json reads numbers: `-0`, a fraction, an
+    /// exponent or a magnitude past 64 bits make a float, which no integer
+    /// field takes.
+    fn integer<T: TryFrom<i128>>(&mut self) -> Step<T> {
+        let at = self.i;
+        let negative = self.peek() == Some(b'-');
+        if !matches!(self.peek(), Some(b'-' | b'0'..=b'9')) {
+            return self.err("expected an integer");
+        }
+        self.number()?;
+        let digits = &self.b[at + usize::from(negative)..self.i];
+        let magnitude = digits.iter().try_fold(0u64, |n, &d| {
+            if d.is_ascii_digit() {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            } else {
+                None // a fraction or an exponent
+            }
+        });
+        let value = match magnitude {
+            Some(0) if negative => None,
+            Some(m) if negative => Some(-i128::from(m)),
+            Some(m) => Some(i128::from(m)),
+            None => None,
+        };
+        value.and_then(|v| T::try_from(v).ok()).ok_or(JsonError {
+            what: "expected an integer in range",
+            at,
+        })
+    }
+
+    /// Skips one value of any kind, checking its syntax. Iterative: the
+    /// open containers are a stack of bits (set: an object), so nothing
+    /// is allocated however deep the value (up to [`MAX_DEPTH`]).
+    fn value(&mut self, outer: usize) -> Step<()> {
+        let mut objects = 0u128;
+        let mut depth = 0usize;
+        let room = MAX_DEPTH.saturating_sub(outer);
+        loop {
+            // A value starts here.
+            self.ws();
+            match self.peek() {
+                Some(b'"') => {
+                    self.string()?;
+                }
+                Some(b'-' | b'0'..=b'9') => self.number()?,
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(c @ (b'[' | b'{')) => {
+                    if depth >= room {
+                        return self.err("nesting too deep");
+                    }
+                    self.i += 1;
+                    self.ws();
+                    let close = if c == b'[' { b']' } else { b'}' };
+                    if self.peek() == Some(close) {
+                        self.i += 1;
+                    } else {
+                        objects = objects << 1 | u128::from(c == b'{');
+                        depth += 1;
+                        if c == b'{' {
+                            self.member_name()?;
+                        }
+                        continue;
+                    }
+                }
+                Some(_) => return self.err("expected a value"),
+                None => return self.err("unexpected end of body"),
+            }
+            // A value ended: close what it ends, or go on to the next one.
+            loop {
+                if depth == 0 {
+                    return Ok(());
+                }
+                let object = objects & 1 == 1;
+                self.ws();
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        if object {
+                            self.ws();
+                            self.member_name()?;
+                        }
+                        break;
+                    }
+                    Some(b'}') if object => {
+                        self.i += 1;
+                        objects >>= 1;
+                        depth -= 1;
+                    }
+                    Some(b']') if !object => {
+                        self.i += 1;
+                        objects >>= 1;
+                        depth -= 1;
+                    }
+                    Some(_) => return self.err("expected ',' or a closing bracket"),
+                    None => return self.err("unexpected end of body"),
+                }
+            }
+        }
+    }
+
+    /// A skipped object's member name and its colon. Names are decoded by
+    /// serde even when skipped, so a name with a lone surrogate escape is
+    /// refused here too.
+    fn member_name(&mut self) -> Step<()> {
+        self.key(true)?;
+        self.ws();
+        self.eat(b':', "expected ':'")
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Step<()> {
+        if self.b[self.i..].starts_with(word) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            self.err("expected a value")
+        }
+    }
+
+    /// A number's syntax: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    fn number(&mut self) -> Step<()> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => {
+                self.i += 1;
+                if self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                    return self.err("invalid number");
+                }
+            }
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return self.err("invalid number"),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            self.some_digits()?;
+        }
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Step<()> {
+        let from = self.i;
+        self.digits();
+        if self.i == from {
+            return self.err("invalid number");
+        }
+        Ok(())
+    }
+
+    /// A string at the cursor (its opening quote): returns the bytes
+    /// between the quotes and whether they hold an escape.
+    #[inline]
+    fn string(&mut self) -> Step<(&'a [u8], bool)> {
+        let start = self.i + 1;
+        let mut i = start;
+        let mut escaped = false;
+        loop {
+            i = special(self.b, i);
+            match self.b.get(i) {
+                Some(b'"') => {
+                    self.i = i + 1;
+                    return Ok((&self.b[start..i], escaped));
+                }
+                Some(b'\\') => {}
+                Some(_) => {
+                    self.i = i;
+                    return self.err("control character in a string");
+                }
+                None => {
+                    self.i = i;
+                    return self.err("unterminated string");
+                }
+            }
+            escaped = true;
+            match self.b.get(i + 1) {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                Some(b'u')
+                    if self
+                        .b
+                        .get(i + 2..i + 6)
+                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
+                {
+                    i += 6;
+                }
+                Some(_) => {
+                    self.i = i;
+                    return self.err("invalid escape in a string");
+                }
+                None => {
+                    self.i = self.b.len();
+                    return self.err("unterminated string");
+                }
+            }
+        }
+    }
+}
+
+/// The first byte from `i` on that ends a run of plain string text: a
+/// quote, a backslash or a control character (or `b.len()`). Eight bytes
+/// at a time: a byte's high bit is set in `found` where it is one of
+/// those (exact for the lowest such byte, which is all that is used).
+#[inline]
+fn special(b: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        let found = (zero(w ^ (ONES * u64::from(b'"')))
+            | zero(w ^ (ONES * u64::from(b'\\')))
+            | (w.wrapping_sub(ONES * 0x20) & !w))
+            & HIGH;
+        if found != 0 {
+            return i + (found.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+impl From<JsonError> for BodyError {
+    fn from(e: JsonError) -> Self {
+        BodyError::Json(e)
+    }
 }
 
 /// What the proxy learned from a body.
@@ -77,16 +547,8 @@ pub async fn extract_off_loop(
 /// Extracts the routing facts. `stream` defaults follow each API: Ollama's
 /// generate and chat stream unless told not to; OpenAI and Anthropic don't.
 pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFacts, BodyError> {
-    // serde skips unknown fields without checking their UTF-8, and a derived
-    // struct also accepts a JSON array by position: check both up front.
     let text = std::str::from_utf8(body).map_err(BodyError::NotUtf8)?;
-    if !text.trim_start().starts_with('{') {
-        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-            Err(e) => BodyError::Json(e),
-            Ok(_) => BodyError::NotAnObject,
-        });
-    }
-    let facts: Facts<'_> = serde_json::from_str(text).map_err(BodyError::Json)?;
+    let facts = Scan::new(text).document()?;
     let model = facts.model.ok_or(BodyError::MissingModel)?;
     let model = pair_core::ModelName::new(model.into_owned()).map_err(BodyError::BadModel)?;
     let default_stream = flavor == ApiFlavor::Ollama && work == Work::Generate;
@@ -94,12 +556,7 @@ pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFact
     let max_output_tokens = facts
         .max_completion_tokens
         .or(facts.max_tokens)
-        .or_else(|| {
-            facts
-                .options
-                .and_then(|o| o.num_predict)
-                .and_then(|n| u64::try_from(n).ok())
-        })
+        .or_else(|| facts.num_predict.and_then(|n| u64::try_from(n).ok()))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     Ok(RequestFacts {
         model: model.into(),
@@ -109,9 +566,10 @@ pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFact
 }
 
 impl RequestFacts {
-    /// The scheduler's view of this request.
-    pub fn profile(&self, flavor: ApiFlavor, work: Work, body_len: usize) -> RequestProfile {
-        let mut p = RequestProfile::new(self.model.clone(), flavor);
+    /// The scheduler's view of this request (the model's name moves into
+    /// it).
+    pub fn profile(self, flavor: ApiFlavor, work: Work, body_len: usize) -> RequestProfile {
+        let mut p = RequestProfile::new(self.model, flavor);
         p.streaming = self.streaming;
         p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(body_len);
         p.max_output_tokens = match work {
@@ -198,10 +656,369 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn edge_cases_follow_json_and_serde() {
+        let ok = |b: &str| extract(b.as_bytes(), ApiFlavor::OpenAi, Work::Generate);
+        let json_err = |b: &str| matches!(ok(b), Err(BodyError::Json(_)));
+        // A name with escapes is the name it decodes to.
+        assert_eq!(ok(r#"{"mod\u0065l":"m"}"#).unwrap().model, "m");
+        // Whitespace of every kind JSON allows, around everything.
+        let f = ok(" \t\r\n{ \"model\" :\t\"m\" ,\n\"max_tokens\"\r: 3 }\n ").unwrap();
+        assert_eq!((f.model.as_str(), f.max_output_tokens), ("m", Some(3)));
+        // -0 is a float to serde_json (it keeps the sign), so not a count.
+        assert!(json_err(r#"{"model":"m","max_tokens":-0}"#));
+        assert_eq!(
+            ok(r#"{"model":"m","max_tokens":0}"#)
+                .unwrap()
+                .max_output_tokens,
+            Some(0)
+        );
+        // A lone surrogate escape is fine in a skipped string, not in the model.
+        assert!(ok(r#"{"model":"m","prompt":"\ud800"}"#).is_ok());
+        assert!(json_err(r#"{"model":"\ud800"}"#));
+        // A skipped member's name is still decoded, as serde decodes it.
+        assert!(json_err(r#"{"model":"m","x":{"\ud800":1}}"#));
+        for bad in [
+            r#"{"model":"m","model":"n"}"#,                 // duplicate
+            r#"{"model":"m","stream":null,"stream":true}"#, // duplicate, the first null
+            r#"{"model":"m",}"#,                            // trailing comma
+            r#"{"model":"m","x":[1,]}"#,                    // trailing comma, nested
+            r#"{"model":"m","x":01}"#,                      // leading zero
+            r#"{"model":"m","x":1.}"#,                      // no fraction digits
+            r#"{"model":"m","x":1e}"#,                      // no exponent digits
+            r#"{"model":"m","x":-}"#,
+            r#"{"model":"m","x":tru}"#,
+            r#"{"model":"m","x":"a\qb"}"#,         // unknown escape
+            r#"{"model":"m","x":"\u12g4"}"#,       // bad hex
+            "{\"model\":\"m\",\"x\":\"a\u{1}b\"}", // control character
+            r#"{"model":"m"} x"#,                  // trailing characters
+            r#"{"model":"m""#,                     // cut short
+            r#"{"model":"m"#,
+            r#"{"model""#,
+            r#"{"model":"m","max_tokens":1e3}"#, // not an integer
+            r#"{"model":"m","max_tokens":1.0}"#,
+            r#"{"model":"m","max_tokens":-1}"#, // out of range
+            r#"{"model":"m","max_tokens":18446744073709551616}"#,
+            r#"{"model":"m","options":{"num_predict":9223372036854775808}}"#,
+            r#"{"model":"m","stream":"yes"}"#, // wrong type
+            r#"{"model":"m","options":[5]}"#,  // serde read this by position
+            r#"{"model":["m"]}"#,
+            r#"{model:"m"}"#,
+        ] {
+            assert!(json_err(bad), "accepted {bad}");
+        }
+        assert!(ok(r#"{"model":"m","options":{"num_predict":-9223372036854775808}}"#).is_ok());
+        assert!(json_err(
+            r#"{"model":"m","options":{"num_predict":-9223372036854775809}}"#
+        ));
+        assert_eq!(
+            ok(r#"{"model":"m","max_tokens":18446744073709551615}"#)
+                .unwrap()
+                .max_output_tokens,
+            Some(u32::MAX)
+        );
+        let f = ok(r#"{"model":"m","options":{"num_predict":-1,"temperature":0.5}}"#).unwrap();
+        assert_eq!(
+            f.max_output_tokens, None,
+            "a negative num_predict means no limit"
+        );
+        assert_eq!(
+            ok(r#"{"model":"m","options":null,"stream":null}"#)
+                .unwrap()
+                .model,
+            "m"
+        );
+        // Nesting: as deep as serde_json parses a value, and no deeper.
+        let nest = |n: usize| format!(r#"{{"model":"m","x":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+        let value = |b: &str| serde_json::from_str::<serde_json::Value>(b).is_ok();
+        assert!(ok(&nest(MAX_DEPTH - 1)).is_ok() && value(&nest(MAX_DEPTH - 1)));
+        assert!(json_err(&nest(MAX_DEPTH)) && !value(&nest(MAX_DEPTH)));
+        let deep = format!(
+            r#"{{"model":"m","options":{{"x":{}{}}}}}"#,
+            "[".repeat(MAX_DEPTH - 2),
+            "]".repeat(MAX_DEPTH - 2)
+        );
+        assert!(ok(&deep).is_ok() && value(&deep));
+        let deeper = deep.replacen('[', "[[", 1).replacen(']', "]]", 1);
+        assert!(json_err(&deeper) && !value(&deeper));
+        let top = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(
+            matches!(ok(&top(MAX_DEPTH)), Err(BodyError::NotAnObject)) && value(&top(MAX_DEPTH))
+        );
+        assert!(json_err(&top(MAX_DEPTH + 1)) && !value(&top(MAX_DEPTH + 1)));
+        // Errors say where.
+        let Err(BodyError::Json(e)) = ok(r#"{"model":"m" "x":1}"#) else {
+            panic!("accepted a missing comma");
+        };
+        assert_eq!((e.what, e.at), ("expected ',' or '}'", 13));
+    }
+
+    #[test]
+    fn large_prompts_are_skipped_whole() {
+        let content = "a \\\"quoted\\\" line,\\n ünïcödé ".repeat(50_000);
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{content}"}}],"stream":true,"model":"big"}}"#
+        );
+        let f = extract(body.as_bytes(), ApiFlavor::OpenAi, Work::Generate).unwrap();
+        assert_eq!(f.model, "big");
+        assert!(f.streaming);
+        let cut = &body.as_bytes()[..body.len() / 2];
+        assert!(matches!(
+            extract(cut, ApiFlavor::OpenAi, Work::Generate),
+            Err(BodyError::Json(_))
+        ));
+    }
+
+    /// The serde_json reading this module replaced: the oracle it is held
+    /// to (except `options` read by position, refused now).
+    mod oracle {
+        use std::borrow::Cow;
+
+        use serde::Deserialize;
+        use serde::de::{IgnoredAny, MapAccess, Visitor};
+
+        #[derive(Deserialize)]
+        struct Facts<'a> {
+            #[serde(borrow, default)]
+            model: Option<Cow<'a, str>>,
+            #[serde(default)]
+            stream: Option<bool>,
+            #[serde(default)]
+            max_tokens: Option<u64>,
+            #[serde(default)]
+            max_completion_tokens: Option<u64>,
+            #[serde(default)]
+            options: Option<Options>,
+        }
+
+        struct Options {
+            num_predict: Option<i64>,
+        }
+
+        impl<'de> Deserialize<'de> for Options {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = Options;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("an object")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Options, A::Error> {
+                        let mut num_predict = None;
+                        let mut seen = false;
+                        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                            if key == "num_predict" {
+                                if seen {
+                                    return Err(serde::de::Error::duplicate_field("num_predict"));
+                                }
+                                seen = true;
+                                num_predict = map.next_value::<Option<i64>>()?;
+                            } else {
+                                map.next_value::<IgnoredAny>()?;
+                            }
+                        }
+                        Ok(Options { num_predict })
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+
+        /// (model, stream, max_tokens, max_completion_tokens, num_predict),
+        /// or which error.
+        pub(super) type Read = (
+            Option<String>,
+            Option<bool>,
+            Option<u64>,
+            Option<u64>,
+            Option<i64>,
+        );
+
+        pub(super) fn read(body: &[u8]) -> Result<Read, &'static str> {
+            let text = std::str::from_utf8(body).map_err(|_| "utf8")?;
+            if !text
+                .trim_start_matches([' ', '\t', '\n', '\r'])
+                .starts_with('{')
+            {
+                return Err(match serde_json::from_str::<IgnoredAny>(text) {
+                    Err(_) => "json",
+                    Ok(_) => "not-object",
+                });
+            }
+            let f: Facts<'_> = serde_json::from_str(text).map_err(|_| "json")?;
+            Ok((
+                f.model.map(Cow::into_owned),
+                f.stream,
+                f.max_tokens,
+                f.max_completion_tokens,
+                f.options.and_then(|o| o.num_predict),
+            ))
+        }
+    }
+
+    fn read(body: &[u8]) -> Result<oracle::Read, &'static str> {
+        let text = std::str::from_utf8(body).map_err(|_| "utf8")?;
+        match Scan::new(text).document() {
+            Ok(f) => Ok((
+                f.model.map(Cow::into_owned),
+                f.stream,
+                f.max_tokens,
+                f.max_completion_tokens,
+                f.num_predict,
+            )),
+            Err(BodyError::NotAnObject) => Err("not-object"),
+            Err(_) => Err("json"),
+        }
+    }
+
+    /// JSON values of every kind, a few levels deep, with the names the
+    /// scanner reads among the others.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "[a-z0-9 \"\\\\/\t\n\u{1}é日😀-]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 24, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::vec((field_name(), inner), 0..5)
+                    .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn field_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("model".to_owned()),
+            Just("stream".to_owned()),
+            Just("max_tokens".to_owned()),
+            Just("max_completion_tokens".to_owned()),
+            Just("options".to_owned()),
+            Just("num_predict".to_owned()),
+            "[a-z_\"é]{0,8}",
+        ]
+    }
+
+    /// A member of a body: a read field mostly of its own type (often
+    /// enough to be accepted), anything else otherwise.
+    fn member() -> impl Strategy<Value = (String, serde_json::Value)> {
+        use serde_json::Value;
+        let model = prop_oneof![
+            3 => "[a-z0-9:./_-]{1,12}".prop_map(Value::String),
+            1 => "[a-z\"\\\\é\n ]{0,6}".prop_map(Value::String),
+            1 => json_value(),
+        ];
+        let count = prop_oneof![
+            3 => (0u64..100_000).prop_map(Value::from),
+            1 => Just(Value::Null),
+            1 => json_value(),
+        ];
+        let options = prop_oneof![
+            3 => (any::<i32>(), json_value()).prop_map(|(n, other)| {
+                serde_json::json!({"temperature": other, "num_predict": n})
+            }),
+            1 => json_value(),
+        ];
+        prop_oneof![
+            2 => model.prop_map(|v| ("model".to_owned(), v)),
+            1 => prop_oneof![3 => any::<bool>().prop_map(Value::Bool), 1 => json_value()]
+                .prop_map(|v| ("stream".to_owned(), v)),
+            1 => count.clone().prop_map(|v| ("max_tokens".to_owned(), v)),
+            1 => count.prop_map(|v| ("max_completion_tokens".to_owned(), v)),
+            1 => options.prop_map(|v| ("options".to_owned(), v)),
+            3 => (field_name(), json_value()),
+        ]
+    }
+
+    /// A body: an object of members, written compact or pretty, then
+    /// maybe damaged (cut, a byte replaced or inserted, a member repeated).
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        let doc = prop_oneof![
+            4 => prop::collection::vec(member(), 0..6)
+                .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            1 => json_value(),
+        ];
+        let text = (doc, any::<bool>()).prop_map(|(v, pretty)| {
+            if pretty {
+                serde_json::to_string_pretty(&v).unwrap()
+            } else {
+                serde_json::to_string(&v).unwrap()
+            }
+        });
+        let damage = prop_oneof![
+            3 => Just(None),
+            1 => (any::<prop::sample::Index>(), 0u8..4, prop::sample::select(
+                b"{}[]:,\"\\ -0123456789.eEtrufalsn\x01\xff".to_vec()
+            ))
+            .prop_map(Some),
+        ];
+        (text, damage).prop_map(|(text, damage)| {
+            let mut b = text.into_bytes();
+            if let Some((at, how, byte)) = damage {
+                let i = at.index(b.len() + 1);
+                match how {
+                    0 => b.truncate(i),
+                    1 if i < b.len() => b[i] = byte,
+                    2 => b.insert(i, byte),
+                    _ => {
+                        // Repeat the first member after the opening brace.
+                        if let Some(end) = b.iter().position(|&c| c == b',') {
+                            let member = b[1..=end].to_vec();
+                            b.splice(1..1, member);
+                        }
+                    }
+                }
+            }
+            b
+        })
+    }
+
+    /// The equivalence property is only as good as its bodies: they must
+    /// reach every outcome, with and without the fields read.
+    #[test]
+    fn the_bodies_reach_every_outcome() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = body();
+        let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+        for _ in 0..4000 {
+            let b = strategy.new_tree(&mut runner).unwrap().current();
+            let kind = match oracle::read(&b) {
+                Ok((Some(_), ..)) => "model",
+                Ok((None, Some(_), ..) | (None, _, Some(_), ..)) => "fields",
+                Ok(_) => "object",
+                Err(e) => e,
+            };
+            *counts.entry(kind).or_default() += 1;
+        }
+        for (kind, least) in [
+            ("model", 300),
+            ("fields", 150),
+            ("object", 400),
+            ("json", 400),
+            ("not-object", 200),
+            ("utf8", 5),
+        ] {
+            let n = counts.get(kind).copied().unwrap_or(0);
+            assert!(n >= least, "{kind}: {n} of 4000 ({counts:?})");
+        }
+    }
+
     proptest! {
         #[test]
         fn never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = extract(&bytes, ApiFlavor::Ollama, Work::Generate);
+        }
+
+        #[test]
+        #[test]
+        fn reads_what_serde_json_reads(body in body()) {
+            prop_assert_eq!(read(&body), oracle::read(&body), "{}", String::from_utf8_lossy(&body));
         }
 
         #[test]

@@ -98,7 +98,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         }
     };
     let cluster = st.cluster();
-    let profile = profile_for(&facts, &req, &cluster);
+    let profile = profile_for(facts, &req, &cluster);
     let ranking = st.rank(&cluster, &profile, created_at_ms);
     if ranking.is_empty() {
         st.metrics.count_request(req.route, 502, "none");
@@ -108,9 +108,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
             "no_eligible_node",
             &format!(
                 "no node in the cluster serves model '{}' for this API",
-                facts.model
+                profile.model
             ),
-            Some(json!({ "model": facts.model, "nodes": cluster.len() })),
+            Some(json!({ "model": profile.model, "nodes": cluster.len() })),
         )
         .into();
     }
@@ -127,7 +127,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
     };
     for cand in ranking.iter().take(MAX_ATTEMPTS) {
         let node = cand.node;
-        let hop = match hop_for(st, &cluster, node, &facts.model, req.flavor) {
+        let hop = match hop_for(st, &cluster, node, &profile.model, req.flavor) {
             Ok(h) => h,
             Err(e) => {
                 fail(st, &mut attempts, node, name_of(node), e.class());
@@ -210,7 +210,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         let peer_name = (node != st.node.id).then(|| name_of(node));
         st.bind_session(&profile, node);
         let ttft = t0.elapsed();
-        let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
+        let mut record = new_record(job, &req, &profile, st.node.id, created_at_ms);
         record.ran_on = Some(node);
         record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
         record.http_status = Some(status.as_u16());
@@ -257,7 +257,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         StatusCode::BAD_GATEWAY
     };
     st.metrics.count_request(req.route, status.as_u16(), "none");
-    let mut record = new_record(job, &facts, &req, &profile, st.node.id, created_at_ms);
+    let mut record = new_record(job, &req, &profile, st.node.id, created_at_ms);
     record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
     record.status = JobStatus::Failed;
     record.http_status = Some(status.as_u16());
@@ -274,7 +274,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         "all_attempts_failed",
         &format!(
             "every node that serves '{}' failed before answering: {}",
-            facts.model,
+            profile.model,
             tried.join(", ")
         ),
         Some(json!({ "attempts": attempts, "job": job })),
@@ -287,7 +287,6 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
 /// A job record with what is known before any attempt.
 fn new_record(
     id: JobId,
-    facts: &RequestFacts,
     req: &Inference,
     profile: &RequestProfile,
     origin: NodeId,
@@ -295,7 +294,7 @@ fn new_record(
 ) -> JobRecord {
     JobRecord {
         id,
-        model: facts.model.clone(),
+        model: profile.model.clone(),
         flavor: req.flavor,
         route: req.route.into(),
         streaming: profile.streaming,
@@ -313,7 +312,7 @@ fn new_record(
     }
 }
 
-fn profile_for(facts: &RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
+fn profile_for(facts: RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
     if let Some(v) = headers

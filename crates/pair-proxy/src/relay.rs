@@ -195,7 +195,7 @@ async fn run_locally(
     let guard = st
         .load
         .begin(profile.prompt_tokens, profile.max_output_tokens);
-    tracing::debug!(peer = %peer.id, model = %facts.model, "running a relayed request");
+    tracing::debug!(peer = %peer.id, model = %profile.model, "running a relayed request");
     match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
         Ok(resp) => {
             if resp.status() == StatusCode::NOT_FOUND {
