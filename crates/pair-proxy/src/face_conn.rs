@@ -45,6 +45,12 @@ const WATCH_LIMIT: usize = 64 * 1024;
 /// How long an answer may be pending before the client's socket is
 /// watched for a hang-up.
 const WATCH_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+/// A refused body (413) is read and dropped after the answer for at most
+/// this long in all, and this long between reads (nginx's
+/// `lingering_time` and `lingering_timeout`): a client still sending it is
+/// not reset before it reads the answer.
+const LINGER_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+const LINGER_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A request, read whole, as the loop hands it over: its header fields as
 /// they came (a header map is built only where one is needed).
@@ -150,10 +156,15 @@ async fn run<A: Answer>(
         };
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
-            // The body is never read: answer and close.
+            // The body is never kept: answer, close our side, and drop
+            // what the client still sends of it (closing with unread
+            // bytes would reset the connection, and a client that sends
+            // its whole body before reading would see the reset, not the
+            // answer).
             let resp = svc.too_large(&head.method, target.path()).into();
             write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
             let _ = tcp.shutdown().await;
+            linger(&mut tcp, &mut buf, len).await;
             return Ok(());
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
@@ -260,6 +271,23 @@ async fn watching<F: Future>(
 /// than it declared, or a client that hangs up ends the connection: the
 /// client sees an incomplete answer, never a complete-looking one, and
 /// the connection never falls out of step.
+/// Reads and drops up to `left` more bytes of a refused body (the
+/// buffer's first), until the client closes, goes quiet for
+/// [`LINGER_IDLE`] or [`LINGER_FOR`] has passed.
+async fn linger(tcp: &mut TcpStream, buf: &mut BytesMut, left: u64) {
+    let mut left = left.saturating_sub(buf.len() as u64);
+    let end = tokio::time::Instant::now() + LINGER_FOR;
+    while left > 0 {
+        buf.clear();
+        buf.reserve(64 * 1024);
+        let by = end.min(tokio::time::Instant::now() + LINGER_IDLE);
+        match tokio::time::timeout_at(by, tcp.read_buf(buf)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n as u64),
+            _ => return,
+        }
+    }
+}
+
 async fn write_response(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
@@ -714,6 +742,34 @@ mod tests {
         );
         assert!(
             got.contains("connection: close\r\n") && got.ends_with("too large"),
+            "{got}"
+        );
+    }
+
+    /// A client that sends its whole body before it reads (as the Python
+    /// SDKs do) gets the 413, not a reset: the refused body is read and
+    /// dropped after the answer.
+    #[tokio::test]
+    async fn a_client_that_sends_its_whole_oversized_body_reads_the_413() {
+        let (addr, _) = start().await;
+        let body = vec![b'x'; 8 << 20];
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /big HTTP/1.1\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // Let the answer and its FIN arrive before the body is sent.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tcp.write_all(&body).await.expect("the whole body is taken");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection")
+            .expect("no reset");
+        let got = String::from_utf8(got).unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
             "{got}"
         );
     }
