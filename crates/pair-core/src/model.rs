@@ -68,8 +68,10 @@ impl ModelName {
 
 /// Splits `namespace/model:tag` into (`namespace/model`, `tag`), with `latest`
 /// when no tag is given. A colon before the last slash belongs to a registry
-/// host (`host:5000/model`), not to a tag.
-fn split_tag(name: &str) -> (&str, &str) {
+/// host (`host:5000/model`), not to a tag. Ollama's rule, which
+/// [`ModelName::matches`] applies to both names; public so a router that
+/// pre-filters candidates (pair-scheduler's matcher) splits the same way.
+pub fn split_tag(name: &str) -> (&str, &str) {
     let after_slash = name.rfind('/').map_or(0, |i| i + 1);
     match name[after_slash..].rfind(':') {
         Some(i) if after_slash + i + 1 < name.len() => {

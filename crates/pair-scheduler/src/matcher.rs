@@ -2,6 +2,7 @@
 //! `NodeSnapshot::find_model`, with a length pre-filter so that most
 //! non-matching entries are rejected without splitting their names.
 
+use pair_core::model::split_tag;
 use pair_core::{ApiFlavor, EngineSnapshot, ModelEntry, NodeSnapshot};
 
 /// The requested model, split once per ranking.
@@ -63,19 +64,6 @@ impl<'a> Wanted<'a> {
             }
         }
         best
-    }
-}
-
-/// pair-core's rule: `namespace/model:tag` -> (`namespace/model`, `tag`),
-/// `latest` when untagged; a colon before the last slash is a registry port.
-fn split_tag(name: &str) -> (&str, &str) {
-    let after_slash = name.rfind('/').map_or(0, |i| i + 1);
-    match name[after_slash..].rfind(':') {
-        Some(i) if after_slash + i + 1 < name.len() => {
-            (&name[..after_slash + i], &name[after_slash + i + 1..])
-        }
-        Some(i) => (&name[..after_slash + i], "latest"),
-        None => (name, "latest"),
     }
 }
 
