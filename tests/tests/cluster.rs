@@ -494,7 +494,9 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
 /// A client that uploads a body over the 32 MiB cap, and reads only once
 /// it has sent it all (as the Python SDKs do), gets the 413 in the face's
 /// own error shape, not a reset: with a declared length (the face's own
-/// HTTP/1.1 path) and chunked (the path hyper serves).
+/// HTTP/1.1 path) and chunked (the path hyper serves). A client that asks
+/// first (`Expect: 100-continue`, curl's way over 1 MiB) is refused at
+/// once, without being told to send the body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_upload_gets_its_413_not_a_reset() {
     let c = cluster(1, |_| {}).await.unwrap();
@@ -503,27 +505,36 @@ async fn an_oversized_upload_gets_its_413_not_a_reset() {
         .trim_start_matches("http://")
         .to_owned();
     let body = vec![b' '; 33 << 20];
-    for chunked in [false, true] {
+    for (chunked, expect) in [(false, false), (true, false), (false, true)] {
         let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
         let framing = if chunked {
             "transfer-encoding: chunked".to_owned()
         } else {
             format!("content-length: {}", body.len())
         };
-        let head = format!("POST /api/chat HTTP/1.1\r\nhost: x\r\n{framing}\r\n\r\n");
-        tcp.write_all(head.as_bytes()).await.unwrap();
-        if chunked {
-            for piece in body.chunks(1 << 20) {
-                let size = format!("{:x}\r\n", piece.len());
-                tcp.write_all(size.as_bytes())
-                    .await
-                    .expect("chunk size taken");
-                tcp.write_all(piece).await.expect("chunk taken");
-                tcp.write_all(b"\r\n").await.expect("chunk end taken");
-            }
-            tcp.write_all(b"0\r\n\r\n").await.expect("last chunk taken");
+        // curl asks before sending a body over 1 MiB.
+        let ask = if expect {
+            "expect: 100-continue\r\n"
         } else {
-            tcp.write_all(&body).await.expect("the whole body is taken");
+            ""
+        };
+        let head = format!("POST /api/chat HTTP/1.1\r\nhost: x\r\n{ask}{framing}\r\n\r\n");
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // Asked first, the node refuses at once: no 100, no body sent.
+        if !expect {
+            if chunked {
+                for piece in body.chunks(1 << 20) {
+                    let size = format!("{:x}\r\n", piece.len());
+                    tcp.write_all(size.as_bytes())
+                        .await
+                        .expect("chunk size taken");
+                    tcp.write_all(piece).await.expect("chunk taken");
+                    tcp.write_all(b"\r\n").await.expect("chunk end taken");
+                }
+                tcp.write_all(b"0\r\n\r\n").await.expect("last chunk taken");
+            } else {
+                tcp.write_all(&body).await.expect("the whole body is taken");
+            }
         }
         let mut got = Vec::new();
         tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got))
@@ -531,9 +542,15 @@ async fn an_oversized_upload_gets_its_413_not_a_reset() {
             .expect("the node closes the connection")
             .expect("no reset");
         let got = String::from_utf8_lossy(&got);
-        assert!(got.starts_with("HTTP/1.1 413"), "chunked={chunked}: {got}");
+        assert!(
+            got.starts_with("HTTP/1.1 413"),
+            "chunked={chunked} expect={expect}: {got}"
+        );
         let json = got.split("\r\n\r\n").nth(1).unwrap_or_default();
-        assert!(json.contains("error"), "chunked={chunked}: {got}");
+        assert!(
+            json.contains("error"),
+            "chunked={chunked} expect={expect}: {got}"
+        );
     }
     c.stop().await;
 }
