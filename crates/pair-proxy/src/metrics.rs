@@ -1,6 +1,8 @@
 //! Prometheus metrics of the request path, served at `/metrics`.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -64,8 +66,10 @@ pub struct Metrics {
     routes: Vec<(&'static str, Arc<RouteMetrics>)>,
     /// `requests` counters already looked up: the request path finds its
     /// counter with a short scan instead of hashing a label set (and
-    /// allocating the node's name) each time.
-    served: RwLock<Vec<(RequestLabels, Counter)>>,
+    /// allocating the node's name) each time. Read without a lock: a
+    /// reader-writer lock's read count is a cache line both event loops
+    /// wrote on every request.
+    served: ArcSwap<Vec<(RequestLabels, Counter)>>,
 }
 
 /// Past this many label sets the cache stops growing (the family still
@@ -153,7 +157,7 @@ impl Metrics {
             pressure,
             peers,
             routes,
-            served: RwLock::new(Vec::new()),
+            served: ArcSwap::from_pointee(Vec::new()),
         }
     }
 
@@ -163,9 +167,7 @@ impl Metrics {
         let hit = |(k, _): &&(RequestLabels, Counter)| {
             k.status == status && k.route == route && k.node == node
         };
-        if let Ok(served) = self.served.read()
-            && let Some((_, c)) = served.iter().find(hit)
-        {
+        if let Some((_, c)) = self.served.load().iter().find(hit) {
             c.inc();
             return;
         }
@@ -176,12 +178,26 @@ impl Metrics {
         };
         let c = self.requests.get_or_create(&labels).clone();
         c.inc();
-        if let Ok(mut served) = self.served.write()
-            && served.len() < SERVED_CACHE
-            && !served.iter().any(|e| hit(&e))
-        {
-            served.push((labels, c));
-        }
+        // Rare (a label set's first request): the list is copied with the
+        // new entry (`rcu` copies again if another one landed meanwhile).
+        self.served.rcu(|served| {
+            let mut next = Vec::clone(served);
+            if next.len() < SERVED_CACHE && !next.iter().any(|e| hit(&e)) {
+                next.push((labels.clone(), c.clone()));
+            }
+            next
+        });
+    }
+
+    /// The histograms of an inference route, borrowed: no reference count
+    /// is taken (a count both event loops would write on every request).
+    /// `None` only for a route not in [`crate::route::INFERENCE_ROUTES`],
+    /// which `route::classify` never returns (tested there).
+    pub fn route_ref(&self, route: &str) -> Option<&RouteMetrics> {
+        self.routes
+            .iter()
+            .find(|(r, _)| *r == route)
+            .map(|(_, m)| &**m)
     }
 
     /// The histograms of an inference route (one of
@@ -242,5 +258,42 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// Two threads counting, past the cache's size: every request counted
+    /// once under its own labels, cached or not.
+    #[test]
+    fn counts_every_request_from_two_threads() {
+        let m = Arc::new(Metrics::new());
+        let nodes: Vec<String> = (0..SERVED_CACHE + 20).map(|i| format!("n{i}")).collect();
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (m, nodes) = (Arc::clone(&m), nodes.clone());
+                std::thread::spawn(move || {
+                    for round in 0..3 {
+                        for n in &nodes {
+                            m.count_request("/api/chat", 200 + round, n);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = m.encode();
+        for n in [
+            &nodes[0],
+            &nodes[SERVED_CACHE / 2],
+            &nodes[SERVED_CACHE + 19],
+        ] {
+            for status in [200, 201, 202] {
+                let line = format!(
+                    "pair_requests_total{{route=\"/api/chat\",status=\"{status}\",node=\"{n}\"}} 2\n"
+                );
+                assert!(text.contains(&line), "no {line}");
+            }
+        }
+        assert!(m.served.load().len() <= SERVED_CACHE);
     }
 }

@@ -94,6 +94,7 @@ pub fn classify(method: &http::Method, path: &str) -> RouteClass {
 mod tests {
     use super::*;
     use http::Method;
+    use proptest::strategy::Strategy;
 
     #[test]
     fn the_route_list_is_what_classify_names() {
@@ -101,6 +102,25 @@ mod tests {
             match classify(&Method::POST, r) {
                 RouteClass::Inference { route, .. } => assert_eq!(route, r),
                 other => panic!("{r}: {other:?}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Metrics keep histograms for the listed routes only: classify
+        /// names no other.
+        #[test]
+        fn every_inference_route_is_listed(
+            path in proptest::prop_oneof![
+                proptest::sample::select(INFERENCE_ROUTES.to_vec()).prop_map(str::to_owned),
+                (proptest::sample::select(INFERENCE_ROUTES.to_vec()), "[a-z/]{0,3}")
+                    .prop_map(|(r, tail)| format!("{r}{tail}")),
+                "(/(api|v1)?)?(/[a-z/]{0,24})?/?",
+            ]
+        ) {
+            if let RouteClass::Inference { route, .. } = classify(&Method::POST, &path) {
+                proptest::prop_assert!(INFERENCE_ROUTES.contains(&route), "{}", route);
+                proptest::prop_assert_eq!(route, path.strip_suffix('/').unwrap_or(&path));
             }
         }
     }
