@@ -272,8 +272,8 @@ async fn watching<F: Future>(
 /// client sees an incomplete answer, never a complete-looking one, and
 /// the connection never falls out of step.
 /// Reads and drops up to `left` more bytes of a refused body (the
-/// buffer's first), until the client closes, goes quiet for
-/// [`LINGER_IDLE`] or [`LINGER_FOR`] has passed.
+/// buffer's first; `u64::MAX`: until the end), until the client closes,
+/// goes quiet for [`LINGER_IDLE`] or [`LINGER_FOR`] has passed.
 async fn linger(tcp: &mut TcpStream, buf: &mut BytesMut, left: u64) {
     let mut left = left.saturating_sub(buf.len() as u64);
     let end = tokio::time::Instant::now() + LINGER_FOR;
@@ -435,11 +435,30 @@ async fn hand_over<A: Answer>(
     svc: A,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
+    // A second handle on the socket keeps it open after hyper lets go of
+    // its own: what the client still sends then (the rest of a body hyper
+    // refused, 413) is read and dropped instead of resetting the
+    // connection before the client reads the answer.
+    let (tcp, mut spare) = match duplicate(tcp) {
+        Ok(pair) => pair,
+        Err(_) => return Err("could not duplicate the socket"),
+    };
     let io = Rewind {
         pre: read.freeze(),
         io: tcp,
     };
-    serve_connection(TokioIo::new(io), svc, None, shutdown, None).await
+    let served = serve_connection(TokioIo::new(io), svc, None, shutdown, None).await;
+    let _ = spare.shutdown().await;
+    let mut sink = BytesMut::new();
+    linger(&mut spare, &mut sink, u64::MAX).await;
+    served
+}
+
+/// Two tokio handles on one socket (the second a `dup` of the first).
+fn duplicate(tcp: TcpStream) -> io::Result<(TcpStream, TcpStream)> {
+    let std = tcp.into_std()?;
+    let dup = std.try_clone()?;
+    Ok((TcpStream::from_std(std)?, TcpStream::from_std(dup)?))
 }
 
 /// A stream that first replays bytes already read from it.
@@ -545,6 +564,12 @@ mod tests {
 
         fn call(&self, req: http::Request<Incoming>) -> Self::Future {
             Box::pin(async move {
+                if req.uri().path() == "/refuse" {
+                    // Answered without reading the body (as a body limit does).
+                    let mut r = Response::new(Body::from("refused"));
+                    *r.status_mut() = http::StatusCode::PAYLOAD_TOO_LARGE;
+                    return Ok(r);
+                }
                 let (parts, body) = req.into_parts();
                 let body = body
                     .collect()
@@ -762,6 +787,37 @@ mod tests {
         // Let the answer and its FIN arrive before the body is sent.
         tokio::time::sleep(Duration::from_millis(50)).await;
         tcp.write_all(&body).await.expect("the whole body is taken");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection")
+            .expect("no reset");
+        let got = String::from_utf8(got).unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
+            "{got}"
+        );
+    }
+
+    /// The same on a connection hyper serves (a chunked body here): the
+    /// socket outlives hyper's handle and the rest of the body is dropped.
+    #[tokio::test]
+    async fn a_chunked_body_hyper_refuses_is_drained_not_reset() {
+        let (addr, _) = start().await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let piece = vec![b'x'; 1 << 20];
+        for _ in 0..8 {
+            tcp.write_all(b"100000\r\n")
+                .await
+                .expect("chunk size taken");
+            tcp.write_all(&piece).await.expect("chunk taken");
+            tcp.write_all(b"\r\n").await.expect("chunk end taken");
+        }
+        tcp.write_all(b"0\r\n\r\n").await.expect("last chunk taken");
         let mut got = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
             .await
