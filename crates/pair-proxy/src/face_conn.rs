@@ -156,15 +156,11 @@ async fn run<A: Answer>(
         };
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
-            // The body is never kept: answer, close our side, and drop
-            // what the client still sends of it (closing with unread
-            // bytes would reset the connection, and a client that sends
-            // its whole body before reading would see the reset, not the
-            // answer).
+            // The body is never kept: answer, then drop what the client
+            // still sends of it.
             let resp = svc.too_large(&head.method, target.path()).into();
             write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
-            let _ = tcp.shutdown().await;
-            linger(&mut tcp, &mut buf, len).await;
+            close_lingering(&mut tcp, &mut buf, len).await;
             return Ok(());
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
@@ -264,17 +260,14 @@ async fn watching<F: Future>(
     }
 }
 
-/// Writes an answer: Content-Length when its size is known, chunked
-/// otherwise, each piece of a stream as it comes, and says whether the
-/// connection must close after it (the app asked, or it could not be
-/// framed as declared). An error from the body, a body shorter or longer
-/// than it declared, or a client that hangs up ends the connection: the
-/// client sees an incomplete answer, never a complete-looking one, and
-/// the connection never falls out of step.
-/// Reads and drops up to `left` more bytes of a refused body (the
-/// buffer's first; `u64::MAX`: until the end), until the client closes,
-/// goes quiet for [`LINGER_IDLE`] or [`LINGER_FOR`] has passed.
-async fn linger(tcp: &mut TcpStream, buf: &mut BytesMut, left: u64) {
+/// Closes our side of `tcp`, then reads and drops up to `left` more bytes
+/// of a refused body (the buffer's first; `u64::MAX`: until the end),
+/// until the client closes, goes quiet for [`LINGER_IDLE`] or
+/// [`LINGER_FOR`] has passed. Closing with unread bytes would reset the
+/// connection, and a client that sends its whole body before reading
+/// would see the reset, not the answer.
+async fn close_lingering(tcp: &mut TcpStream, buf: &mut BytesMut, left: u64) {
+    let _ = tcp.shutdown().await;
     let mut left = left.saturating_sub(buf.len() as u64);
     let end = tokio::time::Instant::now() + LINGER_FOR;
     while left > 0 {
@@ -288,6 +281,13 @@ async fn linger(tcp: &mut TcpStream, buf: &mut BytesMut, left: u64) {
     }
 }
 
+/// Writes an answer: Content-Length when its size is known, chunked
+/// otherwise, each piece of a stream as it comes, and says whether the
+/// connection must close after it (the app asked, or it could not be
+/// framed as declared). An error from the body, a body shorter or longer
+/// than it declared, or a client that hangs up ends the connection: the
+/// client sees an incomplete answer, never a complete-looking one, and
+/// the connection never falls out of step.
 async fn write_response(
     tcp: &mut TcpStream,
     buf: &mut BytesMut,
@@ -436,9 +436,8 @@ async fn hand_over<A: Answer>(
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
     // A second handle on the socket keeps it open after hyper lets go of
-    // its own: what the client still sends then (the rest of a body hyper
-    // refused, 413) is read and dropped instead of resetting the
-    // connection before the client reads the answer.
+    // its own, for what the client still sends then (the rest of a body
+    // hyper refused, 413).
     let (tcp, mut spare) = match duplicate(tcp) {
         Ok(pair) => pair,
         Err(_) => return Err("could not duplicate the socket"),
@@ -448,9 +447,7 @@ async fn hand_over<A: Answer>(
         io: tcp,
     };
     let served = serve_connection(TokioIo::new(io), svc, None, shutdown, None).await;
-    let _ = spare.shutdown().await;
-    let mut sink = BytesMut::new();
-    linger(&mut spare, &mut sink, u64::MAX).await;
+    close_lingering(&mut spare, &mut BytesMut::new(), u64::MAX).await;
     served
 }
 
@@ -771,6 +768,21 @@ mod tests {
         );
     }
 
+    /// Reads until the server closes (no reset) and checks the answer was
+    /// the 413.
+    async fn reads_413_then_close(mut tcp: TcpStream) {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection")
+            .expect("no reset");
+        let got = String::from_utf8(got).unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
+            "{got}"
+        );
+    }
+
     /// A client that sends its whole body before it reads (as the Python
     /// SDKs do) gets the 413, not a reset: the refused body is read and
     /// dropped after the answer.
@@ -787,16 +799,7 @@ mod tests {
         // Let the answer and its FIN arrive before the body is sent.
         tokio::time::sleep(Duration::from_millis(50)).await;
         tcp.write_all(&body).await.expect("the whole body is taken");
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
-            .await
-            .expect("the server closes the connection")
-            .expect("no reset");
-        let got = String::from_utf8(got).unwrap();
-        assert!(
-            got.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
-            "{got}"
-        );
+        reads_413_then_close(tcp).await;
     }
 
     /// The same on a connection hyper serves (a chunked body here): the
@@ -818,16 +821,7 @@ mod tests {
             tcp.write_all(b"\r\n").await.expect("chunk end taken");
         }
         tcp.write_all(b"0\r\n\r\n").await.expect("last chunk taken");
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
-            .await
-            .expect("the server closes the connection")
-            .expect("no reset");
-        let got = String::from_utf8(got).unwrap();
-        assert!(
-            got.starts_with("HTTP/1.1 413 Payload Too Large\r\n"),
-            "{got}"
-        );
+        reads_413_then_close(tcp).await;
     }
 
     #[tokio::test]
