@@ -49,7 +49,7 @@ struct Shared {
 /// One request's bookkeeping, as the executor and its watcher do it.
 fn one(s: &Shared, n: u64) {
     let guard = s.load.begin(10, 20);
-    let route = s.metrics.route_ref(ROUTE).unwrap();
+    let route = s.metrics.route_at(s.metrics.route_slot(ROUTE).unwrap());
     route.ttft.observe(0.001);
     route.duration.observe(0.002);
     route.attempts.observe(1.0);

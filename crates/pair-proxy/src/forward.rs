@@ -28,7 +28,7 @@ use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop, RequestHead};
 use crate::error::json_error;
 use crate::load::LoadGuard;
-use crate::metrics::FailoverLabels;
+use crate::metrics::{FailoverLabels, RouteSlot};
 use crate::reply::{self, Receipt, Reply};
 use crate::route::Work;
 use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, now_ms};
@@ -215,8 +215,9 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
         record.http_status = Some(status.as_u16());
         record.ttft_ms = Some(millis(ttft));
-        if let Some(m) = st.metrics.route_ref(req.route) {
-            m.ttft.observe(ttft.as_secs_f64());
+        let slot = st.metrics.route_slot(req.route);
+        if let Some(slot) = slot {
+            st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
         }
         let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
         let explain = req.head.headers.contains(&EXPLAIN_HEADER);
@@ -224,6 +225,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
             st: Arc::clone(st),
             record: Some(record),
             route: req.route,
+            slot,
             t0,
             peer_name: peer_name.clone(),
             guard,
@@ -421,6 +423,8 @@ struct JobWatcher {
     /// Taken by `finish` (called once).
     record: Option<JobRecord>,
     route: &'static str,
+    /// The route's histograms.
+    slot: Option<RouteSlot>,
     t0: Instant,
     /// The serving node's name when it is a peer (`None`: this node).
     peer_name: Option<String>,
@@ -477,7 +481,8 @@ impl Watcher for JobWatcher {
         self.st
             .metrics
             .count_request(self.route, rec.http_status.unwrap_or(0), node_name);
-        if let Some(m) = self.st.metrics.route_ref(self.route) {
+        if let Some(slot) = self.slot {
+            let m = self.st.metrics.route_at(slot);
             m.duration.observe(elapsed.as_secs_f64());
             m.attempts.observe(f64::from(rec.attempts));
         }

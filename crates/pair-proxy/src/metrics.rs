@@ -1,7 +1,5 @@
 //! Prometheus metrics of the request path, served at `/metrics`.
 
-use std::sync::Arc;
-
 use arc_swap::ArcSwap;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -25,14 +23,20 @@ pub struct RouteLabels {
 }
 
 /// One inference route's histograms, looked up once at start so the
-/// request path neither hashes labels nor takes the family's lock (and
-/// holds them with one reference count, not three).
+/// request path neither hashes labels nor takes the family's lock; a
+/// request finds them by its [`RouteSlot`] (no reference count taken: a
+/// count both event loops would write on every request).
 #[derive(Debug)]
 pub struct RouteMetrics {
     pub ttft: Histogram,
     pub duration: Histogram,
     pub attempts: Histogram,
 }
+
+/// An inference route's place among the histograms ([`Metrics::route_slot`]),
+/// found once per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteSlot(usize);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailoverLabels {
@@ -63,7 +67,8 @@ pub struct Metrics {
     pub pending: Gauge,
     pub pressure: Gauge,
     pub peers: Gauge,
-    routes: Vec<(&'static str, Arc<RouteMetrics>)>,
+    /// One per [`crate::route::INFERENCE_ROUTES`], in its order.
+    routes: Vec<(&'static str, RouteMetrics)>,
     /// `requests` counters already looked up: the request path finds its
     /// counter with a short scan instead of hashing a label set (and
     /// allocating the node's name) each time. Read without a lock: a
@@ -142,7 +147,7 @@ impl Metrics {
                     duration: duration.get_or_create(&l).clone(),
                     attempts: attempts.get_or_create(&l).clone(),
                 };
-                (route, Arc::new(handles))
+                (route, handles)
             })
             .collect();
         Self {
@@ -189,31 +194,20 @@ impl Metrics {
         });
     }
 
-    /// The histograms of an inference route, borrowed: no reference count
-    /// is taken (a count both event loops would write on every request).
-    /// `None` only for a route not in [`crate::route::INFERENCE_ROUTES`],
-    /// which `route::classify` never returns (tested there).
-    pub fn route_ref(&self, route: &str) -> Option<&RouteMetrics> {
+    /// Where an inference route's histograms are; `None` only for a route
+    /// not in [`crate::route::INFERENCE_ROUTES`], which `route::classify`
+    /// takes every route it names from.
+    pub fn route_slot(&self, route: &str) -> Option<RouteSlot> {
         self.routes
             .iter()
-            .find(|(r, _)| *r == route)
-            .map(|(_, m)| &**m)
+            .position(|(r, _)| *r == route)
+            .map(RouteSlot)
     }
 
-    /// The histograms of an inference route (one of
-    /// [`crate::route::INFERENCE_ROUTES`]).
-    pub fn route(&self, route: &'static str) -> Arc<RouteMetrics> {
-        match self.routes.iter().find(|(r, _)| *r == route) {
-            Some((_, m)) => Arc::clone(m),
-            None => {
-                let l = RouteLabels { route };
-                Arc::new(RouteMetrics {
-                    ttft: self.ttft.get_or_create(&l).clone(),
-                    duration: self.duration.get_or_create(&l).clone(),
-                    attempts: self.attempts.get_or_create(&l).clone(),
-                })
-            }
-        }
+    /// The histograms at `slot`.
+    pub fn route_at(&self, slot: RouteSlot) -> &RouteMetrics {
+        // Every `Metrics` lists the same routes, so any slot is in range.
+        &self.routes[slot.0].1
     }
 
     /// Prometheus text exposition format.
@@ -236,7 +230,8 @@ mod tests {
         m.count_request("/api/chat", 200, "a");
         m.count_request("/api/chat", 200, "a");
         m.count_request("/api/chat", 502, "none");
-        m.route("/api/chat").ttft.observe(0.012);
+        let slot = m.route_slot("/api/chat").unwrap();
+        m.route_at(slot).ttft.observe(0.012);
         let text = m.encode();
         assert!(
             text.contains("pair_requests_total{route=\"/api/chat\",status=\"200\",node=\"a\"} 2"),
@@ -264,11 +259,11 @@ mod tests {
     /// once under its own labels, cached or not.
     #[test]
     fn counts_every_request_from_two_threads() {
-        let m = Arc::new(Metrics::new());
+        let m = std::sync::Arc::new(Metrics::new());
         let nodes: Vec<String> = (0..SERVED_CACHE + 20).map(|i| format!("n{i}")).collect();
         let threads: Vec<_> = (0..2)
             .map(|_| {
-                let (m, nodes) = (Arc::clone(&m), nodes.clone());
+                let (m, nodes) = (std::sync::Arc::clone(&m), nodes.clone());
                 std::thread::spawn(move || {
                     for round in 0..3 {
                         for n in &nodes {
