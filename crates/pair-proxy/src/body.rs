@@ -92,7 +92,6 @@ impl Field {
 /// A cursor over the body's bytes (already checked to be UTF-8).
 struct Scan<'a> {
     text: &'a str,
-    b: &'a [u8],
     i: usize,
 }
 
@@ -100,11 +99,11 @@ type Step<T> = Result<T, JsonError>;
 
 impl<'a> Scan<'a> {
     fn new(text: &'a str) -> Self {
-        Self {
-            text,
-            b: text.as_bytes(),
-            i: 0,
-        }
+        Self { text, i: 0 }
+    }
+
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
     }
 
     fn err<T>(&self, what: &'static str) -> Step<T> {
@@ -112,13 +111,13 @@ impl<'a> Scan<'a> {
     }
 
     fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(self.i) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.bytes().get(self.i) {
             self.i += 1;
         }
     }
 
     fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
+        self.bytes().get(self.i).copied()
     }
 
     fn eat(&mut self, c: u8, what: &'static str) -> Step<()> {
@@ -147,7 +146,7 @@ impl<'a> Scan<'a> {
 
     fn end(&mut self) -> Step<()> {
         self.ws();
-        if self.i < self.b.len() {
+        if self.i < self.bytes().len() {
             return self.err("trailing characters");
         }
         Ok(())
@@ -227,7 +226,7 @@ impl<'a> Scan<'a> {
 
     /// `null` (`None`) or what `read` reads.
     fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Step<T>) -> Step<Option<T>> {
-        if self.b[self.i..].starts_with(b"null") {
+        if self.bytes()[self.i..].starts_with(b"null") {
             self.i += 4;
             return Ok(None);
         }
@@ -255,10 +254,10 @@ impl<'a> Scan<'a> {
     }
 
     fn boolean(&mut self) -> Step<bool> {
-        if self.b[self.i..].starts_with(b"true") {
+        if self.bytes()[self.i..].starts_with(b"true") {
             self.i += 4;
             Ok(true)
-        } else if self.b[self.i..].starts_with(b"false") {
+        } else if self.bytes()[self.i..].starts_with(b"false") {
             self.i += 5;
             Ok(false)
         } else {
@@ -277,7 +276,7 @@ impl<'a> Scan<'a> {
             return self.err("expected an integer");
         }
         self.number()?;
-        let digits = &self.b[at + usize::from(negative)..self.i];
+        let digits = &self.bytes()[at + usize::from(negative)..self.i];
         let magnitude = digits.iter().try_fold(0u64, |n, &d| {
             if d.is_ascii_digit() {
                 n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
@@ -379,7 +378,7 @@ impl<'a> Scan<'a> {
     }
 
     fn literal(&mut self, word: &'static [u8]) -> Step<()> {
-        if self.b[self.i..].starts_with(word) {
+        if self.bytes()[self.i..].starts_with(word) {
             self.i += word.len();
             Ok(())
         } else {
@@ -439,11 +438,11 @@ impl<'a> Scan<'a> {
         let mut i = start;
         let mut escaped = false;
         loop {
-            i = special(self.b, i);
-            match self.b.get(i) {
+            i = special(self.bytes(), i);
+            match self.bytes().get(i) {
                 Some(b'"') => {
                     self.i = i + 1;
-                    return Ok((&self.b[start..i], escaped));
+                    return Ok((&self.bytes()[start..i], escaped));
                 }
                 Some(b'\\') => {}
                 Some(_) => {
@@ -456,11 +455,11 @@ impl<'a> Scan<'a> {
                 }
             }
             escaped = true;
-            match self.b.get(i + 1) {
+            match self.bytes().get(i + 1) {
                 Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
                 Some(b'u')
                     if self
-                        .b
+                        .bytes()
                         .get(i + 2..i + 6)
                         .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
                 {
@@ -471,7 +470,7 @@ impl<'a> Scan<'a> {
                     return self.err("invalid escape in a string");
                 }
                 None => {
-                    self.i = self.b.len();
+                    self.i = self.bytes().len();
                     return self.err("unterminated string");
                 }
             }
