@@ -417,6 +417,15 @@ mod tests {
         s
     }
 
+    /// One request running, `tokens` of output still to come.
+    fn decoding(tokens: u64) -> Workload {
+        Workload {
+            running: 1,
+            decode_tokens: tokens,
+            ..Workload::default()
+        }
+    }
+
     fn req(streaming: bool) -> RequestProfile {
         let mut r = RequestProfile::new("llama3.1:8b", ApiFlavor::Ollama);
         r.streaming = streaming;
@@ -447,12 +456,7 @@ mod tests {
     #[test]
     fn a_fast_four_slot_node_with_one_busy_beats_an_idle_one_slot_laptop() {
         let mut fast = node(2, 4, FAST, true);
-        fast.workload = Workload {
-            running: 1,
-            queued: 0,
-            prefill_tokens: 0,
-            decode_tokens: 400,
-        };
+        fast.workload = decoding(400);
         fast.pressure = Pressure::new(2).unwrap();
         let laptop = node(1, 1, LAPTOP, true);
         for streaming in [true, false] {
@@ -572,12 +576,7 @@ mod tests {
 
         // Home (2) a little busier than 1: stays (gain under the bars).
         let mut home = node(2, 1, FAST, true);
-        home.workload = Workload {
-            running: 1,
-            queued: 0,
-            prefill_tokens: 0,
-            decode_tokens: 40,
-        };
+        home.workload = decoding(40);
         let other = node(1, 1, FAST, true);
         let ranked = rank_with(
             &mut s,
@@ -747,12 +746,7 @@ mod tests {
     #[test]
     fn a_request_finished_since_the_report_no_longer_weighs_on_its_node() {
         let mut fast = node(1, 1, FAST, true);
-        fast.workload = Workload {
-            running: 1,
-            queued: 0,
-            prefill_tokens: 0,
-            decode_tokens: 2_000,
-        };
+        fast.workload = decoding(2_000);
         fast.reported_at_ms = 10;
         let laptop = node(2, 1, LAPTOP, true);
         let nodes = vec![fast.clone(), laptop];
