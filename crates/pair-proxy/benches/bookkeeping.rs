@@ -1,8 +1,8 @@
 //! What a request's end-of-answer bookkeeping costs (the load counters,
 //! the route's three histograms, the request counter, the job record) on
-//! one thread, and on two threads doing it at the same time as two event
-//! loops do: the difference is the cost of the state both write (locks
-//! and counters whose cache lines move between the cores). Back to back,
+//! one event loop, and on two event loops doing it at the same time: the
+//! difference is the cost of the state both write (locks and counters
+//! whose cache lines move between the cores). Back to back,
 //! so an upper bound of that cost. Numbers and the command live in
 //! docs/benchmarks/proxy.md ("Eighth round").
 
@@ -11,10 +11,16 @@
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+// The allocator the node runs with: a job record is allocated on one loop
+// and may be freed on another.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId};
 use pair_proxy::jobs::JobLog;
 use pair_proxy::load::LocalLoad;
+use pair_proxy::loops::EventLoops;
 use pair_proxy::metrics::Metrics;
 
 const ROUTE: &str = "/v1/chat/completions";
@@ -47,53 +53,94 @@ struct Shared {
 }
 
 /// One request's bookkeeping, as the executor and its watcher do it.
-fn one(s: &Shared, n: u64) {
+fn all(s: &Shared, n: u64) {
     let guard = s.load.begin(10, 20);
+    histograms(s, n);
+    request_counter(s, n);
+    drop(guard);
+    job_record(s, n);
+}
+
+fn load_counters(s: &Shared, _: u64) {
+    drop(s.load.begin(10, 20));
+}
+
+fn histograms(s: &Shared, _: u64) {
     let route = s.metrics.route_at(s.metrics.route_slot(ROUTE).unwrap());
     route.ttft.observe(0.001);
     route.duration.observe(0.002);
     route.attempts.observe(1.0);
+}
+
+fn request_counter(s: &Shared, _: u64) {
     s.metrics.count_request(ROUTE, 200, "node");
-    drop(guard);
+}
+
+fn job_record(s: &Shared, n: u64) {
     s.jobs.record(record(n));
 }
 
+/// Some of a request's bookkeeping, for request `n`.
+type Part = fn(&Shared, u64);
+
+/// The whole, then each part alone.
+const PARTS: [(&str, Part); 5] = [
+    ("per-request", all),
+    ("load-counters", load_counters),
+    ("histograms", histograms),
+    ("request-counter", request_counter),
+    ("job-record", job_record),
+];
+
 fn bookkeeping(c: &mut Criterion) {
     let mut group = c.benchmark_group("bookkeeping");
-    for threads in [1u64, 2] {
-        group.bench_function(
-            BenchmarkId::new("per-request", format!("{threads}-threads")),
-            |b| {
+    for (part, one) in PARTS {
+        for threads in [1u64, 2] {
+            group.bench_function(BenchmarkId::new(part, format!("{threads}-threads")), |b| {
                 b.iter_custom(|iters| {
+                    // In memory: what the loops pay. A node's log also
+                    // has a writer thread (gathering the records, writing
+                    // them out), whose CPU is not counted here.
                     let shared = Arc::new(Shared {
                         metrics: Metrics::new(),
                         jobs: JobLog::in_memory(),
                         load: LocalLoad::new(),
                     });
-                    let start = Arc::new(Barrier::new(usize::try_from(threads).unwrap()));
-                    let workers: Vec<_> = (0..threads)
-                        .map(|t| {
-                            let (shared, start) = (Arc::clone(&shared), Arc::clone(&start));
-                            std::thread::spawn(move || {
-                                start.wait();
-                                let t0 = Instant::now();
-                                for i in 0..iters {
-                                    one(&shared, i * 2 + t);
-                                }
-                                t0.elapsed()
+                    let n = usize::try_from(threads).unwrap();
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        // Each worker on an event loop of its own, as a
+                        // node's requests are: loop 0 is this thread.
+                        let loops = EventLoops::start(n).unwrap();
+                        let start = Arc::new(Barrier::new(n));
+                        let workers: Vec<_> = (0..threads)
+                            .map(|t| {
+                                let (shared, start) = (Arc::clone(&shared), Arc::clone(&start));
+                                loops.spawn_on(usize::try_from(t).unwrap(), async move {
+                                    start.wait();
+                                    let t0 = Instant::now();
+                                    for i in 0..iters {
+                                        one(&shared, i * 2 + t);
+                                    }
+                                    t0.elapsed()
+                                })
                             })
-                        })
-                        .collect();
-                    // Each thread did `iters` requests: the time per request is
-                    // the slower thread's.
-                    workers
-                        .into_iter()
-                        .map(|w| w.join().unwrap())
-                        .max()
-                        .unwrap_or(Duration::ZERO)
+                            .collect();
+                        // Each worker did `iters` requests: the time per
+                        // request is the slower one's.
+                        let mut slowest = Duration::ZERO;
+                        for w in workers {
+                            slowest = slowest.max(w.await.unwrap());
+                        }
+                        loops.shutdown(Duration::from_secs(5)).await;
+                        slowest
+                    })
                 });
-            },
-        );
+            });
+        }
     }
     group.finish();
 }

@@ -25,6 +25,7 @@ pub mod listing;
 pub mod load;
 pub mod loops;
 pub mod metrics;
+pub mod per_loop;
 pub mod pool;
 pub mod relay;
 pub mod reply;

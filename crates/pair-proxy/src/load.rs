@@ -7,19 +7,33 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use pair_core::Workload;
 
-/// Lock-free counters; one [`LoadGuard`] per request in flight.
+use crossbeam_utils::CachePadded;
+
+use crate::per_loop::PerLoop;
+
+/// Lock-free counters, one set per event loop ([`PerLoop`]: a request's
+/// guard writes only its own loop's set), added up when read; one
+/// [`LoadGuard`] per request in flight.
 #[derive(Debug, Default)]
 pub struct LocalLoad {
-    in_flight: AtomicU32,
-    prefill_tokens: AtomicU64,
-    decode_tokens: AtomicU64,
-    /// Requests served since start, for reports and metrics.
-    served: AtomicU64,
+    /// Each loop's guards hold its counts by their own reference count
+    /// (one on the [`LocalLoad`] would be a count both loops write).
+    counts: PerLoop<Arc<CachePadded<Counts>>>,
     /// What the engines themselves last reported running and waiting
     /// (vLLM does): work sent straight to an engine's own port, which
     /// passes no guard.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
+}
+
+/// One event loop's share of [`LocalLoad`].
+#[derive(Debug, Default)]
+struct Counts {
+    in_flight: AtomicU32,
+    prefill_tokens: AtomicU64,
+    decode_tokens: AtomicU64,
+    /// Requests served since start, for reports and metrics.
+    served: AtomicU64,
 }
 
 impl LocalLoad {
@@ -28,14 +42,14 @@ impl LocalLoad {
     }
 
     /// Counts a request against this node until the guard drops.
-    pub fn begin(self: &Arc<Self>, prompt_tokens: u32, output_tokens: u32) -> LoadGuard {
-        self.in_flight.fetch_add(1, Relaxed);
-        self.prefill_tokens
+    pub fn begin(&self, prompt_tokens: u32, output_tokens: u32) -> LoadGuard {
+        let c = self.counts.local();
+        c.in_flight.fetch_add(1, Relaxed);
+        c.prefill_tokens
             .fetch_add(u64::from(prompt_tokens), Relaxed);
-        self.decode_tokens
-            .fetch_add(u64::from(output_tokens), Relaxed);
+        c.decode_tokens.fetch_add(u64::from(output_tokens), Relaxed);
         LoadGuard {
-            load: Arc::clone(self),
+            counts: Arc::clone(c),
             prefill_left: prompt_tokens,
             decode_left: output_tokens,
         }
@@ -45,13 +59,18 @@ impl LocalLoad {
     /// once on the engines, the rest wait; an engine's own larger counts
     /// (requests that bypassed the proxy) raise it.
     pub fn workload(&self, slots: u32) -> Workload {
-        let n = self.in_flight.load(Relaxed);
+        let (mut n, mut prefill_tokens, mut decode_tokens) = (0u32, 0u64, 0u64);
+        for c in self.counts.iter() {
+            n = n.saturating_add(c.in_flight.load(Relaxed));
+            prefill_tokens = prefill_tokens.saturating_add(c.prefill_tokens.load(Relaxed));
+            decode_tokens = decode_tokens.saturating_add(c.decode_tokens.load(Relaxed));
+        }
         let running = n.min(slots.max(1));
         Workload {
             running: running.max(self.engine_running.load(Relaxed)),
             queued: (n - running).max(self.engine_waiting.load(Relaxed)),
-            prefill_tokens: self.prefill_tokens.load(Relaxed),
-            decode_tokens: self.decode_tokens.load(Relaxed),
+            prefill_tokens,
+            decode_tokens,
         }
     }
 
@@ -63,19 +82,23 @@ impl LocalLoad {
     }
 
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Relaxed)
+        self.counts
+            .iter()
+            .fold(0u32, |n, c| n.saturating_add(c.in_flight.load(Relaxed)))
     }
 
     pub fn served(&self) -> u64 {
-        self.served.load(Relaxed)
+        self.counts.iter().map(|c| c.served.load(Relaxed)).sum()
     }
 }
 
 /// One request's share of [`LocalLoad`]; the counts fall as the answer
-/// streams and vanish when it ends, however it ends.
+/// streams and vanish when it ends, however it ends. It writes the
+/// counts of the loop it began on, wherever it is dropped, so no loop's
+/// counts go below zero.
 #[derive(Debug)]
 pub struct LoadGuard {
-    load: Arc<LocalLoad>,
+    counts: Arc<CachePadded<Counts>>,
     prefill_left: u32,
     decode_left: u32,
 }
@@ -85,7 +108,7 @@ impl LoadGuard {
     pub fn prefill_done(&mut self) {
         let n = std::mem::take(&mut self.prefill_left);
         if n > 0 {
-            self.load.prefill_tokens.fetch_sub(u64::from(n), Relaxed);
+            self.counts.prefill_tokens.fetch_sub(u64::from(n), Relaxed);
         }
     }
 
@@ -94,7 +117,7 @@ impl LoadGuard {
         let n = n.min(self.decode_left);
         if n > 0 {
             self.decode_left -= n;
-            self.load.decode_tokens.fetch_sub(u64::from(n), Relaxed);
+            self.counts.decode_tokens.fetch_sub(u64::from(n), Relaxed);
         }
     }
 
@@ -110,8 +133,9 @@ impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.prefill_done();
         self.decoded(self.decode_left);
-        self.load.in_flight.fetch_sub(1, Relaxed);
-        self.load.served.fetch_add(1, Relaxed);
+        let c = &self.counts;
+        c.in_flight.fetch_sub(1, Relaxed);
+        c.served.fetch_add(1, Relaxed);
     }
 }
 
@@ -149,5 +173,40 @@ mod tests {
         load.set_engine_queue(0, 0);
         let w = load.workload(4);
         assert_eq!((w.running, w.queued), (1, 0));
+    }
+
+    /// Guards begun on several loops and dropped on another thread: the
+    /// totals are the sum over loops, and each guard gives back exactly
+    /// what it took from the slot it began on.
+    #[tokio::test]
+    async fn guards_on_every_loop_add_up_and_release() {
+        let load = LocalLoad::new();
+        let loops = crate::loops::EventLoops::start(3).unwrap();
+        let mut guards = Vec::new();
+        for i in 0..6u32 {
+            let load = Arc::clone(&load);
+            let task = loops.spawn_on(usize::try_from(i).unwrap(), async move {
+                let mut g = load.begin(10 * (i + 1), 100);
+                g.decoded(i);
+                (crate::loops::current(), g)
+            });
+            guards.push(task.await.unwrap());
+        }
+        loops.shutdown(std::time::Duration::from_secs(5)).await;
+        let mut loops_seen: Vec<usize> = guards.iter().map(|(l, _)| *l).collect();
+        loops_seen.sort_unstable();
+        loops_seen.dedup();
+        assert!(loops_seen.len() > 1, "guards began on one loop only");
+        let w = load.workload(4);
+        assert_eq!((w.running, w.queued), (4, 2));
+        assert_eq!(w.prefill_tokens, 10 * (1 + 2 + 3 + 4 + 5 + 6));
+        assert_eq!(w.decode_tokens, 600 - (1 + 2 + 3 + 4 + 5));
+        assert_eq!(load.in_flight(), 6);
+        drop(guards);
+        assert_eq!(load.workload(1), Workload::default());
+        assert_eq!(load.served(), 6);
+        for c in load.counts.iter() {
+            assert_eq!(c.in_flight.load(Relaxed), 0);
+        }
     }
 }

@@ -153,6 +153,24 @@ impl EventLoops {
         false
     }
 
+    /// Runs `task` on loop `i` (`i % len()`): on one of the extra loops'
+    /// threads, or for loop 0 on the caller's runtime (a tokio runtime,
+    /// as for [`EventLoops::start`]). For work that must run where a
+    /// connection would (tests, benches).
+    pub fn spawn_on<F>(&self, i: usize, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match (i % self.len())
+            .checked_sub(1)
+            .and_then(|j| self.extra.get(j))
+        {
+            Some(handle) => handle.spawn(task),
+            None => tokio::spawn(task),
+        }
+    }
+
     /// Serves `tcp` with `serve` on the next loop, tracked by `tasks`.
     pub(crate) fn spawn<F, Fut>(&self, tasks: &TaskTracker, tcp: TcpStream, serve: F)
     where
