@@ -10,8 +10,9 @@
 //! extra loops (the node's own runtime, tests) share slot 0: slots hold
 //! atomics or locks, and sharing one is only slower, never wrong.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
 /// At most this many slots: more loops than this share them.
@@ -75,6 +76,38 @@ impl<T> PerLoop<T> {
     }
 }
 
+/// A value every request reads and that seldom changes (the cluster
+/// snapshot, twice a second), copied once per event loop. A request keeps
+/// an `Arc` of it while it runs: taking one of a single shared copy writes
+/// that copy's reference count, a cache line every loop would write twice
+/// per request.
+#[derive(Debug)]
+pub struct PerLoopArc<T> {
+    copies: PerLoop<ArcSwap<T>>,
+}
+
+impl<T: Clone> PerLoopArc<T> {
+    pub fn new(value: T) -> Self {
+        let value = Arc::new(value);
+        Self {
+            copies: PerLoop::new_with(|| ArcSwap::new(Arc::new(T::clone(&value)))),
+        }
+    }
+
+    /// Replaces every loop's copy.
+    pub fn store(&self, value: T) {
+        let value = Arc::new(value);
+        for copy in self.copies.iter() {
+            copy.store(Arc::new(T::clone(&value)));
+        }
+    }
+
+    /// The calling loop's copy.
+    pub fn load_full(&self) -> Arc<T> {
+        self.copies.local().load_full()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +126,25 @@ mod tests {
         assert_eq!(per, [3, 2, 2], "indices wrap round");
         // This test's thread is no extra loop: slot 0.
         assert_eq!(p.local_index(), 0);
+    }
+
+    /// Each loop reads a copy of its own, and a store reaches every copy.
+    #[tokio::test]
+    async fn per_loop_copies_are_distinct_and_all_replaced() {
+        let v = Arc::new(PerLoopArc::new(vec![1u32]));
+        let loops = crate::loops::EventLoops::start(2).unwrap();
+        let read_on = |i: usize| {
+            let v = Arc::clone(&v);
+            loops.spawn_on(i, async move { v.load_full() })
+        };
+        let (a, b) = (read_on(0).await.unwrap(), read_on(1).await.unwrap());
+        assert_eq!((a.as_slice(), b.as_slice()), (&[1][..], &[1][..]));
+        if slots() > 1 {
+            assert!(!Arc::ptr_eq(&a, &b), "both loops share one copy");
+        }
+        v.store(vec![2]);
+        let (a, b) = (read_on(0).await.unwrap(), read_on(1).await.unwrap());
+        assert_eq!((a.as_slice(), b.as_slice()), (&[2][..], &[2][..]));
+        loops.shutdown(std::time::Duration::from_secs(5)).await;
     }
 }

@@ -23,6 +23,7 @@ use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::loops::EventLoops;
 use crate::metrics::Metrics;
+use crate::per_loop::PerLoopArc;
 use crate::pool::LocalPool;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
@@ -107,15 +108,23 @@ pub struct ProxyState {
     /// [`crate::loops::current`]).
     local_pools: Vec<Arc<LocalPool>>,
     pub loops: Arc<EventLoops>,
-    cluster: ArcSwap<ClusterSnapshot>,
-    engines: ArcSwap<Vec<LocalEngine>>,
+    cluster: PerLoopArc<ClusterSnapshot>,
+    engines: PerLoopArc<Vec<LocalEngine>>,
     peers: ArcSwap<HashMap<NodeId, PeerLink>>,
     sched: Mutex<Sched>,
     policy: Policy,
     pub load: Arc<LocalLoad>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
-    pub learner: Mutex<PerfLearner>,
+    learner: Mutex<Learning>,
+}
+
+/// What the node learned of engines' speeds from finished jobs.
+#[derive(Debug)]
+struct Learning {
+    learner: PerfLearner,
+    /// The job log's cursor: jobs past it are not learned from yet.
+    seen: usize,
 }
 
 /// How to build a [`ProxyState`].
@@ -132,14 +141,17 @@ pub struct ProxyConfig {
 
 impl ProxyState {
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
+        // What the log held at start (loaded from disk) was learned from
+        // before.
+        let seen = jobs.end();
         Arc::new(Self {
             receipt_self: node_receipt(&config.node.name, config.node.id),
             local_pools: (0..config.loops.len())
                 .map(|_| LocalPool::new(config.timeouts))
                 .collect(),
             loops: config.loops,
-            cluster: ArcSwap::from_pointee(ClusterSnapshot::default()),
-            engines: ArcSwap::from_pointee(config.engines),
+            cluster: PerLoopArc::new(ClusterSnapshot::default()),
+            engines: PerLoopArc::new(config.engines),
             peers: ArcSwap::from_pointee(HashMap::new()),
             policy: config.scheduler.policy,
             sched: Mutex::new(Sched {
@@ -154,7 +166,10 @@ impl ProxyState {
             load: LocalLoad::new(),
             jobs,
             metrics: Arc::new(Metrics::new()),
-            learner: Mutex::new(PerfLearner::new()),
+            learner: Mutex::new(Learning {
+                learner: PerfLearner::new(),
+                seen,
+            }),
         })
     }
 
@@ -177,7 +192,8 @@ impl ProxyState {
         self.policy
     }
 
-    /// The current snapshot (an `Arc` clone: no lock, no copy).
+    /// The current snapshot: this event loop's copy (an `Arc` clone: no
+    /// lock, no copy, no count another loop writes).
     pub fn cluster(&self) -> Arc<ClusterSnapshot> {
         self.cluster.load_full()
     }
@@ -191,7 +207,7 @@ impl ProxyState {
         self.metrics
             .peers
             .set(i64::try_from(snapshot.len().saturating_sub(1)).unwrap_or(i64::MAX));
-        self.cluster.store(Arc::new(snapshot));
+        self.cluster.store(snapshot);
     }
 
     pub fn engines(&self) -> Arc<Vec<LocalEngine>> {
@@ -199,7 +215,7 @@ impl ProxyState {
     }
 
     pub fn set_engines(&self, engines: Vec<LocalEngine>) {
-        self.engines.store(Arc::new(engines));
+        self.engines.store(engines);
     }
 
     pub fn peer(&self, id: NodeId) -> Option<PeerLink> {
@@ -265,31 +281,34 @@ impl ProxyState {
         }
     }
 
-    /// Records a job this node routed and learns the serving node's speed
-    /// from it.
+    /// Records a job this node routed; [`ProxyState::learned`] learns the
+    /// serving node's speed from it when next asked (not on the request
+    /// path, where the learner's lock and tables were state every event
+    /// loop wrote on every request).
     pub fn finish_job(&self, rec: JobRecord) {
-        self.learn(&rec);
         self.jobs.record(rec);
     }
 
-    /// Takes in a peer's finished jobs (replication) and learns from them.
+    /// Takes in a peer's finished jobs (replication); the new ones are
+    /// learned from like this node's own. A record the log already holds
+    /// (one this node sent, echoed back) is not learned from twice.
     pub fn merge_jobs(&self, records: Vec<JobRecord>) {
-        for rec in &records {
-            self.learn(rec);
-        }
         self.jobs.merge(records);
     }
 
-    fn learn(&self, rec: &JobRecord) {
-        if let (Some(obs), Ok(mut l)) = (Observation::from_job(rec), self.learner.lock()) {
-            l.observe(&obs);
-        }
-    }
-
-    /// Learned speed of `model` on `node` over `seed`, if jobs taught us any.
+    /// Learned speed of `model` on `node` over `seed`, if jobs taught us
+    /// any: the jobs added to the log since the last call are learned from
+    /// first (at most the newest [`crate::jobs::KEEP_RECORDS`]).
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
-        let l = self.learner.lock().ok()?;
-        l.rates(node, model).map(|r| r.over(seed))
+        let mut l = self.learner.lock().ok()?;
+        let Learning { learner, seen } = &mut *l;
+        let (new, _) = self.jobs.since(seen, crate::jobs::KEEP_RECORDS);
+        for rec in &new {
+            if let Some(obs) = Observation::from_job(rec) {
+                learner.observe(&obs);
+            }
+        }
+        learner.rates(node, model).map(|r| r.over(seed))
     }
 }
 
@@ -324,4 +343,75 @@ impl Drop for Reservation<'_> {
 
 pub fn now_ms() -> u64 {
     pair_core::unix_ms(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pair_core::{ApiFlavor, JobId, JobStatus};
+
+    fn job(id: u128, ran_on: u128) -> JobRecord {
+        JobRecord {
+            id: JobId::from_uuid(uuid::Uuid::from_u128(id)),
+            model: "m".into(),
+            flavor: ApiFlavor::OpenAi,
+            route: "/v1/chat/completions".into(),
+            streaming: false,
+            origin: NodeId::from_u128(1),
+            ran_on: Some(NodeId::from_u128(ran_on)),
+            attempts: 1,
+            status: JobStatus::Completed,
+            http_status: Some(200),
+            created_at_ms: 1,
+            ttft_ms: Some(100),
+            duration_ms: Some(1100),
+            prompt_tokens: Some(200),
+            output_tokens: Some(51),
+            error: None,
+        }
+    }
+
+    fn samples(st: &ProxyState, node: u128) -> u32 {
+        let l = st.learner.lock().unwrap();
+        l.learner
+            .rates(NodeId::from_u128(node), "m")
+            .map_or(0, |r| r.samples)
+    }
+
+    /// Finished jobs, this node's and a peer's, are learned from when the
+    /// speeds are next asked for, each once: not what the log held at
+    /// start, not a record echoed back by a peer, not twice on a second ask.
+    #[test]
+    fn learns_each_new_job_once_when_asked() {
+        let jobs = Arc::new(JobLog::in_memory());
+        jobs.record(job(1, 2));
+        let st = ProxyState::new(
+            ProxyConfig {
+                node: NodeIdentity {
+                    id: NodeId::from_u128(1),
+                    name: "t".into(),
+                },
+                scheduler: SchedulerConfig::default(),
+                timeouts: Timeouts::default(),
+                body_cap: 1024,
+                engines: Vec::new(),
+                loops: EventLoops::single(),
+            },
+            jobs,
+        );
+        st.finish_job(job(2, 2));
+        st.merge_jobs(vec![job(3, 2), job(2, 2)]);
+        assert_eq!(samples(&st, 2), 0, "nothing learned on the request path");
+        let perf = st.learned(NodeId::from_u128(2), "m", ModelPerf::FALLBACK);
+        // 200 prompt tokens in 100 ms; 50 more tokens in the next second.
+        let perf = perf.unwrap();
+        assert!((perf.prefill_tps - 2000.0).abs() < 1.0, "{perf:?}");
+        assert!((perf.decode_tps - 50.0).abs() < 0.1, "{perf:?}");
+        assert_eq!(samples(&st, 2), 2);
+        assert!(
+            st.learned(NodeId::from_u128(2), "m", ModelPerf::FALLBACK)
+                .is_some()
+        );
+        assert_eq!(samples(&st, 2), 2, "asked again: nothing new");
+    }
 }
