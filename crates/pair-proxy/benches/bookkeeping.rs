@@ -1,13 +1,15 @@
 //! What a request's end-of-answer bookkeeping costs (the load counters,
-//! the route's three histograms, the request counter, the job record) on
+//! the route's three histograms, the request counter, the job record),
+//! and its ranking (the scheduler, which every request also shares), on
 //! one event loop, and on two event loops doing it at the same time: the
 //! difference is the cost of the state both write (locks and counters
-//! whose cache lines move between the cores). Back to back,
-//! so an upper bound of that cost. Numbers and the command live in
-//! docs/benchmarks/proxy.md ("Eighth round").
+//! whose cache lines move between the cores). Back to back, so an upper
+//! bound of that cost. Numbers and the command live in
+//! docs/benchmarks/proxy.md ("Eighth round", "Ninth round").
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
+use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -17,10 +19,16 @@ use std::time::{Duration, Instant};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId};
+use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
+use pair_proxy::dispatch::Timeouts;
 use pair_proxy::jobs::JobLog;
 use pair_proxy::load::LocalLoad;
 use pair_proxy::loops::EventLoops;
+use pair_proxy::state::{NodeIdentity, ProxyConfig, ProxyState};
+use pair_scheduler::SchedulerConfig;
+
+#[path = "../../pair-scheduler/tests/common/mod.rs"]
+mod common;
 use pair_proxy::metrics::Metrics;
 
 const ROUTE: &str = "/v1/chat/completions";
@@ -50,6 +58,35 @@ struct Shared {
     metrics: Metrics,
     jobs: JobLog,
     load: Arc<LocalLoad>,
+    /// A node of an 8-node cluster, for ranking.
+    state: Arc<ProxyState>,
+    request: RequestProfile,
+}
+
+fn shared() -> Shared {
+    let cluster = common::cluster(8, 42);
+    let state = ProxyState::new(
+        ProxyConfig {
+            node: NodeIdentity {
+                id: cluster.nodes()[0].id,
+                name: "bench".into(),
+            },
+            scheduler: SchedulerConfig::default(),
+            timeouts: Timeouts::default(),
+            body_cap: 1024,
+            engines: Vec::new(),
+            loops: EventLoops::single(),
+        },
+        Arc::new(JobLog::in_memory()),
+    );
+    state.publish(cluster);
+    Shared {
+        metrics: Metrics::new(),
+        jobs: JobLog::in_memory(),
+        load: LocalLoad::new(),
+        state,
+        request: common::request(),
+    }
 }
 
 /// One request's bookkeeping, as the executor and its watcher do it.
@@ -80,16 +117,23 @@ fn job_record(s: &Shared, n: u64) {
     s.jobs.record(record(n));
 }
 
+/// Not bookkeeping, but the other state a request shares: the scheduler.
+fn rank(s: &Shared, _: u64) {
+    let cluster = s.state.cluster();
+    black_box(s.state.rank(&cluster, &s.request, 1_100));
+}
+
 /// Some of a request's bookkeeping, for request `n`.
 type Part = fn(&Shared, u64);
 
 /// The whole, then each part alone.
-const PARTS: [(&str, Part); 5] = [
+const PARTS: [(&str, Part); 6] = [
     ("per-request", all),
     ("load-counters", load_counters),
     ("histograms", histograms),
     ("request-counter", request_counter),
     ("job-record", job_record),
+    ("rank", rank),
 ];
 
 fn bookkeeping(c: &mut Criterion) {
@@ -101,11 +145,7 @@ fn bookkeeping(c: &mut Criterion) {
                     // In memory: what the loops pay. A node's log also
                     // has a writer thread (gathering the records, writing
                     // them out), whose CPU is not counted here.
-                    let shared = Arc::new(Shared {
-                        metrics: Metrics::new(),
-                        jobs: JobLog::in_memory(),
-                        load: LocalLoad::new(),
-                    });
+                    let shared = Arc::new(shared());
                     let n = usize::try_from(threads).unwrap();
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
