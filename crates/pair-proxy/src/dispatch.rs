@@ -51,14 +51,10 @@ impl Default for Timeouts {
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
 pub enum Hop {
-    /// An engine on this machine ([`crate::state::LocalEngine`]): its
-    /// address (e.g. `127.0.0.1:11435`), the `Host` value for it, and the
-    /// signal that makes its poller re-read the inventory.
-    Local {
-        to: http::uri::Authority,
-        host: HeaderValue,
-        refresh: Option<Arc<tokio::sync::Notify>>,
-    },
+    /// An engine on this machine: the running event loop's copy of it
+    /// (its address, e.g. `127.0.0.1:11435`, the `Host` value for it, and
+    /// the signal that makes its poller re-read the inventory).
+    Local(Arc<crate::state::LocalEngine>),
     /// A paired peer's cluster port.
     Peer(Box<PeerLink>),
 }
@@ -437,11 +433,11 @@ pub fn request<'a>(
     body: Bytes,
 ) -> Result<Pending<'a>, DispatchError> {
     match hop {
-        Hop::Local { to, host, .. } => {
-            let out = Outgoing::new(host, head, body);
-            let to = to.clone();
+        Hop::Local(engine) => {
+            let out = Outgoing::new(engine.host(), head, body);
+            let engine = Arc::clone(engine);
             Ok(Box::pin(async move {
-                Ok(Upstream::engine(local.send(&to, out).await?))
+                Ok(Upstream::engine(local.send(engine.authority(), out).await?))
             }))
         }
         Hop::Peer(link) => {

@@ -144,7 +144,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         // A local dispatch is counted by its load guard, which ranking
         // reads live for this node (it ignores reservations there); a
         // peer's by a reservation, until the peer's reports show it.
-        let (guard, reservation) = if matches!(hop, Hop::Local { .. }) {
+        let (guard, reservation) = if matches!(hop, Hop::Local(_)) {
             let load = st
                 .load
                 .begin(profile.prompt_tokens, profile.max_output_tokens);
@@ -233,7 +233,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         };
         let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
         let node_receipt = match &peer_name {
-            None => st.receipt_self.clone(),
+            None => st.receipt_self(),
             Some(name) => crate::state::node_receipt(name, node),
         };
         return Reply {
@@ -374,9 +374,8 @@ pub(crate) fn hop_for(
 /// poller re-read the inventory now rather than at the next poll, so the
 /// snapshot stops advertising what is gone.
 pub(crate) fn refresh_inventory(hop: &Hop) {
-    if let Hop::Local {
-        refresh: Some(r), ..
-    } = hop
+    if let Hop::Local(engine) = hop
+        && let Some(r) = &engine.refresh
     {
         r.notify_one();
     }

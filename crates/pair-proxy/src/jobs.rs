@@ -79,7 +79,7 @@ struct Shared {
     /// reader also takes, instead of the log's lock, which both loops took
     /// on every request (with the cache lines of the log itself: 541 ns a
     /// record on two loops against 89 on one, bench `bookkeeping`).
-    /// Readers move them in first ([`Shared::publish`]).
+    /// Readers move them in first ([`Shared::gather`]).
     staged: PerLoop<Mutex<Vec<Arc<JobRecord>>>>,
     /// A writer thread appends the records to a file: queue them for it.
     file_backed: bool,
@@ -179,7 +179,7 @@ impl JobLog {
             Err(_) => false,
         };
         if full {
-            drop(self.shared.publish());
+            drop(self.shared.gather());
         }
     }
 
@@ -188,7 +188,7 @@ impl JobLog {
     /// in order. One pass over the log per batch.
     pub fn merge(&self, records: impl IntoIterator<Item = JobRecord>) {
         let records: Vec<Arc<JobRecord>> = records.into_iter().map(Arc::new).collect();
-        if let Some(mut inner) = self.shared.publish() {
+        if let Some(mut inner) = self.shared.gather() {
             if self.shared.file_backed {
                 for rec in &records {
                     queue_write(&mut inner, Arc::clone(rec));
@@ -201,7 +201,7 @@ impl JobLog {
     /// Newest first, at most `n`.
     pub fn recent(&self, n: usize) -> Vec<JobRecord> {
         self.shared
-            .publish()
+            .gather()
             .map(|inner| {
                 inner
                     .records
@@ -215,7 +215,7 @@ impl JobLog {
     }
 
     pub fn get(&self, id: JobId) -> Option<JobRecord> {
-        let inner = self.shared.publish()?;
+        let inner = self.shared.gather()?;
         inner
             .records
             .iter()
@@ -225,7 +225,7 @@ impl JobLog {
     }
 
     pub fn len(&self) -> usize {
-        self.shared.publish().map_or(0, |i| i.records.len())
+        self.shared.gather().map_or(0, |i| i.records.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -235,7 +235,7 @@ impl JobLog {
     /// Where the next new record will be: a cursor for [`JobLog::since`].
     pub fn end(&self) -> usize {
         self.shared
-            .publish()
+            .gather()
             .map_or(0, |i| i.dropped + i.records.len())
     }
 
@@ -246,7 +246,7 @@ impl JobLog {
     /// channel and no wake-up per record. A record updated in place is
     /// not seen again.
     pub fn since(&self, cursor: &mut usize, max: usize) -> (Vec<Arc<JobRecord>>, usize) {
-        let Some(inner) = self.shared.publish() else {
+        let Some(inner) = self.shared.gather() else {
             return (Vec::new(), 0);
         };
         let end = inner.dropped + inner.records.len();
@@ -269,7 +269,7 @@ impl Shared {
     /// in its own order already; the lists are interleaved by end time
     /// (start plus duration, to the millisecond; a stable sort, so ties
     /// keep a loop's order).
-    fn publish(&self) -> Option<MutexGuard<'_, Inner>> {
+    fn gather(&self) -> Option<MutexGuard<'_, Inner>> {
         let mut inner = self.inner.lock().ok()?;
         let mut batch = Vec::new();
         for slot in self.staged.iter() {
@@ -322,7 +322,7 @@ fn write_loop(
             std::thread::park_timeout(turn);
         }
         let stopping = stop.load(Ordering::Acquire);
-        match shared.publish() {
+        match shared.gather() {
             Some(mut i) => std::mem::swap(&mut i.unwritten, &mut batch),
             None => return,
         }
@@ -735,7 +735,7 @@ mod tests {
                     log.record(rec(burst * 5000 + i, 0));
                 }
                 let t = std::time::Instant::now();
-                while !log.shared.publish().unwrap().unwritten.is_empty() {
+                while !log.shared.gather().unwrap().unwritten.is_empty() {
                     assert!(t.elapsed() < Duration::from_secs(30), "writer stuck");
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -762,7 +762,7 @@ mod tests {
             for i in 0..burst {
                 log.record(rec(i, 0));
             }
-            assert_eq!(log.shared.publish().unwrap().unwritten.len(), KEEP_RECORDS);
+            assert_eq!(log.shared.gather().unwrap().unwritten.len(), KEEP_RECORDS);
         }
         let text = std::fs::read_to_string(dir.path().join("jobs.jsonl")).unwrap();
         assert_eq!(

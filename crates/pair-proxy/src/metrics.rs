@@ -127,7 +127,7 @@ struct HistogramSlot {
 
 impl LoopHistogram {
     /// Buckets with these finite upper bounds and +Inf (at most
-    /// [`MAX_BUCKETS`] in all; bounds past that are dropped).
+    /// 18 buckets in all; bounds past that are dropped).
     pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
         let bounds: Box<[f64]> = bounds
             .into_iter()

@@ -19,7 +19,7 @@ use crossbeam_utils::CachePadded;
 const MAX_SLOTS: usize = 64;
 
 /// How many slots each [`PerLoop`] has: one per core (the default number
-/// of event loops), at most [`MAX_SLOTS`].
+/// of event loops), at most 64.
 pub fn slots() -> usize {
     static SLOTS: OnceLock<usize> = OnceLock::new();
     *SLOTS.get_or_init(|| {
@@ -88,17 +88,28 @@ pub struct PerLoopArc<T> {
 
 impl<T: Clone> PerLoopArc<T> {
     pub fn new(value: T) -> Self {
-        let value = Arc::new(value);
-        Self {
-            copies: PerLoop::new_with(|| ArcSwap::new(Arc::new(T::clone(&value)))),
-        }
+        Self::new_each(|| value.clone())
     }
 
     /// Replaces every loop's copy.
     pub fn store(&self, value: T) {
-        let value = Arc::new(value);
-        for copy in self.copies.iter() {
-            copy.store(Arc::new(T::clone(&value)));
+        self.store_each(|| value.clone());
+    }
+}
+
+impl<T> PerLoopArc<T> {
+    /// Each loop's copy made by `copy`: for a value whose `Clone` shares
+    /// what it holds (an `Arc`, a `Bytes`), a copy that does not.
+    pub fn new_each(mut copy: impl FnMut() -> T) -> Self {
+        Self {
+            copies: PerLoop::new_with(|| ArcSwap::new(Arc::new(copy()))),
+        }
+    }
+
+    /// Replaces every loop's copy with one made by `copy`.
+    pub fn store_each(&self, mut copy: impl FnMut() -> T) {
+        for slot in self.copies.iter() {
+            slot.store(Arc::new(copy()));
         }
     }
 

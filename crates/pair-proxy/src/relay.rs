@@ -177,7 +177,7 @@ async fn run_locally(
         .node(st.node.id)
         .is_some_and(|n| n.find_model(&facts.model, flavor).is_some());
     let hop = match hop_for(st, &cluster, st.node.id, &facts.model, flavor) {
-        Ok(h @ Hop::Local { .. }) if holds => h,
+        Ok(h @ Hop::Local(_)) if holds => h,
         _ => {
             // The origin's view was stale; a 404 from an advertised owner
             // sends it to its next candidate.

@@ -64,13 +64,44 @@ impl LocalEngine {
         })
     }
 
-    /// The hop that sends a request to this engine.
-    pub(crate) fn hop(&self) -> Hop {
-        Hop::Local {
-            to: self.to.clone(),
-            host: self.host.clone(),
+    /// The hop that sends a request to this engine: `self` is the running
+    /// loop's copy ([`ProxyState::engines`]), so the reference count taken
+    /// is that loop's own.
+    pub(crate) fn hop(self: &Arc<Self>) -> Hop {
+        Hop::Local(Arc::clone(self))
+    }
+
+    /// The engine's address (the pool's key).
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.to
+    }
+
+    /// The `Host` value for it.
+    pub(crate) fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// A copy for one event loop that shares no buffer with this one
+    /// (`Authority` and `HeaderValue` clones share their bytes, and with
+    /// them a reference count every loop would write per request). The
+    /// poller's signal stays shared: it is not cloned per request.
+    fn copy_for_loop(&self) -> Arc<Self> {
+        let copy = |to: &Authority, host: &HeaderValue| {
+            Some((
+                Authority::try_from(to.as_str()).ok()?,
+                HeaderValue::from_bytes(host.as_bytes()).ok()?,
+            ))
+        };
+        let (to, host) = copy(&self.to, &self.host)
+            // Cannot fail (both were valid); a shared copy if it did.
+            .unwrap_or_else(|| (self.to.clone(), self.host.clone()));
+        Arc::new(Self {
+            kind: self.kind,
+            base: self.base.clone(),
             refresh: self.refresh.clone(),
-        }
+            to,
+            host,
+        })
     }
 }
 
@@ -108,7 +139,8 @@ pub type Shortlist = SmallVec<[Candidate; MAX_ATTEMPTS]>;
 pub struct ProxyState {
     pub node: NodeIdentity,
     /// This node's `x-pair-node` receipt value, made once.
-    pub(crate) receipt_self: Option<http::HeaderValue>,
+    /// One per event loop (see [`LocalEngine::copy_for_loop`]).
+    receipt_self: PerLoop<Option<http::HeaderValue>>,
     pub timeouts: Timeouts,
     pub body_cap: usize,
     /// One engine connection pool per event loop (index:
@@ -116,7 +148,8 @@ pub struct ProxyState {
     local_pools: Vec<Arc<LocalPool>>,
     pub loops: Arc<EventLoops>,
     cluster: PerLoopArc<ClusterSnapshot>,
-    engines: PerLoopArc<Vec<LocalEngine>>,
+    /// Each loop's copies share no buffer ([`LocalEngine::copy_for_loop`]).
+    engines: PerLoopArc<Vec<Arc<LocalEngine>>>,
     peers: ArcSwap<HashMap<NodeId, PeerLink>>,
     sched: PerLoop<Mutex<Sched>>,
     /// Held while a change is made to every loop's [`Sched`], so the copies
@@ -156,13 +189,13 @@ impl ProxyState {
         // before.
         let seen = jobs.end();
         Arc::new(Self {
-            receipt_self: node_receipt(&config.node.name, config.node.id),
+            receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
                 .map(|_| LocalPool::new(config.timeouts))
                 .collect(),
             loops: config.loops,
             cluster: PerLoopArc::new(ClusterSnapshot::default()),
-            engines: PerLoopArc::new(config.engines),
+            engines: PerLoopArc::new_each(|| copies_for_loop(&config.engines)),
             peers: ArcSwap::from_pointee(HashMap::new()),
             policy: config.scheduler.policy,
             sched: PerLoop::new_with(|| {
@@ -225,12 +258,18 @@ impl ProxyState {
         self.cluster.store(snapshot);
     }
 
-    pub fn engines(&self) -> Arc<Vec<LocalEngine>> {
+    /// This node's engines: the running loop's copies.
+    pub fn engines(&self) -> Arc<Vec<Arc<LocalEngine>>> {
         self.engines.load_full()
     }
 
     pub fn set_engines(&self, engines: Vec<LocalEngine>) {
-        self.engines.store(engines);
+        self.engines.store_each(|| copies_for_loop(&engines));
+    }
+
+    /// This node's `x-pair-node` receipt value, the running loop's copy.
+    pub(crate) fn receipt_self(&self) -> Option<http::HeaderValue> {
+        self.receipt_self.local().clone()
     }
 
     pub fn peer(&self, id: NodeId) -> Option<PeerLink> {
@@ -340,6 +379,10 @@ impl ProxyState {
         }
         learner.rates(node, model).map(|r| r.over(seed))
     }
+}
+
+fn copies_for_loop(engines: &[LocalEngine]) -> Vec<Arc<LocalEngine>> {
+    engines.iter().map(LocalEngine::copy_for_loop).collect()
 }
 
 /// The `x-pair-node` receipt value: `name (uuid)`.
@@ -471,6 +514,43 @@ mod tests {
         release_on(0, b).await.unwrap();
         let all = copies(&st);
         assert!(all.iter().all(|c| c.0 == 0 && c.1 == 0), "{all:?}");
+        loops.shutdown(std::time::Duration::from_secs(5)).await;
+    }
+
+    /// Each loop's engine copies and receipt value share no buffer with
+    /// another loop's, so taking them per request writes only the loop's
+    /// own reference counts.
+    #[tokio::test]
+    async fn each_loop_has_its_own_engine_copies() {
+        let loops = EventLoops::start(2).unwrap();
+        let st = state(Arc::clone(&loops), Arc::new(JobLog::in_memory()));
+        let base: Uri = "http://127.0.0.1:11435".parse().unwrap();
+        st.set_engines(vec![
+            LocalEngine::new(EngineKind::Ollama, base, None).unwrap(),
+        ]);
+        let on = |i: usize| {
+            let st = Arc::clone(&st);
+            loops.spawn_on(i, async move {
+                let engine = Arc::clone(&st.engines()[0]);
+                (engine, st.receipt_self().unwrap())
+            })
+        };
+        let (a, receipt_a) = on(0).await.unwrap();
+        let (b, receipt_b) = on(1).await.unwrap();
+        assert_eq!(a.authority().as_str(), "127.0.0.1:11435");
+        assert_eq!(a.authority(), b.authority());
+        assert_eq!(a.host(), b.host());
+        assert_eq!(receipt_a, receipt_b);
+        if crate::per_loop::slots() > 1 {
+            assert!(!Arc::ptr_eq(&a, &b));
+            let ptr = |s: &[u8]| s.as_ptr();
+            assert_ne!(
+                ptr(a.authority().as_str().as_bytes()),
+                ptr(b.authority().as_str().as_bytes())
+            );
+            assert_ne!(ptr(a.host().as_bytes()), ptr(b.host().as_bytes()));
+            assert_ne!(ptr(receipt_a.as_bytes()), ptr(receipt_b.as_bytes()));
+        }
         loops.shutdown(std::time::Duration::from_secs(5)).await;
     }
 
