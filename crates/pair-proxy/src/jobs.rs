@@ -77,8 +77,10 @@ struct Shared {
     /// Records made on each event loop ([`PerLoop`]) and not yet in
     /// `inner`: a request pushes under its own loop's lock, which only a
     /// reader also takes, instead of the log's lock, which both loops took
-    /// on every request (with the cache lines of the log itself: 541 ns a
-    /// record on two loops against 89 on one, bench `bookkeeping`).
+    /// on every request (with the cache lines of the log itself: 423 ns a
+    /// record on two loops against 82 on one, bench `bookkeeping`; 231-250
+    /// against 85-92 staged, what is left being the free of a record made
+    /// on another loop).
     /// Readers move them in first ([`Shared::gather`]).
     staged: PerLoop<Mutex<Vec<Arc<JobRecord>>>>,
     /// A writer thread appends the records to a file: queue them for it.
