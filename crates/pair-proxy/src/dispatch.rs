@@ -428,14 +428,13 @@ pub type Pending<'a> =
 /// relay URI on their mTLS client.
 pub fn request<'a>(
     local: &'a LocalPool,
-    hop: &Hop,
+    hop: &'a Hop,
     head: &RequestHead,
     body: Bytes,
 ) -> Result<Pending<'a>, DispatchError> {
     match hop {
         Hop::Local(engine) => {
             let out = Outgoing::new(engine.host(), head, body);
-            let engine = Arc::clone(engine);
             Ok(Box::pin(async move {
                 Ok(Upstream::engine(local.send(engine.authority(), out).await?))
             }))
