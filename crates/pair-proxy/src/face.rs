@@ -486,24 +486,12 @@ async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{NodeIdentity, ProxyConfig};
     use http_body_util::BodyExt;
-    use pair_core::NodeId;
     use tower::ServiceExt;
 
     fn state() -> Arc<ProxyState> {
-        ProxyState::new(
-            ProxyConfig {
-                node: NodeIdentity {
-                    id: NodeId::from_u128(1),
-                    name: "t".into(),
-                },
-                scheduler: pair_scheduler::SchedulerConfig::default(),
-                timeouts: crate::dispatch::Timeouts::default(),
-                body_cap: 1024,
-                engines: Vec::new(),
-                loops: crate::loops::EventLoops::single(),
-            },
+        crate::state::tests::state(
+            crate::loops::EventLoops::single(),
             Arc::new(crate::jobs::JobLog::in_memory()),
         )
     }

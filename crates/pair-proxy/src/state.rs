@@ -419,32 +419,24 @@ pub fn now_ms() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use pair_core::{ApiFlavor, JobId, JobStatus};
 
+    /// A completed job of 200 prompt tokens in 100 ms and 50 more tokens
+    /// in the next second, run on node `ran_on`.
     fn job(id: u128, ran_on: u128) -> JobRecord {
         JobRecord {
-            id: JobId::from_uuid(uuid::Uuid::from_u128(id)),
-            model: "m".into(),
-            flavor: ApiFlavor::OpenAi,
-            route: "/v1/chat/completions".into(),
-            streaming: false,
-            origin: NodeId::from_u128(1),
             ran_on: Some(NodeId::from_u128(ran_on)),
-            attempts: 1,
-            status: JobStatus::Completed,
-            http_status: Some(200),
-            created_at_ms: 1,
             ttft_ms: Some(100),
             duration_ms: Some(1100),
             prompt_tokens: Some(200),
             output_tokens: Some(51),
-            error: None,
+            ..crate::jobs::tests::rec(id, 1)
         }
     }
 
-    fn state(loops: Arc<EventLoops>, jobs: Arc<JobLog>) -> Arc<ProxyState> {
+    /// Node 1 ("t"), predicted-latency with affinity, no engines.
+    pub(crate) fn state(loops: Arc<EventLoops>, jobs: Arc<JobLog>) -> Arc<ProxyState> {
         ProxyState::new(
             ProxyConfig {
                 node: NodeIdentity {
