@@ -61,8 +61,11 @@ fn latency_bounds() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 17)
 }
 
+/// Dispatches per request: at most five attempts.
+const ATTEMPT_BOUNDS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+
 fn attempts_histogram() -> LoopHistogram {
-    LoopHistogram::new([1.0, 2.0, 3.0, 4.0, 5.0])
+    LoopHistogram::new(ATTEMPT_BOUNDS)
 }
 
 /// A Prometheus counter kept per event loop ([`PerLoop`]) and added up
@@ -485,8 +488,7 @@ mod tests {
             task.await.unwrap();
         }
         loops.shutdown(std::time::Duration::from_secs(5)).await;
-        let theirs =
-            prometheus_client::metrics::histogram::Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0]);
+        let theirs = prometheus_client::metrics::histogram::Histogram::new(ATTEMPT_BOUNDS);
         for i in 0..9u32 {
             for _ in 0..100 {
                 theirs.observe(f64::from(i % 6) + 0.5);
