@@ -22,14 +22,12 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
 use pair_proxy::dispatch::Timeouts;
 use pair_proxy::jobs::JobLog;
-use pair_proxy::load::LocalLoad;
 use pair_proxy::loops::EventLoops;
 use pair_proxy::state::{NodeIdentity, ProxyConfig, ProxyState};
 use pair_scheduler::SchedulerConfig;
 
 #[path = "../../pair-scheduler/tests/common/mod.rs"]
 mod common;
-use pair_proxy::metrics::Metrics;
 
 const ROUTE: &str = "/v1/chat/completions";
 
@@ -55,10 +53,10 @@ fn record(n: u64) -> JobRecord {
 }
 
 struct Shared {
-    metrics: Metrics,
-    jobs: JobLog,
-    load: Arc<LocalLoad>,
-    /// A node of an 8-node cluster, for ranking.
+    /// A node of an 8-node cluster: its load counters, metrics, job log
+    /// (in memory: what the loops pay; a node's log also has a writer
+    /// thread, gathering the records and writing them out, whose CPU is not
+    /// counted here) and scheduler.
     state: Arc<ProxyState>,
     request: RequestProfile,
 }
@@ -81,9 +79,6 @@ fn shared() -> Shared {
     );
     state.publish(cluster);
     Shared {
-        metrics: Metrics::new(),
-        jobs: JobLog::in_memory(),
-        load: LocalLoad::new(),
         state,
         request: common::request(),
     }
@@ -91,7 +86,7 @@ fn shared() -> Shared {
 
 /// One request's bookkeeping, as the executor and its watcher do it.
 fn all(s: &Shared, n: u64) {
-    let guard = s.load.begin(10, 20);
+    let guard = s.state.load.begin(10, 20);
     histograms(s, n);
     request_counter(s, n);
     drop(guard);
@@ -99,22 +94,23 @@ fn all(s: &Shared, n: u64) {
 }
 
 fn load_counters(s: &Shared, _: u64) {
-    drop(s.load.begin(10, 20));
+    drop(s.state.load.begin(10, 20));
 }
 
 fn histograms(s: &Shared, _: u64) {
-    let route = s.metrics.route_at(s.metrics.route_slot(ROUTE).unwrap());
+    let m = &s.state.metrics;
+    let route = m.route_at(m.route_slot(ROUTE).unwrap());
     route.ttft.observe(0.001);
     route.duration.observe(0.002);
     route.attempts.observe(1.0);
 }
 
 fn request_counter(s: &Shared, _: u64) {
-    s.metrics.count_request(ROUTE, 200, "node");
+    s.state.metrics.count_request(ROUTE, 200, "node");
 }
 
 fn job_record(s: &Shared, n: u64) {
-    s.jobs.record(record(n));
+    s.state.jobs.record(record(n));
 }
 
 /// Not bookkeeping, but the other state a request shares: the scheduler.
@@ -142,9 +138,6 @@ fn bookkeeping(c: &mut Criterion) {
         for threads in [1u64, 2] {
             group.bench_function(BenchmarkId::new(part, format!("{threads}-threads")), |b| {
                 b.iter_custom(|iters| {
-                    // In memory: what the loops pay. A node's log also
-                    // has a writer thread (gathering the records, writing
-                    // them out), whose CPU is not counted here.
                     let shared = Arc::new(shared());
                     let n = usize::try_from(threads).unwrap();
                     let rt = tokio::runtime::Builder::new_current_thread()
