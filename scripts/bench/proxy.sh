@@ -9,7 +9,9 @@
 #   3. added time to first byte of a streamed answer (raw-socket client);
 #   4. idle RSS of a node, then RSS while 1,000 concurrent streams pass
 #      through it.
-# Every figure is the median of $RUNS runs (variants interleaved per run).
+# Every figure is the median of $RUNS runs (variants interleaved per run, in
+# an order that rotates from run to run); the face section also compares pair
+# with nginx run by run (median paired difference, with its 95 % interval).
 #
 # Usage: scripts/bench/proxy.sh            (builds release binaries first)
 # Env:   RUNS=3 DUR=5 TTFB_N=2000 STREAMS=1000 SLOW_SECONDS=6
@@ -17,8 +19,7 @@
 #        RESULTS=<file> (markdown output; default /tmp/pair-bench-proxy-results.md)
 #        SECTIONS=face,ttfb,hop,mem (which parts to run)  NODE_ARGS="..." (extra
 #        flags for every pair-node run)  ALT_ARGS="..." (face section: a second
-#        node with these extra flags, measured in the same runs as pair-alt;
-#        it goes second in odd runs and first in even ones: use an even RUNS)
+#        node with these extra flags, measured in the same runs as pair-alt)
 #        ALT_BIN=<pair-node binary> (the second node runs this build instead)  PERF=1 (perf record the face node
 #        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
 #        STRACE=1 (strace -c -f the face node during its first c=32 run; in
@@ -300,59 +301,68 @@ if want face; then
     fi
     for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
     [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL" && warm "$PINNED_URL"
-    for ((r = 1; r <= RUNS; r++)); do
-        for c in 1 32; do
-            run_wrk face direct "$c" "$r" "$DIRECT_URL"
-            CPU_PIDS=$NGX_PIDS run_wrk face nginx "$c" "$r" "$NGX_URL"
-            if [ -n "${FLOOR_PID:-}" ]; then
-                CPU_PIDS=$FLOOR_PID run_wrk face floor "$c" "$r" "$FLOOR_URL"
-                CPU_PIDS=$PINNED_PID run_wrk face floor2 "$c" "$r" "$PINNED_URL"
-            fi
-            if [ -n "${RAW_PID:-}" ]; then
-                if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
+    # The variants of one run, in an order that rotates from run to run:
+    # on this box the variant measured second of two did better in every
+    # A/B (docs/benchmarks/proxy.md, fifth round), so a fixed order would
+    # favour whoever follows whom. report.py compares pair with nginx run
+    # by run (paired differences), which the rotation keeps fair.
+    VARIANTS=(direct nginx)
+    [ -n "${FLOOR_PID:-}" ] && VARIANTS+=(floor floor2)
+    [ -n "${RAW_PID:-}" ] && VARIANTS+=(raw)
+    VARIANTS+=(pair)
+    [ -n "${ALT_URL:-}" ] && VARIANTS+=(pair-alt)
+    face_variant() { # VARIANT CONC RUN
+        case $1 in
+            direct) run_wrk face direct "$2" "$3" "$DIRECT_URL" ;;
+            nginx) CPU_PIDS=$NGX_PIDS run_wrk face nginx "$2" "$3" "$NGX_URL" ;;
+            floor) CPU_PIDS=$FLOOR_PID run_wrk face floor "$2" "$3" "$FLOOR_URL" ;;
+            floor2) CPU_PIDS=$PINNED_PID run_wrk face floor2 "$2" "$3" "$PINNED_URL" ;;
+            raw)
+                if [ -n "${PERF:-}" ] && [ "$2" = 32 ] && [ "$3" = 1 ]; then
                     perf record -q ${PERF_ARGS:--g} -o "$WORK/raw.data" -p "$RAW_PID" \
                         -- sleep "$DUR" >/dev/null 2>&1 &
                     RAW_PERF=$!
                 fi
-                CPU_PIDS=$RAW_PID run_wrk face raw "$c" "$r" "$RAW_URL"
+                CPU_PIDS=$RAW_PID run_wrk face raw "$2" "$3" "$RAW_URL"
                 if [ -n "${RAW_PERF:-}" ]; then
                     wait "$RAW_PERF" || true
                     RAW_PERF=""
                 fi
-            fi
-            if [ -n "${STRACE:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
-                strace -c -f -o "$WORK/face.strace" -p "${NODE_PID[solo]}" >/dev/null 2>&1 &
-                STRACE_PID=$!
-            fi
-            if [ -n "${PERF:-}" ] && [ "$c" = 32 ] && [ "$r" = 1 ]; then
-                perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \
-                    -- sleep "$DUR" >/dev/null 2>&1 &
-                PERF_PID=$!
-            fi
-            # Of two nodes measured back to back, the second did better on
-            # the benchmark box in every A/B (docs/benchmarks/proxy.md,
-            # fifth round): pair-alt goes first in even runs (use an even
-            # RUNS for an A/B).
-            if [ -n "${ALT_URL:-}" ] && ((r % 2 == 0)); then
-                CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
-            fi
-            CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$c" "$r" "$SOLO_URL"
-            if [ -n "${ALT_URL:-}" ] && ((r % 2 == 1)); then
-                CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$c" "$r" "$ALT_URL"
-            fi
-            if [ -n "${STRACE_PID:-}" ]; then
-                kill -INT "$STRACE_PID" 2>/dev/null || true
-                wait "$STRACE_PID" 2>/dev/null || true
-                log "strace summary: $WORK/face.strace"
-                STRACE_PID=""
-            fi
-            if [ -n "${PERF_PID:-}" ]; then
-                wait "$PERF_PID" || true
-                perf report -i "$WORK/face.data" --no-children --percent-limit 0.7 \
-                    --stdio -g none >"$WORK/face.perf" 2>/dev/null || true
-                log "perf report: $WORK/face.perf"
-                PERF_PID=""
-            fi
+                ;;
+            pair)
+                if [ -n "${STRACE:-}" ] && [ "$2" = 32 ] && [ "$3" = 1 ]; then
+                    strace -c -f -o "$WORK/face.strace" -p "${NODE_PID[solo]}" >/dev/null 2>&1 &
+                    STRACE_PID=$!
+                fi
+                if [ -n "${PERF:-}" ] && [ "$2" = 32 ] && [ "$3" = 1 ]; then
+                    perf record -q ${PERF_ARGS:--g} -o "$WORK/face.data" -p "${NODE_PID[solo]}" \
+                        -- sleep "$DUR" >/dev/null 2>&1 &
+                    PERF_PID=$!
+                fi
+                CPU_PIDS=${NODE_PID[solo]} run_wrk face pair "$2" "$3" "$SOLO_URL"
+                if [ -n "${STRACE_PID:-}" ]; then
+                    kill -INT "$STRACE_PID" 2>/dev/null || true
+                    wait "$STRACE_PID" 2>/dev/null || true
+                    log "strace summary: $WORK/face.strace"
+                    STRACE_PID=""
+                fi
+                if [ -n "${PERF_PID:-}" ]; then
+                    wait "$PERF_PID" || true
+                    perf report -i "$WORK/face.data" --no-children --percent-limit 0.7 \
+                        --stdio -g none >"$WORK/face.perf" 2>/dev/null || true
+                    log "perf report: $WORK/face.perf"
+                    PERF_PID=""
+                fi
+                ;;
+            pair-alt) CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$2" "$3" "$ALT_URL" ;;
+        esac
+    }
+    for ((r = 1; r <= RUNS; r++)); do
+        for c in 1 32; do
+            n=${#VARIANTS[@]}
+            for ((i = 0; i < n; i++)); do
+                face_variant "${VARIANTS[(i + r) % n]}" "$c" "$r"
+            done
         done
     done
     SOLO_AFTER_KB=$(rss_kb "${NODE_PID[solo]}")
