@@ -3,7 +3,8 @@
 # alternating wrk runs against a node of each, CPU time per request (from
 # /proc, all threads), req/s and p99 per run, then the medians. Alternating
 # short runs keep both builds under the same (noisy) machine state, which
-# makes a few-µs difference visible where separate runs hide it.
+# makes a few-µs difference visible where separate runs hide it; which build
+# goes first swaps every round. Use an even ROUNDS.
 #
 # Usage: scripts/bench/ab.sh BIN_A BIN_B ENGINE_URL [ROUNDS=8] [CONC=32] [DUR=3]
 #   ENGINE_URL: an openai-compat engine answering POST /v1/chat/completions
@@ -55,8 +56,16 @@ EOF
 }
 : >"$WORK/rows"
 for r in $(seq "$ROUNDS"); do
-    ra=$(run "${PIDS[0]}" "$URL_A")
-    rb=$(run "${PIDS[1]}" "$URL_B")
+    # The second of two runs back to back does better on a busy box
+    # (docs/benchmarks/proxy.md, fifth round): each build goes first in
+    # every other round.
+    if ((r % 2)); then
+        ra=$(run "${PIDS[0]}" "$URL_A")
+        rb=$(run "${PIDS[1]}" "$URL_B")
+    else
+        rb=$(run "${PIDS[1]}" "$URL_B")
+        ra=$(run "${PIDS[0]}" "$URL_A")
+    fi
     echo "$ra $rb" >>"$WORK/rows"
     echo "round $r  A: ${ra// / }  B: ${rb// / }   (cpu_us rps p99_us)"
 done

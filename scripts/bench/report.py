@@ -1,4 +1,6 @@
-import collections, math, os, statistics
+import collections, os, statistics
+
+from stats import median_interval
 
 env = os.environ
 sections = env["SECTIONS"].split(",")
@@ -22,21 +24,6 @@ def paired_runs(conc, key, f):
     by_run = lambda v: {r["run"]: r[key] for r in rows[("face", v, conc)]}
     ours, ngx = by_run("pair"), by_run("nginx")
     return [f(ours[r], ngx[r]) for r in sorted(ours) if r in ngx]
-
-def median_interval(xs, level=0.95):
-    """The distribution-free interval for a median (sign test): the k-th
-    smallest and k-th largest of n values, k the largest with
-    P(Binomial(n, 1/2) < k) <= (1 - level) / 2. None when n is too small."""
-    n, tail, k, cum = len(xs), (1 - level) / 2, 0, 0.0
-    while True:
-        cum += math.comb(n, k) / 2**n
-        if cum > tail:
-            break
-        k += 1
-    if k == 0:
-        return None
-    s = sorted(xs)
-    return s[k - 1], s[n - k]
 
 def interval(xs, unit, digits):
     iv = median_interval(xs)

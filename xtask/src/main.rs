@@ -88,6 +88,20 @@ fn ci(root: &Path) -> Result<()> {
         &["deny", "check", "bans", "licenses", "sources"],
     )?;
     tidy::run(root)?;
+    // The bench reports' statistics (scripts/bench/stats.py).
+    run(
+        root,
+        "python3",
+        &[
+            "-m",
+            "unittest",
+            "discover",
+            "-s",
+            "scripts/bench",
+            "-p",
+            "test_*.py",
+        ],
+    )?;
     run(
         root,
         "cargo",
