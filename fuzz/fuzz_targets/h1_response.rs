@@ -33,9 +33,10 @@ fuzz_target!(|input: &[u8]| {
         check_head(data, head, &rest, head_request);
     }
     if let Ok(None) = &whole {
+        // Interim answers are taken off; nothing else is, nor changed.
         assert!(
-            rest.len() <= data.len(),
-            "an incomplete head grew the buffer"
+            data.ends_with(&rest),
+            "an incomplete head changed the buffer"
         );
     }
     let cut = usize::from(pick >> 1) * data.len() / 127;
