@@ -41,12 +41,11 @@ for u in "$URL_A" "$URL_B"; do
     [ "$code" = 200 ] || { echo "no 200 from $u" >&2; exit 1; }
     wrk -t2 -c"$CONC" -d1s -s "$HERE/post.lua" "$u" >/dev/null
 done
-ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 run() { # pid url -> "cpu_us rps p99_us"
     local c0 c1 out
-    c0=$(ticks "$1")
+    c0=$(cpu_ticks "$1")
     out=$(wrk -t2 -c"$CONC" -d"${DUR}s" -s "$HERE/post.lua" "$2" | grep '^RESULT')
-    c1=$(ticks "$1")
+    c1=$(cpu_ticks "$1")
     python3 - "$c0" "$c1" "$(getconf CLK_TCK)" "$out" <<'EOF'
 import sys
 c0, c1, hz, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -1,7 +1,8 @@
 # scripts/bench/engine.sh — sourced by the bench scripts: the nginx
-# configuration they share, and the benchmark engine alone (nginx answering
+# configuration they share, the benchmark engine alone (nginx answering
 # a fixed small chat completion, and what pair-node's openai-compat poller
-# reads) for the scripts that need only it.
+# reads) for the scripts that need only it, and the /proc readings they
+# take of the processes they measure.
 
 # The benchmark engine's answer: a small non-streamed chat completion.
 BENCH_CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
@@ -41,13 +42,13 @@ engine_poller_locations() {
 CONF
 }
 
-# start_bench_engine PORT DIR: the engine on 127.0.0.1:PORT, one worker.
-# Sets ENGINE_PID.
+# start_bench_engine PORT DIR [WORKERS]: the engine on 127.0.0.1:PORT, one
+# worker unless told. Sets ENGINE_PID.
 start_bench_engine() {
     local port=$1 dir=$2
     mkdir -p "$dir/nginx-tmp"
     {
-        nginx_preamble engine "$dir" 1
+        nginx_preamble engine "$dir" "${3:-1}"
         cat <<CONF
     default_type application/json;
     server {
@@ -87,4 +88,38 @@ wait_chat() {
     done
     echo "nothing answers on 127.0.0.1:$1" >&2
     return 1
+}
+
+# cpu_times PID...: user and system CPU time (all threads) of the given
+# processes, in clock ticks (getconf CLK_TCK a second).
+cpu_times() {
+    local pid u=0 s=0 a b
+    for pid in "$@"; do
+        # Fields 14 and 15 of /proc/PID/stat; the name (field 2) may hold spaces.
+        read -r a b < <(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12, $13}')
+        u=$((u + a)) s=$((s + b))
+    done
+    echo "$u $s"
+}
+
+# cpu_ticks PID...: their user plus system time, in clock ticks.
+cpu_ticks() {
+    local u s
+    read -r u s < <(cpu_times "$@")
+    echo $((u + s))
+}
+
+# switch_counts PID...: voluntary and involuntary context switches (all
+# threads) of the given processes.
+switch_counts() {
+    local pid
+    for pid in "$@"; do cat /proc/"$pid"/task/*/status 2>/dev/null; done |
+        awk '/^voluntary_ctxt/ {v += $2} /^nonvoluntary_ctxt/ {n += $2} END {print v + 0, n + 0}'
+}
+
+# ctx_switches PID...: all their context switches.
+ctx_switches() {
+    local v n
+    read -r v n < <(switch_counts "$@")
+    echo $((v + n))
 }

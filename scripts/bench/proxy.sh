@@ -210,25 +210,7 @@ wait_routable() { # url [header...]: until the node routes "bench" (inventory po
     die "no 200 from $1 within 30 s"
 }
 
-# CPU time (utime + stime, all threads) of the given processes, in clock ticks.
-cpu_ticks() {
-    local pid t=0
-    for pid in "$@"; do
-        # Fields 14 and 15 of /proc/PID/stat; the name (field 2) may hold spaces.
-        t=$((t + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
-    done
-    echo "$t"
-}
 CLK_TCK=$(getconf CLK_TCK)
-# Context switches (voluntary + involuntary, all threads) of the given processes.
-ctx_switches() {
-    local pid t=0
-    for pid in "$@"; do
-        t=$((t + $(cat /proc/"$pid"/task/*/status 2>/dev/null |
-            awk '/ctxt_switches/ {n += $2} END {print n + 0}')))
-    done
-    echo "$t"
-}
 # run_wrk SECTION VARIANT CONC RUN URL [PIN] [MODE]
 # $CPU_PIDS (optional): the proxy's processes, for CPU time per request.
 run_wrk() {
