@@ -1,6 +1,7 @@
 //! What a request's end-of-answer bookkeeping costs (the load counters,
 //! the route's three histograms, the request counter, the job record),
-//! and its ranking (the scheduler, which every request also shares), on
+//! and its ranking (on the scheduler, which every request shared until
+//! each loop got its own copy), on
 //! one event loop, and on two event loops doing it at the same time: the
 //! difference is the cost of the state both write (locks and counters
 //! whose cache lines move between the cores). Back to back, so an upper
@@ -113,7 +114,7 @@ fn job_record(s: &Shared, n: u64) {
     s.state.jobs.record(record(n));
 }
 
-/// Not bookkeeping, but the other state a request shares: the scheduler.
+/// Not bookkeeping, but the other state a request shared: the scheduler.
 fn rank(s: &Shared, _: u64) {
     let cluster = s.state.cluster();
     black_box(s.state.rank(&cluster, &s.request, 1_100));

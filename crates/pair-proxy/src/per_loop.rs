@@ -3,9 +3,8 @@
 //! on every request moves between their cores each time, which made a
 //! request's bookkeeping cost five times as much on two loops as on one
 //! (1.19 µs against 0.23, bench `bookkeeping`, docs/benchmarks/proxy.md
-//! "Ninth round"). Each
-//! loop writes its own slot; readers (the `/metrics` scrape, the Jobs
-//! view, ranking) add the slots up.
+//! "Ninth round"). Each loop writes its own slot; readers (the `/metrics`
+//! scrape, the Jobs view, ranking) add the slots up.
 //!
 //! A slot is picked by [`crate::loops::current`], so threads outside the
 //! extra loops (the node's own runtime, tests) share slot 0: slots hold

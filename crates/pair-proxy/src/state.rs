@@ -491,7 +491,7 @@ pub(crate) mod tests {
         let (a, b) = (a.await.unwrap(), b.await.unwrap());
         assert_eq!((a.len(), b.len()), (100, 100));
         let all = copies(&st);
-        assert!(all.len() == crate::per_loop::slots());
+        assert_eq!(all.len(), crate::per_loop::slots());
         assert!(all.iter().all(|c| *c == (200, 200, Some(peer))), "{all:?}");
         // Each loop's reservations released from the other loop.
         let release_on = |i: usize, ids: Vec<ReservationId>| {
