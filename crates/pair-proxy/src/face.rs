@@ -118,6 +118,10 @@ async fn log_end(peer: SocketAddr, conn: impl Future<Output = Result<(), &'stati
 struct FaceService {
     fs: FaceState,
     app: Router,
+    /// This connection's own handle on the node state, which its answers
+    /// hold until they end (see [`forward::StateRef`]); made per
+    /// connection by [`FaceService::for_connection`].
+    st: forward::StateRef,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceService {
@@ -160,13 +164,14 @@ impl face_conn::Answer for FaceService {
             headers: Headers::Raw(req.headers),
         };
         Either::Left(forward::execute(
-            &self.fs.st,
+            &self.st,
             Inference {
                 head,
                 body: req.body,
                 flavor,
                 work,
                 route,
+                received: req.received,
             },
             deadline,
         ))
@@ -182,6 +187,16 @@ impl face_conn::Answer for FaceService {
 }
 
 impl FaceService {
+    /// A copy for one connection, with a handle on the node state of its
+    /// own.
+    fn for_connection(&self) -> Self {
+        Self {
+            fs: self.fs.clone(),
+            app: self.app.clone(),
+            st: Arc::new(Arc::clone(&self.fs.st)),
+        }
+    }
+
     /// Everything but inference (listings, the UI, the control API, the
     /// engine's own routes): the face's router, with a header map.
     async fn answer_app(&self, req: Whole) -> Reply {
@@ -223,6 +238,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = router(Arc::clone(&st), face, control);
     let local = FaceService {
+        st: Arc::new(Arc::clone(&st)),
         fs: FaceState { st, face },
         app,
     };
@@ -233,6 +249,8 @@ pub async fn serve(
         if is_local(peer) {
             let svc = local.clone();
             loops.spawn(&conns, tcp, move |tcp| {
+                // Made on the connection's own loop.
+                let svc = svc.for_connection();
                 log_end(peer, face_conn::serve(tcp, svc, shutdown))
             });
         } else {
@@ -310,13 +328,14 @@ async fn serve_whole(
             route,
         } => {
             forward::execute(
-                st,
+                &Arc::new(Arc::clone(st)),
                 Inference {
                     head,
                     body,
                     flavor,
                     work,
                     route,
+                    received: tokio::time::Instant::now(),
                 },
                 deadline,
             )

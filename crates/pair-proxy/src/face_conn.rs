@@ -62,6 +62,8 @@ pub(crate) struct Whole {
     pub target: PathAndQuery,
     pub headers: h1::Fields,
     pub body: Bytes,
+    /// When its last byte was read.
+    pub received: tokio::time::Instant,
 }
 
 /// What answers a face connection's requests.
@@ -172,17 +174,17 @@ async fn run<A: Answer>(
                 return Err("client closed before its body's end");
             }
         }
+        let received = tokio::time::Instant::now();
         let req = Whole {
             method: head.method,
             target,
             headers: head.headers,
             body: buf.split_to(len).freeze(),
+            received,
         };
         // A client that hangs up cancels its request (as with hyper): the
         // engine slot, the reservation and the load it counts are freed.
-        grace
-            .as_mut()
-            .reset(tokio::time::Instant::now() + WATCH_GRACE);
+        grace.as_mut().reset(received + WATCH_GRACE);
         // Pinned here and lent: the answer's state machine (the whole
         // request path) is not moved again into the watch.
         let answer = std::pin::pin!(svc.answer(req, deadline.as_mut()));

@@ -31,7 +31,7 @@ use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteSlot};
 use crate::reply::{self, Receipt, Reply};
 use crate::route::Work;
-use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, now_ms};
+use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, now_ms, unix_ms_at};
 use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
@@ -74,15 +74,25 @@ pub struct Inference {
     pub flavor: ApiFlavor,
     pub work: Work,
     pub route: &'static str,
+    /// When the request was read whole (its time to first byte and
+    /// duration count from here).
+    pub received: Instant,
 }
+
+/// The node state as a request's answer holds it until it ends: an `Arc`
+/// of one connection's own (or one request's), so taking and dropping one
+/// per request writes a reference count only that connection's loop
+/// writes, not the node state's own, which every loop would write twice
+/// per request (a cache line moving between their cores each time).
+pub type StateRef = Arc<Arc<ProxyState>>;
 
 /// Routes one inference request through the cluster. `deadline` is the
 /// timer each attempt's first-byte deadline is set on: a face connection
 /// lends its own, so a request moves an armed timer forward instead of
 /// putting one into tokio's timer wheel and taking it out again.
-pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mut Sleep>) -> Reply {
-    let created_at_ms = now_ms();
-    let t0 = Instant::now();
+pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep>) -> Reply {
+    let t0 = req.received;
+    let created_at_ms = unix_ms_at(t0);
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
         Err(e) => {
@@ -98,7 +108,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         }
     };
     let cluster = st.cluster();
-    let profile = profile_for(facts, &req, &cluster);
+    let mut profile = profile_for(facts, &req, &cluster);
     let ranking = st.rank(&cluster, &profile, created_at_ms);
     if ranking.is_empty() {
         st.metrics.count_request(req.route, 502, "none");
@@ -210,7 +220,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         let peer_name = (node != st.node.id).then(|| name_of(node));
         st.bind_session(&profile, node);
         let ttft = t0.elapsed();
-        let mut record = new_record(job, &req, &profile, st.node.id, created_at_ms);
+        // The profile's last use: its model moves into the record.
+        let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
         record.ran_on = Some(node);
         record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
         record.http_status = Some(status.as_u16());
@@ -259,7 +270,8 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         StatusCode::BAD_GATEWAY
     };
     st.metrics.count_request(req.route, status.as_u16(), "none");
-    let mut record = new_record(job, &req, &profile, st.node.id, created_at_ms);
+    let model = profile.model.clone();
+    let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
     record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
     record.status = JobStatus::Failed;
     record.http_status = Some(status.as_u16());
@@ -276,7 +288,7 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
         "all_attempts_failed",
         &format!(
             "every node that serves '{}' failed before answering: {}",
-            profile.model,
+            model,
             tried.join(", ")
         ),
         Some(json!({ "attempts": attempts, "job": job })),
@@ -286,17 +298,18 @@ pub async fn execute(st: &Arc<ProxyState>, req: Inference, mut deadline: Pin<&mu
     resp.into()
 }
 
-/// A job record with what is known before any attempt.
+/// A job record with what is known before any attempt; the profile's
+/// model moves into it (the profile is not read after).
 fn new_record(
     id: JobId,
     req: &Inference,
-    profile: &RequestProfile,
+    profile: &mut RequestProfile,
     origin: NodeId,
     created_at_ms: u64,
 ) -> JobRecord {
     JobRecord {
         id,
-        model: profile.model.clone(),
+        model: std::mem::take(&mut profile.model),
         flavor: req.flavor,
         route: req.route.into(),
         streaming: profile.streaming,
@@ -418,7 +431,7 @@ fn millis(d: Duration) -> u32 {
 
 /// Finishes the job record when the answer ends, however it ends.
 struct JobWatcher {
-    st: Arc<ProxyState>,
+    st: StateRef,
     /// Taken by `finish` (called once).
     record: Option<JobRecord>,
     route: &'static str,

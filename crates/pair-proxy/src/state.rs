@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use http::uri::Authority;
@@ -418,9 +418,62 @@ pub fn now_ms() -> u64 {
     pair_core::unix_ms(SystemTime::now())
 }
 
+/// The wall clock, in Unix milliseconds, at `at` (an instant just taken):
+/// the wall clock is read once a second per thread and `at` placed
+/// against that reading, so a request stamps its job with the instant it
+/// already took instead of reading a second clock. Within a millisecond
+/// of [`now_ms`] (the monotonic clock does not drift from the wall clock
+/// by that much in a second); a wall clock that is set shows within a
+/// second.
+pub fn unix_ms_at(at: tokio::time::Instant) -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static READ: Cell<Option<(tokio::time::Instant, u64)>> = const { Cell::new(None) };
+    }
+    READ.with(|read| {
+        if let Some((base, ms)) = read.get()
+            && let Some(since) = at.checked_duration_since(base)
+            && since < Duration::from_secs(1)
+        {
+            return ms + since.as_millis() as u64;
+        }
+        let ms = now_ms();
+        read.set(Some((at, ms)));
+        ms
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A job's wall-clock stamp placed from its instant agrees with the
+    /// wall clock, and instants later in the same second are placed by
+    /// how much later they are.
+    #[test]
+    fn stamps_from_instants_follow_the_wall_clock() {
+        let before = now_ms();
+        let at = tokio::time::Instant::now();
+        let stamp = unix_ms_at(at);
+        let after = now_ms();
+        // (Within the millisecond a placed stamp may lose to truncation.)
+        assert!(
+            (before - 1..=after).contains(&stamp),
+            "{before} <= {stamp} <= {after}"
+        );
+        // The same reading places an instant 400 ms on at 400 ms on.
+        let later = unix_ms_at(at + Duration::from_millis(400));
+        assert!(
+            (399..=401).contains(&(later - stamp)),
+            "{stamp} then {later}"
+        );
+        // Past a second from the reading, the wall clock is read again.
+        let fresh = unix_ms_at(at + Duration::from_secs(5));
+        assert!(
+            fresh >= after && fresh <= now_ms(),
+            "{fresh} is not a fresh reading"
+        );
+    }
 
     /// A completed job of 200 prompt tokens in 100 ms and 50 more tokens
     /// in the next second, run on node `ran_on`.
