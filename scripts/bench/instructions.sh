@@ -6,9 +6,13 @@
 # connection tasks' own instructions per request (the steadier figure: the
 # total's start-up share depends on how many requests the run got
 # through); both steadier than wall time on a noisy box. The profile is
-# kept for callgrind_annotate.
-# Usage: scripts/bench/instructions.sh [PAIR_NODE] (default target/release/pair-node)
+# kept for callgrind_annotate. `nginx` in place of a binary measures nginx
+# as the reverse proxy instead (proxy.sh's configuration, one worker, no
+# master process), for the same figures side by side.
+# Usage: scripts/bench/instructions.sh [PAIR_NODE|nginx] (default target/release/pair-node)
 # Env:   DUR=20  OUT=<callgrind output file> (default /tmp/pair-callgrind.out)
+#        CACHE=1 (simulate the caches too: instruction and data L1 misses
+#        per request, start-up included)
 # Needs: valgrind, nginx, wrk, curl, python3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,10 +26,37 @@ trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$WORK"' E
 read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
 start_bench_engine "$P_ENGINE" "$WORK"
 PIDS+=("$ENGINE_PID")
-valgrind --tool=callgrind --callgrind-out-file="$OUT" "$NODE" run --state-dir "$WORK/node" \
-    --name instr --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
-    --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
-    --mdns off --threads 1 >"$WORK/node.log" 2>&1 &
+VG=(valgrind --tool=callgrind --callgrind-out-file="$OUT")
+[ -n "${CACHE:-}" ] && VG+=(--cache-sim=yes)
+if [ "$NODE" = nginx ]; then
+    {
+        nginx_preamble proxy "$WORK" 1 | sed 's/^master_process on;/master_process off;/'
+        cat <<CONF
+    upstream engine {
+        server 127.0.0.1:$P_ENGINE;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$P_OPENAI;
+        location / {
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+CONF
+    } >"$WORK/proxy.conf"
+    "${VG[@]}" "${NGINX:-nginx}" -c "$WORK/proxy.conf" -p "$WORK" -e "$WORK/proxy-error.log" \
+        >"$WORK/node.log" 2>&1 &
+else
+    "${VG[@]}" "$NODE" run --state-dir "$WORK/node" \
+        --name instr --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
+        --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
+        --mdns off --threads 1 >"$WORK/node.log" 2>&1 &
+fi
 NODE_PID=$!
 PIDS+=("$NODE_PID")
 wait_chat "$P_OPENAI"
@@ -41,5 +72,14 @@ total=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",",
 # count of the task's outermost future.
 face=$(callgrind_annotate --inclusive=yes "$OUT" 2>/dev/null |
     awk '/pair_proxy::face::log_end/ {gsub(",", "", $1); if ($1 + 0 > m) m = $1 + 0} END {print m + 0}')
+misses=""
+if [ -n "${CACHE:-}" ]; then
+    # Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw: the L1 misses per request.
+    misses=$(callgrind_annotate "$OUT" 2>/dev/null | awk -v n="$requests" '/PROGRAM TOTALS/ {
+        for (i = 1; i <= 17; i += 2) { v[i] = $i; gsub(",", "", v[i]) }
+        printf "i1_misses=%d d1_read_misses=%d d1_write_misses=%d ", v[7] / n, v[9] / n, v[11] / n }')
+fi
+tasks=""
+[ "$NODE" = nginx ] || tasks="face_tasks_per_request=$((face / requests)) "
 echo "requests=$requests instructions=$total per_request=$((total / requests))" \
-    "face_tasks_per_request=$((face / requests)) profile=$OUT"
+    "$tasks${misses}profile=$OUT"

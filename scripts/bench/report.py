@@ -19,10 +19,10 @@ def optional(section, variant, conc, key, digits):
     vals = [r[key] for r in rows[(section, variant, conc)] if key in r]
     return f"{statistics.median(vals):.{digits}f}" if vals else "—"
 
-def paired_runs(conc, key, f):
-    """f(pair, nginx) for each run that measured both, in run order."""
+def paired_runs(conc, key, f, variant="pair"):
+    """f(variant, nginx) for each run that measured both, in run order."""
     by_run = lambda v: {r["run"]: r[key] for r in rows[("face", v, conc)]}
-    ours, ngx = by_run("pair"), by_run("nginx")
+    ours, ngx = by_run(variant), by_run("nginx")
     return [f(ours[r], ngx[r]) for r in sorted(ours) if r in ngx]
 
 def interval(xs, unit, digits):
@@ -71,6 +71,15 @@ if "face" in sections:
           f"{sum(d <= 0 for d in p50)} of {len(p50)} |")
         w(f"| {c} | pair req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
           f"{sum(x >= 1 for x in rps)} of {len(rps)} |")
+        if rows[("face", "pair-alt", c)]:
+            # The second node (ALT_BIN / ALT_ARGS), against nginx the same way;
+            # the targets below stay pair's.
+            p50 = paired_runs(c, "p50_us", lambda p, n: p - n, "pair-alt")
+            rps = paired_runs(c, "rps", lambda p, n: p / n, "pair-alt")
+            w(f"| {c} | pair-alt p50 − nginx p50 | {statistics.median(p50):.0f} µs | {interval(p50, ' µs', 0)} | "
+              f"{sum(d <= 0 for d in p50)} of {len(p50)} |")
+            w(f"| {c} | pair-alt req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
+              f"{sum(x >= 1 for x in rps)} of {len(rps)} |")
     for c in (1, 32):
         d = med("face", "direct", c, "p50_us")
         ours = med("face", "pair", c, "p50_us") - d

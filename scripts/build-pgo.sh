@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# scripts/build-pgo.sh — a profile-guided (PGO) release build of pair-node:
+# an instrumented build serves a training load through its OpenAI face
+# (the benchmark engine of scripts/bench/engine.sh: nginx answering a
+# small chat completion), LLVM merges the counts, and a second build lays
+# the code out by them (hot paths together, cold code apart), which cuts
+# the instruction-cache misses the request path takes
+# (docs/benchmarks/proxy.md, "Eleventh round").
+#
+# Two training loads (TRAIN):
+#   demo  (default) `pair-node demo --nodes 2` on free loopback ports, its
+#         emulated engines answering: streamed and whole chats on both
+#         faces, Ollama generate, listings, requests that go to the other
+#         node over mTLS. Not the benchmark's request, so what it gains
+#         there is no fit to the benchmark.
+#   bench the face benchmark's own request (non-streamed chat completions
+#         through the OpenAI face to the benchmark engine, c=32 and c=1)
+#         plus listings: the best case for that path.
+#
+# Usage: scripts/build-pgo.sh         prints the optimised binary's path
+# Env:   PGO_DIR=<work dir> (default target/pgo)  TRAIN=demo|bench
+#        TRAIN_SECONDS=8
+# Needs: llvm-profdata of rustc's LLVM major version (apt: llvm-NN,
+#        installed if missing), nginx, wrk, curl.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/engine.sh
+source "$ROOT/scripts/bench/engine.sh"
+DIR=${PGO_DIR:-$ROOT/target/pgo}
+SECONDS_EACH=${TRAIN_SECONDS:-8}
+log() { printf '[pgo %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+llvm=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+PROFDATA=$(command -v "llvm-profdata-$llvm" || true)
+if [ -z "$PROFDATA" ]; then
+    log "installing llvm-$llvm (llvm-profdata for rustc's LLVM $llvm)"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "llvm-$llvm" >/dev/null
+    PROFDATA=$(command -v "llvm-profdata-$llvm")
+fi
+for t in nginx wrk curl; do
+    command -v "$t" >/dev/null || { log "needs $t"; exit 64; }
+done
+
+RAW=$DIR/raw
+rm -rf "$RAW"
+mkdir -p "$RAW"
+log "instrumented build"
+(cd "$ROOT" && CARGO_TARGET_DIR=$DIR/gen RUSTFLAGS="-Cprofile-generate=$RAW" \
+    cargo build --release -p pair-node)
+
+WORK=$(mktemp -d /tmp/pair-pgo.XXXXXX)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
+OLLAMA=http://127.0.0.1:$P_OLLAMA
+OPENAI=http://127.0.0.1:$P_OPENAI
+load() { # CONNECTIONS SECONDS URL [BODY]: wrk POSTs BODY (post.lua's default chat if none)
+    BENCH_BODY=${4:-} wrk -t1 -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" | grep RESULT >&2
+}
+case ${TRAIN:-demo} in
+demo)
+    "$DIR/gen/release/pair-node" demo --nodes 2 --ollama-face "127.0.0.1:$P_OLLAMA" \
+        --openai-face "127.0.0.1:$P_OPENAI" >"$WORK/node.log" 2>&1 &
+    NODE=$!
+    PIDS+=("$NODE")
+    for _ in $(seq 100); do
+        curl -sf "$OPENAI/v1/models" | grep -q llama3.2 && break
+        sleep 0.2
+    done
+    log "training (demo cluster): chats, streamed and whole, on both faces; generate; listings"
+    chat='{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16'
+    load 16 "$SECONDS_EACH" "$OPENAI/v1/chat/completions" "$chat}"
+    load 16 "$SECONDS_EACH" "$OPENAI/v1/chat/completions" "$chat,\"stream\":true}"
+    load 16 "$SECONDS_EACH" "$OLLAMA/api/chat" \
+        '{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"options":{"num_predict":16}}'
+    load 8 "$((SECONDS_EACH / 2 + 1))" "$OLLAMA/api/generate" \
+        '{"model":"qwen2.5:7b","prompt":"Say hello.","stream":false,"options":{"num_predict":16}}'
+    ;;
+bench)
+    start_bench_engine "$P_ENGINE" "$WORK" 2
+    PIDS+=("$ENGINE_PID")
+    "$DIR/gen/release/pair-node" run --state-dir "$WORK/node" --name pgo \
+        --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
+        --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
+        --mdns off >"$WORK/node.log" 2>&1 &
+    NODE=$!
+    PIDS+=("$NODE")
+    wait_chat "$P_OPENAI"
+    log "training (benchmark engine): chat completions at c=32 and c=1, listings"
+    BENCH_BODY="" wrk -t2 -c32 -d"${SECONDS_EACH}s" -s "$ROOT/scripts/bench/post.lua" \
+        "$OPENAI/v1/chat/completions" | grep RESULT >&2
+    load 1 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions"
+    ;;
+*)
+    log "TRAIN is demo or bench"
+    exit 64
+    ;;
+esac
+wrk -t1 -c4 -d2s "$OPENAI/v1/models" >/dev/null
+wrk -t1 -c4 -d2s "$OLLAMA/api/tags" >/dev/null
+# The counts are written at a clean exit.
+kill -INT "$NODE"
+wait "$NODE" || true
+"$PROFDATA" merge -o "$DIR/merged.profdata" "$RAW"
+# Named by its content: cargo rebuilds when RUSTFLAGS change, not when a
+# file they name does.
+sum=$(sha256sum "$DIR/merged.profdata" | cut -c1-16)
+mv "$DIR/merged.profdata" "$DIR/merged-$sum.profdata"
+
+log "optimised build ($DIR/merged-$sum.profdata)"
+(cd "$ROOT" && CARGO_TARGET_DIR=$DIR/use RUSTFLAGS="-Cprofile-use=$DIR/merged-$sum.profdata" \
+    cargo build --release -p pair-node)
+echo "$DIR/use/release/pair-node"
