@@ -8,14 +8,17 @@
 # (docs/benchmarks/proxy.md, "Eleventh round").
 #
 # Two training loads (TRAIN):
-#   demo  (default) `pair-node demo --nodes 2` on free loopback ports, its
-#         emulated engines answering: streamed and whole chats on both
-#         faces, Ollama generate, listings, requests that go to the other
-#         node over mTLS. Not the benchmark's request, so what it gains
-#         there is no fit to the benchmark.
-#   bench the face benchmark's own request (non-streamed chat completions
-#         through the OpenAI face to the benchmark engine, c=32 and c=1)
-#         plus listings: the best case for that path.
+#   bench (default) a node in front of a fast engine, the work a node's
+#         proxy does in production whatever engine is behind it: the
+#         benchmark engine of scripts/bench/engine.sh answering chat
+#         completions through the OpenAI face, whole (the face benchmark's
+#         own request, c=32 and c=1) and streamed (SSE, c=8), and listings.
+#   demo  `pair-node demo --nodes 2` on free loopback ports, its emulated
+#         engines answering: streamed and whole chats on both faces,
+#         Ollama generate, listings, requests that go to the other node
+#         over mTLS. Never the benchmark's request, so what it gains there
+#         is no fit to the benchmark (docs/benchmarks/proxy.md compares
+#         the two); its emulators' own code is no node's production work.
 #
 # Usage: scripts/build-pgo.sh         prints the optimised binary's path
 # Env:   PGO_DIR=<work dir> (default target/pgo)  TRAIN=demo|bench
@@ -55,10 +58,11 @@ trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
 OLLAMA=http://127.0.0.1:$P_OLLAMA
 OPENAI=http://127.0.0.1:$P_OPENAI
-load() { # CONNECTIONS SECONDS URL [BODY]: wrk POSTs BODY (post.lua's default chat if none)
-    BENCH_BODY=${4:-} wrk -t1 -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" | grep RESULT >&2
+load() { # CONNECTIONS SECONDS URL [BODY]: wrk POSTs BODY (post.lua's chat if none)
+    BENCH_BODY=${4:-} wrk -t1 -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" |
+        grep RESULT | tee -a "$WORK/results" >&2
 }
-case ${TRAIN:-demo} in
+case ${TRAIN:-bench} in
 demo)
     "$DIR/gen/release/pair-node" demo --nodes 2 --ollama-face "127.0.0.1:$P_OLLAMA" \
         --openai-face "127.0.0.1:$P_OPENAI" >"$WORK/node.log" 2>&1 &
@@ -67,6 +71,18 @@ demo)
     for _ in $(seq 100); do
         curl -sf "$OPENAI/v1/models" | grep -q llama3.2 && break
         sleep 0.2
+    done
+    # Each model answers once first (the nodes' inventories take a moment
+    # to reach the snapshot, and a cold model loads): a load of quick
+    # refusals would teach the wrong path.
+    for model in llama3.2:3b qwen2.5:7b; do
+        for _ in $(seq 100); do
+            code=$(curl -s -m 60 -o /dev/null -w '%{http_code}' "$OLLAMA/api/generate" \
+                -d "{\"model\":\"$model\",\"prompt\":\"hi\",\"stream\":false,\"options\":{\"num_predict\":1}}" || true)
+            [ "$code" = 200 ] && break
+            sleep 0.3
+        done
+        [ "$code" = 200 ] || { log "the demo cluster never served $model"; exit 1; }
     done
     log "training (demo cluster): chats, streamed and whole, on both faces; generate; listings"
     chat='{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16'
@@ -87,10 +103,12 @@ bench)
     NODE=$!
     PIDS+=("$NODE")
     wait_chat "$P_OPENAI"
-    log "training (benchmark engine): chat completions at c=32 and c=1, listings"
-    BENCH_BODY="" wrk -t2 -c32 -d"${SECONDS_EACH}s" -s "$ROOT/scripts/bench/post.lua" \
-        "$OPENAI/v1/chat/completions" | grep RESULT >&2
+    log "training (benchmark engine): chat completions, whole at c=32 and c=1, streamed; listings"
+    wrk -t2 -c32 -d"${SECONDS_EACH}s" -s "$ROOT/scripts/bench/post.lua" \
+        "$OPENAI/v1/chat/completions" | grep RESULT | tee -a "$WORK/results" >&2
     load 1 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions"
+    BENCH_MODE=stream load 8 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions" \
+        '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"stream":true}'
     ;;
 *)
     log "TRAIN is demo or bench"
@@ -99,6 +117,11 @@ bench)
 esac
 wrk -t1 -c4 -d2s "$OPENAI/v1/models" >/dev/null
 wrk -t1 -c4 -d2s "$OLLAMA/api/tags" >/dev/null
+# A load of refusals would teach the error path.
+if grep -v ' errors=0$' "$WORK/results" >&2; then
+    log "training requests failed (above)"
+    exit 1
+fi
 # The counts are written at a clean exit.
 kill -INT "$NODE"
 wait "$NODE" || true

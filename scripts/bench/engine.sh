@@ -7,6 +7,12 @@
 # The benchmark engine's answer: a small non-streamed chat completion.
 BENCH_CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
 
+# ... and a short streamed one (SSE: eight token events, then [DONE]).
+BENCH_SSE=$(for i in 0 1 2 3 4 5 6 7; do
+    printf 'data: {"choices":[{"index":0,"delta":{"content":"tok%s "}}]}\n\n' "$i"
+done; printf 'data: [DONE]')
+BENCH_SSE+=$'\n\n' # (what $(...) strips)
+
 # nginx_preamble NAME DIR WORKERS: the start of an nginx configuration
 # (through `http {` and its common settings) with state and logs under DIR.
 nginx_preamble() {
@@ -54,7 +60,17 @@ start_bench_engine() {
     server {
         listen 127.0.0.1:$port;
 $(engine_poller_locations)
-        location = /v1/chat/completions { return 200 '$BENCH_CHAT'; }
+        # The answer; an x-bench: stream header (post.lua's BENCH_MODE)
+        # gets a short SSE stream instead.
+        location = /v1/chat/completions {
+            if (\$http_x_bench = "stream") { rewrite ^ /_stream last; }
+            return 200 '$BENCH_CHAT';
+        }
+        location = /_stream {
+            internal;
+            default_type text/event-stream;
+            return 200 '$BENCH_SSE';
+        }
         location / { return 404 '{"error":"not found"}'; }
     }
 }

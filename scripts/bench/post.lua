@@ -2,8 +2,11 @@
 -- small chat completion, optionally pinned to a node, and prints one
 -- machine-readable RESULT line (microseconds, requests/s, errors).
 wrk.method = "POST"
-wrk.body = os.getenv("BENCH_BODY")
-  or '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+local body = os.getenv("BENCH_BODY")
+if body == nil or body == "" then
+  body = '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+end
+wrk.body = body
 wrk.headers["Content-Type"] = "application/json"
 local pin = os.getenv("BENCH_PIN")
 if pin and pin ~= "" then

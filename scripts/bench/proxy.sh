@@ -20,7 +20,10 @@
 #        SECTIONS=face,ttfb,hop,mem (which parts to run)  NODE_ARGS="..." (extra
 #        flags for every pair-node run)  ALT_ARGS="..." (face section: a second
 #        node with these extra flags, measured in the same runs as pair-alt)
-#        ALT_BIN=<pair-node binary> (the second node runs this build instead)  PERF=1 (perf record the face node
+#        ALT_BIN=<pair-node binary> (the second node runs this build instead)
+#        PAIR_BIN=<pair-node binary> (measured as pair instead of $BIN_DIR's)
+#        PGO=1 (pair is scripts/build-pgo.sh's build, the plain one pair-alt)
+#        PERF=1 (perf record the face node
 #        during its c=32 runs; report in $WORK/face.perf, implies KEEP_WORK)
 #        STRACE=1 (strace -c -f the face node during its first c=32 run; in
 #        $WORK/face.strace; slows that run, so its figures are not comparable)
@@ -60,7 +63,14 @@ if [ -z "${SKIP_BUILD:-}" ]; then
     log "building release binaries (cargo build --release -p pair-node -p pair-sim)"
     (cd "$ROOT" && cargo build --release -p pair-node -p pair-sim)
 fi
-PAIR_NODE="$BIN_DIR/pair-node"
+PAIR_NODE=${PAIR_BIN:-$BIN_DIR/pair-node}
+if [ -n "${PGO:-}" ]; then
+    # The profile-guided build is measured as pair, the plain one as
+    # pair-alt (unless told otherwise).
+    [ -n "${ALT_BIN:-}${ALT_ARGS:-}" ] || ALT_BIN=$PAIR_NODE
+    log "building the profile-guided pair-node (scripts/build-pgo.sh)"
+    PAIR_NODE=$("$ROOT/scripts/build-pgo.sh")
+fi
 # The floor: a minimal hyper forwarder (crates/pair-proxy/examples), if built.
 FLOOR=${FLOOR:-$BIN_DIR/examples/floor_forwarder}
 # A floor without hyper: HTTP/1.1 framed on httparse (examples), if built.
