@@ -36,6 +36,30 @@ http {
 CONF
 }
 
+# nginx_proxy_config DIR WORKERS ENGINE_PORT PORT: nginx as a plain reverse
+# proxy on 127.0.0.1:PORT to the engine on ENGINE_PORT (a keep-alive pool,
+# HTTP/1.1, no buffering), the configuration every bench compares with.
+nginx_proxy_config() {
+    nginx_preamble proxy "$1" "$2"
+    cat <<CONF
+    upstream engine {
+        server 127.0.0.1:$3;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$4;
+        location / {
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+CONF
+}
+
 # What pair-node's openai-compat poller reads from an engine, as nginx
 # locations.
 engine_poller_locations() {

@@ -29,26 +29,8 @@ PIDS+=("$ENGINE_PID")
 VG=(valgrind --tool=callgrind --callgrind-out-file="$OUT")
 [ -n "${CACHE:-}" ] && VG+=(--cache-sim=yes)
 if [ "$NODE" = nginx ]; then
-    {
-        nginx_preamble proxy "$WORK" 1 | sed 's/^master_process on;/master_process off;/'
-        cat <<CONF
-    upstream engine {
-        server 127.0.0.1:$P_ENGINE;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$P_OPENAI;
-        location / {
-            proxy_pass http://engine;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }
-    }
-}
-CONF
-    } >"$WORK/proxy.conf"
+    nginx_proxy_config "$WORK" 1 "$P_ENGINE" "$P_OPENAI" |
+        sed 's/^master_process on;/master_process off;/' >"$WORK/proxy.conf"
     "${VG[@]}" "${NGINX:-nginx}" -c "$WORK/proxy.conf" -p "$WORK" -e "$WORK/proxy-error.log" \
         >"$WORK/node.log" 2>&1 &
 else

@@ -148,26 +148,7 @@ $(engine_poller_locations)
 }
 EOF
 } >"$WORK/engine.conf"
-{
-    nginx_preamble proxy "$WORK" 2
-    cat <<EOF
-    upstream engine {
-        server 127.0.0.1:$P_ENGINE;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$P_NGX;
-        location / {
-            proxy_pass http://engine;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }
-    }
-}
-EOF
-} >"$WORK/proxy.conf"
+nginx_proxy_config "$WORK" 2 "$P_ENGINE" "$P_NGX" >"$WORK/proxy.conf"
 for c in engine proxy; do
     "$NGINX" -t -q -c "$WORK/$c.conf" -p "$WORK" -e "$WORK/$c-error.log" || die "nginx $c config"
     "$NGINX" -c "$WORK/$c.conf" -p "$WORK" -e "$WORK/$c-error.log" &

@@ -34,26 +34,7 @@ trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$WORK"' E
 read -r P_ENGINE P_OLLAMA P_PAIR P_CLUSTER P_NGINX P_RAW <<<"$(free_ports 6)"
 start_bench_engine "$P_ENGINE" "$WORK" 2
 PIDS+=("$ENGINE_PID")
-{
-    nginx_preamble proxy "$WORK" 2
-    cat <<CONF
-    upstream engine {
-        server 127.0.0.1:$P_ENGINE;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$P_NGINX;
-        location / {
-            proxy_pass http://engine;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }
-    }
-}
-CONF
-} >"$WORK/proxy.conf"
+nginx_proxy_config "$WORK" 2 "$P_ENGINE" "$P_NGINX" >"$WORK/proxy.conf"
 "${NGINX:-nginx}" -c "$WORK/proxy.conf" -p "$WORK" -e "$WORK/proxy-error.log" &
 PIDS+=($!)
 # shellcheck disable=SC2086
