@@ -77,7 +77,9 @@ faults() { # minor page faults of the given processes, all threads
     echo "$n"
 }
 url() { echo "http://127.0.0.1:$(port_of "$1")/v1/chat/completions"; }
-for v in pair nginx raw; do wrk -t2 -c"$CONC" -d1s -s "$HERE/post.lua" "$(url "$v")" >/dev/null; done
+# wrk needs a connection per thread.
+THREADS=$((CONC < 2 ? 1 : 2))
+for v in pair nginx raw; do wrk -t"$THREADS" -c"$CONC" -d1s -s "$HERE/post.lua" "$(url "$v")" >/dev/null; done
 
 VARIANTS=(pair nginx raw)
 echo "round proxy p50_us req/s user_us sys_us vol_sw invol_sw minflt engine_us (per request)"
@@ -96,7 +98,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 -- sleep "$DUR" >/dev/null 2>&1 &
             PERF_PID=$!
         fi
-        out=$(wrk -t2 -c"$CONC" -d"${DUR}s" -s "$HERE/post.lua" "$(url "$v")" | grep '^RESULT')
+        out=$(wrk -t"$THREADS" -c"$CONC" -d"${DUR}s" -s "$HERE/post.lua" "$(url "$v")" | grep '^RESULT')
         read -r u1 s1 < <(cpu_times "$@")
         read -r v1 n1 < <(switch_counts "$@")
         f1=$(faults "$@")
