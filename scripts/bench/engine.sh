@@ -60,6 +60,19 @@ nginx_proxy_config() {
 CONF
 }
 
+# sse_location PATH BODY [RATE]: an internal nginx location answering BODY
+# as an SSE stream (trickled at RATE bytes a second if given).
+sse_location() {
+    cat <<CONF
+        location = $1 {
+            internal;
+            default_type text/event-stream;${3:+
+            limit_rate $3;}
+            return 200 '$2';
+        }
+CONF
+}
+
 # What pair-node's openai-compat poller reads from an engine, as nginx
 # locations.
 engine_poller_locations() {
@@ -90,11 +103,7 @@ $(engine_poller_locations)
             if (\$http_x_bench = "stream") { rewrite ^ /_stream last; }
             return 200 '$BENCH_CHAT';
         }
-        location = /_stream {
-            internal;
-            default_type text/event-stream;
-            return 200 '$BENCH_SSE';
-        }
+$(sse_location /_stream "$BENCH_SSE")
         location / { return 404 '{"error":"not found"}'; }
     }
 }

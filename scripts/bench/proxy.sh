@@ -132,17 +132,8 @@ $(engine_poller_locations)
             if (\$http_x_bench = "slow") { rewrite ^ /_slow last; }
             return 200 '$CHAT';
         }
-        location = /_stream {
-            internal;
-            default_type text/event-stream;
-            return 200 '$SSE_SHORT';
-        }
-        location = /_slow {
-            internal;
-            default_type text/event-stream;
-            limit_rate $SLOW_RATE;
-            return 200 '$SSE_LONG';
-        }
+$(sse_location /_stream "$SSE_SHORT")
+$(sse_location /_slow "$SSE_LONG" "$SLOW_RATE")
         location / { return 404 '{"error":"not found"}'; }
     }
 }
