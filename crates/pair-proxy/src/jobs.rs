@@ -81,12 +81,8 @@ struct Shared {
     /// record on two loops against 82 on one, bench `bookkeeping`; 231-250
     /// against 85-92 staged, what is left being the free of a record made
     /// on another loop).
-    /// Readers move them in first ([`Shared::gather`]). Staged as they
-    /// are, not yet shared: the reader makes each record's `Arc`, so the
-    /// thread that drops an old record from the log freed what it
-    /// allocated itself (a free of memory another thread allocated costs
-    /// more).
-    staged: PerLoop<Mutex<Vec<JobRecord>>>,
+    /// Readers move them in first ([`Shared::gather`]).
+    staged: PerLoop<Mutex<Vec<Arc<JobRecord>>>>,
     /// A writer thread appends the records to a file: queue them for it.
     file_backed: bool,
 }
@@ -179,7 +175,7 @@ impl JobLog {
     pub fn record(&self, rec: JobRecord) {
         let full = match self.shared.staged.local().lock() {
             Ok(mut staged) => {
-                staged.push(rec);
+                staged.push(Arc::new(rec));
                 staged.len() >= STAGE_MAX
             }
             Err(_) => false,
@@ -289,7 +285,6 @@ impl Shared {
                 .saturating_add(u64::from(r.duration_ms.unwrap_or(0)))
         });
         for rec in batch {
-            let rec = Arc::new(rec);
             if self.file_backed {
                 queue_write(&mut inner, Arc::clone(&rec));
             }
