@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # scripts/build-pgo.sh — a profile-guided (PGO) release build of pair-node:
-# an instrumented build serves a training load through its OpenAI face
-# (the benchmark engine of scripts/bench/engine.sh: nginx answering a
-# small chat completion), LLVM merges the counts, and a second build lays
+# an instrumented build serves a training load (TRAIN, below), LLVM
+# merges the counts, and a second build lays
 # the code out by them (hot paths together, cold code apart), which cuts
 # the instruction-cache misses the request path takes
 # (docs/benchmarks/proxy.md, "Eleventh round").
@@ -37,8 +36,7 @@ llvm=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 PROFDATA=$(command -v "llvm-profdata-$llvm" || true)
 if [ -z "$PROFDATA" ]; then
     log "installing llvm-$llvm (llvm-profdata for rustc's LLVM $llvm)"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "llvm-$llvm" >/dev/null
+    apt_install "llvm-$llvm"
     PROFDATA=$(command -v "llvm-profdata-$llvm")
 fi
 for t in nginx wrk curl; do
@@ -59,7 +57,7 @@ read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
 OLLAMA=http://127.0.0.1:$P_OLLAMA
 OPENAI=http://127.0.0.1:$P_OPENAI
 load() { # CONNECTIONS SECONDS URL [BODY]: wrk POSTs BODY (post.lua's chat if none)
-    BENCH_BODY=${4:-} wrk -t1 -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" |
+    BENCH_BODY=${4:-} wrk -t"${WRK_THREADS:-1}" -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" |
         grep RESULT | tee -a "$WORK/results" >&2
 }
 case ${TRAIN:-bench} in
@@ -104,8 +102,7 @@ bench)
     PIDS+=("$NODE")
     wait_chat "$P_OPENAI"
     log "training (benchmark engine): chat completions, whole at c=32 and c=1, streamed; listings"
-    wrk -t2 -c32 -d"${SECONDS_EACH}s" -s "$ROOT/scripts/bench/post.lua" \
-        "$OPENAI/v1/chat/completions" | grep RESULT | tee -a "$WORK/results" >&2
+    WRK_THREADS=2 load 32 "$SECONDS_EACH" "$OPENAI/v1/chat/completions"
     load 1 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions"
     BENCH_MODE=stream load 8 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions" \
         '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"stream":true}'

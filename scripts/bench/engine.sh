@@ -7,11 +7,25 @@
 # The benchmark engine's answer: a small non-streamed chat completion.
 BENCH_CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
 
-# ... and a short streamed one (SSE: eight token events, then [DONE]).
-BENCH_SSE=$(for i in 0 1 2 3 4 5 6 7; do
-    printf 'data: {"choices":[{"index":0,"delta":{"content":"tok%s "}}]}\n\n' "$i"
-done; printf 'data: [DONE]')
-BENCH_SSE+=$'\n\n' # (what $(...) strips)
+# sse_body N: a streamed chat completion of N token events, then [DONE].
+sse_body() {
+    local i out=""
+    for ((i = 0; i < $1; i++)); do
+        out+="data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok$i \"}}]}"$'\n\n'
+    done
+    out+=$'data: [DONE]\n\n'
+    printf '%s' "$out"
+}
+
+# ... and a short streamed one (eight token events).
+BENCH_SSE=$(sse_body 8)$'\n\n' # ($(...) strips the last blank line)
+
+# apt_install PACKAGE...: installs Debian packages (with sudo unless root).
+apt_install() {
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 
 # nginx_preamble NAME DIR WORKERS: the start of an nginx configuration
 # (through `http {` and its common settings) with state and logs under DIR.

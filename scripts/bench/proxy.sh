@@ -53,8 +53,7 @@ missing=()
 for t in nginx wrk hey; do command -v "$t" >/dev/null || missing+=("$t"); done
 if ((${#missing[@]})); then
     log "installing ${missing[*]}"
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y nginx wrk hey >/dev/null
+    apt_install nginx wrk hey
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 command -v curl >/dev/null || die "curl is required"
@@ -105,14 +104,6 @@ P_DEAD=${PORTS[2]} # nothing listens here: node A's own engine
 
 # ------------------------------------------------------------- nginx
 CHAT=$BENCH_CHAT
-sse_body() { # $1 = number of token events
-    local i out=""
-    for ((i = 0; i < $1; i++)); do
-        out+="data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok$i \"}}]}"$'\n\n'
-    done
-    out+=$'data: [DONE]\n\n'
-    printf '%s' "$out"
-}
 SSE_SHORT=$(sse_body 8)
 SSE_LONG=$(sse_body 48) # nginx caps one parameter at 4 KB
 # The slow stream trickles out over about SLOW_SECONDS.

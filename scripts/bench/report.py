@@ -64,21 +64,18 @@ if "face" in sections:
     w("|---|---|---|---|---|")
     paired = {}
     for c in (1, 32):
-        p50 = paired_runs(c, "p50_us", lambda p, n: p - n)
-        rps = paired_runs(c, "rps", lambda p, n: p / n)
-        paired[c] = (p50, rps)
-        w(f"| {c} | pair p50 − nginx p50 | {statistics.median(p50):.0f} µs | {interval(p50, ' µs', 0)} | "
-          f"{sum(d <= 0 for d in p50)} of {len(p50)} |")
-        w(f"| {c} | pair req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
-          f"{sum(x >= 1 for x in rps)} of {len(rps)} |")
-        if rows[("face", "pair-alt", c)]:
-            # The second node (ALT_BIN / ALT_ARGS), against nginx the same way;
-            # the targets below stay pair's.
-            p50 = paired_runs(c, "p50_us", lambda p, n: p - n, "pair-alt")
-            rps = paired_runs(c, "rps", lambda p, n: p / n, "pair-alt")
-            w(f"| {c} | pair-alt p50 − nginx p50 | {statistics.median(p50):.0f} µs | {interval(p50, ' µs', 0)} | "
+        # pair, and the second node (ALT_BIN / ALT_ARGS) the same way when
+        # there is one; the targets below stay pair's.
+        for v in ("pair", "pair-alt"):
+            if not rows[("face", v, c)]:
+                continue
+            p50 = paired_runs(c, "p50_us", lambda p, n: p - n, v)
+            rps = paired_runs(c, "rps", lambda p, n: p / n, v)
+            if v == "pair":
+                paired[c] = (p50, rps)
+            w(f"| {c} | {v} p50 − nginx p50 | {statistics.median(p50):.0f} µs | {interval(p50, ' µs', 0)} | "
               f"{sum(d <= 0 for d in p50)} of {len(p50)} |")
-            w(f"| {c} | pair-alt req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
+            w(f"| {c} | {v} req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
               f"{sum(x >= 1 for x in rps)} of {len(rps)} |")
     for c in (1, 32):
         d = med("face", "direct", c, "p50_us")
