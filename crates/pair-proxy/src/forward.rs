@@ -95,34 +95,13 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
     let created_at_ms = unix_ms_at(t0);
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
-        Err(e) => {
-            st.metrics.count_request(req.route, 400, "none");
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                req.flavor,
-                "invalid_request",
-                &e.to_string(),
-                None,
-            )
-            .into();
-        }
+        Err(e) => return invalid_request(st, &req, &e),
     };
     let cluster = st.cluster();
     let mut profile = profile_for(facts, &req, &cluster);
     let ranking = st.rank(&cluster, &profile, created_at_ms);
     if ranking.is_empty() {
-        st.metrics.count_request(req.route, 502, "none");
-        return json_error(
-            StatusCode::BAD_GATEWAY,
-            req.flavor,
-            "no_eligible_node",
-            &format!(
-                "no node in the cluster serves model '{}' for this API",
-                profile.model
-            ),
-            Some(json!({ "model": profile.model, "nodes": cluster.len() })),
-        )
-        .into();
+        return no_eligible_node(st, &req, &profile, &cluster);
     }
 
     let job = JobId::from_uuid(uuid::Uuid::new_v4());
@@ -130,17 +109,12 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
     // path, so nothing is allocated for them.
     let mut attempts: Vec<Attempt> = Vec::new();
     let mut deadline_hit = false;
-    let name_of = |node: NodeId| {
-        cluster
-            .node(node)
-            .map_or_else(|| node.short(), |n| n.name.clone())
-    };
     for cand in ranking.iter().take(MAX_ATTEMPTS) {
         let node = cand.node;
         let hop = match hop_for(st, &cluster, node, &profile.model, req.flavor) {
             Ok(h) => h,
             Err(e) => {
-                fail(st, &mut attempts, node, name_of(node), e.class());
+                fail(st, &cluster, &mut attempts, node, e.class());
                 continue;
             }
         };
@@ -190,26 +164,14 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
         };
         let (up, first) = match outcome {
             Ok(Ok(answer)) => answer,
-            Ok(Err(AttemptError::Dispatch(e))) => {
-                // Nothing reached the client: the next candidate.
-                tracing::debug!(%node, error = %e, "attempt failed");
-                fail(st, &mut attempts, node, name_of(node), e.class());
-                continue;
-            }
-            Ok(Err(AttemptError::Status(status))) => {
-                if status == StatusCode::NOT_FOUND {
-                    refresh_inventory(&hop);
-                }
-                fail(st, &mut attempts, node, name_of(node), status.as_str());
-                continue;
-            }
-            Ok(Err(AttemptError::Body(class))) => {
-                fail(st, &mut attempts, node, name_of(node), class);
+            // Nothing reached the client: the next candidate.
+            Ok(Err(e)) => {
+                attempt_failed(st, &cluster, &mut attempts, node, &hop, e);
                 continue;
             }
             Err(_) => {
                 deadline_hit = true;
-                fail(st, &mut attempts, node, name_of(node), "first-byte-timeout");
+                fail(st, &cluster, &mut attempts, node, "first-byte-timeout");
                 continue;
             }
         };
@@ -217,7 +179,7 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
         let tries = attempts.len() + 1;
         // This node's own name is at hand; a peer's is copied out of the
         // snapshot for the metrics and the receipt.
-        let peer_name = (node != st.node.id).then(|| name_of(node));
+        let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
         st.bind_session(&profile, node);
         let ttft = t0.elapsed();
         // The profile's last use: its model moves into the record.
@@ -263,7 +225,68 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
         };
     }
 
-    // Every candidate failed before answering.
+    all_failed(
+        st,
+        &req,
+        &mut profile,
+        (job, created_at_ms),
+        &attempts,
+        deadline_hit,
+    )
+}
+
+// The paths below are taken only when something failed; `#[cold]` keeps
+// them out of the request path's code, so what every request runs stays
+// packed in fewer instruction-cache lines.
+
+#[cold]
+#[inline(never)]
+fn invalid_request(st: &ProxyState, req: &Inference, e: &body::BodyError) -> Reply {
+    st.metrics.count_request(req.route, 400, "none");
+    json_error(
+        StatusCode::BAD_REQUEST,
+        req.flavor,
+        "invalid_request",
+        &e.to_string(),
+        None,
+    )
+    .into()
+}
+
+#[cold]
+#[inline(never)]
+fn no_eligible_node(
+    st: &ProxyState,
+    req: &Inference,
+    profile: &RequestProfile,
+    cluster: &ClusterSnapshot,
+) -> Reply {
+    st.metrics.count_request(req.route, 502, "none");
+    json_error(
+        StatusCode::BAD_GATEWAY,
+        req.flavor,
+        "no_eligible_node",
+        &format!(
+            "no node in the cluster serves model '{}' for this API",
+            profile.model
+        ),
+        Some(json!({ "model": profile.model, "nodes": cluster.len() })),
+    )
+    .into()
+}
+
+/// Every candidate failed before answering.
+#[cold]
+#[inline(never)]
+fn all_failed(
+    st: &ProxyState,
+    req: &Inference,
+    profile: &mut RequestProfile,
+    (job, created_at_ms): (JobId, u64),
+    attempts: &[Attempt],
+    deadline_hit: bool,
+) -> Reply {
+    let t0 = req.received;
     let status = if deadline_hit {
         StatusCode::GATEWAY_TIMEOUT
     } else {
@@ -271,7 +294,7 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
     };
     st.metrics.count_request(req.route, status.as_u16(), "none");
     let model = profile.model.clone();
-    let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
+    let mut record = new_record(job, req, profile, st.node.id, created_at_ms);
     record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
     record.status = JobStatus::Failed;
     record.http_status = Some(status.as_u16());
@@ -296,6 +319,33 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
     resp.headers_mut()
         .insert(reply::ATTEMPTS, reply::attempts_value(attempts.len()));
     resp.into()
+}
+
+/// An attempt that failed before its answer's first body byte.
+#[cold]
+#[inline(never)]
+fn attempt_failed(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    attempts: &mut Vec<Attempt>,
+    node: NodeId,
+    hop: &Hop,
+    e: AttemptError,
+) {
+    let outcome = match &e {
+        AttemptError::Dispatch(e) => {
+            tracing::debug!(%node, error = %e, "attempt failed");
+            e.class()
+        }
+        AttemptError::Status(status) => {
+            if *status == StatusCode::NOT_FOUND {
+                refresh_inventory(hop);
+            }
+            status.as_str()
+        }
+        AttemptError::Body(class) => class,
+    };
+    fail(st, cluster, attempts, node, outcome);
 }
 
 /// A job record with what is known before any attempt; the profile's
@@ -411,7 +461,16 @@ pub(crate) async fn first_data(body: &mut dispatch::UpBody) -> Result<Option<Byt
     }
 }
 
-fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String, outcome: &str) {
+#[cold]
+#[inline(never)]
+fn fail(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    attempts: &mut Vec<Attempt>,
+    node: NodeId,
+    outcome: &str,
+) {
+    let name = name_of(cluster, node);
     st.metrics
         .failovers
         .get_or_create(&FailoverLabels {
@@ -423,6 +482,13 @@ fn fail(st: &ProxyState, attempts: &mut Vec<Attempt>, node: NodeId, name: String
         name,
         outcome: outcome.to_owned(),
     });
+}
+
+/// A node's name from the snapshot (its short id if it has left).
+fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
+    cluster
+        .node(node)
+        .map_or_else(|| node.short(), |n| n.name.clone())
 }
 
 fn millis(d: Duration) -> u32 {

@@ -23,6 +23,12 @@ pub struct RequestLabels {
     pub node: String,
 }
 
+impl RequestLabels {
+    fn is(&self, route: &str, status: u16, node: &str) -> bool {
+        self.status == status && self.route == route && self.node == node
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: &'static str,
@@ -308,13 +314,24 @@ impl Metrics {
     /// Counts one request answered on `route` with `status` by `node` (a
     /// node name, or "none").
     pub fn count_request(&self, route: &'static str, status: u16, node: &str) {
-        let hit = |(k, _): &&(RequestLabels, LoopCounter)| {
-            k.status == status && k.route == route && k.node == node
-        };
-        if let Some((_, c)) = self.served.load().iter().find(hit) {
+        if let Some((_, c)) = self
+            .served
+            .load()
+            .iter()
+            .find(|(k, _)| k.is(route, status, node))
+        {
             c.inc();
             return;
         }
+        self.count_new_request(route, status, node);
+    }
+
+    /// A label set's first request (rare): the family makes its counter,
+    /// and the served list is copied with the new entry (`rcu` copies again
+    /// if another one landed meanwhile).
+    #[cold]
+    #[inline(never)]
+    fn count_new_request(&self, route: &'static str, status: u16, node: &str) {
         let labels = RequestLabels {
             route,
             status,
@@ -322,11 +339,9 @@ impl Metrics {
         };
         let c = self.requests.get_or_create(&labels).clone();
         c.inc();
-        // Rare (a label set's first request): the list is copied with the
-        // new entry (`rcu` copies again if another one landed meanwhile).
         self.served.rcu(|served| {
             let mut next = Vec::clone(served);
-            if next.len() < SERVED_CACHE && !next.iter().any(|e| hit(&e)) {
+            if next.len() < SERVED_CACHE && !next.iter().any(|(k, _)| k.is(route, status, node)) {
                 next.push((labels.clone(), c.clone()));
             }
             next
