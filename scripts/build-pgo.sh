@@ -53,75 +53,88 @@ log "instrumented build"
 WORK=$(mktemp -d /tmp/pair-pgo.XXXXXX)
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
-OLLAMA=http://127.0.0.1:$P_OLLAMA
-OPENAI=http://127.0.0.1:$P_OPENAI
 load() { # CONNECTIONS SECONDS URL [BODY]: wrk POSTs BODY (post.lua's chat if none)
     BENCH_BODY=${4:-} wrk -t"${WRK_THREADS:-1}" -c"$1" -d"$2s" -s "$ROOT/scripts/bench/post.lua" "$3" |
         grep RESULT | tee -a "$WORK/results" >&2
 }
-case ${TRAIN:-bench} in
-demo)
-    "$DIR/gen/release/pair-node" demo --nodes 2 --ollama-face "127.0.0.1:$P_OLLAMA" \
-        --openai-face "127.0.0.1:$P_OPENAI" >"$WORK/node.log" 2>&1 &
-    NODE=$!
-    PIDS+=("$NODE")
-    for _ in $(seq 100); do
-        curl -sf "$OPENAI/v1/models" | grep -q llama3.2 && break
-        sleep 0.2
-    done
-    # Each model answers once first (the nodes' inventories take a moment
-    # to reach the snapshot, and a cold model loads): a load of quick
-    # refusals would teach the wrong path.
-    for model in llama3.2:3b qwen2.5:7b; do
+# train BIN SECONDS: BIN serves the TRAIN load, each part for about
+# SECONDS, on free loopback ports, and exits cleanly (which is when an
+# instrumented build writes its counts); fails if any request failed.
+train() {
+    local bin=$1 each=$2 P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER node
+    read -r P_ENGINE P_OLLAMA P_OPENAI P_CLUSTER <<<"$(free_ports 4)"
+    local OLLAMA=http://127.0.0.1:$P_OLLAMA OPENAI=http://127.0.0.1:$P_OPENAI
+    : >"$WORK/results"
+    case ${TRAIN:-bench} in
+    demo)
+        "$bin" demo --nodes 2 --ollama-face "127.0.0.1:$P_OLLAMA" \
+            --openai-face "127.0.0.1:$P_OPENAI" >"$WORK/node.log" 2>&1 &
+        node=$!
+        PIDS+=("$node")
         for _ in $(seq 100); do
-            code=$(curl -s -m 60 -o /dev/null -w '%{http_code}' "$OLLAMA/api/generate" \
-                -d "{\"model\":\"$model\",\"prompt\":\"hi\",\"stream\":false,\"options\":{\"num_predict\":1}}" || true)
-            [ "$code" = 200 ] && break
-            sleep 0.3
+            curl -sf "$OPENAI/v1/models" | grep -q llama3.2 && break
+            sleep 0.2
         done
-        [ "$code" = 200 ] || { log "the demo cluster never served $model"; exit 1; }
-    done
-    log "training (demo cluster): chats, streamed and whole, on both faces; generate; listings"
-    chat='{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16'
-    load 16 "$SECONDS_EACH" "$OPENAI/v1/chat/completions" "$chat}"
-    load 16 "$SECONDS_EACH" "$OPENAI/v1/chat/completions" "$chat,\"stream\":true}"
-    load 16 "$SECONDS_EACH" "$OLLAMA/api/chat" \
-        '{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"options":{"num_predict":16}}'
-    load 8 "$((SECONDS_EACH / 2 + 1))" "$OLLAMA/api/generate" \
-        '{"model":"qwen2.5:7b","prompt":"Say hello.","stream":false,"options":{"num_predict":16}}'
-    ;;
-bench)
-    start_bench_engine "$P_ENGINE" "$WORK" 2
-    PIDS+=("$ENGINE_PID")
-    "$DIR/gen/release/pair-node" run --state-dir "$WORK/node" --name pgo \
-        --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
-        --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
-        --mdns off >"$WORK/node.log" 2>&1 &
-    NODE=$!
-    PIDS+=("$NODE")
-    wait_chat "$P_OPENAI"
-    log "training (benchmark engine): chat completions, whole at c=32 and c=1, streamed; listings"
-    WRK_THREADS=2 load 32 "$SECONDS_EACH" "$OPENAI/v1/chat/completions"
-    load 1 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions"
-    BENCH_MODE=stream load 8 "$((SECONDS_EACH / 2 + 1))" "$OPENAI/v1/chat/completions" \
-        '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"stream":true}'
-    ;;
-*)
-    log "TRAIN is demo or bench"
-    exit 64
-    ;;
-esac
-wrk -t1 -c4 -d2s "$OPENAI/v1/models" >/dev/null
-wrk -t1 -c4 -d2s "$OLLAMA/api/tags" >/dev/null
-# A load of refusals would teach the error path.
-if grep -v ' errors=0$' "$WORK/results" >&2; then
-    log "training requests failed (above)"
-    exit 1
-fi
-# The counts are written at a clean exit.
-kill -INT "$NODE"
-wait "$NODE" || true
+        # Each model answers once first (the nodes' inventories take a
+        # moment to reach the snapshot, and a cold model loads): a load of
+        # quick refusals would teach the wrong path.
+        local model code
+        for model in llama3.2:3b qwen2.5:7b; do
+            for _ in $(seq 100); do
+                code=$(curl -s -m 60 -o /dev/null -w '%{http_code}' "$OLLAMA/api/generate" \
+                    -d "{\"model\":\"$model\",\"prompt\":\"hi\",\"stream\":false,\"options\":{\"num_predict\":1}}" || true)
+                [ "$code" = 200 ] && break
+                sleep 0.3
+            done
+            [ "$code" = 200 ] || { log "the demo cluster never served $model"; return 1; }
+        done
+        log "load (demo cluster): chats, streamed and whole, on both faces; generate; listings"
+        local chat='{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16'
+        load 16 "$each" "$OPENAI/v1/chat/completions" "$chat}"
+        load 16 "$each" "$OPENAI/v1/chat/completions" "$chat,\"stream\":true}"
+        load 16 "$each" "$OLLAMA/api/chat" \
+            '{"model":"llama3.2:3b","messages":[{"role":"user","content":"Say hello."}],"options":{"num_predict":16}}'
+        load 8 "$((each / 2 + 1))" "$OLLAMA/api/generate" \
+            '{"model":"qwen2.5:7b","prompt":"Say hello.","stream":false,"options":{"num_predict":16}}'
+        ;;
+    bench)
+        start_bench_engine "$P_ENGINE" "$WORK" 2
+        PIDS+=("$ENGINE_PID")
+        "$bin" run --state-dir "$WORK/node" --name pgo \
+            --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
+            --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
+            --mdns off >"$WORK/node.log" 2>&1 &
+        node=$!
+        PIDS+=("$node")
+        wait_chat "$P_OPENAI"
+        log "load (benchmark engine): chat completions, whole at c=32 and c=1, streamed; listings"
+        WRK_THREADS=2 load 32 "$each" "$OPENAI/v1/chat/completions"
+        load 1 "$((each / 2 + 1))" "$OPENAI/v1/chat/completions"
+        BENCH_MODE=stream load 8 "$((each / 2 + 1))" "$OPENAI/v1/chat/completions" \
+            '{"model":"bench","messages":[{"role":"user","content":"Say hello."}],"stream":true}'
+        ;;
+    *)
+        log "TRAIN is demo or bench"
+        return 64
+        ;;
+    esac
+    wrk -t1 -c4 -d2s "$OPENAI/v1/models" >/dev/null
+    wrk -t1 -c4 -d2s "$OLLAMA/api/tags" >/dev/null
+    # A load of refusals would teach the error path (and, for the
+    # optimised build, means it does not work).
+    if grep -v ' errors=0$' "$WORK/results" >&2; then
+        log "requests failed (above)"
+        return 1
+    fi
+    kill -INT "$node"
+    wait "$node" || true
+    if [ "${TRAIN:-bench}" = bench ]; then
+        kill "$ENGINE_PID" 2>/dev/null || true
+        wait "$ENGINE_PID" 2>/dev/null || true
+    fi
+}
+log "training the instrumented build"
+train "$DIR/gen/release/pair-node" "$SECONDS_EACH"
 "$PROFDATA" merge -o "$DIR/merged.profdata" "$RAW"
 # Named by its content: cargo rebuilds when RUSTFLAGS change, not when a
 # file they name does.
@@ -131,4 +144,8 @@ mv "$DIR/merged.profdata" "$DIR/merged-$sum.profdata"
 log "optimised build ($DIR/merged-$sum.profdata)"
 (cd "$ROOT" && CARGO_TARGET_DIR=$DIR/use RUSTFLAGS="-Cprofile-use=$DIR/merged-$sum.profdata" \
     cargo build --release -p pair-node)
+# The release binary itself, under the same load, briefly: it must serve
+# every request.
+log "checking the optimised build under the same load"
+train "$DIR/use/release/pair-node" 1
 echo "$DIR/use/release/pair-node"

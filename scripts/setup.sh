@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh machine, idempotently:
 # Debian packages, cargo-deny, and the Python side (scripts/setup-python.sh).
+# (scripts/build-pgo.sh installs the llvm-profdata it needs itself.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -8,6 +9,9 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
+# The release build's training load (scripts/build-pgo.sh).
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi

@@ -21,10 +21,15 @@ sse_body() {
 BENCH_SSE=$(sse_body 8)$'\n\n' # ($(...) strips the last blank line)
 
 # apt_install PACKAGE...: installs Debian packages (with sudo unless root).
+# A fresh machine's package lists may not name the package yet (seen for
+# llvm-22): a failed install updates them and tries once more.
 apt_install() {
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 || {
+        $sudo apt-get update -qq >/dev/null
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    }
 }
 
 # nginx_preamble NAME DIR WORKERS: the start of an nginx configuration

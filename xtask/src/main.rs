@@ -18,11 +18,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the tests need, then fmt, clippy, test, doc, deny, tidy, sim smoke.
+    /// Install what the tests need, then fmt, clippy, test, doc, deny, tidy,
+    /// sim smoke, and the release build (PGO) checked under load.
     Ci {
         /// Skip the idempotent install step (apt, cargo-deny, Python venvs).
         #[arg(long)]
         no_setup: bool,
+        /// Skip the profile-guided release build (two release builds and a
+        /// training load: the longest step).
+        #[arg(long)]
+        no_pgo: bool,
     },
     /// Install test prerequisites only (idempotent).
     Setup,
@@ -34,11 +39,11 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = project_root();
     match cli.task {
-        Task::Ci { no_setup } => {
+        Task::Ci { no_setup, no_pgo } => {
             if !no_setup {
                 setup(&root)?;
             }
-            ci(&root)
+            ci(&root, !no_pgo)
         }
         Task::Setup => setup(&root),
         Task::Tidy => tidy::run(&root),
@@ -56,7 +61,7 @@ fn setup(root: &Path) -> Result<()> {
     run(root, "bash", &["scripts/setup.sh"])
 }
 
-fn ci(root: &Path) -> Result<()> {
+fn ci(root: &Path, pgo: bool) -> Result<()> {
     let py = python_env(root)?;
     run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
     run(
@@ -117,6 +122,16 @@ fn ci(root: &Path) -> Result<()> {
             "all",
         ],
     )?;
+    if pgo {
+        // The release build as it ships (README): built, trained briefly
+        // (the check is that the recipe works, not the profile's quality),
+        // and the optimised binary made to serve the same load.
+        let mut pgo = Command::new("bash");
+        pgo.current_dir(root)
+            .arg("scripts/build-pgo.sh")
+            .env("TRAIN_SECONDS", "2");
+        status(pgo, "scripts/build-pgo.sh")?;
+    }
     eprintln!("xtask ci: all checks passed");
     Ok(())
 }
