@@ -19,6 +19,10 @@
 #         is no fit to the benchmark (docs/benchmarks/proxy.md compares
 #         the two); its emulators' own code is no node's production work.
 #
+# The optimised binary then serves the same load for about a second a
+# part, and the script fails if any request fails. This is the release
+# build (README); `cargo xtask ci` runs it with TRAIN_SECONDS=2.
+#
 # Usage: scripts/build-pgo.sh         prints the optimised binary's path
 # Env:   PGO_DIR=<work dir> (default target/pgo)  TRAIN=demo|bench
 #        TRAIN_SECONDS=8
