@@ -104,10 +104,8 @@ train() {
     bench)
         start_bench_engine "$P_ENGINE" "$WORK" 2
         PIDS+=("$ENGINE_PID")
-        "$bin" run --state-dir "$WORK/node" --name pgo \
-            --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
-            --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
-            --mdns off >"$WORK/node.log" 2>&1 &
+        bench_node_args "$WORK" pgo "$P_ENGINE" "$P_OLLAMA" "$P_OPENAI" "$P_CLUSTER"
+        "$bin" "${BENCH_NODE_ARGS[@]}" >"$WORK/node.log" 2>&1 &
         node=$!
         PIDS+=("$node")
         wait_chat "$P_OPENAI"
@@ -122,8 +120,12 @@ train() {
         return 64
         ;;
     esac
-    wrk -t1 -c4 -d2s "$OPENAI/v1/models" >/dev/null
-    wrk -t1 -c4 -d2s "$OLLAMA/api/tags" >/dev/null
+    local url
+    for url in "$OPENAI/v1/models" "$OLLAMA/api/tags"; do
+        # wrk without a script counts failures in these two lines only.
+        wrk -t1 -c4 -d2s "$url" | grep -E 'Non-2xx|Socket errors' | sed "s|^|$url: |" |
+            tee -a "$WORK/results" >&2 || true
+    done
     # A load of refusals would teach the error path (and, for the
     # optimised build, means it does not work).
     if grep -v ' errors=0$' "$WORK/results" >&2; then
@@ -143,6 +145,7 @@ train "$DIR/gen/release/pair-node" "$SECONDS_EACH"
 # Named by its content: cargo rebuilds when RUSTFLAGS change, not when a
 # file they name does.
 sum=$(sha256sum "$DIR/merged.profdata" | cut -c1-16)
+find "$DIR" -maxdepth 1 -name 'merged-*.profdata' ! -name "merged-$sum.profdata" -delete
 mv "$DIR/merged.profdata" "$DIR/merged-$sum.profdata"
 
 log "optimised build ($DIR/merged-$sum.profdata)"

@@ -7,18 +7,22 @@
 # The benchmark engine's answer: a small non-streamed chat completion.
 BENCH_CHAT='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}'
 
-# sse_body N: a streamed chat completion of N token events, then [DONE].
+# sse_body N VAR: sets VAR to a streamed chat completion of N token
+# events, then [DONE] (set, not printed: $(...) would strip the stream's
+# last blank line).
 sse_body() {
     local i out=""
     for ((i = 0; i < $1; i++)); do
         out+="data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok$i \"}}]}"$'\n\n'
     done
     out+=$'data: [DONE]\n\n'
-    printf '%s' "$out"
+    printf -v "$2" '%s' "$out"
 }
 
-# ... and a short streamed one (eight token events).
-BENCH_SSE=$(sse_body 8)$'\n\n' # ($(...) strips the last blank line)
+# ... a short streamed one (eight token events), and a long one (48; nginx
+# caps one parameter at 4 KB).
+sse_body 8 BENCH_SSE
+sse_body 48 BENCH_SSE_LONG
 
 # apt_install PACKAGE...: installs Debian packages (with sudo unless root).
 # A fresh machine's package lists may not name the package yet (seen for
@@ -104,32 +108,49 @@ engine_poller_locations() {
 CONF
 }
 
-# start_bench_engine PORT DIR [WORKERS]: the engine on 127.0.0.1:PORT, one
-# worker unless told. Sets ENGINE_PID.
-start_bench_engine() {
-    local port=$1 dir=$2
-    mkdir -p "$dir/nginx-tmp"
-    {
-        nginx_preamble engine "$dir" "${3:-1}"
-        cat <<CONF
+# bench_engine_config PORT DIR WORKERS: the benchmark engine's nginx
+# configuration, on 127.0.0.1:PORT with state under DIR (which needs a
+# nginx-tmp folder). An x-bench header (post.lua's BENCH_MODE; the
+# proxies pass it through) picks another answer: `stream`, the short SSE
+# stream; `slow`, the long one trickled out over about SLOW_SECONDS (6).
+bench_engine_config() {
+    local slow_rate=$((${#BENCH_SSE_LONG} / ${SLOW_SECONDS:-6}))
+    nginx_preamble engine "$2" "$3"
+    cat <<CONF
     default_type application/json;
     server {
-        listen 127.0.0.1:$port;
+        listen 127.0.0.1:$1;
 $(engine_poller_locations)
-        # The answer; an x-bench: stream header (post.lua's BENCH_MODE)
-        # gets a short SSE stream instead.
         location = /v1/chat/completions {
             if (\$http_x_bench = "stream") { rewrite ^ /_stream last; }
+            if (\$http_x_bench = "slow") { rewrite ^ /_slow last; }
             return 200 '$BENCH_CHAT';
         }
 $(sse_location /_stream "$BENCH_SSE")
+$(sse_location /_slow "$BENCH_SSE_LONG" "$slow_rate")
         location / { return 404 '{"error":"not found"}'; }
     }
 }
 CONF
-    } >"$dir/engine.conf"
-    "${NGINX:-nginx}" -c "$dir/engine.conf" -p "$dir" -e "$dir/engine-error.log" &
+}
+
+# start_bench_engine PORT DIR [WORKERS]: the engine on 127.0.0.1:PORT, one
+# worker unless told. Sets ENGINE_PID.
+start_bench_engine() {
+    mkdir -p "$2/nginx-tmp"
+    bench_engine_config "$1" "$2" "${3:-1}" >"$2/engine.conf"
+    "${NGINX:-nginx}" -c "$2/engine.conf" -p "$2" -e "$2/engine-error.log" &
     ENGINE_PID=$!
+}
+
+# bench_node_args DIR NAME ENGINE OLLAMA OPENAI CLUSTER: sets the array
+# BENCH_NODE_ARGS to `pair-node`'s arguments for a node named NAME in front
+# of the benchmark engine on port ENGINE: state under DIR/node, its faces
+# and cluster port on the given loopback ports, no mDNS.
+bench_node_args() {
+    BENCH_NODE_ARGS=(run --state-dir "$1/node" --name "$2"
+        --ollama-face "127.0.0.1:$4" --openai-face "127.0.0.1:$5"
+        --cluster "127.0.0.1:$6" --engine "openai-compat=http://127.0.0.1:$3" --mdns off)
 }
 
 # free_ports N: N distinct free loopback ports.

@@ -34,10 +34,8 @@ if [ "$NODE" = nginx ]; then
     "${VG[@]}" "${NGINX:-nginx}" -c "$WORK/proxy.conf" -p "$WORK" -e "$WORK/proxy-error.log" \
         >"$WORK/node.log" 2>&1 &
 else
-    "${VG[@]}" "$NODE" run --state-dir "$WORK/node" \
-        --name instr --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_OPENAI" \
-        --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
-        --mdns off --threads 1 >"$WORK/node.log" 2>&1 &
+    bench_node_args "$WORK" instr "$P_ENGINE" "$P_OLLAMA" "$P_OPENAI" "$P_CLUSTER"
+    "${VG[@]}" "$NODE" "${BENCH_NODE_ARGS[@]}" --threads 1 >"$WORK/node.log" 2>&1 &
 fi
 NODE_PID=$!
 PIDS+=("$NODE_PID")

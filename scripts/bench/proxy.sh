@@ -103,33 +103,8 @@ P_NGX=${PORTS[1]}
 P_DEAD=${PORTS[2]} # nothing listens here: node A's own engine
 
 # ------------------------------------------------------------- nginx
-CHAT=$BENCH_CHAT
-SSE_SHORT=$(sse_body 8)
-SSE_LONG=$(sse_body 48) # nginx caps one parameter at 4 KB
-# The slow stream trickles out over about SLOW_SECONDS.
-SLOW_RATE=$(( ($(printf '%s' "$SSE_LONG" | wc -c) + 2) / SLOW_SECONDS ))
 mkdir -p "$WORK/nginx-tmp"
-{
-    nginx_preamble engine "$WORK" 2
-    cat <<EOF
-    default_type application/json;
-    server {
-        listen 127.0.0.1:$P_ENGINE;
-$(engine_poller_locations)
-        # The answer; an x-bench header (passed through by the proxies)
-        # picks a short SSE stream or a slow one instead.
-        location = /v1/chat/completions {
-            if (\$http_x_bench = "stream") { rewrite ^ /_stream last; }
-            if (\$http_x_bench = "slow") { rewrite ^ /_slow last; }
-            return 200 '$CHAT';
-        }
-$(sse_location /_stream "$SSE_SHORT")
-$(sse_location /_slow "$SSE_LONG" "$SLOW_RATE")
-        location / { return 404 '{"error":"not found"}'; }
-    }
-}
-EOF
-} >"$WORK/engine.conf"
+bench_engine_config "$P_ENGINE" "$WORK" 2 >"$WORK/engine.conf"
 nginx_proxy_config "$WORK" 2 "$P_ENGINE" "$P_NGX" >"$WORK/proxy.conf"
 for c in engine proxy; do
     "$NGINX" -t -q -c "$WORK/$c.conf" -p "$WORK" -e "$WORK/$c-error.log" || die "nginx $c config"

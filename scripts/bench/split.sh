@@ -37,11 +37,9 @@ PIDS+=("$ENGINE_PID")
 nginx_proxy_config "$WORK" 2 "$P_ENGINE" "$P_NGINX" >"$WORK/proxy.conf"
 "${NGINX:-nginx}" -c "$WORK/proxy.conf" -p "$WORK" -e "$WORK/proxy-error.log" &
 PIDS+=($!)
+bench_node_args "$WORK" split "$P_ENGINE" "$P_OLLAMA" "$P_PAIR" "$P_CLUSTER"
 # shellcheck disable=SC2086
-"$BIN_DIR/pair-node" run --state-dir "$WORK/node" --name split \
-    --ollama-face "127.0.0.1:$P_OLLAMA" --openai-face "127.0.0.1:$P_PAIR" \
-    --cluster "127.0.0.1:$P_CLUSTER" --engine "openai-compat=http://127.0.0.1:$P_ENGINE" \
-    --mdns off ${PAIR_ARGS:-} >"$WORK/node.log" 2>&1 &
+"$BIN_DIR/pair-node" "${BENCH_NODE_ARGS[@]}" ${PAIR_ARGS:-} >"$WORK/node.log" 2>&1 &
 PAIR_PID=$!
 PIDS+=("$PAIR_PID")
 "$RAW" "127.0.0.1:$P_RAW" "127.0.0.1:$P_ENGINE" 2 >"$WORK/raw.log" 2>&1 &

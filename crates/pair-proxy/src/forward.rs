@@ -229,7 +229,8 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
         st,
         &req,
         &mut profile,
-        (job, created_at_ms),
+        job,
+        created_at_ms,
         &attempts,
         deadline_hit,
     )
@@ -283,7 +284,8 @@ fn all_failed(
     st: &ProxyState,
     req: &Inference,
     profile: &mut RequestProfile,
-    (job, created_at_ms): (JobId, u64),
+    job: JobId,
+    created_at_ms: u64,
     attempts: &[Attempt],
     deadline_hit: bool,
 ) -> Reply {
