@@ -1,0 +1,267 @@
+//! The text generation routes (Ollama generate and chat, OpenAI chat and
+//! completions): reading the prompt and limits, submitting the job, and
+//! Ollama's load-only requests.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::common::{model_of, parse, wait_done};
+use super::errors::{refused, shutting_down};
+use super::render::{Api, Gen, stream_body};
+use crate::ModelStatus;
+use crate::http::text::{count_tokens, request_seed, rfc3339_now, unix_now};
+use crate::http::{App, Flavor, json_response};
+
+/// Text of a message `content`: a string or a list of `{type:text,text}`.
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Prompt text and token count of a chat: contents plus ~4 template tokens
+/// per message.
+fn chat_prompt(req: &Map<String, Value>) -> (String, u32) {
+    let mut text = String::new();
+    let mut tokens = 0u32;
+    for m in req
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = m.get("content").map(content_text).unwrap_or_default();
+        tokens = tokens
+            .saturating_add(count_tokens(&content))
+            .saturating_add(4);
+        text.push_str(role);
+        text.push(':');
+        text.push_str(&content);
+        text.push('\n');
+    }
+    (text, tokens.max(1))
+}
+
+fn prompt_of(req: &Map<String, Value>) -> (String, u32) {
+    let text = match req.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    let tokens = count_tokens(&text);
+    (text, tokens)
+}
+
+/// Requested token limit: Ollama `options.num_predict`, OpenAI
+/// `max_completion_tokens` / `max_tokens`. Non-positive means none.
+fn limit_of(req: &Map<String, Value>) -> Option<u32> {
+    let v = req
+        .get("options")
+        .and_then(|o| o.get("num_predict"))
+        .or_else(|| req.get("max_completion_tokens"))
+        .or_else(|| req.get("max_tokens"))?;
+    let n = v.as_i64()?;
+    (n > 0).then(|| u32::try_from(n.min(1_000_000)).unwrap_or(1_000_000))
+}
+
+fn seed_of(req: &Map<String, Value>) -> u64 {
+    req.get("seed")
+        .or_else(|| req.get("options").and_then(|o| o.get("seed")))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+fn stream_of(req: &Map<String, Value>, default: bool) -> bool {
+    req.get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(default)
+}
+
+/// Common path of every text generation route.
+async fn generate(
+    app: App,
+    path: &str,
+    body: Bytes,
+    api: Api,
+    chat: bool,
+    stream_default: bool,
+) -> Response {
+    let req = match parse(&app, path, &body) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    let (model_ix, requested) = match model_of(&app, path, &req) {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    if matches!(api, Api::OllamaGenerate | Api::OllamaChat) && is_load_only(&req, chat) {
+        return load_only(&app, path, model_ix, chat).await;
+    }
+    let (prompt, prompt_tokens) = if chat {
+        chat_prompt(&req)
+    } else {
+        prompt_of(&req)
+    };
+    let limit = limit_of(&req);
+    let output_tokens = limit.unwrap_or(app.cfg.default_max_tokens).max(1);
+    let include_usage = req
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let api = match api {
+        Api::OpenAiChat { .. } => Api::OpenAiChat { include_usage },
+        Api::OpenAiCompletion { .. } => Api::OpenAiCompletion { include_usage },
+        other => other,
+    };
+    let canonical = app.listed_name(model_ix);
+    let seed = request_seed(app.cfg.seed ^ seed_of(&req), &canonical, &prompt);
+    let load_us = app.core.with_model(|m, _| {
+        m.models()
+            .nth(model_ix)
+            .map_or(0, |s: ModelStatus<'_>| s.rates.load_us)
+    });
+    let prefix = if chat { "chatcmpl" } else { "cmpl" };
+    let gen_ = Arc::new(Gen {
+        api,
+        // Engines echo the model as requested (Ollama: as resolved).
+        model: if app.cfg.flavor == Flavor::Ollama {
+            canonical
+        } else {
+            requested
+        },
+        id: format!("{prefix}-{:016x}", seed),
+        created: unix_now(),
+        seed,
+        prompt_tokens,
+        output_tokens,
+        limited: limit.is_some(),
+        load_us,
+    });
+    let mut guard = match app.core.submit(model_ix, prompt_tokens, output_tokens) {
+        Ok(g) => g,
+        Err(e) => return refused(&app, path, &e),
+    };
+    if !stream_of(&req, stream_default) {
+        return match wait_done(&app, &mut guard).await {
+            Some(t) => json_response(StatusCode::OK, &gen_.whole(&t)),
+            None => shutting_down(),
+        };
+    }
+    let content_type = match api {
+        Api::OllamaGenerate | Api::OllamaChat => "application/x-ndjson",
+        _ => "text/event-stream",
+    };
+    let mut resp = Response::new(stream_body(app, guard, gen_));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// Ollama treats a generate without a prompt, or a chat without messages,
+/// as "load this model" and answers once with `done_reason: "load"`.
+fn is_load_only(req: &Map<String, Value>, chat: bool) -> bool {
+    if chat {
+        req.get("messages")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    } else {
+        req.get("prompt")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    }
+}
+
+async fn load_only(app: &App, path: &str, model_ix: usize, chat: bool) -> Response {
+    let mut guard = match app.core.submit(model_ix, 0, 0) {
+        Ok(g) => g,
+        Err(e) => return refused(app, path, &e),
+    };
+    if wait_done(app, &mut guard).await.is_none() {
+        return shutting_down();
+    }
+    let mut m = Map::new();
+    m.insert("model".into(), app.listed_name(model_ix).into());
+    m.insert("created_at".into(), rfc3339_now().into());
+    if chat {
+        m.insert(
+            "message".into(),
+            json!({ "role": "assistant", "content": "" }),
+        );
+    } else {
+        m.insert("response".into(), "".into());
+    }
+    m.insert("done_reason".into(), "load".into());
+    m.insert("done".into(), true.into());
+    json_response(StatusCode::OK, &Value::Object(m))
+}
+
+pub(crate) async fn ollama_generate(State(app): State<App>, body: Bytes) -> Response {
+    generate(app, "/api/generate", body, Api::OllamaGenerate, false, true).await
+}
+
+pub(crate) async fn ollama_chat(State(app): State<App>, body: Bytes) -> Response {
+    generate(app, "/api/chat", body, Api::OllamaChat, true, true).await
+}
+
+pub(crate) async fn openai_chat(State(app): State<App>, body: Bytes) -> Response {
+    let api = Api::OpenAiChat {
+        include_usage: false,
+    };
+    generate(app, "/v1/chat/completions", body, api, true, false).await
+}
+
+pub(crate) async fn openai_completions(State(app): State<App>, body: Bytes) -> Response {
+    let api = Api::OpenAiCompletion {
+        include_usage: false,
+    };
+    generate(app, "/v1/completions", body, api, false, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_prefer_the_engines_own_field() {
+        let req = |v: Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            limit_of(&req(json!({ "options": { "num_predict": 7 } }))),
+            Some(7)
+        );
+        assert_eq!(
+            limit_of(&req(json!({ "max_completion_tokens": 3, "max_tokens": 9 }))),
+            Some(3)
+        );
+        assert_eq!(limit_of(&req(json!({ "max_tokens": -1 }))), None);
+        assert_eq!(limit_of(&req(json!({}))), None);
+    }
+
+    #[test]
+    fn chat_prompts_count_template_tokens() {
+        let req = json!({ "messages": [
+            { "role": "system", "content": "be brief" },
+            { "role": "user", "content": [{ "type": "text", "text": "hello there" }] },
+        ] });
+        let (text, tokens) = chat_prompt(req.as_object().unwrap_or(&Map::new()));
+        assert_eq!(tokens, 2 + 4 + 3 + 4);
+        assert!(text.contains("user:hello there"));
+    }
+}
