@@ -20,11 +20,21 @@ pub(crate) const FORBIDDEN: &[&str] = &[
     "axum",
 ];
 
+/// Crates that read node info and the pressure rule from pair-core and must
+/// not pull in the telemetry shell (its probes, sysinfo and NVML) for them.
+pub(crate) const KEPT_OFF_TELEMETRY: &[&str] = &["pair-discovery", "pair-sim"];
+pub(crate) const TELEMETRY_SHELL: &[&str] = &["pair-telemetry", "sysinfo", "nvml-wrapper"];
+
 pub(crate) fn run(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
     let graph = normal_dependency_graph(root)?;
     for krate in PURE_CRATES {
         for bad in reachable_forbidden(&graph, krate)? {
+            problems.push(format!("{krate} reaches {bad} in its dependency tree"));
+        }
+    }
+    for krate in KEPT_OFF_TELEMETRY {
+        for bad in reachable_any(&graph, krate, TELEMETRY_SHELL)? {
             problems.push(format!("{krate} reaches {bad} in its dependency tree"));
         }
     }
@@ -98,6 +108,15 @@ pub(crate) fn reachable_forbidden(
     graph: &HashMap<String, Vec<String>>,
     start: &str,
 ) -> Result<BTreeSet<String>> {
+    reachable_any(graph, start, FORBIDDEN)
+}
+
+/// Which of `names` `start` reaches through normal dependencies.
+pub(crate) fn reachable_any(
+    graph: &HashMap<String, Vec<String>>,
+    start: &str,
+    names: &[&str],
+) -> Result<BTreeSet<String>> {
     if !graph.contains_key(start) {
         bail!("{start} is not in the workspace's dependency graph");
     }
@@ -108,7 +127,7 @@ pub(crate) fn reachable_forbidden(
         if !seen.insert(n.clone()) {
             continue;
         }
-        if FORBIDDEN.contains(&n.as_str()) {
+        if names.contains(&n.as_str()) {
             bad.insert(n.clone());
         }
         stack.extend(graph.get(&n).into_iter().flatten().cloned());
@@ -165,6 +184,18 @@ mod tests {
         let graph = normal_dependency_graph(&root).expect("cargo metadata");
         for krate in PURE_CRATES {
             let bad = reachable_forbidden(&graph, krate).expect("crate in graph");
+            assert!(bad.is_empty(), "{krate} reaches {bad:?}");
+        }
+    }
+
+    /// Discovery and the simulator take node info and the pressure rule from
+    /// pair-core, not from pair-telemetry with its sysinfo and NVML.
+    #[test]
+    fn wire_type_readers_reach_no_telemetry_shell() {
+        let root = crate::project_root();
+        let graph = normal_dependency_graph(&root).expect("cargo metadata");
+        for krate in KEPT_OFF_TELEMETRY {
+            let bad = reachable_any(&graph, krate, TELEMETRY_SHELL).expect("crate in graph");
             assert!(bad.is_empty(), "{krate} reaches {bad:?}");
         }
     }

@@ -1,14 +1,13 @@
 //! PAIR's pressure signal in the simulator: an EWMA of GPU utilisation
 //! (alpha 0.35) mapped to bands 0..=3 at 40/70/85 %, stepping down only
-//! below 35/65/80 % (hysteresis). The tracker is pair-telemetry's, the one
-//! real nodes run; this module adds clamping of the model's utilisation and
-//! the router-side staleness rule in virtual time.
+//! below 35/65/80 % (hysteresis). The tracker is pair-core's, the one real
+//! nodes' telemetry runs; this module adds clamping of the model's
+//! utilisation and the router-side staleness rule in virtual time.
 
-use pair_core::Pressure;
-use pair_telemetry::{PressureTracker, Sample};
+use pair_core::{Pressure, PressureTracker, Sample};
 
-/// One node's pressure state as its telemetry loop keeps it: pair-telemetry's
-/// own tracker (EWMA alpha 0.35, bands at 40/70/85 %, hysteresis), fed in
+/// One node's pressure state as its telemetry loop keeps it: the tracker
+/// real nodes run (EWMA alpha 0.35, bands at 40/70/85 %, hysteresis), fed in
 /// virtual time; staleness is judged router-side by [`pair_pressure_seen`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PairPressure {

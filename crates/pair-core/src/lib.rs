@@ -1,5 +1,8 @@
 //! Shared vocabulary of pair: who the nodes are, which models they hold, how
-//! busy they are, what a request asks for and what happened to it.
+//! busy they are, what a request asks for and what happened to it, what a
+//! node answers on its node-info route, and the pressure rule (EWMA bands
+//! with hysteresis), which discovery and the simulator read without
+//! pair-telemetry's probes.
 //!
 //! This crate does no I/O, owns no clock and spawns nothing. Times are plain
 //! numbers handed in by the caller (milliseconds since the Unix epoch, or
@@ -11,6 +14,8 @@ pub mod error;
 pub mod id;
 pub mod job;
 pub mod model;
+pub mod node_info;
+pub mod pressure;
 pub mod request;
 pub mod snapshot;
 
@@ -19,6 +24,8 @@ pub use error::{CoreError, RetryAdvice};
 pub use id::{JobId, NodeId, Role};
 pub use job::{JobRecord, JobStatus};
 pub use model::ModelName;
+pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
+pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};
 pub use request::{RequestProfile, SessionKey};
 pub use snapshot::{
     ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf, NodeSnapshot,

@@ -7,8 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
-use pair_core::NodeId;
-use pair_telemetry::NodeInfo;
+use pair_core::{NodeId, NodeInfo};
 use serde::Deserialize;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -17,7 +16,7 @@ use crate::DiscoveryError;
 use crate::table::ProbeOk;
 
 /// Path of the node-info document (served by pair-telemetry's router).
-pub const NODE_INFO_PATH: &str = pair_telemetry::NODE_INFO_PATH;
+pub const NODE_INFO_PATH: &str = pair_core::NODE_INFO_PATH;
 /// Largest node-info body a probe reads.
 const MAX_BODY: usize = 64 * 1024;
 

@@ -24,11 +24,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use pair_core::{Liveness, NodeId};
+use pair_core::{Liveness, NodeId, NodeInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::txt::TxtRecord;
-use pair_telemetry::NodeInfo;
 
 /// Timings of the liveness machine. Defaults meet the targets: a new node is
 /// verified one probe round trip after its announcement arrives (well under

@@ -1,19 +1,9 @@
 //! Host CPU and memory: the [`HostProbe`] trait, sysinfo, and a fake.
 
-use serde::{Deserialize, Serialize};
+pub use pair_core::HostStats;
 use sysinfo::System;
 
 use crate::TelemetryError;
-
-/// Host figures of one sample.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HostStats {
-    /// CPU utilisation over all cores since the previous sample, percent.
-    pub cpu_pct: f32,
-    pub cpu_count: u32,
-    pub mem_used_bytes: u64,
-    pub mem_total_bytes: u64,
-}
 
 /// Reads host CPU and memory.
 pub trait HostProbe: Send + 'static {

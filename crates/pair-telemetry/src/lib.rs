@@ -2,9 +2,13 @@
 //! hysteresis, a 1 s sampler publishing through a watch channel, and the
 //! `GET /pair/v1/node-info` JSON endpoint.
 //!
-//! The pressure rule is a pure core ([`pressure`]); probes and the sampler
-//! are the thin shell around it. NVML is optional (feature `nvml`, on by
-//! default) and a missing driver means "no GPU", never an error at start.
+//! The pressure rule is a pure core ([`pressure`]) and the node-info
+//! document a plain value ([`NodeInfo`]); both live in pair-core, so that
+//! crates which only read them need none of this one's probes, runtime or
+//! HTTP, and are re-exported here unchanged. Probes, the sampler and the
+//! node-info router are the thin shell around them. NVML is optional
+//! (feature `nvml`, on by default) and a missing driver means "no GPU",
+//! never an error at start.
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -13,8 +17,9 @@ pub mod error;
 pub mod gpu;
 pub mod host;
 pub mod node_info;
-pub mod pressure;
 pub mod sampler;
+
+pub use pair_core::pressure;
 
 pub use error::TelemetryError;
 #[cfg(feature = "nvml")]

@@ -1,6 +1,7 @@
-//! Node info: the plain-HTTP JSON document at `GET /pair/v1/node-info` on the
-//! cluster port. Telemetry and identity only: no models, no jobs (those go
-//! over mutual TLS to paired peers). Format documented in docs/node-info.md.
+//! Node info on the cluster port: the router serving `GET
+//! /pair/v1/node-info` from the sampler's latest reading. The document
+//! itself ([`NodeInfo`]) is a pair-core value, re-exported here; format
+//! documented in docs/node-info.md.
 
 use axum::Json;
 use axum::Router;
@@ -8,72 +9,11 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use pair_core::{GpuDevice, NodeId, Pressure, Role};
-use serde::{Deserialize, Serialize};
+pub use pair_core::node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 use tokio::sync::watch;
 
-use crate::host::HostStats;
-use crate::pressure::{ComputeSource, Telemetry};
+use crate::pressure::Telemetry;
 use crate::sampler::epoch_ms;
-
-/// Where the document is served.
-pub const NODE_INFO_PATH: &str = "/pair/v1/node-info";
-/// Version of the document's format; bumped on incompatible changes.
-pub const NODE_INFO_VERSION: u32 = 1;
-
-/// The static part of node info: who this node is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeInfoConfig {
-    pub id: NodeId,
-    /// Human name, display only.
-    pub name: String,
-    pub role: Role,
-    pub cluster_port: u16,
-}
-
-/// The node-info document.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Format version ([`NODE_INFO_VERSION`]).
-    pub format: u32,
-    /// Software version of the node (crate version).
-    pub version: String,
-    pub id: NodeId,
-    pub name: String,
-    pub role: Role,
-    pub cluster_port: u16,
-    /// When the telemetry was sampled, ms since the Unix epoch (0: never).
-    pub taken_at_ms: u64,
-    pub host: Option<HostStats>,
-    pub gpus: Vec<GpuDevice>,
-    pub compute: ComputeSource,
-    pub utilisation_ewma_pct: Option<f32>,
-    /// Pressure band with staleness applied at the time of the response.
-    pub pressure: Pressure,
-    /// Free VRAM over all GPUs; absent on a node without GPUs.
-    pub vram_free_bytes: Option<u64>,
-}
-
-impl NodeInfo {
-    /// The document for `node` from telemetry `t`, as seen at `now_ms`.
-    pub fn new(node: &NodeInfoConfig, t: &Telemetry, now_ms: u64) -> Self {
-        Self {
-            format: NODE_INFO_VERSION,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            id: node.id,
-            name: node.name.clone(),
-            role: node.role,
-            cluster_port: node.cluster_port,
-            taken_at_ms: t.taken_at_ms,
-            host: t.host,
-            gpus: t.gpus.clone(),
-            compute: t.compute,
-            utilisation_ewma_pct: t.utilisation_ewma_pct,
-            pressure: t.pressure_at(now_ms),
-            vram_free_bytes: t.vram_free_bytes(),
-        }
-    }
-}
 
 #[derive(Clone)]
 struct NodeInfoState {
@@ -103,9 +43,11 @@ async fn serve_node_info(State(state): State<NodeInfoState>) -> impl IntoRespons
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pressure::ComputeSource;
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
+    use pair_core::{GpuDevice, NodeId, Pressure, Role};
     use tower::ServiceExt;
 
     fn node() -> NodeInfoConfig {

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use pair_core::{NodeId, Role};
+use pair_core::{NODE_INFO_PATH, NodeId, NodeInfo, NodeInfoConfig, Role, Telemetry};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet, PeerView, StaticPeer};
-use pair_telemetry::{NODE_INFO_PATH, NodeInfo, NodeInfoConfig, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -1,15 +1,17 @@
 //! Pure pressure core: EWMA of utilisation, bands 0-3 with hysteresis,
-//! staleness, and the [`Telemetry`] value the sampler publishes.
+//! staleness, and the [`Telemetry`] value pair-telemetry's sampler publishes.
 //!
-//! No clock here: every call takes `now_ms` (milliseconds since the Unix
-//! epoch, like the rest of pair-core), so the rule is tested without time.
+//! It lives here rather than in pair-telemetry so that readers of the rule
+//! and of the value (discovery, the simulator) need no probes, runtime or
+//! HTTP. No clock here: every call takes `now_ms` (milliseconds since the
+//! Unix epoch, like the rest of pair-core), so the rule is tested without
+//! time.
 
 use std::time::Duration;
 
-use pair_core::{GpuDevice, Pressure};
 use serde::{Deserialize, Serialize};
 
-use crate::host::HostStats;
+use crate::snapshot::{GpuDevice, Pressure};
 
 /// Smoothing factor of the utilisation EWMA (PAIR's value).
 pub const EWMA_ALPHA: f64 = 0.35;
@@ -152,6 +154,16 @@ impl Default for PressureTracker {
 fn is_stale(at_ms: u64, now_ms: u64, stale_after: Duration) -> bool {
     let limit = u64::try_from(stale_after.as_millis()).unwrap_or(u64::MAX);
     now_ms.saturating_sub(at_ms) > limit
+}
+
+/// Host figures of one sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostStats {
+    /// CPU utilisation over all cores since the previous sample, percent.
+    pub cpu_pct: f32,
+    pub cpu_count: u32,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
 }
 
 /// One published telemetry reading of a node.
