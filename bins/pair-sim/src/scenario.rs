@@ -464,322 +464,17 @@ impl RawDist {
 }
 
 impl RawScenario {
+    /// One validator per section, in the order they depend on each other:
+    /// nodes name models, a source needs a node holding its models, and the
+    /// search names a source.
     fn into_scenario(self) -> Result<Scenario, SimError> {
-        if self.name.trim().is_empty() {
-            return Err(SimError::invalid("name", "must not be empty"));
-        }
-        let duration = micros("duration_s", self.duration_s)?;
-        let warmup = micros("warmup_s", self.warmup_s)?;
-        if duration == 0 || warmup >= duration {
-            return Err(SimError::invalid(
-                "warmup_s",
-                "must be shorter than duration_s (and duration_s > 0)",
-            ));
-        }
-        let ttft_p95 = ms("slo.ttft_p95_ms", self.slo.ttft_p95_ms)?;
-        if ttft_p95 == 0 {
-            return Err(SimError::invalid("slo.ttft_p95_ms", "must be > 0"));
-        }
-        let slo = Slo {
-            ttft_p95,
-            ttft_miss: match self.slo.miss_ms {
-                Some(m) => ms("slo.miss_ms", m)?,
-                None => ttft_p95,
-            },
-        };
-        let info = InfoDelays {
-            telemetry_interval: ms(
-                "info.telemetry_interval_ms",
-                self.info.telemetry_interval_ms,
-            )?,
-            report_interval: ms("info.report_interval_ms", self.info.report_interval_ms)?,
-            network_delay: ms("info.network_delay_ms", self.info.network_delay_ms)?,
-            stale_after: ms("info.stale_after_ms", self.info.stale_after_ms)?,
-            default_rtt: ms("info.rtt_ms", self.info.rtt_ms)?,
-        };
-        if info.telemetry_interval == 0 || info.report_interval == 0 {
-            return Err(SimError::invalid(
-                "info.report_interval_ms",
-                "intervals must be > 0",
-            ));
-        }
-
-        if self.models.is_empty() {
-            return Err(SimError::invalid("models", "needs at least one model"));
-        }
-        let mut models = Vec::with_capacity(self.models.len());
-        for (i, m) in self.models.into_iter().enumerate() {
-            let field = format!("models[{i}]");
-            let name = ModelName::new(m.name).map_err(|_| {
-                SimError::invalid(format!("{field}.name"), "is not a valid model name")
-            })?;
-            if models.iter().any(|x: &ModelSpec| x.name == name) {
-                return Err(SimError::invalid(
-                    format!("{field}.name"),
-                    "is listed twice",
-                ));
-            }
-            let size_gb = positive(&format!("{field}.size_gb"), Some(m.size_gb))?;
-            models.push(ModelSpec {
-                name,
-                size_bytes: (size_gb * 1e9).round() as u64,
-            });
-        }
-        let model_index = |field: &str, name: &str| -> Result<usize, SimError> {
-            models
-                .iter()
-                .position(|m| m.name.as_str() == name)
-                .ok_or_else(|| SimError::Unknown {
-                    field: field.to_owned(),
-                    what: "model",
-                    name: name.to_owned(),
-                })
-        };
-
-        if self.nodes.is_empty() {
-            return Err(SimError::invalid("nodes", "needs at least one node"));
-        }
-        let mut nodes = Vec::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            let field = format!("nodes[{i}]");
-            if n.count == 0 || n.count > 1024 {
-                return Err(SimError::invalid(
-                    format!("{field}.count"),
-                    "must be 1..=1024",
-                ));
-            }
-            if n.models.is_empty() {
-                return Err(SimError::invalid(
-                    format!("{field}.models"),
-                    "a node needs at least one model",
-                ));
-            }
-            let held = n
-                .models
-                .iter()
-                .map(|m| model_index(&format!("{field}.models"), m))
-                .collect::<Result<Vec<_>, _>>()?;
-            let preloaded = match &n.preloaded {
-                None => held.clone(),
-                Some(p) => {
-                    let mut v = Vec::new();
-                    for m in p {
-                        let idx = model_index(&format!("{field}.preloaded"), m)?;
-                        if !held.contains(&idx) {
-                            return Err(SimError::invalid(
-                                format!("{field}.preloaded"),
-                                "names a model the node does not hold",
-                            ));
-                        }
-                        v.push(idx);
-                    }
-                    v
-                }
-            };
-            if n.slots == Some(0) {
-                return Err(SimError::invalid(format!("{field}.slots"), "must be >= 1"));
-            }
-            let rtt = match n.rtt_ms {
-                Some(r) => ms(&format!("{field}.rtt_ms"), r)?,
-                None => info.default_rtt,
-            };
-            for k in 0..n.count {
-                let name = if n.count == 1 {
-                    n.name.clone()
-                } else {
-                    format!("{}-{}", n.name, k + 1)
-                };
-                if nodes.iter().any(|x: &NodeSpec| x.name == name) {
-                    return Err(SimError::invalid(format!("{field}.name"), "is not unique"));
-                }
-                nodes.push(NodeSpec {
-                    name,
-                    profile: n.profile.clone(),
-                    models: held.clone(),
-                    preloaded: preloaded.clone(),
-                    slots: n.slots,
-                    rtt,
-                    seed_perf: match n.seed_perf {
-                        RawSeedPerf::Profile => SeedPerf::Profile,
-                        RawSeedPerf::None => SeedPerf::None,
-                    },
-                });
-            }
-        }
-
-        if self.workload.is_empty() {
-            return Err(SimError::invalid("workload", "needs at least one source"));
-        }
-        let mut sources = Vec::with_capacity(self.workload.len());
-        for (i, w) in self.workload.iter().enumerate() {
-            let field = format!("workload[{i}]");
-            let f = |s: &str| format!("{field}.{s}");
-            if sources.iter().any(|x: &Source| x.name == w.name) {
-                return Err(SimError::invalid(f("name"), "is not unique"));
-            }
-            let mix = if w.models.is_empty() {
-                ModelMix {
-                    cumulative: vec![(0, 1.0)],
-                }
-            } else {
-                let total: f64 = w.models.values().sum();
-                if !(total.is_finite() && total > 0.0) || w.models.values().any(|v| *v < 0.0) {
-                    return Err(SimError::invalid(
-                        f("models"),
-                        "weights must be >= 0 with a positive sum",
-                    ));
-                }
-                let mut acc = 0.0;
-                let mut cumulative = Vec::new();
-                for (name, weight) in &w.models {
-                    acc += weight / total;
-                    cumulative.push((model_index(&f("models"), name)?, acc));
-                }
-                ModelMix { cumulative }
-            };
-            for m in mix.models() {
-                if !nodes.iter().any(|n| n.models.contains(&m)) {
-                    return Err(SimError::invalid(
-                        f("models"),
-                        "asks for a model no node holds",
-                    ));
-                }
-            }
-            if !(0.0..=1.0).contains(&w.streaming) {
-                return Err(SimError::invalid(f("streaming"), "is a fraction in 0..=1"));
-            }
-            if w.max_tokens == Some(0) {
-                return Err(SimError::invalid(f("max_tokens"), "must be >= 1"));
-            }
-            let only = |allowed: &[&str]| -> Result<(), SimError> {
-                let present = [
-                    ("rate_per_s", w.rate_per_s.is_some()),
-                    ("burst_rate_per_s", w.burst_rate_per_s.is_some()),
-                    ("burst_every_s", w.burst_every_s.is_some()),
-                    ("burst_length_s", w.burst_length_s.is_some()),
-                    ("bursts_per_s", w.bursts_per_s.is_some()),
-                    ("fan_out", w.fan_out.is_some()),
-                    ("users", w.users.is_some()),
-                    ("think_ms", w.think_ms.is_some()),
-                    ("turns", w.turns.is_some()),
-                    ("context_limit", w.context_limit.is_some()),
-                ];
-                match present.iter().find(|(k, p)| *p && !allowed.contains(k)) {
-                    Some((k, _)) => Err(SimError::invalid(f(k), "does not apply to this kind")),
-                    None => Ok(()),
-                }
-            };
-            let kind = match w.kind {
-                RawKind::Poisson => {
-                    only(&["rate_per_s"])?;
-                    SourceKind::Poisson {
-                        rate_per_s: positive(&f("rate_per_s"), w.rate_per_s)?,
-                    }
-                }
-                RawKind::Bursty => {
-                    only(&[
-                        "rate_per_s",
-                        "burst_rate_per_s",
-                        "burst_every_s",
-                        "burst_length_s",
-                    ])?;
-                    SourceKind::Bursty {
-                        rate_per_s: positive(&f("rate_per_s"), w.rate_per_s)?,
-                        burst_rate_per_s: positive(&f("burst_rate_per_s"), w.burst_rate_per_s)?,
-                        mean_gap: micros(
-                            &f("burst_every_s"),
-                            positive(&f("burst_every_s"), w.burst_every_s)?,
-                        )?,
-                        mean_burst: micros(
-                            &f("burst_length_s"),
-                            positive(&f("burst_length_s"), w.burst_length_s)?,
-                        )?,
-                    }
-                }
-                RawKind::Agents => {
-                    only(&["bursts_per_s", "fan_out"])?;
-                    SourceKind::Agents {
-                        bursts_per_s: positive(&f("bursts_per_s"), w.bursts_per_s)?,
-                        fan_out: w
-                            .fan_out
-                            .as_ref()
-                            .ok_or_else(|| {
-                                SimError::invalid(f("fan_out"), "is required for agents")
-                            })?
-                            .parse(&f("fan_out"))?,
-                    }
-                }
-                RawKind::ClosedLoop => {
-                    only(&["users", "think_ms", "turns", "context_limit"])?;
-                    let users = w.users.ok_or_else(|| {
-                        SimError::invalid(f("users"), "is required for closed-loop")
-                    })?;
-                    SourceKind::ClosedLoop {
-                        users,
-                        think_ms: w
-                            .think_ms
-                            .as_ref()
-                            .ok_or_else(|| {
-                                SimError::invalid(f("think_ms"), "is required for closed-loop")
-                            })?
-                            .parse(&f("think_ms"))?,
-                        turns: w.turns.as_ref().map(|t| t.parse(&f("turns"))).transpose()?,
-                        context_limit: w.context_limit.unwrap_or(8_192).max(1),
-                    }
-                }
-            };
-            sources.push(Source {
-                name: w.name.clone(),
-                kind,
-                mix,
-                prompt_tokens: w.prompt_tokens.parse(&f("prompt_tokens"))?,
-                output_tokens: w.output_tokens.parse(&f("output_tokens"))?,
-                max_tokens: w.max_tokens,
-                streaming: w.streaming,
-            });
-        }
-
-        let search_source = match &self.search.source {
-            Some(name) => {
-                let i = sources
-                    .iter()
-                    .position(|s| &s.name == name)
-                    .ok_or_else(|| SimError::Unknown {
-                        field: "search.source".into(),
-                        what: "workload source",
-                        name: name.clone(),
-                    })?;
-                if !matches!(sources[i].kind, SourceKind::ClosedLoop { .. }) {
-                    return Err(SimError::invalid(
-                        "search.source",
-                        "must name a closed-loop source",
-                    ));
-                }
-                Some(i)
-            }
-            None => sources
-                .iter()
-                .position(|s| matches!(s.kind, SourceKind::ClosedLoop { .. })),
-        };
-        let search_duration = match self.search.duration_s {
-            Some(d) => micros("search.duration_s", d)?,
-            None => duration,
-        };
-        let search_warmup = match self.search.warmup_s {
-            Some(d) => micros("search.warmup_s", d)?,
-            None => warmup.min(search_duration / 2),
-        };
-        if search_duration == 0 || search_warmup >= search_duration {
-            return Err(SimError::invalid(
-                "search.warmup_s",
-                "must be shorter than search.duration_s",
-            ));
-        }
-        let max_users = self.search.max_users.unwrap_or(1_024);
-        if max_users == 0 {
-            return Err(SimError::invalid("search.max_users", "must be >= 1"));
-        }
-
+        let (duration, warmup) = parse_root(&self.name, self.duration_s, self.warmup_s)?;
+        let slo = parse_slo(&self.slo)?;
+        let info = parse_info(&self.info)?;
+        let models = parse_models(self.models)?;
+        let nodes = parse_nodes(&self.nodes, &models, &info)?;
+        let sources = parse_workload(&self.workload, &models, &nodes)?;
+        let search = parse_search(&self.search, &sources, duration, warmup)?;
         Ok(Scenario {
             name: self.name,
             description: self.description,
@@ -791,14 +486,383 @@ impl RawScenario {
             models,
             nodes,
             sources,
-            search: SearchSpec {
-                source: search_source,
-                max_users,
-                duration: search_duration,
-                warmup: search_warmup,
-            },
+            search,
         })
     }
+}
+
+/// The root table: a name, and how long the run and its warm-up last.
+fn parse_root(name: &str, duration_s: f64, warmup_s: f64) -> Result<(Micros, Micros), SimError> {
+    if name.trim().is_empty() {
+        return Err(SimError::invalid("name", "must not be empty"));
+    }
+    let duration = micros("duration_s", duration_s)?;
+    let warmup = micros("warmup_s", warmup_s)?;
+    if duration == 0 || warmup >= duration {
+        return Err(SimError::invalid(
+            "warmup_s",
+            "must be shorter than duration_s (and duration_s > 0)",
+        ));
+    }
+    Ok((duration, warmup))
+}
+
+/// `[slo]`: the TTFT target, and the miss threshold (the target unless set).
+fn parse_slo(raw: &RawSlo) -> Result<Slo, SimError> {
+    let ttft_p95 = ms("slo.ttft_p95_ms", raw.ttft_p95_ms)?;
+    if ttft_p95 == 0 {
+        return Err(SimError::invalid("slo.ttft_p95_ms", "must be > 0"));
+    }
+    Ok(Slo {
+        ttft_p95,
+        ttft_miss: match raw.miss_ms {
+            Some(m) => ms("slo.miss_ms", m)?,
+            None => ttft_p95,
+        },
+    })
+}
+
+/// `[info]`: how stale the router's picture is (defaults as on a real node).
+fn parse_info(raw: &RawInfo) -> Result<InfoDelays, SimError> {
+    let info = InfoDelays {
+        telemetry_interval: ms("info.telemetry_interval_ms", raw.telemetry_interval_ms)?,
+        report_interval: ms("info.report_interval_ms", raw.report_interval_ms)?,
+        network_delay: ms("info.network_delay_ms", raw.network_delay_ms)?,
+        stale_after: ms("info.stale_after_ms", raw.stale_after_ms)?,
+        default_rtt: ms("info.rtt_ms", raw.rtt_ms)?,
+    };
+    if info.telemetry_interval == 0 || info.report_interval == 0 {
+        return Err(SimError::invalid(
+            "info.report_interval_ms",
+            "intervals must be > 0",
+        ));
+    }
+    Ok(info)
+}
+
+/// `[[models]]`: at least one, each name once.
+fn parse_models(raw: Vec<RawModel>) -> Result<Vec<ModelSpec>, SimError> {
+    if raw.is_empty() {
+        return Err(SimError::invalid("models", "needs at least one model"));
+    }
+    let mut models = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let field = format!("models[{i}]");
+        let name = ModelName::new(m.name)
+            .map_err(|_| SimError::invalid(format!("{field}.name"), "is not a valid model name"))?;
+        if models.iter().any(|x: &ModelSpec| x.name == name) {
+            return Err(SimError::invalid(
+                format!("{field}.name"),
+                "is listed twice",
+            ));
+        }
+        let size_gb = positive(&format!("{field}.size_gb"), Some(m.size_gb))?;
+        models.push(ModelSpec {
+            name,
+            size_bytes: (size_gb * 1e9).round() as u64,
+        });
+    }
+    Ok(models)
+}
+
+/// The index in `models` of the model a section names.
+fn model_index(models: &[ModelSpec], field: &str, name: &str) -> Result<usize, SimError> {
+    models
+        .iter()
+        .position(|m| m.name.as_str() == name)
+        .ok_or_else(|| SimError::Unknown {
+            field: field.to_owned(),
+            what: "model",
+            name: name.to_owned(),
+        })
+}
+
+/// `[[nodes]]`, each `count` expanded into that many nodes.
+fn parse_nodes(
+    raw: &[RawNode],
+    models: &[ModelSpec],
+    info: &InfoDelays,
+) -> Result<Vec<NodeSpec>, SimError> {
+    if raw.is_empty() {
+        return Err(SimError::invalid("nodes", "needs at least one node"));
+    }
+    let mut nodes = Vec::new();
+    for (i, n) in raw.iter().enumerate() {
+        let field = format!("nodes[{i}]");
+        if n.count == 0 || n.count > 1024 {
+            return Err(SimError::invalid(
+                format!("{field}.count"),
+                "must be 1..=1024",
+            ));
+        }
+        if n.models.is_empty() {
+            return Err(SimError::invalid(
+                format!("{field}.models"),
+                "a node needs at least one model",
+            ));
+        }
+        let held = n
+            .models
+            .iter()
+            .map(|m| model_index(models, &format!("{field}.models"), m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let preloaded = match &n.preloaded {
+            None => held.clone(),
+            Some(p) => {
+                let mut v = Vec::new();
+                for m in p {
+                    let idx = model_index(models, &format!("{field}.preloaded"), m)?;
+                    if !held.contains(&idx) {
+                        return Err(SimError::invalid(
+                            format!("{field}.preloaded"),
+                            "names a model the node does not hold",
+                        ));
+                    }
+                    v.push(idx);
+                }
+                v
+            }
+        };
+        if n.slots == Some(0) {
+            return Err(SimError::invalid(format!("{field}.slots"), "must be >= 1"));
+        }
+        let rtt = match n.rtt_ms {
+            Some(r) => ms(&format!("{field}.rtt_ms"), r)?,
+            None => info.default_rtt,
+        };
+        for k in 0..n.count {
+            let name = if n.count == 1 {
+                n.name.clone()
+            } else {
+                format!("{}-{}", n.name, k + 1)
+            };
+            if nodes.iter().any(|x: &NodeSpec| x.name == name) {
+                return Err(SimError::invalid(format!("{field}.name"), "is not unique"));
+            }
+            nodes.push(NodeSpec {
+                name,
+                profile: n.profile.clone(),
+                models: held.clone(),
+                preloaded: preloaded.clone(),
+                slots: n.slots,
+                rtt,
+                seed_perf: match n.seed_perf {
+                    RawSeedPerf::Profile => SeedPerf::Profile,
+                    RawSeedPerf::None => SeedPerf::None,
+                },
+            });
+        }
+    }
+    Ok(nodes)
+}
+
+/// `[[workload]]`: the request sources, each against the models and the
+/// nodes that hold them.
+fn parse_workload(
+    raw: &[RawSource],
+    models: &[ModelSpec],
+    nodes: &[NodeSpec],
+) -> Result<Vec<Source>, SimError> {
+    if raw.is_empty() {
+        return Err(SimError::invalid("workload", "needs at least one source"));
+    }
+    let mut sources = Vec::with_capacity(raw.len());
+    for (i, w) in raw.iter().enumerate() {
+        let field = format!("workload[{i}]");
+        if sources.iter().any(|x: &Source| x.name == w.name) {
+            return Err(SimError::invalid(format!("{field}.name"), "is not unique"));
+        }
+        sources.push(parse_source(&field, w, models, nodes)?);
+    }
+    Ok(sources)
+}
+
+/// One `[[workload]]` entry, named `field` in errors.
+fn parse_source(
+    field: &str,
+    w: &RawSource,
+    models: &[ModelSpec],
+    nodes: &[NodeSpec],
+) -> Result<Source, SimError> {
+    let f = |s: &str| format!("{field}.{s}");
+    let mix = if w.models.is_empty() {
+        ModelMix {
+            cumulative: vec![(0, 1.0)],
+        }
+    } else {
+        let total: f64 = w.models.values().sum();
+        if !(total.is_finite() && total > 0.0) || w.models.values().any(|v| *v < 0.0) {
+            return Err(SimError::invalid(
+                f("models"),
+                "weights must be >= 0 with a positive sum",
+            ));
+        }
+        let mut acc = 0.0;
+        let mut cumulative = Vec::new();
+        for (name, weight) in &w.models {
+            acc += weight / total;
+            cumulative.push((model_index(models, &f("models"), name)?, acc));
+        }
+        ModelMix { cumulative }
+    };
+    for m in mix.models() {
+        if !nodes.iter().any(|n| n.models.contains(&m)) {
+            return Err(SimError::invalid(
+                f("models"),
+                "asks for a model no node holds",
+            ));
+        }
+    }
+    if !(0.0..=1.0).contains(&w.streaming) {
+        return Err(SimError::invalid(f("streaming"), "is a fraction in 0..=1"));
+    }
+    if w.max_tokens == Some(0) {
+        return Err(SimError::invalid(f("max_tokens"), "must be >= 1"));
+    }
+    Ok(Source {
+        name: w.name.clone(),
+        kind: parse_source_kind(field, w)?,
+        mix,
+        prompt_tokens: w.prompt_tokens.parse(&f("prompt_tokens"))?,
+        output_tokens: w.output_tokens.parse(&f("output_tokens"))?,
+        max_tokens: w.max_tokens,
+        streaming: w.streaming,
+    })
+}
+
+/// How one `[[workload]]` entry's requests arrive: its `kind` and only the
+/// fields that kind takes.
+fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError> {
+    let f = |s: &str| format!("{field}.{s}");
+    let only = |allowed: &[&str]| -> Result<(), SimError> {
+        let present = [
+            ("rate_per_s", w.rate_per_s.is_some()),
+            ("burst_rate_per_s", w.burst_rate_per_s.is_some()),
+            ("burst_every_s", w.burst_every_s.is_some()),
+            ("burst_length_s", w.burst_length_s.is_some()),
+            ("bursts_per_s", w.bursts_per_s.is_some()),
+            ("fan_out", w.fan_out.is_some()),
+            ("users", w.users.is_some()),
+            ("think_ms", w.think_ms.is_some()),
+            ("turns", w.turns.is_some()),
+            ("context_limit", w.context_limit.is_some()),
+        ];
+        match present.iter().find(|(k, p)| *p && !allowed.contains(k)) {
+            Some((k, _)) => Err(SimError::invalid(f(k), "does not apply to this kind")),
+            None => Ok(()),
+        }
+    };
+    Ok(match w.kind {
+        RawKind::Poisson => {
+            only(&["rate_per_s"])?;
+            SourceKind::Poisson {
+                rate_per_s: positive(&f("rate_per_s"), w.rate_per_s)?,
+            }
+        }
+        RawKind::Bursty => {
+            only(&[
+                "rate_per_s",
+                "burst_rate_per_s",
+                "burst_every_s",
+                "burst_length_s",
+            ])?;
+            SourceKind::Bursty {
+                rate_per_s: positive(&f("rate_per_s"), w.rate_per_s)?,
+                burst_rate_per_s: positive(&f("burst_rate_per_s"), w.burst_rate_per_s)?,
+                mean_gap: micros(
+                    &f("burst_every_s"),
+                    positive(&f("burst_every_s"), w.burst_every_s)?,
+                )?,
+                mean_burst: micros(
+                    &f("burst_length_s"),
+                    positive(&f("burst_length_s"), w.burst_length_s)?,
+                )?,
+            }
+        }
+        RawKind::Agents => {
+            only(&["bursts_per_s", "fan_out"])?;
+            SourceKind::Agents {
+                bursts_per_s: positive(&f("bursts_per_s"), w.bursts_per_s)?,
+                fan_out: w
+                    .fan_out
+                    .as_ref()
+                    .ok_or_else(|| SimError::invalid(f("fan_out"), "is required for agents"))?
+                    .parse(&f("fan_out"))?,
+            }
+        }
+        RawKind::ClosedLoop => {
+            only(&["users", "think_ms", "turns", "context_limit"])?;
+            let users = w
+                .users
+                .ok_or_else(|| SimError::invalid(f("users"), "is required for closed-loop"))?;
+            SourceKind::ClosedLoop {
+                users,
+                think_ms: w
+                    .think_ms
+                    .as_ref()
+                    .ok_or_else(|| SimError::invalid(f("think_ms"), "is required for closed-loop"))?
+                    .parse(&f("think_ms"))?,
+                turns: w.turns.as_ref().map(|t| t.parse(&f("turns"))).transpose()?,
+                context_limit: w.context_limit.unwrap_or(8_192).max(1),
+            }
+        }
+    })
+}
+
+/// `[search]`: which closed-loop source the users-at-SLO search varies, and
+/// its probe runs (by default as long as the main run).
+fn parse_search(
+    raw: &RawSearch,
+    sources: &[Source],
+    duration: Micros,
+    warmup: Micros,
+) -> Result<SearchSpec, SimError> {
+    let source = match &raw.source {
+        Some(name) => {
+            let i = sources
+                .iter()
+                .position(|s| &s.name == name)
+                .ok_or_else(|| SimError::Unknown {
+                    field: "search.source".into(),
+                    what: "workload source",
+                    name: name.clone(),
+                })?;
+            if !matches!(sources[i].kind, SourceKind::ClosedLoop { .. }) {
+                return Err(SimError::invalid(
+                    "search.source",
+                    "must name a closed-loop source",
+                ));
+            }
+            Some(i)
+        }
+        None => sources
+            .iter()
+            .position(|s| matches!(s.kind, SourceKind::ClosedLoop { .. })),
+    };
+    let search_duration = match raw.duration_s {
+        Some(d) => micros("search.duration_s", d)?,
+        None => duration,
+    };
+    let search_warmup = match raw.warmup_s {
+        Some(d) => micros("search.warmup_s", d)?,
+        None => warmup.min(search_duration / 2),
+    };
+    if search_duration == 0 || search_warmup >= search_duration {
+        return Err(SimError::invalid(
+            "search.warmup_s",
+            "must be shorter than search.duration_s",
+        ));
+    }
+    let max_users = raw.max_users.unwrap_or(1_024);
+    if max_users == 0 {
+        return Err(SimError::invalid("search.max_users", "must be >= 1"));
+    }
+    Ok(SearchSpec {
+        source,
+        max_users,
+        duration: search_duration,
+        warmup: search_warmup,
+    })
 }
 
 #[cfg(test)]
