@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use pair_emulator::{EmulatedEngine, EngineConfig as EmuConfig, Flavor, HardwareProfile};
+use pair_emulator::{EmulatedEngine, EmulatorConfig as EmuConfig, Flavor, HardwareProfile};
 use pair_proxy::gossip::GossipConfig;
 use pair_scheduler::Policy;
 use tokio::net::TcpListener;

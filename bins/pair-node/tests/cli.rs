@@ -110,7 +110,7 @@ fn engine() -> u16 {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let cfg =
-                pair_emulator::EngineConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
+                pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
             let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
             std::future::pending::<()>().await;
         });

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pair_emulator::HardwareProfile;
-use pair_emulator::http::{EngineConfig, Flavor};
+use pair_emulator::http::{EmulatorConfig, Flavor};
 use pair_sim::{CompareOptions, Scenario, SimError, report};
 
 /// Exit code for bad configuration (EX_USAGE).
@@ -275,7 +275,7 @@ fn engine(
             "--time-scale must be a positive number".into(),
         ));
     }
-    let config = EngineConfig::new(flavor, models)
+    let config = EmulatorConfig::new(flavor, models)
         .with_profile(profile)
         .with_seed(seed)
         .with_time_scale(time_scale);

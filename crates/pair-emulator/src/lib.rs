@@ -31,9 +31,9 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pair_emulator::EmulatorError> {
-//! use pair_emulator::{EmulatedEngine, EngineConfig, Flavor};
+//! use pair_emulator::{EmulatedEngine, EmulatorConfig, Flavor};
 //!
-//! let cfg = EngineConfig::new(Flavor::Ollama, ["llama3.2:3b"]).with_time_scale(0.01);
+//! let cfg = EmulatorConfig::new(Flavor::Ollama, ["llama3.2:3b"]).with_time_scale(0.01);
 //! let engine = EmulatedEngine::start(cfg).await?;
 //! engine.faults().fail(Some("llama3.2:3b"), 500, Some(1));
 //! // ... point a client at engine.base_url(), then:
@@ -52,5 +52,5 @@ pub use profile::{BatchScaling, HardwareProfile, ModelRates, ModelSpec};
 pub mod http;
 
 pub use http::{
-    EmulatedEngine, EngineConfig, FaultAction, FaultRule, Faults, Flavor, HitCounts, serve,
+    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Faults, Flavor, HitCounts, serve,
 };

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use pair_emulator::{
-    EmulatedEngine, EngineConfig, FaultAction, FaultRule, Flavor, HardwareProfile,
+    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Flavor, HardwareProfile,
 };
 use serde_json::{Value, json};
 
@@ -22,10 +22,10 @@ fn client() -> reqwest::Client {
 }
 
 async fn start(flavor: Flavor) -> EmulatedEngine {
-    start_with(EngineConfig::new(flavor, [CHAT, EMBED])).await
+    start_with(EmulatorConfig::new(flavor, [CHAT, EMBED])).await
 }
 
-async fn start_with(cfg: EngineConfig) -> EmulatedEngine {
+async fn start_with(cfg: EmulatorConfig) -> EmulatedEngine {
     // A thousand times faster than real time keeps tests quick while the
     // model's order of events stays the same.
     EmulatedEngine::start(cfg.with_time_scale(0.001).with_seed(7))
@@ -101,7 +101,7 @@ async fn ollama_generate_streams_ndjson_then_matches_the_whole_answer() {
 
 #[tokio::test]
 async fn ollama_chat_defaults_and_latest_tag() {
-    let e = start_with(EngineConfig::new(Flavor::Ollama, ["qwen2.5"])).await;
+    let e = start_with(EmulatorConfig::new(Flavor::Ollama, ["qwen2.5"])).await;
     let body = json!({ "model": "qwen2.5", "stream": false, "messages": [{ "role": "user", "content": "hi" }] });
     let v: Value = post(&e, "/api/chat", body).await.json().await.unwrap();
     assert_eq!(v["model"], "qwen2.5:latest");
@@ -416,7 +416,7 @@ async fn openai_flavor_starts_warm() {
 
 #[tokio::test]
 async fn a_full_slot_queues_the_next_request() {
-    let cfg = EngineConfig::new(Flavor::Ollama, [CHAT])
+    let cfg = EmulatorConfig::new(Flavor::Ollama, [CHAT])
         .with_slots(1)
         .with_preload(true);
     // Slower than the other tests, so real-time jitter between the two
@@ -619,7 +619,7 @@ async fn admin_routes_set_faults_and_report_stats() {
 async fn small_memory_evicts_the_idle_model() {
     let mut profile = HardwareProfile::rtx3060();
     profile.memory_bytes = 3_000_000_000;
-    let cfg = EngineConfig::new(Flavor::Ollama, ["a:3b", "b:3b"]).with_profile(profile);
+    let cfg = EmulatorConfig::new(Flavor::Ollama, ["a:3b", "b:3b"]).with_profile(profile);
     let e = start_with(cfg).await;
     for m in ["a:3b", "b:3b"] {
         let body =
@@ -633,7 +633,7 @@ async fn small_memory_evicts_the_idle_model() {
 
 #[tokio::test]
 async fn a_full_queue_answers_503_and_keep_alive_unloads() {
-    let cfg = EngineConfig::new(Flavor::Ollama, [CHAT])
+    let cfg = EmulatorConfig::new(Flavor::Ollama, [CHAT])
         .with_slots(1)
         .with_max_queue(Some(0))
         .with_keep_alive(Some(Duration::from_secs(500)));
@@ -663,7 +663,7 @@ async fn a_full_queue_answers_503_and_keep_alive_unloads() {
 async fn serve_stops_on_its_token_and_resets_open_streams() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let cfg = EngineConfig::new(Flavor::OpenAi, [CHAT]).with_time_scale(1.0);
+    let cfg = EmulatorConfig::new(Flavor::OpenAi, [CHAT]).with_time_scale(1.0);
     let token = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(pair_emulator::serve(cfg, listener, token.clone()));
     let body = json!({ "model": CHAT, "messages": [], "max_tokens": 100_000, "stream": true });

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use pair_emulator::{EmulatedEngine, EngineConfig, Flavor};
+use pair_emulator::{EmulatedEngine, EmulatorConfig, Flavor};
 
 const MODEL: &str = "llama3.2:3b";
 const EMBED: &str = "nomic-embed-text:137m";
@@ -18,7 +18,7 @@ fn python() -> PathBuf {
 
 async fn run_script(script: &str, flavor: Flavor, base_path: &str) {
     let python = python();
-    let cfg = EngineConfig::new(flavor, [MODEL, EMBED])
+    let cfg = EmulatorConfig::new(flavor, [MODEL, EMBED])
         .with_time_scale(0.001)
         .with_seed(3);
     let engine = EmulatedEngine::start(cfg).await.unwrap();

@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use pair_core::{ApiFlavor, EngineKind};
-use pair_emulator::{EmulatedEngine, EngineConfig as EmuConfig, Flavor, ModelSpec};
+use pair_emulator::{EmulatedEngine, EmulatorConfig as EmuConfig, Flavor, ModelSpec};
 use pair_engines::{
     EngineConfig, EngineError, EngineHandle, EngineSupervisor, PollConfig, PortPair, PortPlan,
     PortUse, ProbeFailure, SupervisorConfig, inspect_port, spawn_poller,

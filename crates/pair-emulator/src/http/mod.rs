@@ -94,7 +94,7 @@ impl FromStr for Flavor {
 
 /// Everything an emulated engine needs.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineConfig {
+pub struct EmulatorConfig {
     pub flavor: Flavor,
     pub models: Vec<ModelSpec>,
     pub profile: HardwareProfile,
@@ -122,7 +122,7 @@ pub struct EngineConfig {
     pub max_queue: Option<u32>,
 }
 
-impl EngineConfig {
+impl EmulatorConfig {
     /// Defaults: rtx4090 profile, seed 0, real time, 32 tokens, 64 dims.
     pub fn new<M: Into<ModelSpec>>(flavor: Flavor, models: impl IntoIterator<Item = M>) -> Self {
         Self {
@@ -198,7 +198,7 @@ impl EngineConfig {
 /// Shared by every handler.
 #[derive(Clone, Debug)]
 pub(crate) struct App {
-    cfg: Arc<EngineConfig>,
+    cfg: Arc<EmulatorConfig>,
     core: Core,
     faults: Faults,
     hits: Hits,
@@ -206,7 +206,7 @@ pub(crate) struct App {
 }
 
 impl App {
-    fn new(cfg: EngineConfig, shutdown: CancellationToken) -> Result<Self, EmulatorError> {
+    fn new(cfg: EmulatorConfig, shutdown: CancellationToken) -> Result<Self, EmulatorError> {
         cfg.check()?;
         let keep_alive_us = cfg
             .keep_alive
@@ -259,7 +259,7 @@ pub struct EmulatedEngine {
 
 impl EmulatedEngine {
     /// Starts serving on `listener` in a task this value owns.
-    pub fn spawn(config: EngineConfig, listener: TcpListener) -> Result<Self, EmulatorError> {
+    pub fn spawn(config: EmulatorConfig, listener: TcpListener) -> Result<Self, EmulatorError> {
         let addr = listener.local_addr()?;
         let app = App::new(config, CancellationToken::new())?;
         let tracker = TaskTracker::new();
@@ -274,7 +274,7 @@ impl EmulatedEngine {
     }
 
     /// Binds `127.0.0.1:0` and spawns.
-    pub async fn start(config: EngineConfig) -> Result<Self, EmulatorError> {
+    pub async fn start(config: EmulatorConfig) -> Result<Self, EmulatorError> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         Self::spawn(config, listener)
     }
@@ -288,7 +288,7 @@ impl EmulatedEngine {
         format!("http://{}", self.addr)
     }
 
-    pub fn config(&self) -> &EngineConfig {
+    pub fn config(&self) -> &EmulatorConfig {
         &self.app.cfg
     }
 
@@ -370,7 +370,7 @@ impl Drop for EmulatedEngine {
 
 /// Serves `config` on `listener` until `shutdown` fires.
 pub async fn serve(
-    config: EngineConfig,
+    config: EmulatorConfig,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), EmulatorError> {
