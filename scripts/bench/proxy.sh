@@ -323,10 +323,10 @@ if want hop; then
     log "2. one peer hop over mTLS (A pinned to B; B's engine: nginx)"
     start_node a "$P_DEAD" "${PORTS[6]}" "${PORTS[7]}" "${PORTS[8]}"
     start_node b "$P_ENGINE" "${PORTS[9]}" "${PORTS[10]}" "${PORTS[11]}"
-    PIN=$("$PAIR_NODE" pair invite --control "http://127.0.0.1:${PORTS[6]}" --json |
+    PIN=$("$PAIR_NODE" pair invite --control "http://127.0.0.1:${PORTS[6]}" --state-dir "$WORK/a" --json |
         $PY -c 'import json,sys; print(json.load(sys.stdin)["pin"])')
     "$PAIR_NODE" pair join "127.0.0.1:${PORTS[8]}" --pin "$PIN" \
-        --control "http://127.0.0.1:${PORTS[9]}" --json >"$WORK/join.json"
+        --control "http://127.0.0.1:${PORTS[9]}" --state-dir "$WORK/b" --json >"$WORK/join.json"
     B_ID=$("$PAIR_NODE" status --json --control "http://127.0.0.1:${PORTS[9]}" |
         $PY -c 'import json,sys; print(json.load(sys.stdin)["id"])')
     A_URL="http://127.0.0.1:${PORTS[7]}/v1/chat/completions"

@@ -296,6 +296,7 @@ async fn a_paired_client_relays_but_is_never_scheduled() {
     let server = &c.nodes[0];
     let invite: Value = http()
         .post(format!("{}/_pair/invite", server.ollama_url()))
+        .header("authorization", server.control_token.bearer())
         .send()
         .await
         .unwrap()
@@ -525,7 +526,8 @@ async fn an_oversized_upload_gets_its_413_not_a_reset() {
         } else {
             ""
         };
-        let head = format!("POST /api/chat HTTP/{version}\r\nhost: x\r\n{ask}{framing}\r\n\r\n");
+        let head =
+            format!("POST /api/chat HTTP/{version}\r\nhost: {addr}\r\n{ask}{framing}\r\n\r\n");
         tcp.write_all(head.as_bytes()).await.unwrap();
         // Asked first, the node refuses at once: no 100, no body sent.
         if !expect {

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use pair_core::JobRecord;
+use pair_identity::ControlToken;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -13,6 +14,8 @@ use crate::control::{self, Invite, JoinRequest, Joined, PeerRow, Status, UnpairR
 pub struct ControlClient {
     base: String,
     http: reqwest::Client,
+    /// The owner's token, for the calls that change the node.
+    token: Option<ControlToken>,
 }
 
 impl ControlClient {
@@ -24,7 +27,16 @@ impl ControlClient {
                 .no_proxy()
                 .timeout(std::time::Duration::from_secs(30))
                 .build()?,
+            token: None,
         })
+    }
+
+    /// Sends `token` with the calls that change the node (invite, join,
+    /// unpair).
+    #[must_use]
+    pub fn with_token(mut self, token: ControlToken) -> Self {
+        self.token = Some(token);
+        self
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -42,10 +54,11 @@ impl ControlClient {
         path: &str,
         body: &impl serde::Serialize,
     ) -> Result<T> {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = &self.token {
+            req = req.header(reqwest::header::AUTHORIZATION, t.bearer());
+        }
+        let resp = req
             .send()
             .await
             .with_context(|| format!("is pair-node running at {}?", self.base))?;

@@ -9,6 +9,8 @@ use std::time::Duration;
 use pair_core::EngineKind;
 use pair_discovery::StaticPeer;
 use pair_engines::EngineConfig;
+use pair_proxy::conns::ClientDeadlines;
+use pair_proxy::pool::HttpStack;
 use pair_scheduler::Policy;
 use serde::Deserialize;
 
@@ -93,6 +95,11 @@ pub struct FileConfig {
     pub mdns_port: Option<u16>,
     pub first_byte_timeout: Option<String>,
     pub engine_cmd: Option<String>,
+    pub allowed_hosts: Option<Vec<String>>,
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<String>,
+    pub head_timeout: Option<String>,
+    pub body_timeout: Option<String>,
 }
 
 impl FileConfig {
@@ -153,6 +160,44 @@ pub struct RunArgs {
     /// are replaced. The node stops the engine it started, and only that one.
     #[arg(long, env = "PAIR_ENGINE_CMD")]
     pub engine_cmd: Option<String>,
+    /// A host name the faces answer besides localhost, 127.0.0.0/8 and
+    /// [::1] (repeatable), for a reverse proxy of your own in front of the
+    /// node; any other `Host` gets 403 (DNS-rebinding guard).
+    #[arg(
+        long = "allowed-host",
+        env = "PAIR_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// Open connections the faces and the cluster port hold in all; at the
+    /// cap the longest-idle keep-alive connection is closed for a new one,
+    /// and with none idle the new one gets 503. Default: the open-file
+    /// limit less a reserve for engines, peers and files.
+    #[arg(long, env = "PAIR_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Close a face's keep-alive connection after this long without a
+    /// request. Default 60s.
+    #[arg(long, env = "PAIR_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<String>,
+    /// A request head must be whole this long after its first byte.
+    /// Default 10s.
+    #[arg(long, env = "PAIR_HEAD_TIMEOUT")]
+    pub head_timeout: Option<String>,
+    /// A request body must end this long after its head, plus one second
+    /// per 16 KiB that arrived. Default 10s.
+    #[arg(long, env = "PAIR_BODY_TIMEOUT")]
+    pub body_timeout: Option<String>,
+    /// Benchmarks only: serve the faces with hyper and call the engines
+    /// with hyper-util's client instead of the hand-framed HTTP/1.1.
+    #[arg(long, value_enum, hide = true)]
+    pub http_stack: Option<HttpStackArg>,
+}
+
+/// `--http-stack`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HttpStackArg {
+    Native,
+    Hyper,
 }
 
 /// The node's configuration, typed.
@@ -176,6 +221,13 @@ pub struct NodeConfig {
     /// Event loops serving connections (thread per core, see
     /// `pair_proxy::loops`); set from `--threads`, 1 in `resolve`.
     pub event_loops: usize,
+    /// Host names the faces accept besides loopback ones.
+    pub allowed_hosts: Vec<String>,
+    /// Cap on open connections (`None`: from the open-file limit).
+    pub max_connections: Option<usize>,
+    /// How long a face's client may take.
+    pub deadlines: ClientDeadlines,
+    pub http_stack: HttpStack,
 }
 
 impl NodeConfig {
@@ -190,10 +242,7 @@ impl NodeConfig {
     ) -> Result<Self, ConfigError> {
         let state_dir = match args.state_dir {
             Some(d) => d,
-            None => xdg_config
-                .or_else(|| home.map(|h| h.join(".config")))
-                .map(|d| d.join("pair"))
-                .ok_or(ConfigError::NoStateDir)?,
+            None => default_state_dir(xdg_config, home)?,
         };
         let engines = if args.engines.is_empty() {
             file.engines.unwrap_or_default()
@@ -228,13 +277,29 @@ impl NodeConfig {
                 })
             })
             .collect::<Result<_, _>>()?;
-        let first_byte_timeout = match args.first_byte_timeout.or(file.first_byte_timeout) {
-            Some(s) => humantime::parse_duration(&s).map_err(|source| ConfigError::Duration {
-                what: "first-byte-timeout",
-                input: s,
-                source,
-            })?,
-            None => pair_proxy::dispatch::Timeouts::default().first_byte,
+        let first_byte_timeout = duration(
+            "first-byte-timeout",
+            args.first_byte_timeout.or(file.first_byte_timeout),
+            pair_proxy::dispatch::Timeouts::default().first_byte,
+        )?;
+        let d = ClientDeadlines::default();
+        let deadlines = ClientDeadlines {
+            idle: duration(
+                "idle-timeout",
+                args.idle_timeout.or(file.idle_timeout),
+                d.idle,
+            )?,
+            head: duration(
+                "head-timeout",
+                args.head_timeout.or(file.head_timeout),
+                d.head,
+            )?,
+            body_grace: duration(
+                "body-timeout",
+                args.body_timeout.or(file.body_timeout),
+                d.body_grace,
+            )?,
+            body_min_rate: d.body_min_rate,
         };
         Ok(Self {
             state_dir,
@@ -273,8 +338,46 @@ impl NodeConfig {
                 None => None,
             },
             event_loops: 1,
+            allowed_hosts: if args.allowed_hosts.is_empty() {
+                file.allowed_hosts.unwrap_or_default()
+            } else {
+                args.allowed_hosts
+            },
+            max_connections: args.max_connections.or(file.max_connections),
+            deadlines,
+            http_stack: match args.http_stack {
+                Some(HttpStackArg::Hyper) => HttpStack::Hyper,
+                Some(HttpStackArg::Native) | None => HttpStack::Native,
+            },
         })
     }
+}
+
+/// A duration flag (`120s`, `2m`), or `default` when it was not given.
+fn duration(
+    what: &'static str,
+    input: Option<String>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match input {
+        Some(s) => humantime::parse_duration(&s).map_err(|source| ConfigError::Duration {
+            what,
+            input: s,
+            source,
+        }),
+        None => Ok(default),
+    }
+}
+
+/// `$XDG_CONFIG_HOME/pair`, else `$HOME/.config/pair`.
+pub fn default_state_dir(
+    xdg_config: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Result<PathBuf, ConfigError> {
+    xdg_config
+        .or_else(|| home.map(|h| h.join(".config")))
+        .map(|d| d.join("pair"))
+        .ok_or(ConfigError::NoStateDir)
 }
 
 /// `KIND=URL` (`ollama=http://127.0.0.1:11435`).

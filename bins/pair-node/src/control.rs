@@ -7,13 +7,14 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pair_core::{NodeId, Role};
-use pair_identity::{Identity, PairingService, Pin, TrustStore};
+use pair_identity::{ControlToken, Identity, PairingService, Pin, TrustStore};
 use pair_proxy::gossip::PeerReports;
 use pair_proxy::state::ProxyState;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,8 @@ pub struct Control {
     pub addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
     pub cluster_addr: SocketAddr,
     pub name: String,
+    /// What the calls that change the node must present.
+    pub token: ControlToken,
 }
 
 impl std::fmt::Debug for Control {
@@ -49,16 +52,46 @@ impl std::fmt::Debug for Control {
 }
 
 pub fn router(c: Control) -> Router {
+    // The calls that change the node answer only its owner (the token the
+    // daemon wrote to the state dir); the read-only ones, which the Jobs
+    // view uses from the node's own origin, need none.
+    let owner_only = Router::new()
+        .route(INVITE, post(invite))
+        .route(JOIN, post(join))
+        .route(UNPAIR, post(unpair))
+        .route_layer(middleware::from_fn_with_state(c.clone(), owner));
     Router::new()
         .route(STATUS, get(status))
         .route(PEERS, get(peers))
         .route(JOBS, get(jobs))
         .route(CLUSTER, get(cluster))
-        .route(INVITE, post(invite))
-        .route(JOIN, post(join))
-        .route(UNPAIR, post(unpair))
         .route("/ui", get(ui))
+        .merge(owner_only)
         .with_state(c)
+}
+
+/// Lets a request through only with the owner's token; 401 otherwise,
+/// before anything else is looked at (a page learns nothing, not even
+/// whether a remote port it names is open).
+async fn owner(State(c): State<Control>, req: Request, next: Next) -> Response {
+    let authorized = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| c.token.authorizes(v.as_bytes()));
+    if !authorized {
+        tracing::info!(
+            path = req.uri().path(),
+            "refused a control call without the owner's token"
+        );
+        let mut resp = err(
+            StatusCode::UNAUTHORIZED,
+            "this call needs the node owner's token: use the pair-node CLI on this machine (it reads control.token from the state dir)",
+        );
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return resp;
+    }
+    next.run(req).await
 }
 
 fn err(status: StatusCode, msg: impl std::fmt::Display) -> Response {

@@ -13,10 +13,11 @@ use pair_core::{ModelPerf, NodeId, NodeSnapshot, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
 use pair_engines::{EngineHandle, PollConfig, spawn_poller};
 use pair_identity::tls::Expect;
-use pair_identity::{Identity, Limits, PairingService, TrustStore};
+use pair_identity::{ControlToken, Identity, IdentityPaths, Limits, PairingService, TrustStore};
 use pair_proxy::cluster::{self, ClusterPort};
 use pair_proxy::dispatch::{PeerLink, Timeouts};
 use pair_proxy::face::{self, Face};
+use pair_proxy::gate::FaceGate;
 use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
 use pair_proxy::jobs::JobLog;
 use pair_proxy::loops::EventLoops;
@@ -70,6 +71,13 @@ async fn bind_face(addr: SocketAddr, what: &str) -> Result<TcpListener> {
     })
 }
 
+/// The connection cap that fits this process's open-file limit (which
+/// `main` raises to the hard limit at start).
+fn default_max_connections() -> usize {
+    let nofile = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+    pair_proxy::conns::cap_for_fd_limit(nofile)
+}
+
 /// Optional parts the demo and tests swap in.
 #[derive(Debug, Default, Clone)]
 pub struct NodeExtras {
@@ -91,6 +99,8 @@ pub struct Node {
     pub identity: Arc<Identity>,
     pub trust: TrustStore,
     pub pairing: PairingService,
+    /// The owner's token for the control calls (also in the state dir).
+    pub control_token: ControlToken,
     /// Addresses learned from pairing joins (peers that may not multicast).
     pub addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
     shutdown: CancellationToken,
@@ -134,8 +144,20 @@ pub async fn start(
     let dir = &cfg.state_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let had_identity = IdentityPaths::under(dir).key.exists();
     let identity = Arc::new(Identity::load_or_create(dir, Role::Node)?);
     let trust = TrustStore::open(TrustStore::default_path(dir))?;
+    let pinned = trust.peers().len();
+    if !had_identity && pinned > 0 {
+        tracing::warn!(
+            "this node has a new identity ({}): identity/ was missing from {} while trust.json still lists {pinned} paired peer(s), \
+             who will refuse the new key; restore identity/ from a backup and restart, or pair again \
+             (pair-node unpair each old peer, then pair-node pair invite / join)",
+            identity.id(),
+            dir.display()
+        );
+    }
+    let control_token = ControlToken::create(dir)?;
     let pairing = PairingService::new(&identity, &cfg.name, trust.clone(), dir, Limits::default())?;
     let id = identity.id();
     let ollama_addr = listeners.ollama.local_addr()?;
@@ -192,6 +214,10 @@ pub async fn start(
             body_cap: DEFAULT_BODY_CAP,
             engines: local_engines,
             loops: Arc::clone(&loops),
+            gate: FaceGate::new(&cfg.allowed_hosts),
+            max_connections: cfg.max_connections.unwrap_or_else(default_max_connections),
+            deadlines: cfg.deadlines,
+            http_stack: cfg.http_stack,
         },
         jobs,
     );
@@ -213,6 +239,7 @@ pub async fn start(
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
         loops,
+        conns: Arc::clone(&st.conns),
     };
     tasks.spawn(cluster::serve(
         listeners.cluster,
@@ -266,6 +293,7 @@ pub async fn start(
         addrbook: Arc::clone(&addrbook),
         cluster_addr,
         name: cfg.name.clone(),
+        token: control_token.clone(),
     });
     let sweep_state = Arc::clone(&st);
     let sweep_stop = shutdown.clone();
@@ -304,6 +332,7 @@ pub async fn start(
         identity,
         trust,
         pairing,
+        control_token,
         addrbook,
         shutdown,
         tasks,

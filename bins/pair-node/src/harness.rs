@@ -178,6 +178,10 @@ impl LocalCluster {
                 default_engine: false,
                 engine_cmd: None,
                 event_loops: spec.event_loops,
+                allowed_hosts: Vec::new(),
+                max_connections: None,
+                deadlines: pair_proxy::conns::ClientDeadlines::default(),
+                http_stack: pair_proxy::pool::HttpStack::default(),
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

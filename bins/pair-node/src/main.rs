@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pair_node::cli::{self, ControlClient};
 use pair_node::config::{ConfigError, FileConfig, NodeConfig, RunArgs};
@@ -47,7 +48,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node daemon.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run N nodes on loopback, each with an emulated engine of different
     /// hardware, paired through the real protocol; faces on 11434 and 1234.
     Demo {
@@ -104,9 +105,38 @@ struct ClientArgs {
     /// The local node's face URL.
     #[arg(long, env = "PAIR_CONTROL", default_value = "http://127.0.0.1:11434")]
     control: String,
+    /// The node's state directory, where the calls that change the node
+    /// (pair, unpair) read its owner's token. Default: $XDG_CONFIG_HOME/pair.
+    #[arg(long, env = "PAIR_STATE_DIR")]
+    state_dir: Option<std::path::PathBuf>,
     /// Print JSON for scripts.
     #[arg(long)]
     json: bool,
+}
+
+impl ClientArgs {
+    fn client(&self) -> anyhow::Result<ControlClient> {
+        ControlClient::new(&self.control)
+    }
+
+    /// A client that sends the owner's token the running node wrote.
+    fn owner(&self) -> anyhow::Result<ControlClient> {
+        let dir = match &self.state_dir {
+            Some(d) => d.clone(),
+            None => pair_node::config::default_state_dir(
+                std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
+                std::env::var_os("HOME").map(Into::into),
+            )?,
+        };
+        let token = pair_identity::ControlToken::read(&dir).with_context(|| {
+            format!(
+                "this call needs the token pair-node writes to its state dir at start; \
+                 is it running with --state-dir {}? (pass the same --state-dir here)",
+                dir.display()
+            )
+        })?;
+        Ok(self.client()?.with_token(token))
+    }
 }
 
 fn main() -> ExitCode {
@@ -120,6 +150,12 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Each open connection costs a descriptor: take what the hard limit
+    // allows (the connection cap is derived from it).
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(nofile = n, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let threads = cli.threads.map_or_else(default_threads, usize::from);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -158,7 +194,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
                 None => FileConfig::default(),
             };
             let cfg = NodeConfig::resolve(
-                args,
+                *args,
                 file,
                 std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
                 std::env::var_os("HOME").map(Into::into),
@@ -205,7 +241,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
         } => demo(nodes, ollama_face, openai_face, &policy, threads).await,
         Command::Pair { action } => match action {
             PairAction::Invite(c) => {
-                let inv = ControlClient::new(&c.control)?.invite().await?;
+                let inv = c.owner()?.invite().await?;
                 if c.json {
                     println!("{}", serde_json::to_string_pretty(&inv)?);
                 } else {
@@ -219,9 +255,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
                 Ok(())
             }
             PairAction::Join { addr, pin, client } => {
-                let joined = ControlClient::new(&client.control)?
-                    .join(&addr, &pin)
-                    .await?;
+                let joined = client.owner()?.join(&addr, &pin).await?;
                 if client.json {
                     println!("{}", serde_json::to_string_pretty(&joined)?);
                 } else {
@@ -234,7 +268,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             }
         },
         Command::Peers(c) => {
-            let rows = ControlClient::new(&c.control)?.peers().await?;
+            let rows = c.client()?.peers().await?;
             if c.json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
@@ -243,7 +277,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Jobs { client, limit } => {
-            let jobs = ControlClient::new(&client.control)?.jobs(limit).await?;
+            let jobs = client.client()?.jobs(limit).await?;
             if client.json {
                 println!("{}", serde_json::to_string_pretty(&jobs)?);
             } else {
@@ -252,7 +286,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Unpair { node, client } => {
-            let v = ControlClient::new(&client.control)?.unpair(&node).await?;
+            let v = client.owner()?.unpair(&node).await?;
             if client.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -261,7 +295,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(c) => {
-            let s = ControlClient::new(&c.control)?.status().await?;
+            let s = c.client()?.status().await?;
             if c.json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {

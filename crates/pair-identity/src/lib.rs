@@ -93,6 +93,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod control;
 pub mod error;
 pub mod fingerprint;
 mod fsutil;
@@ -103,6 +104,7 @@ pub mod tls;
 pub mod trust;
 pub mod wire;
 
+pub use control::ControlToken;
 pub use error::{Error, Refusal, Result};
 pub use fingerprint::Fingerprint;
 pub use identity::{Identity, IdentityPaths, PeerCertInfo};

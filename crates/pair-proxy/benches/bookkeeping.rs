@@ -75,6 +75,10 @@ fn shared() -> Shared {
             body_cap: 1024,
             engines: Vec::new(),
             loops: EventLoops::single(),
+            gate: pair_proxy::gate::FaceGate::default(),
+            max_connections: 1024,
+            deadlines: pair_proxy::conns::ClientDeadlines::default(),
+            http_stack: pair_proxy::pool::HttpStack::default(),
         },
         Arc::new(JobLog::in_memory()),
     );

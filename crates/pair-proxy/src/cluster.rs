@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use crate::conns::{ConnGuard, ConnLimit};
 use crate::loops::EventLoops;
 use crate::relay::PeerIdentity;
 
@@ -43,6 +44,8 @@ pub struct ClusterPort {
     pub trust: TrustStore,
     /// Connections are dealt over the node's event loops, like the faces'.
     pub loops: Arc<EventLoops>,
+    /// The node's cap on open connections, shared with the faces.
+    pub conns: Arc<ConnLimit>,
 }
 
 impl std::fmt::Debug for ClusterPort {
@@ -59,11 +62,15 @@ pub async fn serve(
     tasks: TaskTracker,
 ) {
     while let Some((tcp, remote)) = accept(&listener, &shutdown, "cluster port").await {
+        let Some(slot) = port.conns.admit() else {
+            tracing::warn!(%remote, "connection cap reached with every connection busy: cluster connection refused");
+            continue;
+        };
         let loops = Arc::clone(&port.loops);
         let port = port.clone();
         let shutdown = shutdown.clone();
         loops.spawn(&tasks, tcp, move |tcp| async move {
-            if let Err(reason) = connection(tcp, remote, port, shutdown).await {
+            if let Err(reason) = connection(tcp, remote, port, &slot, shutdown).await {
                 tracing::debug!(%remote, reason, "cluster connection closed");
             }
         });
@@ -99,16 +106,22 @@ async fn connection(
     tcp: TcpStream,
     remote: std::net::SocketAddr,
     port: ClusterPort,
+    slot: &ConnGuard,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
     let mut first = [0u8; 1];
-    let n = tokio::time::timeout(HANDSHAKE_DEADLINE, tcp.peek(&mut first))
-        .await
-        .map_err(|_| "silent client")?
-        .map_err(|_| "peek failed")?;
+    let n = tokio::select! {
+        r = tokio::time::timeout(HANDSHAKE_DEADLINE, tcp.peek(&mut first)) => r
+            .map_err(|_| "silent client")?
+            .map_err(|_| "peek failed")?,
+        () = slot.evicted() => return Err("closed to make room for another connection"),
+    };
     if n == 0 {
         return Ok(());
     }
+    // Past its first byte a connection is not evicted: hyper's head
+    // deadline and the TLS handshake's bound what a silent one holds.
+    slot.busy();
     if first[0] != TLS_HANDSHAKE {
         let svc = port.plain.clone();
         return serve_http(TokioIo::new(tcp), svc, shutdown, None).await;

@@ -434,35 +434,25 @@ pub fn request<'a>(
 ) -> Result<Pending<'a>, DispatchError> {
     match hop {
         Hop::Local(engine) => {
+            if let Some(client) = local.hyper() {
+                let mut req = hyper_request(head, body);
+                req.headers_mut()
+                    .insert(header::HOST, engine.host().clone());
+                *req.uri_mut() = join_uri(&engine.base, "", head.path_and_query.as_str())?;
+                let fut = client.request(req);
+                return Ok(Box::pin(async move {
+                    fut.await
+                        .map(Upstream::peer)
+                        .map_err(|source| DispatchError::Transport { source })
+                }));
+            }
             let out = Outgoing::new(engine.host(), head, body);
             Ok(Box::pin(async move {
                 Ok(Upstream::engine(local.send(engine.authority(), out).await?))
             }))
         }
         Hop::Peer(link) => {
-            let len = body.len();
-            let mut req = Request::new(Full::new(body));
-            *req.method_mut() = head.method.clone();
-            let headers = req.headers_mut();
-            headers.reserve(head.headers.len() + 1);
-            copy_headers(&head.headers, headers);
-            // The body goes on byte for byte: the client's own
-            // Content-Length is still right and costs nothing (hyper would
-            // format a new one).
-            if len > 0 {
-                let length = head
-                    .headers
-                    .get(&header::CONTENT_LENGTH)
-                    .filter(|v| {
-                        std::str::from_utf8(v)
-                            .ok()
-                            .and_then(|v| v.parse::<usize>().ok())
-                            == Some(len)
-                    })
-                    .and_then(|v| HeaderValue::from_bytes(v).ok())
-                    .unwrap_or_else(|| HeaderValue::from(len));
-                headers.insert(header::CONTENT_LENGTH, length);
-            }
+            let mut req = hyper_request(head, body);
             *req.uri_mut() = join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?;
             let fut = link.client.request(req);
             Ok(Box::pin(async move {
@@ -472,6 +462,34 @@ pub fn request<'a>(
             }))
         }
     }
+}
+
+/// The client's request as hyper's client sends it (its URI still to set):
+/// method, end-to-end headers, the body.
+fn hyper_request(head: &RequestHead, body: Bytes) -> Request<Full<Bytes>> {
+    let len = body.len();
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = head.method.clone();
+    let headers = req.headers_mut();
+    headers.reserve(head.headers.len() + 2);
+    copy_headers(&head.headers, headers);
+    // The body goes on byte for byte: the client's own Content-Length is
+    // still right and costs nothing (hyper would format a new one).
+    if len > 0 {
+        let length = head
+            .headers
+            .get(&header::CONTENT_LENGTH)
+            .filter(|v| {
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    == Some(len)
+            })
+            .and_then(|v| HeaderValue::from_bytes(v).ok())
+            .unwrap_or_else(|| HeaderValue::from(len));
+        headers.insert(header::CONTENT_LENGTH, length);
+    }
+    req
 }
 
 /// `Host` for an engine: host and port, never the URL's userinfo.

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cluster::{accept, serve_http};
+use crate::conns::ClientDeadlines;
 
 use crate::dispatch::{self, Hop, RequestHead};
 use crate::error::json_error;
@@ -32,6 +33,7 @@ use crate::face_conn::{self, Whole};
 use crate::forward::{self, Inference};
 use crate::h1::Headers;
 use crate::listing::{self, engine_answers};
+use crate::pool::HttpStack;
 use crate::reply::Reply;
 use crate::route::{self, Listing, RouteClass};
 use crate::state::ProxyState;
@@ -70,6 +72,40 @@ impl Face {
 struct FaceState {
     st: Arc<ProxyState>,
     face: Face,
+}
+
+impl FaceState {
+    /// The 403 for a request the node's [`crate::gate::FaceGate`] refuses
+    /// (a `Host` that is not this machine, a foreign `Origin` on a control
+    /// route), in the flavour of the API it called; `None` when it may
+    /// pass. Checked before anything else, at every door of the face.
+    fn refusal(
+        &self,
+        method: &Method,
+        path: &str,
+        host: Option<&[u8]>,
+        origin: Option<&[u8]>,
+    ) -> Option<Response<Body>> {
+        let refusal = self.st.gate.check(path, host, origin).err()?;
+        let flavor = match route::classify(method, path) {
+            RouteClass::Inference { flavor, .. } => flavor,
+            _ => self.face.flavor(),
+        };
+        tracing::info!(
+            ?refusal,
+            path,
+            host = %String::from_utf8_lossy(host.unwrap_or_default()),
+            origin = %String::from_utf8_lossy(origin.unwrap_or_default()),
+            "refused a request on a local face"
+        );
+        Some(json_error(
+            StatusCode::FORBIDDEN,
+            flavor,
+            "forbidden",
+            refusal.message(),
+            None,
+        ))
+    }
 }
 
 /// The face's router. `control` holds the daemon's own routes (`/_pair/...`,
@@ -136,23 +172,59 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for FaceServi
     /// (its fallback routes inference the same way).
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         use tower::ServiceExt;
+        let h = req.headers();
+        if let Some(refused) = self.fs.refusal(
+            req.method(),
+            req.uri().path(),
+            h.get(header::HOST).map(HeaderValue::as_bytes),
+            h.get(header::ORIGIN).map(HeaderValue::as_bytes),
+        ) {
+            return Box::pin(std::future::ready(Ok(refused)));
+        }
+        if let class @ RouteClass::Inference { .. } =
+            route::classify(req.method(), req.uri().path())
+        {
+            // Inference without the router, as on the hand-framed path.
+            let fs = self.fs.clone();
+            return Box::pin(
+                async move { Ok(serve_request(&fs, class, req.map(Body::new)).await) },
+            );
+        }
         Box::pin(self.app.clone().oneshot(req.map(Body::new)))
     }
 }
+
+/// What a face answers besides inference (boxed: not the path every
+/// token takes).
+type OtherAnswer<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 
 impl face_conn::Answer for FaceService {
     fn body_cap(&self) -> usize {
         self.fs.st.body_cap
     }
 
+    fn deadlines(&self) -> ClientDeadlines {
+        self.fs.st.deadlines
+    }
+
     fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send {
+        if let Some(refused) = self.fs.refusal(
+            &req.method,
+            req.target.path(),
+            req.headers.get(&header::HOST),
+            req.headers.get(&header::ORIGIN),
+        ) {
+            let refused: OtherAnswer<'_> = Box::pin(std::future::ready(Reply::from(refused)));
+            return Either::Right(refused);
+        }
         let RouteClass::Inference {
             flavor,
             work,
             route,
         } = route::classify(&req.method, req.target.path())
         else {
-            return Either::Right(Box::pin(self.answer_app(req)));
+            let app: OtherAnswer<'_> = Box::pin(self.answer_app(req));
+            return Either::Right(app);
         };
         // The executor's own future, with no layer around it: its state
         // (the whole request path, about 2 KiB) is built where the
@@ -246,19 +318,32 @@ pub async fn serve(
     let loops = Arc::clone(&local.fs.st.loops);
     while let Some((tcp, peer)) = accept(&listener, &shutdown, "face").await {
         let shutdown = shutdown.clone();
+        let Some(slot) = local.fs.st.conns.admit() else {
+            tracing::warn!(%peer, cap = local.fs.st.conns.cap(), "connection cap reached with every connection busy: answered 503");
+            conns.spawn(face_conn::refuse(tcp, busy(face)));
+            continue;
+        };
         if is_local(peer) {
             let svc = local.clone();
+            let hyper = svc.fs.st.http_stack == HttpStack::Hyper;
             loops.spawn(&conns, tcp, move |tcp| {
                 // Made on the connection's own loop.
                 let svc = svc.for_connection();
-                log_end(peer, face_conn::serve(tcp, svc, shutdown))
+                async move {
+                    if hyper {
+                        log_end(peer, face_conn::serve_hyper(tcp, svc, slot, shutdown)).await;
+                    } else {
+                        log_end(peer, face_conn::serve(tcp, svc, slot, shutdown)).await;
+                    }
+                }
             });
         } else {
             tracing::info!(%peer, "refused a non-loopback client on a local face");
-            conns.spawn(log_end(
-                peer,
-                serve_http(TokioIo::new(tcp), forbidden(face), shutdown, None),
-            ));
+            conns.spawn(log_end(peer, async move {
+                let served = serve_http(TokioIo::new(tcp), forbidden(face), shutdown, None).await;
+                drop(slot);
+                served
+            }));
         }
     }
     drop(listener);
@@ -291,7 +376,7 @@ async fn serve_request(fs: &FaceState, class: RouteClass, req: Request) -> Respo
         RouteClass::Inference { flavor, .. } => flavor,
         _ => fs.face.flavor(),
     };
-    let body = match read_capped(body, &parts.headers, fs.st.body_cap).await {
+    let body = match read_capped(body, &parts.headers, fs.st.body_cap, &fs.st.deadlines).await {
         Ok(b) => b,
         Err(resp) => return resp(flavor),
     };
@@ -346,6 +431,20 @@ async fn serve_whole(
     }
 }
 
+/// 503 for a connection beyond the cap, in the face's flavour.
+fn busy(face: Face) -> Response<Body> {
+    let mut resp = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        face.flavor(),
+        "too_many_connections",
+        "pair-node holds as many connections as it may (--max-connections), every one busy; retry shortly",
+        None,
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
+}
+
 /// 413 in the face's flavour.
 fn too_large(cap: usize, flavor: ApiFlavor) -> Response<Body> {
     json_error(
@@ -364,6 +463,7 @@ pub(crate) async fn read_capped<B>(
     body: B,
     headers: &http::HeaderMap,
     cap: usize,
+    deadlines: &ClientDeadlines,
 ) -> Result<Bytes, ErrorFn>
 where
     B: http_body::Body<Data = Bytes>,
@@ -377,23 +477,45 @@ where
     if declared.is_some_and(|n| n > cap as u64) {
         return Err(Box::new(too_big));
     }
-    match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, cap)).await {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) => {
-            let over = e.is::<http_body_util::LengthLimitError>();
-            if over {
-                Err(Box::new(too_big))
-            } else {
-                Err(Box::new(move |flavor| {
-                    json_error(
-                        StatusCode::BAD_REQUEST,
-                        flavor,
-                        "body_read_failed",
-                        &format!("could not read the request body: {e}"),
-                        None,
-                    )
-                }))
-            }
+    // As on the hand-framed path: a body must keep arriving, and its
+    // buffer grows with what arrived.
+    let start = tokio::time::Instant::now();
+    let mut body = std::pin::pin!(http_body_util::Limited::new(body, cap));
+    let mut got = bytes::BytesMut::new();
+    loop {
+        let by = deadlines.body_deadline(start, got.len() as u64);
+        let frame =
+            match tokio::time::timeout_at(by, http_body_util::BodyExt::frame(&mut body)).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => return Ok(got.freeze()),
+                Ok(Some(Err(e))) => {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        return Err(Box::new(too_big));
+                    }
+                    return Err(Box::new(move |flavor| {
+                        json_error(
+                            StatusCode::BAD_REQUEST,
+                            flavor,
+                            "body_read_failed",
+                            &format!("could not read the request body: {e}"),
+                            None,
+                        )
+                    }));
+                }
+                Err(_) => {
+                    return Err(Box::new(|flavor| {
+                        json_error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            flavor,
+                            "body_too_slow",
+                            "the request body stopped arriving",
+                            None,
+                        )
+                    }));
+                }
+            };
+        if let Ok(data) = frame.into_data() {
+            got.extend_from_slice(&data);
         }
     }
 }

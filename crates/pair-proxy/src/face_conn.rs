@@ -17,6 +17,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
@@ -28,10 +29,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{SHUTDOWN_GRACE, serve_connection};
+use crate::conns::{ClientDeadlines, ConnGuard};
 use crate::h1::{self, BodyLen};
 use crate::reply::{Headers, Reply};
 
@@ -51,6 +53,12 @@ const WATCH_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 /// not reset before it reads the answer.
 const LINGER_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 const LINGER_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+/// A body's buffer grows by at most this much per read: memory follows
+/// what arrived, not what the head declared.
+const BODY_STEP: usize = 256 * 1024;
+/// The head deadline of connections hyper serves, which also bounds their
+/// idle keep-alive wait (hyper starts it when it waits for a head).
+const HYPER_HEAD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A request, read whole, as the loop hands it over: its header fields as
 /// they came (a header map is built only where one is needed).
@@ -80,6 +88,8 @@ pub(crate) trait Answer:
 {
     /// Largest request body accepted.
     fn body_cap(&self) -> usize;
+    /// How long the client may take.
+    fn deadlines(&self) -> ClientDeadlines;
     /// Answers one request. The future lives inside the connection's own
     /// (no allocation, no move per request). `deadline` is the
     /// connection's timer for the answer's own deadlines (moved forward,
@@ -94,12 +104,13 @@ pub(crate) trait Answer:
 pub(crate) async fn serve<A: Answer>(
     tcp: TcpStream,
     svc: A,
+    slot: ConnGuard,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
     // A child token per connection: polled uncontended (see
     // cluster::serve_connection).
     let shutdown = shutdown.child_token();
-    let conn = run(tcp, svc, shutdown.clone());
+    let conn = run(tcp, svc, slot, shutdown.clone());
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         biased;
@@ -115,6 +126,7 @@ pub(crate) async fn serve<A: Answer>(
 async fn run<A: Answer>(
     mut tcp: TcpStream,
     svc: A,
+    slot: ConnGuard,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
@@ -127,25 +139,47 @@ async fn run<A: Answer>(
     let mut stopping = std::pin::pin!(shutdown.clone().cancelled_owned());
     let mut grace = std::pin::pin!(tokio::time::sleep(WATCH_GRACE));
     let mut deadline = std::pin::pin!(tokio::time::sleep(WATCH_GRACE));
+    // The client's own deadlines: idle, head, body (one timer, moved on).
+    let deadlines = svc.deadlines();
+    let mut limit = std::pin::pin!(tokio::time::sleep(deadlines.idle));
     loop {
-        // The next head; an idle connection closes at shutdown.
+        // The next head; an idle connection closes at shutdown, when its
+        // slot is needed for a new connection, or when idle too long.
+        let mut head_started = false;
         let head = loop {
             if !buf.is_empty() {
                 match h1::parse_request(&mut buf) {
                     Ok(Some(head)) => break head,
                     Ok(None) => {}
-                    Err(_) => return hand_over(tcp, buf, svc, shutdown).await,
+                    Err(_) => return hand_over(tcp, buf, svc, slot, shutdown).await,
                 }
             }
             make_room(&mut buf);
+            let waiting = buf.is_empty();
+            if waiting {
+                slot.idle();
+                limit.as_mut().reset(Instant::now() + deadlines.idle);
+            } else if !head_started {
+                head_started = true;
+                limit.as_mut().reset(Instant::now() + deadlines.head);
+            }
             let n = tokio::select! {
                 biased;
                 r = tcp.read_buf(&mut buf) => r.map_err(|_| "read failed")?,
-                () = stopping.as_mut(), if buf.is_empty() => return Ok(()),
+                () = stopping.as_mut(), if waiting => return Ok(()),
+                () = slot.evicted(), if waiting => return Ok(()),
+                () = limit.as_mut() => {
+                    return if waiting {
+                        Ok(())
+                    } else {
+                        Err("request head not sent in time")
+                    };
+                }
             };
             if n == 0 {
                 return Ok(());
             }
+            slot.busy();
         };
         let target = origin_form(&head.target);
         let (BodyLen::Length(len), Some(target), Version::HTTP_11, false) =
@@ -154,7 +188,7 @@ async fn run<A: Answer>(
             // Hyper serves the rest, from this head on.
             let mut read = BytesMut::from(&head.raw[..]);
             read.unsplit(buf);
-            return hand_over(tcp, read, svc, shutdown).await;
+            return hand_over(tcp, read, svc, slot, shutdown).await;
         };
         let head_request = head.method == Method::HEAD;
         if len > svc.body_cap() as u64 {
@@ -167,11 +201,25 @@ async fn run<A: Answer>(
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
         if buf.len() < len {
-            buf.reserve(len - buf.len());
-        }
-        while buf.len() < len {
-            if tcp.read_buf(&mut buf).await.map_err(|_| "read failed")? == 0 {
-                return Err("client closed before its body's end");
+            // A client that stalls mid-body is closed by its deadline, and
+            // holds only what it sent.
+            let start = Instant::now();
+            while buf.len() < len {
+                let step = (len - buf.len()).min(BODY_STEP);
+                if buf.capacity() - buf.len() < step {
+                    buf.reserve(step);
+                }
+                limit
+                    .as_mut()
+                    .reset(deadlines.body_deadline(start, buf.len() as u64));
+                let n = tokio::select! {
+                    biased;
+                    r = tcp.read_buf(&mut buf) => r.map_err(|_| "read failed")?,
+                    () = limit.as_mut() => return Err("request body not sent in time"),
+                };
+                if n == 0 {
+                    return Err("client closed before its body's end");
+                }
             }
         }
         let received = tokio::time::Instant::now();
@@ -191,7 +239,7 @@ async fn run<A: Answer>(
         let Some(resp) = watching(&mut tcp, &mut buf, answer, Some(grace.as_mut())).await else {
             return Ok(());
         };
-        let close = !head.keep_alive || shutdown.is_cancelled();
+        let close = !head.keep_alive || shutdown.is_cancelled() || slot.is_evicted();
         let close = write_response(&mut tcp, &mut buf, &mut out, resp, head_request, close).await?;
         if close {
             let _ = tcp.shutdown().await;
@@ -204,6 +252,23 @@ async fn run<A: Answer>(
             small.extend_from_slice(&buf);
             buf = small;
         }
+    }
+}
+
+/// Answers a connection the node has no room for with `resp` (503) and
+/// closes it, reading what the client sent meanwhile for at most a second
+/// so it sees the answer rather than a reset.
+pub(crate) async fn refuse(mut tcp: TcpStream, resp: Response<Body>) {
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let written = write_response(&mut tcp, &mut buf, &mut out, resp.into(), false, true).await;
+    let _ = tcp.shutdown().await;
+    if written.is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut sink = [0u8; 4096];
+            while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
     }
 }
 
@@ -430,13 +495,28 @@ mod date {
     }
 }
 
+/// Serves the whole connection with hyper's server (`HttpStack::Hyper`).
+pub(crate) async fn serve_hyper<A: Answer>(
+    tcp: TcpStream,
+    svc: A,
+    slot: ConnGuard,
+    shutdown: CancellationToken,
+) -> Result<(), &'static str> {
+    hand_over(tcp, BytesMut::new(), svc, slot, shutdown).await
+}
+
 /// The rest of the connection goes to hyper, starting with what was read.
 async fn hand_over<A: Answer>(
     tcp: TcpStream,
     read: BytesMut,
     svc: A,
+    slot: ConnGuard,
     shutdown: CancellationToken,
 ) -> Result<(), &'static str> {
+    // Hyper's head deadline also bounds an idle keep-alive wait; its
+    // connections stay counted, never evicted (rare: HTTP/1.0, chunked
+    // bodies, upgrades).
+    slot.busy();
     // A second handle on the socket keeps it open after hyper lets go of
     // its own, for what the client still sends then (the rest of a body
     // hyper refused, 413).
@@ -448,8 +528,16 @@ async fn hand_over<A: Answer>(
         pre: read.freeze(),
         io: tcp,
     };
-    let served = serve_connection(TokioIo::new(io), svc, None, shutdown, None).await;
+    let served = serve_connection(
+        TokioIo::new(io),
+        svc,
+        Some(HYPER_HEAD_DEADLINE),
+        shutdown,
+        None,
+    )
+    .await;
     close_lingering(&mut spare, &mut BytesMut::new(), u64::MAX).await;
+    drop(slot);
     served
 }
 
@@ -592,6 +680,10 @@ mod tests {
             64
         }
 
+        fn deadlines(&self) -> ClientDeadlines {
+            ClientDeadlines::default()
+        }
+
         async fn answer(&self, req: Whole, _: Pin<&mut Sleep>) -> Reply {
             let resp = {
                 match req.target.path() {
@@ -648,9 +740,11 @@ mod tests {
         let token = shutdown.clone();
         let echo = Echo::default();
         let svc = echo.clone();
+        let limit = crate::conns::ConnLimit::new(1024);
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                tokio::spawn(serve(tcp, svc.clone(), token.clone()));
+                let slot = limit.admit().expect("under the cap");
+                tokio::spawn(serve(tcp, svc.clone(), slot, token.clone()));
             }
         });
         (addr, shutdown, echo)

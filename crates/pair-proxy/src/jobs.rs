@@ -127,13 +127,28 @@ impl JobLog {
         std::fs::create_dir_all(dir).map_err(io)?;
         let mut loaded = Vec::new();
         if let Ok(f) = File::open(&path) {
-            for line in BufReader::new(f).lines() {
+            // The history is disposable: a line that does not parse (torn
+            // by a crash, NUL-filled, not UTF-8) is skipped, never fatal.
+            let mut skipped = 0usize;
+            for line in BufReader::new(f).split(b'\n') {
                 let line = line.map_err(io)?;
-                if let Ok(rec) = serde_json::from_str::<JobRecord>(&line)
-                    && now_ms.saturating_sub(rec.created_at_ms) <= KEEP_MS
-                {
-                    loaded.push(rec);
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
                 }
+                match serde_json::from_slice::<JobRecord>(&line) {
+                    Ok(rec) if now_ms.saturating_sub(rec.created_at_ms) <= KEEP_MS => {
+                        loaded.push(rec);
+                    }
+                    Ok(_) => {}
+                    Err(_) => skipped += 1,
+                }
+            }
+            if skipped > 0 {
+                tracing::warn!(
+                    skipped,
+                    path = %path.display(),
+                    "skipped unreadable lines of the job history (they are dropped at the next compaction)"
+                );
             }
         }
         let mut log = Self::new(loaded, true);

@@ -13,11 +13,13 @@
 
 pub mod body;
 pub mod cluster;
+pub mod conns;
 pub mod dispatch;
 pub mod error;
 pub mod face;
 mod face_conn;
 pub mod forward;
+pub mod gate;
 pub mod gossip;
 pub mod h1;
 pub mod jobs;

@@ -90,10 +90,30 @@ struct Idle {
     since: Instant,
 }
 
+/// hyper-util's pooled client for plain HTTP: what the hand-framed pool
+/// is measured against (`HttpStack::Hyper`).
+pub type PlainClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
+/// Which HTTP/1.1 implementation serves the faces and calls the local
+/// engines: the hand-framed one (default) or hyper's server and
+/// hyper-util's client, kept so the two are measured side by side
+/// (`scripts/bench/proxy.sh`, docs/benchmarks/proxy.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HttpStack {
+    #[default]
+    Native,
+    Hyper,
+}
+
 /// One event loop's connections to the local engines.
 #[derive(Debug)]
 pub struct LocalPool {
     connect_timeout: Duration,
+    /// `HttpStack::Hyper`: requests go through this client instead.
+    hyper: Option<PlainClient>,
     idle: Mutex<Vec<Idle>>,
     /// Requests sent again because a pooled connection failed under them.
     resent: std::sync::atomic::AtomicU64,
@@ -111,12 +131,27 @@ enum Failed {
 
 impl LocalPool {
     pub fn new(timeouts: Timeouts) -> Arc<Self> {
+        Self::with_stack(timeouts, HttpStack::Native)
+    }
+
+    pub fn with_stack(timeouts: Timeouts, stack: HttpStack) -> Arc<Self> {
+        let hyper = (stack == HttpStack::Hyper).then(|| {
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(IDLE_TIMEOUT)
+                .build(crate::dispatch::http_connector(timeouts))
+        });
         Arc::new_cyclic(|me| Self {
+            hyper,
             connect_timeout: timeouts.connect,
             idle: Mutex::new(Vec::new()),
             resent: std::sync::atomic::AtomicU64::new(0),
             me: me.clone(),
         })
+    }
+
+    /// hyper-util's client, when this pool stands in for it.
+    pub(crate) fn hyper(&self) -> Option<&PlainClient> {
+        self.hyper.as_ref()
     }
 
     /// Idle connections held now.

@@ -118,7 +118,7 @@ async fn relay(
         RouteClass::Inference { flavor, .. } => flavor,
         _ => ApiFlavor::OpenAi,
     };
-    let body = match read_capped(body, &parts.headers, st.body_cap).await {
+    let body = match read_capped(body, &parts.headers, st.body_cap, &st.deadlines).await {
         Ok(b) => b,
         Err(resp) => return resp(flavor),
     };

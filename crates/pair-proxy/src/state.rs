@@ -18,13 +18,15 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
 
+use crate::conns::{ClientDeadlines, ConnLimit};
 use crate::dispatch::{self, DispatchError, Hop, PeerLink, Timeouts};
+use crate::gate::FaceGate;
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::loops::EventLoops;
 use crate::metrics::Metrics;
 use crate::per_loop::{PerLoop, PerLoopArc};
-use crate::pool::LocalPool;
+use crate::pool::{HttpStack, LocalPool};
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
@@ -143,6 +145,14 @@ pub struct ProxyState {
     receipt_self: PerLoop<Option<http::HeaderValue>>,
     pub timeouts: Timeouts,
     pub body_cap: usize,
+    /// Which `Host` and `Origin` values the faces accept.
+    pub gate: FaceGate,
+    /// The cap on open connections (faces and cluster port).
+    pub conns: Arc<ConnLimit>,
+    /// How long a face's client may take.
+    pub deadlines: ClientDeadlines,
+    /// Which HTTP/1.1 implementation the faces use.
+    pub http_stack: HttpStack,
     /// One engine connection pool per event loop (index:
     /// [`crate::loops::current`]).
     local_pools: Vec<Arc<LocalPool>>,
@@ -181,6 +191,14 @@ pub struct ProxyConfig {
     pub engines: Vec<LocalEngine>,
     /// Where connections are served ([`EventLoops::single`]: the caller's runtime).
     pub loops: Arc<EventLoops>,
+    /// Which `Host` and `Origin` values the faces accept.
+    pub gate: FaceGate,
+    /// Open connections the faces and the cluster port hold in all.
+    pub max_connections: usize,
+    /// How long a face's client may take.
+    pub deadlines: ClientDeadlines,
+    /// Which HTTP/1.1 implementation the faces and the engine client use.
+    pub http_stack: HttpStack,
 }
 
 impl ProxyState {
@@ -191,7 +209,7 @@ impl ProxyState {
         Arc::new(Self {
             receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
-                .map(|_| LocalPool::new(config.timeouts))
+                .map(|_| LocalPool::with_stack(config.timeouts, config.http_stack))
                 .collect(),
             loops: config.loops,
             cluster: PerLoopArc::new(ClusterSnapshot::default()),
@@ -210,6 +228,10 @@ impl ProxyState {
             node: config.node,
             timeouts: config.timeouts,
             body_cap: config.body_cap,
+            gate: config.gate,
+            conns: ConnLimit::new(config.max_connections),
+            deadlines: config.deadlines,
+            http_stack: config.http_stack,
             load: LocalLoad::new(),
             jobs,
             metrics: Arc::new(Metrics::new()),
@@ -501,6 +523,10 @@ pub(crate) mod tests {
                 body_cap: 1024,
                 engines: Vec::new(),
                 loops,
+                gate: crate::gate::FaceGate::default(),
+                max_connections: 1024,
+                deadlines: ClientDeadlines::default(),
+                http_stack: HttpStack::default(),
             },
             jobs,
         )

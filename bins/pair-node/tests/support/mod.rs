@@ -1,0 +1,242 @@
+//! What the process-level tests of pair-node share: a `pair-node run`
+//! started on ephemeral ports in a temporary state dir, an emulated engine
+//! for it, and the CLI run against it.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)] // each test file uses a part
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pair_node::harness::{KillOnDrop, wait_for_output};
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
+
+/// A running `pair-node run`.
+pub struct Running {
+    pub proc: KillOnDrop,
+    /// `http://` base URL of the Ollama face.
+    pub face: String,
+    /// `http://` base URL of the OpenAI face.
+    pub openai: String,
+    /// The cluster port's address, `HOST:PORT`.
+    pub cluster: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    /// The face's `HOST:PORT`.
+    pub fn face_addr(&self) -> &str {
+        self.face.trim_start_matches("http://")
+    }
+}
+
+/// Starts `pair-node run` with an emulated Ollama engine on `engine_port`,
+/// `threads` event loops and `extra` flags, in a new temporary state dir.
+pub fn start(name: &str, engine_port: u16, threads: u16) -> Running {
+    start_with(name, engine_port, threads, &[])
+}
+
+pub fn start_with(name: &str, engine_port: u16, threads: u16, extra: &[&str]) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    start_in(dir, name, engine_port, threads, extra, None)
+}
+
+/// [`start_with`] in a given state dir; `shell`: run it through `bash -c`
+/// with this prefix (e.g. `ulimit -n 1024;`).
+pub fn start_in(
+    dir: tempfile::TempDir,
+    name: &str,
+    engine_port: u16,
+    threads: u16,
+    extra: &[&str],
+    shell: Option<&str>,
+) -> Running {
+    let (child, stderr) = spawn(dir.path(), name, engine_port, threads, extra, shell);
+    let proc = KillOnDrop(child);
+    let mut line = String::new();
+    wait_for_output(stderr, Duration::from_secs(30), |l| {
+        if l.contains("pair-node running") {
+            line = l.to_owned();
+        }
+        !line.is_empty()
+    })
+    .unwrap();
+    let line = strip_ansi(&line);
+    let field = |key: &str| {
+        let start = line.find(&format!("{key}=")).unwrap() + key.len() + 1;
+        line[start..].split_whitespace().next().unwrap().to_owned()
+    };
+    let node = Running {
+        face: format!("http://{}", field("ollama")),
+        openai: format!("http://{}", field("openai")),
+        cluster: field("cluster"),
+        proc,
+        dir,
+    };
+    wait_ready(&node);
+    node
+}
+
+/// Waits until the node's own snapshot lists its engine's models (its
+/// first engine poll has landed), so a test's first request is routable.
+pub fn wait_ready(node: &Running) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get_json(node.face_addr(), "/_pair/cluster").unwrap_or(Value::Null);
+        let me = &v["self"];
+        let has_models = v["snapshot"]["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                &n["id"] == me
+                    && n["engines"].as_array().is_some_and(|e| {
+                        e.iter()
+                            .any(|e| e["models"].as_array().is_some_and(|m| !m.is_empty()))
+                    })
+            })
+        });
+        if has_models {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never became ready: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `s` without terminal colour codes.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\u{1b}') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// Starts `pair-node run` and hands back the child and its stderr, for
+/// tests that read its log themselves.
+pub fn spawn(
+    dir: &Path,
+    name: &str,
+    engine_port: u16,
+    threads: u16,
+    extra: &[&str],
+    shell: Option<&str>,
+) -> (std::process::Child, std::process::ChildStderr) {
+    let mut args: Vec<String> = [
+        "run",
+        "--name",
+        name,
+        "--mdns",
+        "off",
+        "--ollama-face",
+        "127.0.0.1:0",
+        "--openai-face",
+        "127.0.0.1:0",
+        "--cluster",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.push("--engine".into());
+    args.push(format!("ollama=http://127.0.0.1:{engine_port}"));
+    args.push("--state-dir".into());
+    args.push(dir.display().to_string());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let mut cmd = match shell {
+        Some(prefix) => {
+            let mut c = Command::new("bash");
+            c.arg("-c")
+                .arg(format!("{prefix} exec \"$0\" \"$@\""))
+                .arg(BIN)
+                .args(&args);
+            c
+        }
+        None => {
+            let mut c = Command::new(BIN);
+            c.args(&args);
+            c
+        }
+    };
+    let mut child = cmd
+        .env("PAIR_LOG", "info")
+        .env("PAIR_THREADS", threads.to_string())
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    (child, stderr)
+}
+
+/// `GET path` on `addr` (`HOST:PORT`), its body as JSON.
+pub fn get_json(addr: &str, path: &str) -> Option<Value> {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(addr).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut got = Vec::new();
+    tcp.read_to_end(&mut got).ok()?;
+    let text = String::from_utf8(got).ok()?;
+    serde_json::from_str(text.split_once("\r\n\r\n")?.1).ok()
+}
+
+/// Runs the CLI against `node` (its face and state dir) with `--json`.
+pub fn cli(node: &Running, args: &[&str]) -> Value {
+    let out = cli_output(node, args);
+    assert!(
+        out.status.success(),
+        "pair-node {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The CLI's whole output, success or not.
+pub fn cli_output(node: &Running, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .args(["--control", &node.face, "--json", "--state-dir"])
+        .arg(node.dir.path())
+        .output()
+        .unwrap()
+}
+
+/// An emulated Ollama engine on a free port, served by a small runtime on
+/// its own thread for the rest of the test process.
+pub fn engine() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let cfg =
+                pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
+            let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    port
+}

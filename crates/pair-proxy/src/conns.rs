@@ -1,0 +1,243 @@
+//! The cap on a node's open connections (faces and cluster port together),
+//! so idle or stalled clients cannot take every file descriptor.
+//!
+//! At the cap, the connection that has been idle longest (a keep-alive
+//! connection waiting for its next request, or one that has sent nothing
+//! yet) is closed to make room, as nginx does when it runs short of
+//! connections; with none idle, the new connection is refused (the faces
+//! answer it 503). Marking a connection idle or busy touches only that
+//! connection's own state; the registry is locked when a connection opens
+//! or closes, and scanned only at the cap.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+/// How long a client of a face may take: deadlines that close idle and
+/// stalled connections, so a slow or silent client holds a descriptor and
+/// its buffers only for a bounded time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientDeadlines {
+    /// A keep-alive connection with no request for this long is closed
+    /// (nginx's `keepalive_timeout` is 75 s).
+    pub idle: Duration,
+    /// A request head must be whole this long after its first byte.
+    pub head: Duration,
+    /// A body must end this long after its head, plus a second for every
+    /// [`ClientDeadlines::body_min_rate`] bytes that arrived (Apache's
+    /// `mod_reqtimeout` rule): a client must keep sending, whatever length
+    /// it declared.
+    pub body_grace: Duration,
+    pub body_min_rate: u64,
+}
+
+impl Default for ClientDeadlines {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(60),
+            head: Duration::from_secs(10),
+            body_grace: Duration::from_secs(10),
+            body_min_rate: 16 * 1024,
+        }
+    }
+}
+
+impl ClientDeadlines {
+    /// When a body that started at `start` and has `received` bytes so far
+    /// must have ended or sent more.
+    pub fn body_deadline(&self, start: Instant, received: u64) -> Instant {
+        let rate = self.body_min_rate.max(1);
+        start + self.body_grace + Duration::from_millis(received.saturating_mul(1000) / rate)
+    }
+}
+
+/// Descriptors kept back from the cap for engine connections, peer links,
+/// the job log, mDNS and the listeners themselves.
+pub const FD_RESERVE: u64 = 128;
+
+/// The cap that fits an open-file limit of `nofile` descriptors.
+pub fn cap_for_fd_limit(nofile: u64) -> usize {
+    usize::try_from(nofile.saturating_sub(FD_RESERVE).max(16)).unwrap_or(usize::MAX)
+}
+
+/// The open connections and the cap on them.
+#[derive(Debug)]
+pub struct ConnLimit {
+    cap: usize,
+    epoch: Instant,
+    registry: Mutex<Registry>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    next_id: u64,
+    open: HashMap<u64, Arc<ConnState>>,
+}
+
+#[derive(Debug)]
+struct ConnState {
+    /// 0 while busy; otherwise 1 + the milliseconds since the limit's
+    /// epoch at which it went idle.
+    idle_since: AtomicU64,
+    /// Cancelled when the connection is closed to make room.
+    evicted: CancellationToken,
+}
+
+impl ConnLimit {
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap: cap.max(1),
+            epoch: Instant::now(),
+            registry: Mutex::new(Registry::default()),
+        })
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Open connections counted.
+    pub fn open(&self) -> usize {
+        self.lock().open.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // The registry is consistent after every statement: a panic while
+        // it was held tore nothing.
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a new connection, idle until it says otherwise; at the cap
+    /// the longest-idle connection is evicted for it. `None`: at the cap
+    /// with every connection busy.
+    pub fn admit(self: &Arc<Self>) -> Option<ConnGuard> {
+        let mut r = self.lock();
+        if r.open.len() >= self.cap {
+            let oldest = r
+                .open
+                .iter()
+                .filter_map(|(id, c)| {
+                    let since = c.idle_since.load(Ordering::Relaxed);
+                    (since != 0).then_some((since, *id))
+                })
+                .min()
+                .map(|(_, id)| id)?;
+            if let Some(evicted) = r.open.remove(&oldest) {
+                evicted.evicted.cancel();
+            }
+        }
+        let id = r.next_id;
+        r.next_id += 1;
+        let state = Arc::new(ConnState {
+            idle_since: AtomicU64::new(self.stamp()),
+            evicted: CancellationToken::new(),
+        });
+        r.open.insert(id, Arc::clone(&state));
+        drop(r);
+        Some(ConnGuard {
+            limit: Arc::clone(self),
+            id,
+            state,
+        })
+    }
+
+    fn stamp(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+}
+
+/// One counted connection; dropping it uncounts it.
+#[derive(Debug)]
+pub struct ConnGuard {
+    limit: Arc<ConnLimit>,
+    id: u64,
+    state: Arc<ConnState>,
+}
+
+impl ConnGuard {
+    /// Waiting for a request: may be closed to make room.
+    pub fn idle(&self) {
+        self.state
+            .idle_since
+            .store(self.limit.stamp(), Ordering::Relaxed);
+    }
+
+    /// Reading or answering a request: never closed to make room.
+    pub fn busy(&self) {
+        self.state.idle_since.store(0, Ordering::Relaxed);
+    }
+
+    /// Resolves when the connection was closed to make room.
+    pub fn evicted(&self) -> WaitForCancellationFuture<'_> {
+        self.state.evicted.cancelled()
+    }
+
+    pub fn is_evicted(&self) -> bool {
+        self.state.evicted.is_cancelled()
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        // An evicted connection was uncounted when it was evicted.
+        if !self.state.evicted.is_cancelled() {
+            self.limit.lock().open.remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_the_cap_the_longest_idle_connection_makes_room() {
+        let limit = ConnLimit::new(3);
+        let a = limit.admit().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = limit.admit().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let c = limit.admit().unwrap();
+        a.busy();
+        // b went idle before c: b is evicted.
+        let d = limit.admit().unwrap();
+        assert!(b.is_evicted() && !a.is_evicted() && !c.is_evicted());
+        assert_eq!(limit.open(), 3);
+        drop(b);
+        assert_eq!(limit.open(), 3, "an evicted guard was already uncounted");
+        // Everyone busy: refused.
+        c.busy();
+        d.busy();
+        assert!(limit.admit().is_none());
+        // One goes idle again: it makes room.
+        d.idle();
+        let e = limit.admit().unwrap();
+        assert!(d.is_evicted());
+        drop((a, c, e));
+        assert_eq!(limit.open(), 0);
+    }
+
+    #[test]
+    fn a_body_s_deadline_moves_with_what_arrived() {
+        let d = ClientDeadlines::default();
+        let t = Instant::now();
+        assert_eq!(d.body_deadline(t, 0), t + Duration::from_secs(10));
+        assert_eq!(
+            d.body_deadline(t, 16 * 1024 * 5),
+            t + Duration::from_secs(15)
+        );
+    }
+
+    #[test]
+    fn the_cap_leaves_a_reserve_of_descriptors() {
+        assert_eq!(cap_for_fd_limit(1024), 896);
+        assert_eq!(cap_for_fd_limit(10), 16);
+    }
+}
