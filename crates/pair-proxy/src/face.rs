@@ -245,6 +245,7 @@ impl face_conn::Answer for FaceService {
                 route,
                 received: req.received,
             },
+            forward::Plan::Cluster,
             deadline,
         ))
     }
@@ -422,6 +423,7 @@ async fn serve_whole(
                     route,
                     received: tokio::time::Instant::now(),
                 },
+                forward::Plan::Cluster,
                 deadline,
             )
             .await

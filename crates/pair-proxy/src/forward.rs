@@ -17,11 +17,11 @@ use bytes::Bytes;
 use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
 use pair_core::{
-    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
-    SessionKey,
+    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, SessionKey,
 };
-use pair_scheduler::ReservationId;
+use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, ReservationId, Step};
 use serde_json::json;
+use smallvec::SmallVec;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, RequestFacts};
@@ -31,7 +31,7 @@ use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteSlot};
 use crate::reply::{self, Receipt, Reply};
 use crate::route::Work;
-use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, now_ms, unix_ms_at};
+use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
 use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
@@ -40,22 +40,6 @@ pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session");
 /// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
 pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
-
-/// Why one attempt did not commit.
-enum AttemptError {
-    Dispatch(DispatchError),
-    /// A status another node may not share (408, 429, 5xx, 404 from an
-    /// advertised owner).
-    Status(StatusCode),
-    /// The body failed before its first byte.
-    Body(&'static str),
-}
-
-impl From<DispatchError> for AttemptError {
-    fn from(e: DispatchError) -> Self {
-        AttemptError::Dispatch(e)
-    }
-}
 
 /// One dispatch and how it ended, for receipts and error bodies.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -90,37 +74,75 @@ pub type StateRef = Arc<Arc<ProxyState>>;
 /// timer each attempt's first-byte deadline is set on: a face connection
 /// lends its own, so a request moves an armed timer forward instead of
 /// putting one into tokio's timer wheel and taking it out again.
-pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep>) -> Reply {
+pub async fn execute(
+    st: &StateRef,
+    req: Inference,
+    plan: Plan,
+    mut deadline: Pin<&mut Sleep>,
+) -> Reply {
     let t0 = req.received;
     let created_at_ms = unix_ms_at(t0);
     let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
-        Err(e) => return invalid_request(st, &req, &e),
+        Err(e) => return invalid_request(st, &req, plan, &e),
     };
     let cluster = st.cluster();
     let mut profile = profile_for(facts, &req, &cluster);
-    let ranking = st.rank(&cluster, &profile, created_at_ms);
-    if ranking.is_empty() {
-        return no_eligible_node(st, &req, &profile, &cluster);
-    }
-
+    let (shortlist, nodes) = match plan {
+        Plan::Cluster => {
+            let shortlist = st.rank(&cluster, &profile, created_at_ms);
+            let nodes: Nodes = shortlist.iter().map(|c| c.node).collect();
+            (shortlist, nodes)
+        }
+        Plan::ThisNode => {
+            let holds = cluster
+                .node(st.node.id)
+                .is_some_and(|n| n.find_model(&profile.model, req.flavor).is_some());
+            if !holds {
+                return model_not_here(st, &req, &profile);
+            }
+            st.metrics.relayed_in.inc();
+            (Shortlist::new(), std::iter::once(st.node.id).collect())
+        }
+    };
+    let mut failover = Failover::new(
+        nodes,
+        FailoverConfig {
+            first_byte: st.timeouts.first_byte,
+            // A relayed request's answer goes to its origin as the engine
+            // gave it: the origin decides what to retry.
+            pass_last_answer: plan == Plan::ThisNode,
+            ..FailoverConfig::default()
+        },
+    );
     let job = JobId::from_uuid(uuid::Uuid::new_v4());
-    // Failed attempts (the answer's error lists them); none on the usual
-    // path, so nothing is allocated for them.
-    let mut attempts: Vec<Attempt> = Vec::new();
-    let mut deadline_hit = false;
-    for cand in ranking.iter().take(MAX_ATTEMPTS) {
-        let node = cand.node;
+    let (node, up, first, guard, reservation) = loop {
+        let node = match failover.next() {
+            Step::Dispatch { node, .. } => node,
+            Step::GiveUp(why) => {
+                return gave_up(
+                    st,
+                    &req,
+                    plan,
+                    &mut profile,
+                    job,
+                    created_at_ms,
+                    &failover,
+                    why,
+                    &cluster,
+                );
+            }
+        };
         let hop = match hop_for(st, &cluster, node, &profile.model, req.flavor) {
             Ok(h) => h,
             Err(e) => {
-                fail(st, &cluster, &mut attempts, node, e.class());
+                note_failure(st, &mut failover, Outcome::Failed { class: e.class() });
                 continue;
             }
         };
         // The first attempt goes out now; a later one after the failures
         // before it, whose time a workload report may already cover.
-        let (sent_ms, sent) = if attempts.is_empty() {
+        let (sent_ms, sent) = if failover.failed().is_empty() {
             (created_at_ms, t0)
         } else {
             (now_ms(), Instant::now())
@@ -139,101 +161,121 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
         // The first-byte deadline is per attempt (a hung node must not eat
         // the next candidate's time) and covers the head and the first body
         // byte under one timer.
-        let attempt = async {
-            let mut up = dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?
-                .await
-                .map_err(AttemptError::Dispatch)?;
-            let advice = RetryAdvice::for_status(up.status.as_u16(), true);
-            if advice.is_some_and(RetryAdvice::may_retry) {
-                return Err(AttemptError::Status(up.status));
-            }
-            // Success: wait for the first body byte before committing, so an
-            // engine that dies between head and body is still retried.
-            let first = if advice.is_none() {
-                first_data(&mut up.body).await.map_err(AttemptError::Body)?
-            } else {
-                None
-            };
-            Ok((up, first))
-        };
         deadline.as_mut().reset(sent + st.timeouts.first_byte);
-        let outcome = tokio::select! {
+        let head =
+            async { dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?.await };
+        let head = tokio::select! {
             biased;
-            r = attempt => Ok(r),
-            () = deadline.as_mut() => Err(()),
+            r = head => Some(r),
+            () = deadline.as_mut() => None,
         };
-        let (up, first) = match outcome {
-            Ok(Ok(answer)) => answer,
-            // Nothing reached the client: the next candidate.
-            Ok(Err(e)) => {
-                attempt_failed(st, &cluster, &mut attempts, node, &hop, e);
+        let mut up = match head {
+            Some(Ok(up)) => up,
+            Some(Err(e)) => {
+                tracing::debug!(%node, error = %e, "attempt failed");
+                note_failure(st, &mut failover, Outcome::Failed { class: e.class() });
                 continue;
             }
-            Err(_) => {
-                deadline_hit = true;
-                fail(st, &cluster, &mut attempts, node, "first-byte-timeout");
+            None => {
+                note_failure(st, &mut failover, Outcome::TimedOut);
                 continue;
             }
         };
-        let status = up.status;
-        let tries = attempts.len() + 1;
-        // This node's own name is at hand; a peer's is copied out of the
-        // snapshot for the metrics and the receipt.
-        let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
-        st.bind_session(&profile, node);
-        let ttft = t0.elapsed();
-        // The profile's last use: its model moves into the record.
-        let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
-        record.ran_on = Some(node);
-        record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
-        record.http_status = Some(status.as_u16());
-        record.ttft_ms = Some(millis(ttft));
-        let slot = st.metrics.route_slot(req.route);
-        if let Some(slot) = slot {
-            st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
+        if up.status == StatusCode::NOT_FOUND {
+            refresh_inventory(&hop);
         }
-        let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
-        let explain = req.head.headers.contains(&EXPLAIN_HEADER);
-        let watcher = JobWatcher {
-            st: Arc::clone(st),
-            record: Some(record),
-            route: req.route,
-            slot,
-            t0,
-            peer_name: peer_name.clone(),
-            guard,
-            reservation: reservation.and_then(|r| r.keep()),
+        let first = match failover.report(Outcome::Head {
+            status: up.status.as_u16(),
+        }) {
+            Decision::Commit => None,
+            Decision::Next => {
+                note_failed(st, &failover);
+                continue;
+            }
+            // A 2xx head is not yet a commitment: an engine that dies
+            // between head and body is still retried.
+            Decision::AwaitFirstByte => {
+                let first = tokio::select! {
+                    biased;
+                    r = first_data(&mut up.body) => Some(r),
+                    () = deadline.as_mut() => None,
+                };
+                let outcome = match &first {
+                    Some(Ok(_)) => Outcome::FirstByte,
+                    Some(Err(class)) => Outcome::Failed { class },
+                    None => Outcome::TimedOut,
+                };
+                match failover.report(outcome) {
+                    Decision::Commit => first.and_then(Result::ok).flatten(),
+                    _ => {
+                        note_failed(st, &failover);
+                        continue;
+                    }
+                }
+            }
         };
-        let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
-        let node_receipt = match &peer_name {
-            None => st.receipt_self(),
-            Some(name) => crate::state::node_receipt(name, node),
-        };
+        break (node, up, first, guard, reservation);
+    };
+    let status = up.status;
+    let tries = failover.dispatched();
+    let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
+    if plan == Plan::ThisNode {
+        // The origin keeps the record and the receipt.
+        let watcher = JobWatcher::load_only(st, guard);
         return Reply {
             status,
             headers: up.headers,
-            receipt: Some(Receipt {
-                node: node_receipt,
-                attempts: tries,
-                policy: st.policy().as_str(),
-                job,
-                why: explain
-                    .then(|| http::HeaderValue::from_str(&cand.to_string()).ok())
-                    .flatten(),
-            }),
-            body: Body::new(relay),
+            receipt: None,
+            body: Body::new(Relay::new(first, up.body, framing, req.flavor, watcher)),
         };
     }
-
-    all_failed(
-        st,
-        &req,
-        &mut profile,
-        job,
-        created_at_ms,
-        &attempts,
-        deadline_hit,
-    )
+    // This node's own name is at hand; a peer's is copied out of the
+    // snapshot for the metrics and the receipt.
+    let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
+    st.bind_session(&profile, node);
+    let ttft = t0.elapsed();
+    // The profile's last use: its model moves into the record.
+    let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
+    record.ran_on = Some(node);
+    record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
+    record.http_status = Some(status.as_u16());
+    record.ttft_ms = Some(millis(ttft));
+    let slot = st.metrics.route_slot(req.route);
+    if let Some(slot) = slot {
+        st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
+    }
+    let explain = req.head.headers.contains(&EXPLAIN_HEADER);
+    let why = explain
+        .then(|| shortlist.iter().find(|c| c.node == node))
+        .flatten()
+        .and_then(|c| http::HeaderValue::from_str(&c.to_string()).ok());
+    let watcher = JobWatcher {
+        st: Arc::clone(st),
+        record: Some(record),
+        route: req.route,
+        slot,
+        t0,
+        peer_name: peer_name.clone(),
+        guard,
+        reservation: reservation.and_then(|r| r.keep()),
+    };
+    let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
+    let node_receipt = match &peer_name {
+        None => st.receipt_self(),
+        Some(name) => crate::state::node_receipt(name, node),
+    };
+    Reply {
+        status,
+        headers: up.headers,
+        receipt: Some(Receipt {
+            node: node_receipt,
+            attempts: tries,
+            policy: st.policy().as_str(),
+            job,
+            why,
+        }),
+        body: Body::new(relay),
+    }
 }
 
 // The paths below are taken only when something failed. `#[cold]` keeps
@@ -241,10 +283,27 @@ pub async fn execute(st: &StateRef, req: Inference, mut deadline: Pin<&mut Sleep
 // misses by only 1 %; the profile-guided release build lays the whole path
 // out: docs/benchmarks/proxy.md, "Twelfth round").
 
+/// Which nodes a request may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Any node of the cluster, as the scheduler ranks them (a face's
+    /// request).
+    Cluster,
+    /// This node only, never re-routed (a request a peer relayed here, so
+    /// a request cannot loop). The origin keeps the job record and the
+    /// receipt, and gets the engine's answer as it is.
+    ThisNode,
+}
+
+/// A request's candidates, held inline.
+type Nodes = SmallVec<[NodeId; MAX_ATTEMPTS]>;
+
 #[cold]
 #[inline(never)]
-fn invalid_request(st: &ProxyState, req: &Inference, e: &body::BodyError) -> Reply {
-    st.metrics.count_request(req.route, 400, "none");
+fn invalid_request(st: &ProxyState, req: &Inference, plan: Plan, e: &body::BodyError) -> Reply {
+    if plan == Plan::Cluster {
+        st.metrics.count_request(req.route, 400, "none");
+    }
     json_error(
         StatusCode::BAD_REQUEST,
         req.flavor,
@@ -253,6 +312,89 @@ fn invalid_request(st: &ProxyState, req: &Inference, e: &body::BodyError) -> Rep
         None,
     )
     .into()
+}
+
+/// A relayed request for a model this node does not hold: the origin's
+/// view was stale, and a 404 from an advertised owner sends it on to its
+/// next candidate.
+#[cold]
+#[inline(never)]
+fn model_not_here(st: &ProxyState, req: &Inference, profile: &RequestProfile) -> Reply {
+    json_error(
+        StatusCode::NOT_FOUND,
+        req.flavor,
+        "model_not_found",
+        &format!(
+            "model '{}' not found on node {}",
+            profile.model, st.node.name
+        ),
+        None,
+    )
+    .into()
+}
+
+/// The request ends with nothing committed.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn gave_up(
+    st: &ProxyState,
+    req: &Inference,
+    plan: Plan,
+    profile: &mut RequestProfile,
+    job: JobId,
+    created_at_ms: u64,
+    failover: &Failover,
+    why: GiveUp,
+    cluster: &ClusterSnapshot,
+) -> Reply {
+    let timed_out = match why {
+        GiveUp::NoCandidate => return no_eligible_node(st, req, profile, cluster),
+        GiveUp::Exhausted { timed_out } => timed_out,
+    };
+    let status = if timed_out {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    let attempts: Vec<Attempt> = failover
+        .failed()
+        .iter()
+        .map(|a| Attempt {
+            node: a.node,
+            name: name_of(cluster, a.node),
+            outcome: a.outcome.label().into_owned(),
+        })
+        .collect();
+    let model = profile.model.clone();
+    if plan == Plan::Cluster {
+        st.metrics.count_request(req.route, status.as_u16(), "none");
+        let mut record = new_record(job, req, profile, st.node.id, created_at_ms);
+        record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
+        record.status = JobStatus::Failed;
+        record.http_status = Some(status.as_u16());
+        record.duration_ms = Some(millis(req.received.elapsed()));
+        record.error = Some("all attempts failed".into());
+        st.finish_job(record);
+    }
+    let tried: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("{} ({})", a.name, a.outcome))
+        .collect();
+    let mut resp = json_error(
+        status,
+        req.flavor,
+        "all_attempts_failed",
+        &format!(
+            "every node that serves '{}' failed before answering: {}",
+            model,
+            tried.join(", ")
+        ),
+        Some(json!({ "attempts": attempts, "job": job })),
+    );
+    resp.headers_mut()
+        .insert(reply::ATTEMPTS, reply::attempts_value(attempts.len()));
+    resp.into()
 }
 
 #[cold]
@@ -277,78 +419,27 @@ fn no_eligible_node(
     .into()
 }
 
-/// Every candidate failed before answering.
+/// Reports a failed attempt to the failover core, and counts it.
 #[cold]
 #[inline(never)]
-fn all_failed(
-    st: &ProxyState,
-    req: &Inference,
-    profile: &mut RequestProfile,
-    job: JobId,
-    created_at_ms: u64,
-    attempts: &[Attempt],
-    deadline_hit: bool,
-) -> Reply {
-    let t0 = req.received;
-    let status = if deadline_hit {
-        StatusCode::GATEWAY_TIMEOUT
-    } else {
-        StatusCode::BAD_GATEWAY
-    };
-    st.metrics.count_request(req.route, status.as_u16(), "none");
-    let model = profile.model.clone();
-    let mut record = new_record(job, req, profile, st.node.id, created_at_ms);
-    record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
-    record.status = JobStatus::Failed;
-    record.http_status = Some(status.as_u16());
-    record.duration_ms = Some(millis(t0.elapsed()));
-    record.error = Some("all attempts failed".into());
-    st.finish_job(record);
-    let tried: Vec<String> = attempts
-        .iter()
-        .map(|a| format!("{} ({})", a.name, a.outcome))
-        .collect();
-    let mut resp = json_error(
-        status,
-        req.flavor,
-        "all_attempts_failed",
-        &format!(
-            "every node that serves '{}' failed before answering: {}",
-            model,
-            tried.join(", ")
-        ),
-        Some(json!({ "attempts": attempts, "job": job })),
-    );
-    resp.headers_mut()
-        .insert(reply::ATTEMPTS, reply::attempts_value(attempts.len()));
-    resp.into()
+fn note_failure(st: &ProxyState, failover: &mut Failover, outcome: Outcome) {
+    let decision = failover.report(outcome);
+    debug_assert_eq!(decision, Decision::Next);
+    note_failed(st, failover);
 }
 
-/// An attempt that failed before its answer's first body byte.
+/// Counts the attempt the failover core just logged as failed.
 #[cold]
 #[inline(never)]
-fn attempt_failed(
-    st: &ProxyState,
-    cluster: &ClusterSnapshot,
-    attempts: &mut Vec<Attempt>,
-    node: NodeId,
-    hop: &Hop,
-    e: AttemptError,
-) {
-    let outcome = match &e {
-        AttemptError::Dispatch(e) => {
-            tracing::debug!(%node, error = %e, "attempt failed");
-            e.class()
-        }
-        AttemptError::Status(status) => {
-            if *status == StatusCode::NOT_FOUND {
-                refresh_inventory(hop);
-            }
-            status.as_str()
-        }
-        AttemptError::Body(class) => class,
-    };
-    fail(st, cluster, attempts, node, outcome);
+fn note_failed(st: &ProxyState, failover: &Failover) {
+    if let Some(last) = failover.failed().last() {
+        st.metrics
+            .failovers
+            .get_or_create(&FailoverLabels {
+                reason: last.outcome.label().into_owned(),
+            })
+            .inc();
+    }
 }
 
 /// A job record with what is known before any attempt; the profile's
@@ -464,29 +555,6 @@ pub(crate) async fn first_data(body: &mut dispatch::UpBody) -> Result<Option<Byt
     }
 }
 
-#[cold]
-#[inline(never)]
-fn fail(
-    st: &ProxyState,
-    cluster: &ClusterSnapshot,
-    attempts: &mut Vec<Attempt>,
-    node: NodeId,
-    outcome: &str,
-) {
-    let name = name_of(cluster, node);
-    st.metrics
-        .failovers
-        .get_or_create(&FailoverLabels {
-            reason: outcome.to_owned(),
-        })
-        .inc();
-    attempts.push(Attempt {
-        node,
-        name,
-        outcome: outcome.to_owned(),
-    });
-}
-
 /// A node's name from the snapshot (its short id if it has left).
 fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
     cluster
@@ -516,6 +584,21 @@ struct JobWatcher {
 }
 
 impl JobWatcher {
+    /// A watcher that only keeps a relayed request counted in this node's
+    /// workload while it streams (its origin keeps the record).
+    fn load_only(st: &StateRef, guard: Option<LoadGuard>) -> Self {
+        Self {
+            st: Arc::clone(st),
+            record: None,
+            route: "",
+            slot: None,
+            t0: Instant::now(),
+            peer_name: None,
+            guard,
+            reservation: None,
+        }
+    }
+
     fn release(&mut self) {
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
@@ -539,6 +622,7 @@ impl Watcher for JobWatcher {
     fn finish(&mut self, ending: Ending, events: u32) {
         let elapsed = self.t0.elapsed();
         let Some(mut rec) = self.record.take() else {
+            self.guard.take();
             return;
         };
         rec.duration_ms = Some(millis(elapsed));

@@ -10,22 +10,18 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, Json, Query, Request, State};
 use axum::routing::{any, post};
-use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, RetryAdvice, Role};
+use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, Role};
 
-use crate::body;
-use crate::dispatch::{self, Hop, RELAY_PREFIX, RequestHead};
+use crate::dispatch::{RELAY_PREFIX, RequestHead};
 use crate::error::json_error;
 use crate::face::{local_listing, read_capped};
-use crate::forward::hop_for;
+use crate::forward::{self, Inference, Plan};
 use crate::gossip::PeerReports;
 use crate::h1::Headers;
 use crate::listing;
-use crate::load::LoadGuard;
 use crate::route::{self, RouteClass};
 use crate::state::ProxyState;
-use crate::stream::{Ending, Framing, Relay, Watcher};
 
 /// Who is on the other end of an mTLS connection; the cluster server puts it
 /// in every request's extensions after the handshake.
@@ -132,7 +128,11 @@ async fn relay(
             );
             resp
         }
-        RouteClass::Inference { flavor, work, .. } => {
+        RouteClass::Inference {
+            flavor,
+            work,
+            route,
+        } => {
             let head = RequestHead {
                 method: parts.method,
                 path_and_query: inner
@@ -140,7 +140,19 @@ async fn relay(
                     .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
                 headers: Headers::Map(parts.headers),
             };
-            run_locally(st, peer, head, body, flavor, work).await
+            tracing::debug!(peer = %peer.id, route, "running a relayed request");
+            let deadline = std::pin::pin!(tokio::time::sleep(st.timeouts.first_byte));
+            let req = Inference {
+                head,
+                body,
+                flavor,
+                work,
+                route,
+                received: tokio::time::Instant::now(),
+            };
+            forward::execute(&Arc::new(Arc::clone(st)), req, Plan::ThisNode, deadline)
+                .await
+                .into_response()
         }
         RouteClass::Passthrough => json_error(
             StatusCode::FORBIDDEN,
@@ -149,115 +161,5 @@ async fn relay(
             "only inference and listing routes can be relayed between nodes",
             None,
         ),
-    }
-}
-
-async fn run_locally(
-    st: &Arc<ProxyState>,
-    peer: PeerIdentity,
-    head: RequestHead,
-    body: Bytes,
-    flavor: ApiFlavor,
-    work: route::Work,
-) -> Response<Body> {
-    let facts = match body::extract_off_loop(&body, flavor, work).await {
-        Ok(f) => f,
-        Err(e) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                flavor,
-                "invalid_request",
-                &e.to_string(),
-                None,
-            );
-        }
-    };
-    let cluster = st.cluster();
-    let holds = cluster
-        .node(st.node.id)
-        .is_some_and(|n| n.find_model(&facts.model, flavor).is_some());
-    let hop = match hop_for(st, &cluster, st.node.id, &facts.model, flavor) {
-        Ok(h @ Hop::Local(_)) if holds => h,
-        _ => {
-            // The origin's view was stale; a 404 from an advertised owner
-            // sends it to its next candidate.
-            return json_error(
-                StatusCode::NOT_FOUND,
-                flavor,
-                "model_not_found",
-                &format!("model '{}' not found on node {}", facts.model, st.node.name),
-                None,
-            );
-        }
-    };
-    st.metrics.relayed_in.inc();
-    let profile = facts.profile(flavor, work, body.len());
-    let guard = st
-        .load
-        .begin(profile.prompt_tokens, profile.max_output_tokens);
-    tracing::debug!(peer = %peer.id, model = %profile.model, "running a relayed request");
-    match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
-        Ok(resp) => {
-            if resp.status() == StatusCode::NOT_FOUND {
-                crate::forward::refresh_inventory(&hop);
-            }
-            let (parts, mut incoming) = resp.into_parts();
-            // As on the origin: a successful head is not a commitment. An
-            // engine that dies before its first byte becomes a 502 the
-            // origin retries elsewhere, not a stream that starts with an
-            // error event.
-            let first = if RetryAdvice::for_status(parts.status.as_u16(), true).is_none() {
-                match crate::forward::first_data(&mut incoming).await {
-                    Ok(first) => first,
-                    Err(class) => {
-                        return json_error(
-                            StatusCode::BAD_GATEWAY,
-                            flavor,
-                            "engine_failed",
-                            &format!(
-                                "node {}'s engine failed before its first byte ({class})",
-                                st.node.name
-                            ),
-                            None,
-                        );
-                    }
-                }
-            } else {
-                None
-            };
-            let framing = Framing::from_content_type(
-                parts
-                    .headers
-                    .get(header::CONTENT_TYPE)
-                    .map(HeaderValue::as_bytes),
-            );
-            let relay = Relay::new(first, incoming, framing, flavor, LoadWatcher(Some(guard)));
-            Response::from_parts(parts, Body::new(relay))
-        }
-        Err(e) => json_error(
-            StatusCode::BAD_GATEWAY,
-            flavor,
-            "engine_unreachable",
-            &format!(
-                "node {}'s engine did not answer: {}",
-                st.node.name,
-                e.detail()
-            ),
-            None,
-        ),
-    }
-}
-
-/// Keeps a relayed request counted in this node's workload while it streams.
-struct LoadWatcher(Option<LoadGuard>);
-
-impl Watcher for LoadWatcher {
-    fn progress(&mut self, events: u32) {
-        if let Some(g) = self.0.as_mut() {
-            g.progress(events);
-        }
-    }
-    fn finish(&mut self, _ending: Ending, _events: u32) {
-        self.0.take();
     }
 }

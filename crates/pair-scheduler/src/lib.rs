@@ -95,6 +95,7 @@
 
 mod affinity;
 mod error;
+pub mod failover;
 mod learner;
 mod matcher;
 mod policy;
@@ -107,6 +108,10 @@ pub use pair_core;
 
 pub use affinity::AffinityConfig;
 pub use error::SchedulerError;
+pub use failover::{
+    Decision, FailedAttempt, FailedOutcome, Failover, FailoverConfig, GiveUp, MAX_DISPATCHES,
+    Outcome, Step,
+};
 pub use learner::{LearnedRates, Observation, PerfLearner};
 pub use policy::Policy;
 pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
