@@ -117,7 +117,7 @@ pub async fn execute(
     );
     let job = JobId::from_uuid(uuid::Uuid::new_v4());
     let (node, up, first, guard, reservation) = loop {
-        let node = match failover.next() {
+        let node = match failover.next_step() {
             Step::Dispatch { node, .. } => node,
             Step::GiveUp(why) => {
                 return gave_up(

@@ -2,7 +2,7 @@
 //! request goes to next, which answers end it, and when it gives up.
 //!
 //! The shell that performs the attempts (a node's pipeline, the edge SDK)
-//! asks [`Failover::next`] where to send the request, reports how each
+//! asks [`Failover::next_step`] where to send the request, reports how each
 //! attempt went with [`Failover::report`], and does what the answer says;
 //! it never decides a retry itself. The rules:
 //!
@@ -75,7 +75,7 @@ pub enum Decision {
     /// Read on to the first body byte (within the same deadline), then
     /// report again.
     AwaitFirstByte,
-    /// This attempt is over: ask [`Failover::next`].
+    /// This attempt is over: ask [`Failover::next_step`].
     Next,
 }
 
@@ -166,10 +166,10 @@ impl Failover {
     }
 
     /// Where the request goes next, or why it stops.
-    pub fn next(&mut self) -> Step {
+    pub fn next_step(&mut self) -> Step {
         debug_assert!(
             matches!(self.phase, Phase::Idle),
-            "next() while an attempt is out"
+            "next_step() while an attempt is out"
         );
         if self.phase == Phase::Done {
             return Step::GiveUp(self.give_up_reason());
@@ -220,7 +220,7 @@ impl Failover {
                         return Decision::AwaitFirstByte;
                     }
                     Some(RetryAdvice::BeforeFirstByte)
-                        if !(self.cfg.pass_last_answer && !self.more_to_try()) =>
+                        if !self.cfg.pass_last_answer || self.more_to_try() =>
                     {
                         FailedOutcome::Status(status)
                     }
@@ -241,7 +241,7 @@ impl Failover {
                 self.timed_out = true;
                 FailedOutcome::TimedOut
             }
-            (Phase::AwaitingByte(_), Outcome::Head { .. }) | (_, Outcome::Head { .. }) => {
+            (_, Outcome::Head { .. }) => {
                 debug_assert!(false, "a second head for one attempt");
                 FailedOutcome::Failed("transport")
             }
@@ -279,7 +279,7 @@ mod tests {
     }
 
     fn dispatch(f: &mut Failover) -> NodeId {
-        match f.next() {
+        match f.next_step() {
             Step::Dispatch { node, .. } => node,
             other => panic!("expected a dispatch, got {other:?}"),
         }
@@ -323,11 +323,11 @@ mod tests {
         dispatch(&mut f);
         f.report(Outcome::Failed { class: "connect" });
         assert_eq!(
-            f.next(),
+            f.next_step(),
             Step::GiveUp(GiveUp::Exhausted { timed_out: true })
         );
         assert_eq!(
-            Failover::new([], FailoverConfig::default()).next(),
+            Failover::new([], FailoverConfig::default()).next_step(),
             Step::GiveUp(GiveUp::NoCandidate)
         );
     }
