@@ -1,4 +1,4 @@
-//! Fuzz target: the chunked-body decoder (`pair_proxy::h1::Chunked`), which
+//! Fuzz target: the chunked-body decoder (`pair_http::h1::Chunked`), which
 //! reads every chunked answer an engine streams. On any bytes it must never
 //! panic nor hand out more than it was given; on a valid encoding of
 //! fuzz-chosen chunks (sizes in either case, extensions, trailers), fed in
@@ -8,7 +8,7 @@
 
 use bytes::{BufMut, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use pair_proxy::h1::Chunked;
+use pair_http::h1::Chunked;
 
 fuzz_target!(|data: &[u8]| {
     arbitrary_bytes(data);

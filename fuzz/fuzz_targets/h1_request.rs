@@ -1,5 +1,5 @@
 //! Fuzz target: the face's own HTTP/1.1 request-head parser
-//! (`pair_proxy::h1::parse_request`), the first thing a local client's bytes
+//! (`pair_http::h1::parse_request`), the first thing a local client's bytes
 //! meet on the hot path. It must never panic; a head it accepts is exactly a
 //! prefix of the input, its body framing is what its headers say (RFC 9112
 //! §6), an error leaves the buffer as it was, and the verdict does not
@@ -10,9 +10,9 @@ use bytes::BytesMut;
 use http::Version;
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use libfuzzer_sys::fuzz_target;
-use pair_proxy::h1::{self, BodyLen, FramingError, MAX_HEAD, RequestHead};
+use pair_http::h1::{self, BodyLen, FramingError, MAX_HEAD, ParsedRequest};
 
-fn parse(bytes: &[u8]) -> (Result<Option<RequestHead>, FramingError>, BytesMut) {
+fn parse(bytes: &[u8]) -> (Result<Option<ParsedRequest>, FramingError>, BytesMut) {
     let mut buf = BytesMut::from(bytes);
     let r = h1::parse_request(&mut buf);
     (r, buf)
@@ -50,7 +50,7 @@ fuzz_target!(|input: &[u8]| {
     }
 });
 
-fn check_head(data: &[u8], head: &RequestHead, rest: &[u8]) {
+fn check_head(data: &[u8], head: &ParsedRequest, rest: &[u8]) {
     let n = head.raw.len();
     assert_eq!(
         &data[..n],

@@ -1,5 +1,5 @@
 //! Fuzz target: the engine pool's HTTP/1.1 response-head parser
-//! (`pair_proxy::h1::parse_response`), which reads every answer a local
+//! (`pair_http::h1::parse_response`), which reads every answer a local
 //! engine sends. It must never panic; an accepted head carries no
 //! hop-by-hop header, frames its body as RFC 9112 §6.3 says (none for HEAD,
 //! 1xx, 204 and 304; to the connection's end only when nothing else says),
@@ -10,12 +10,12 @@
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use libfuzzer_sys::fuzz_target;
-use pair_proxy::h1::{self, BodyLen, FramingError, ResponseHead};
+use pair_http::h1::{self, BodyLen, FramingError, ParsedResponse};
 
 fn parse(
     bytes: &[u8],
     head_request: bool,
-) -> (Result<Option<ResponseHead>, FramingError>, BytesMut) {
+) -> (Result<Option<ParsedResponse>, FramingError>, BytesMut) {
     let mut buf = BytesMut::from(bytes);
     let r = h1::parse_response(&mut buf, head_request);
     (r, buf)
@@ -48,7 +48,7 @@ fuzz_target!(|input: &[u8]| {
                 (a.status, a.body, a.keep_alive),
                 (b.status, b.body, b.keep_alive)
             );
-            let fields = |h: &ResponseHead| {
+            let fields = |h: &ParsedResponse| {
                 h.fields
                     .iter()
                     .map(|(k, v)| (k.to_vec(), v.to_vec()))
@@ -61,7 +61,7 @@ fuzz_target!(|input: &[u8]| {
     }
 });
 
-fn check_head(data: &[u8], head: &ResponseHead, rest: &[u8], head_request: bool) {
+fn check_head(data: &[u8], head: &ParsedResponse, rest: &[u8], head_request: bool) {
     assert!(
         data.ends_with(rest),
         "the buffer does not end as the input did"

@@ -9,8 +9,8 @@ use std::time::Duration;
 use pair_core::EngineKind;
 use pair_discovery::StaticPeer;
 use pair_engines::EngineConfig;
-use pair_proxy::conns::ClientDeadlines;
-use pair_proxy::pool::HttpStack;
+use pair_http::HttpStack;
+use pair_http::conns::ClientDeadlines;
 use pair_scheduler::Policy;
 use serde::Deserialize;
 
@@ -219,7 +219,7 @@ pub struct NodeConfig {
     pub default_engine: bool,
     pub engine_cmd: Option<pair_engines::EngineCommand>,
     /// Event loops serving connections (thread per core, see
-    /// `pair_proxy::loops`); set from `--threads`, 1 in `resolve`.
+    /// `pair_http::runtime`); set from `--threads`, 1 in `resolve`.
     pub event_loops: usize,
     /// Host names the faces accept besides loopback ones.
     pub allowed_hosts: Vec<String>,
@@ -280,7 +280,7 @@ impl NodeConfig {
         let first_byte_timeout = duration(
             "first-byte-timeout",
             args.first_byte_timeout.or(file.first_byte_timeout),
-            pair_proxy::dispatch::Timeouts::default().first_byte,
+            pair_http::Timeouts::default().first_byte,
         )?;
         let d = ClientDeadlines::default();
         let deadlines = ClientDeadlines {

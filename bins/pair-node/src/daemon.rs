@@ -12,15 +12,16 @@ use axum::Router;
 use pair_core::{ModelPerf, NodeId, NodeSnapshot, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
 use pair_engines::{EngineHandle, PollConfig, spawn_poller};
+use pair_http::Timeouts;
+use pair_http::runtime::EventLoops;
 use pair_identity::tls::Expect;
 use pair_identity::{ControlToken, Identity, IdentityPaths, Limits, PairingService, TrustStore};
 use pair_proxy::cluster::{self, ClusterPort};
-use pair_proxy::dispatch::{PeerLink, Timeouts};
+use pair_proxy::dispatch::PeerLink;
 use pair_proxy::face::{self, Face};
 use pair_proxy::gate::FaceGate;
 use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
 use pair_proxy::jobs::JobLog;
-use pair_proxy::loops::EventLoops;
 use pair_proxy::relay;
 use pair_proxy::state::{
     DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,
@@ -75,7 +76,7 @@ async fn bind_face(addr: SocketAddr, what: &str) -> Result<TcpListener> {
 /// `main` raises to the hard limit at start).
 fn default_max_connections() -> usize {
     let nofile = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
-    pair_proxy::conns::cap_for_fd_limit(nofile)
+    pair_http::conns::cap_for_fd_limit(nofile)
 }
 
 /// Optional parts the demo and tests swap in.
@@ -298,7 +299,7 @@ pub async fn start(
     let sweep_state = Arc::clone(&st);
     let sweep_stop = shutdown.clone();
     tasks.spawn(async move {
-        let mut every = tokio::time::interval(pair_proxy::pool::SWEEP_EVERY);
+        let mut every = tokio::time::interval(pair_http::client::SWEEP_EVERY);
         loop {
             tokio::select! {
                 () = sweep_stop.cancelled() => return,
@@ -343,13 +344,13 @@ pub async fn start(
 
 impl Node {
     /// Stops accepting, says goodbye on mDNS, lets in-flight streams finish
-    /// (up to [`cluster::SHUTDOWN_GRACE`]), then stops every task.
+    /// (up to [`pair_http::hyper_conn::SHUTDOWN_GRACE`]), then stops every task.
     pub async fn stop(self) {
         if let Some(d) = self.discovery {
             d.shutdown().await;
         }
         self.shutdown.cancel();
-        if tokio::time::timeout(cluster::SHUTDOWN_GRACE, self.tasks.wait())
+        if tokio::time::timeout(pair_http::hyper_conn::SHUTDOWN_GRACE, self.tasks.wait())
             .await
             .is_err()
         {

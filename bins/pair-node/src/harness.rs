@@ -180,8 +180,8 @@ impl LocalCluster {
                 event_loops: spec.event_loops,
                 allowed_hosts: Vec::new(),
                 max_connections: None,
-                deadlines: pair_proxy::conns::ClientDeadlines::default(),
-                http_stack: pair_proxy::pool::HttpStack::default(),
+                deadlines: pair_http::conns::ClientDeadlines::default(),
+                http_stack: pair_http::HttpStack::default(),
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

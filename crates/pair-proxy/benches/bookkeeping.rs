@@ -21,9 +21,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
-use pair_proxy::dispatch::Timeouts;
+use pair_http::Timeouts;
+use pair_http::runtime::EventLoops;
 use pair_proxy::jobs::JobLog;
-use pair_proxy::loops::EventLoops;
 use pair_proxy::state::{NodeIdentity, ProxyConfig, ProxyState};
 use pair_scheduler::SchedulerConfig;
 
@@ -77,8 +77,8 @@ fn shared() -> Shared {
             loops: EventLoops::single(),
             gate: pair_proxy::gate::FaceGate::default(),
             max_connections: 1024,
-            deadlines: pair_proxy::conns::ClientDeadlines::default(),
-            http_stack: pair_proxy::pool::HttpStack::default(),
+            deadlines: pair_http::conns::ClientDeadlines::default(),
+            http_stack: pair_http::HttpStack::default(),
         },
         Arc::new(JobLog::in_memory()),
     );

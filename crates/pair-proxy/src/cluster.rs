@@ -6,32 +6,27 @@
 //!
 //! A peer's connections are closed the moment it is unpaired.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Extension;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioIo;
+use pair_http::hyper_conn::{accept, serve_router};
 use pair_identity::TrustStore;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
-use crate::conns::{ConnGuard, ConnLimit};
-use crate::loops::EventLoops;
 use crate::relay::PeerIdentity;
+use pair_http::conns::{ConnGuard, ConnLimit};
+use pair_http::runtime::EventLoops;
 
 /// First byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;
 /// A connection that sends nothing, or does not finish its TLS handshake,
 /// within this is dropped (slowloris guard).
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// In-flight streams get this long to finish at shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// What the cluster port serves.
 #[derive(Clone)]
@@ -77,31 +72,6 @@ pub async fn serve(
     }
 }
 
-/// The next connection (TCP_NODELAY set), or `None` once `shutdown` fires.
-/// Accept errors (EMFILE and friends) back off instead of spinning.
-pub(crate) async fn accept(
-    listener: &TcpListener,
-    shutdown: &CancellationToken,
-    what: &'static str,
-) -> Option<(TcpStream, std::net::SocketAddr)> {
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => return None,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok((tcp, remote)) => {
-                let _ = tcp.set_nodelay(true);
-                return Some((tcp, remote));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, what, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
 async fn connection(
     tcp: TcpStream,
     remote: std::net::SocketAddr,
@@ -124,7 +94,14 @@ async fn connection(
     slot.busy();
     if first[0] != TLS_HANDSHAKE {
         let svc = port.plain.clone();
-        return serve_http(TokioIo::new(tcp), svc, shutdown, None).await;
+        return serve_router(
+            TokioIo::new(tcp),
+            svc,
+            Some(HEADER_DEADLINE),
+            shutdown,
+            None,
+        )
+        .await;
     }
     let tls = tokio::time::timeout(HANDSHAKE_DEADLINE, port.acceptor.accept(tcp))
         .await
@@ -142,73 +119,16 @@ async fn connection(
     // Fires on unpairing, and when the peer re-pairs with a new certificate.
     let fingerprint = record.fingerprint;
     let revoked = async move { trust.cert_revoked(fingerprint).await };
-    serve_http(TokioIo::new(tls), svc, shutdown, Some(Box::pin(revoked))).await
-}
-
-pub(crate) type Revoked = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-
-/// Serves one HTTP/1.1 connection with an axum router until it ends, the
-/// peer is unpaired (`revoked`), or `shutdown` (then in-flight requests get
-/// a grace period).
-pub(crate) async fn serve_http<IO>(
-    io: TokioIo<IO>,
-    router: Router,
-    shutdown: CancellationToken,
-    revoked: Option<Revoked>,
-) -> Result<(), &'static str>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let svc = router.map_request(|r: http::Request<Incoming>| r.map(axum::body::Body::new));
-    let svc = TowerToHyperService::new(svc.map_err(|e: Infallible| match e {}));
-    serve_connection(io, svc, Some(HEADER_DEADLINE), shutdown, revoked).await
+    serve_router(
+        TokioIo::new(tls),
+        svc,
+        Some(HEADER_DEADLINE),
+        shutdown,
+        Some(Box::pin(revoked)),
+    )
+    .await
 }
 
 /// A request head must arrive within this on the cluster port (slowloris
 /// guard for a LAN-facing socket).
 const HEADER_DEADLINE: Duration = Duration::from_secs(30);
-
-/// [`serve_http`] for any hyper service. `header_deadline: None` sets no
-/// timer per request (the loopback faces, whose clients are this machine's
-/// own apps).
-pub(crate) async fn serve_connection<IO, S>(
-    io: TokioIo<IO>,
-    svc: S,
-    header_deadline: Option<Duration>,
-    shutdown: CancellationToken,
-    revoked: Option<Revoked>,
-) -> Result<(), &'static str>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::HttpService<Incoming, ResBody = axum::body::Body>,
-{
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    if let Some(d) = header_deadline {
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(Some(d));
-    }
-    let conn = builder.serve_connection(io, svc);
-    let mut conn = std::pin::pin!(conn);
-    let revoked = async move {
-        match revoked {
-            Some(r) => r.await,
-            None => std::future::pending().await,
-        }
-    };
-    // The node-wide token's mutex would be taken by every connection on
-    // every poll, from every loop; a child token per connection is polled
-    // uncontended. The connection comes first: it is what usually woke us.
-    let shutdown = shutdown.child_token();
-    tokio::select! {
-        biased;
-        r = conn.as_mut() => return r.map_err(|_| "http error"),
-        () = revoked => return Err("peer unpaired: connection closed"),
-        () = shutdown.cancelled() => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    match tokio::time::timeout(SHUTDOWN_GRACE, conn).await {
-        Ok(r) => r.map_err(|_| "http error"),
-        Err(_) => Err("shutdown grace elapsed"),
-    }
-}

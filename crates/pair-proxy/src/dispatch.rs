@@ -1,5 +1,6 @@
 //! Sending one attempt of a request to one hop: the local engine over
-//! keep-alive HTTP/1.1 from the event loop's own pool ([`crate::pool`]), or
+//! keep-alive HTTP/1.1 from the event loop's own pool
+//! ([`pair_http::client`]), or
 //! a peer's cluster port over mutual TLS (hyper-util's pooled client, one
 //! per peer).
 //!
@@ -10,8 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName};
-use http::uri::PathAndQuery;
+use http::header;
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -19,34 +19,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use pair_core::{NodeId, RetryAdvice};
-
-use crate::pool::{EngineAnswer, EngineBody, EngineError, LocalPool, Outgoing};
-use crate::reply::Headers;
+use pair_http::client::{
+    ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts, http_connector,
+};
+use pair_http::h1::Headers;
+use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
 
 pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Path prefix under which a peer's cluster port accepts relayed requests.
 pub const RELAY_PREFIX: &str = "/pair/v1/relay";
-
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    /// TCP (and TLS) connect.
-    pub connect: Duration,
-    /// From sending the request to the first byte of the response body.
-    pub first_byte: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        // PAIR waits 10 s to connect and 120 s for the first byte. On a LAN a
-        // connect that takes over 2 s means the node is gone; the first-byte
-        // deadline must cover a cold model load and a queue, so it stays long.
-        Self {
-            connect: Duration::from_secs(2),
-            first_byte: Duration::from_secs(120),
-        }
-    }
-}
 
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
@@ -123,14 +105,6 @@ impl PeerLink {
     }
 }
 
-pub fn http_connector(timeouts: Timeouts) -> HttpConnector {
-    let mut c = HttpConnector::new();
-    c.set_nodelay(true);
-    c.set_connect_timeout(Some(timeouts.connect));
-    c.enforce_http(false);
-    c
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
     #[error("invalid upstream address")]
@@ -145,15 +119,10 @@ pub enum DispatchError {
     },
     #[error("the engine's address names no host")]
     NoHost,
-    #[error("could not connect to the engine")]
-    Connect {
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
     #[error("engine connection error")]
     Engine {
         #[source]
-        source: EngineError,
+        source: ClientError,
     },
     #[error("upstream transport error")]
     Transport {
@@ -196,102 +165,15 @@ impl DispatchError {
     pub fn class(&self) -> &'static str {
         match self {
             DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => "bad-request",
-            DispatchError::Connect { .. } | DispatchError::NoHost => "connect",
+            DispatchError::NoHost => "connect",
+            DispatchError::Engine {
+                source: ClientError::Connect { .. },
+            } => "connect",
             DispatchError::Transport { source } if source.is_connect() => "connect",
             DispatchError::Transport { .. } | DispatchError::Engine { .. } => "transport",
             DispatchError::Body { .. } => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
-        }
-    }
-}
-
-/// Hop-by-hop headers (RFC 9110 §7.6.1) in either direction, as names
-/// (a lookup by `&str` parses and hashes the string every time).
-const HOP_HEADERS: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Not copied onto a request to the next hop: the hop-by-hop headers, the
-/// proxy credentials meant for us, and those the client library sets.
-const NOT_FORWARDED: [&[u8]; 11] = [
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"proxy-authenticate",
-    b"proxy-authorization",
-    b"host",
-    b"content-length",
-];
-
-/// Whether a request header stays with this hop (see [`NOT_FORWARDED`]);
-/// `name` in any case.
-pub(crate) fn is_hop_header(name: &[u8]) -> bool {
-    crate::h1::is_one_of(name, &NOT_FORWARDED)
-}
-
-/// Removes an upstream answer's hop-by-hop headers before it goes to the
-/// client (RFC 9110 §7.6.1): those the answer's `Connection` header names,
-/// then the standard ones. This hop's own framing is the server's to
-/// choose; a `Connection: close` from an engine must not close the
-/// client's keep-alive connection.
-pub fn strip_response_hop_headers(h: &mut HeaderMap) {
-    // One pass over the (few) names: which hop-by-hop headers are here
-    // (usually just `connection`). Removing an absent name still hashes it.
-    let mut present = 0u8;
-    for k in h.keys() {
-        if let Some(i) = HOP_HEADERS.iter().position(|hop| hop == k) {
-            present |= 1 << i;
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    // Engines mostly send `Connection: keep-alive` or `close`: those name
-    // no header, so the usual case collects (allocates) nothing.
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| crate::h1::tokens(v.as_bytes()))
-        .filter(|t| !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close"))
-        .filter_map(|t| HeaderName::from_bytes(t).ok())
-        .collect();
-    for name in named {
-        h.remove(name);
-    }
-    for (i, name) in HOP_HEADERS.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            h.remove(name);
-        }
-    }
-}
-
-/// Copies end-to-end headers.
-pub fn copy_headers(from: &Headers, to: &mut HeaderMap) {
-    match from {
-        Headers::Map(m) => {
-            for (name, value) in m {
-                if !is_hop_header(name.as_str().as_bytes()) {
-                    to.append(name.clone(), value.clone());
-                }
-            }
-        }
-        Headers::Raw(f) => {
-            for (name, value) in f.entries().flatten() {
-                if !is_hop_header(name.as_str().as_bytes()) {
-                    to.append(name, value);
-                }
-            }
         }
     }
 }
@@ -308,19 +190,10 @@ fn join_uri(base: &Uri, prefix: &str, path_and_query: &str) -> Result<Uri, Dispa
     s.parse().map_err(|source| DispatchError::BadUri { source })
 }
 
-/// Request line and headers of the client's request, kept for replay.
-#[derive(Clone, Debug)]
-pub struct RequestHead {
-    pub method: http::Method,
-    /// Path and query as the client sent them.
-    pub path_and_query: PathAndQuery,
-    pub headers: Headers,
-}
-
 /// An answer's body from either kind of hop.
 #[derive(Debug)]
 pub enum UpBody {
-    /// Read off a local engine connection ([`crate::pool`]).
+    /// Read off a local engine connection ([`pair_http::client`]).
     Engine(EngineBody),
     /// Relayed by a peer over its mTLS connection.
     Peer(Incoming),
@@ -330,7 +203,7 @@ pub enum UpBody {
 #[derive(Debug, thiserror::Error)]
 pub enum UpBodyError {
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Engine(#[from] ClientError),
     #[error("peer connection: {0}")]
     Peer(#[from] hyper::Error),
 }
@@ -448,7 +321,11 @@ pub fn request<'a>(
             }
             let out = Outgoing::new(engine.host(), head, body);
             Ok(Box::pin(async move {
-                Ok(Upstream::engine(local.send(engine.authority(), out).await?))
+                local
+                    .send(engine.authority(), out)
+                    .await
+                    .map(Upstream::engine)
+                    .map_err(|source| DispatchError::Engine { source })
             }))
         }
         Hop::Peer(link) => {
@@ -492,15 +369,6 @@ fn hyper_request(head: &RequestHead, body: Bytes) -> Request<Full<Bytes>> {
     req
 }
 
-/// `Host` for an engine: host and port, never the URL's userinfo.
-pub(crate) fn host_value(to: &http::uri::Authority) -> Result<HeaderValue, DispatchError> {
-    let v = match to.port() {
-        Some(p) => HeaderValue::from_str(&format!("{}:{}", to.host(), p.as_str())),
-        None => HeaderValue::from_str(to.host()),
-    };
-    v.map_err(|e| DispatchError::BadRequest { source: e.into() })
-}
-
 /// Sends one attempt and waits (up to the first-byte deadline) for the
 /// response head; the answer comes without hop-by-hop headers.
 pub async fn send(
@@ -520,83 +388,6 @@ pub async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    #[test]
-    fn hop_headers_are_dropped_and_others_kept() {
-        let mut from = HeaderMap::new();
-        from.insert("connection", HeaderValue::from_static("keep-alive"));
-        from.insert("host", HeaderValue::from_static("x"));
-        from.insert("content-length", HeaderValue::from_static("3"));
-        from.insert("authorization", HeaderValue::from_static("Bearer k"));
-        from.insert("content-type", HeaderValue::from_static("application/json"));
-        let mut to = HeaderMap::new();
-        copy_headers(&Headers::Map(from), &mut to);
-        assert_eq!(to.len(), 2);
-        assert!(to.contains_key("authorization"));
-    }
-
-    #[test]
-    fn raw_request_fields_lose_hop_headers_in_any_case() {
-        let mut buf = bytes::BytesMut::from(
-            &b"POST /v1/chat/completions HTTP/1.1\r\nHOST: x\r\nConnection: keep-alive\r\n\
-               Content-Length: 2\r\nAuthorization: Bearer k\r\nProxy-Authorization: p\r\n\
-               Content-Type: application/json\r\n\r\n{}"[..],
-        );
-        let head = crate::h1::parse_request(&mut buf).unwrap().unwrap();
-        let raw = Headers::Raw(head.headers);
-        let mut to = HeaderMap::new();
-        copy_headers(&raw, &mut to);
-        let mut names: Vec<&str> = to.keys().map(HeaderName::as_str).collect();
-        names.sort_unstable();
-        assert_eq!(names, ["authorization", "content-type"]);
-        // The engine's request line and headers, written from the fields.
-        let out = Outgoing::new(
-            &HeaderValue::from_static("127.0.0.1:9"),
-            &RequestHead {
-                method: http::Method::POST,
-                path_and_query: PathAndQuery::from_static("/v1/chat/completions"),
-                headers: raw,
-            },
-            Bytes::from_static(b"{}"),
-        );
-        let wire = String::from_utf8(out.wire().to_vec()).unwrap();
-        assert_eq!(
-            wire,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:9\r\n\
-             Authorization: Bearer k\r\nContent-Type: application/json\r\n\
-             content-length: 2\r\n\r\n{}"
-        );
-    }
-
-    #[test]
-    fn answers_lose_hop_headers_and_those_connection_names() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("close, x-engine-hop"),
-        );
-        h.insert("x-engine-hop", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert(
-            "content-type",
-            HeaderValue::from_static("text/event-stream"),
-        );
-        h.insert("content-length", HeaderValue::from_static("12"));
-        strip_response_hop_headers(&mut h);
-        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["content-length", "content-type"]);
-    }
-
-    #[test]
-    fn the_engine_host_header_leaves_out_userinfo() {
-        let to: http::uri::Authority = "user:secret@127.0.0.1:11435".parse().unwrap();
-        assert_eq!(host_value(&to).unwrap(), "127.0.0.1:11435");
-        let to: http::uri::Authority = "localhost".parse().unwrap();
-        assert_eq!(host_value(&to).unwrap(), "localhost");
-    }
 
     #[test]
     fn relay_uris_keep_the_query() {

@@ -24,19 +24,20 @@ use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::{accept, serve_http};
-use crate::conns::ClientDeadlines;
+use pair_http::conns::ClientDeadlines;
+use pair_http::hyper_conn::{accept, serve_router};
 
-use crate::dispatch::{self, Hop, RequestHead};
+use crate::dispatch::{self, Hop};
 use crate::error::json_error;
-use crate::face_conn::{self, Whole};
 use crate::forward::{self, Inference};
-use crate::h1::Headers;
 use crate::listing::{self, engine_answers};
-use crate::pool::HttpStack;
-use crate::reply::Reply;
 use crate::route::{self, Listing, RouteClass};
 use crate::state::ProxyState;
+use pair_http::Reply;
+use pair_http::RequestHead;
+use pair_http::client::HttpStack;
+use pair_http::h1::Headers;
+use pair_http::server::{self as face_conn, Whole};
 
 /// Which API a face speaks natively (for its own errors and passthrough).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +120,10 @@ pub fn router(st: Arc<ProxyState>, face: Face, control: Router) -> Router {
         .with_state(fs)
         .merge(control)
 }
+
+/// How long a connection from another machine may take to send its head
+/// (its answer is a 403 whatever it sends).
+const FORBIDDEN_HEAD_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What a connection from another machine gets, whatever it asks: 403 with
 /// a JSON error in the face's own flavour.
@@ -299,7 +304,7 @@ impl FaceService {
 }
 
 /// Serves a face until `shutdown`, then lets in-flight requests finish
-/// (bounded by [`crate::cluster::SHUTDOWN_GRACE`]). HTTP/1.1 with
+/// (bounded by [`pair_http::hyper_conn::SHUTDOWN_GRACE`]). HTTP/1.1 with
 /// keep-alive and TCP_NODELAY; the loopback check is made once per
 /// connection, not per request.
 pub async fn serve(
@@ -341,7 +346,14 @@ pub async fn serve(
         } else {
             tracing::info!(%peer, "refused a non-loopback client on a local face");
             conns.spawn(log_end(peer, async move {
-                let served = serve_http(TokioIo::new(tcp), forbidden(face), shutdown, None).await;
+                let served = serve_router(
+                    TokioIo::new(tcp),
+                    forbidden(face),
+                    Some(FORBIDDEN_HEAD_DEADLINE),
+                    shutdown,
+                    None,
+                )
+                .await;
                 drop(slot);
                 served
             }));
@@ -634,7 +646,7 @@ mod tests {
 
     fn state() -> Arc<ProxyState> {
         crate::state::tests::state(
-            crate::loops::EventLoops::single(),
+            pair_http::runtime::EventLoops::single(),
             Arc::new(crate::jobs::JobLog::in_memory()),
         )
     }

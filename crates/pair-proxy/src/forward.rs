@@ -17,7 +17,8 @@ use bytes::Bytes;
 use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
 use pair_core::{
-    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, SessionKey,
+    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
+    SessionKey,
 };
 use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, ReservationId, Step};
 use serde_json::json;
@@ -25,14 +26,16 @@ use smallvec::SmallVec;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, RequestFacts};
-use crate::dispatch::{self, DispatchError, Hop, RequestHead};
+use crate::dispatch::{self, DispatchError, Hop};
 use crate::error::json_error;
 use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteSlot};
-use crate::reply::{self, Receipt, Reply};
+use crate::receipt::{self, Receipt};
 use crate::route::Work;
 use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
 use crate::stream::{Ending, Framing, Relay, Watcher};
+use pair_http::RequestHead;
+use pair_http::{Extra, Reply};
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
 pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
@@ -136,7 +139,14 @@ pub async fn execute(
         let hop = match hop_for(st, &cluster, node, &profile.model, req.flavor) {
             Ok(h) => h,
             Err(e) => {
-                note_failure(st, &mut failover, Outcome::Failed { class: e.class() });
+                note_failure(
+                    st,
+                    &mut failover,
+                    Outcome::Failed {
+                        class: e.class(),
+                        advice: e.retry(),
+                    },
+                );
                 continue;
             }
         };
@@ -173,7 +183,14 @@ pub async fn execute(
             Some(Ok(up)) => up,
             Some(Err(e)) => {
                 tracing::debug!(%node, error = %e, "attempt failed");
-                note_failure(st, &mut failover, Outcome::Failed { class: e.class() });
+                note_failure(
+                    st,
+                    &mut failover,
+                    Outcome::Failed {
+                        class: e.class(),
+                        advice: e.retry(),
+                    },
+                );
                 continue;
             }
             None => {
@@ -202,7 +219,10 @@ pub async fn execute(
                 };
                 let outcome = match &first {
                     Some(Ok(_)) => Outcome::FirstByte,
-                    Some(Err(class)) => Outcome::Failed { class },
+                    Some(Err(class)) => Outcome::Failed {
+                        class,
+                        advice: RetryAdvice::BeforeFirstByte,
+                    },
                     None => Outcome::TimedOut,
                 };
                 match failover.report(outcome) {
@@ -225,7 +245,7 @@ pub async fn execute(
         return Reply {
             status,
             headers: up.headers,
-            receipt: None,
+            extra: Extra::new(),
             body: Body::new(Relay::new(first, up.body, framing, req.flavor, watcher)),
         };
     }
@@ -267,21 +287,20 @@ pub async fn execute(
     Reply {
         status,
         headers: up.headers,
-        receipt: Some(Receipt {
+        extra: Receipt {
             node: node_receipt,
             attempts: tries,
             policy: st.policy().as_str(),
             job,
             why,
-        }),
+        }
+        .into_extra(),
         body: Body::new(relay),
     }
 }
 
-// The paths below are taken only when something failed. `#[cold]` keeps
-// them out of `execute`'s code (it cut the plain build's instruction-cache
-// misses by only 1 %; the profile-guided release build lays the whole path
-// out: docs/benchmarks/proxy.md, "Twelfth round").
+// The paths below are taken only when something failed: `#[cold]` keeps
+// them out of `execute`'s code.
 
 /// Which nodes a request may run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,7 +412,7 @@ fn gave_up(
         Some(json!({ "attempts": attempts, "job": job })),
     );
     resp.headers_mut()
-        .insert(reply::ATTEMPTS, reply::attempts_value(attempts.len()));
+        .insert(receipt::ATTEMPTS, receipt::attempts_value(attempts.len()));
     resp.into()
 }
 

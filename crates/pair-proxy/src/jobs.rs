@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use pair_core::{JobId, JobRecord};
 
-use crate::per_loop::PerLoop;
+use pair_http::per_loop::PerLoop;
 
 pub const KEEP_RECORDS: usize = 10_000;
 /// The file is rewritten with just the kept records once it holds this
@@ -828,7 +828,7 @@ pub(crate) mod tests {
     async fn records_staged_on_every_loop_are_read_in_order_of_ending() {
         let log = Arc::new(JobLog::in_memory());
         let mut cursor = log.end();
-        let loops = crate::loops::EventLoops::start(3).unwrap();
+        let loops = pair_http::runtime::EventLoops::start(3).unwrap();
         let tasks: Vec<_> = (0..6u64)
             .map(|c| {
                 let log = Arc::clone(&log);
@@ -854,7 +854,7 @@ pub(crate) mod tests {
             .filter(|s| !s.lock().unwrap().is_empty())
             .count();
         assert!(
-            per_loop > 1 || crate::per_loop::slots() == 1,
+            per_loop > 1 || pair_http::per_loop::slots() == 1,
             "staged on one loop only"
         );
         assert_eq!(log.len(), 300);

@@ -13,24 +13,18 @@
 
 pub mod body;
 pub mod cluster;
-pub mod conns;
 pub mod dispatch;
 pub mod error;
 pub mod face;
-mod face_conn;
 pub mod forward;
 pub mod gate;
 pub mod gossip;
-pub mod h1;
 pub mod jobs;
 pub mod listing;
 pub mod load;
-pub mod loops;
 pub mod metrics;
-pub mod per_loop;
-pub mod pool;
+pub mod receipt;
 pub mod relay;
-pub mod reply;
 pub mod route;
 pub mod state;
 pub mod stream;

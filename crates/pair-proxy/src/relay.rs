@@ -13,15 +13,16 @@ use axum::routing::{any, post};
 use http::{HeaderValue, Response, StatusCode, header};
 use pair_core::{ApiFlavor, JobRecord, NodeId, NodeSnapshot, Role};
 
-use crate::dispatch::{RELAY_PREFIX, RequestHead};
+use crate::dispatch::RELAY_PREFIX;
 use crate::error::json_error;
 use crate::face::{local_listing, read_capped};
 use crate::forward::{self, Inference, Plan};
 use crate::gossip::PeerReports;
-use crate::h1::Headers;
 use crate::listing;
 use crate::route::{self, RouteClass};
 use crate::state::ProxyState;
+use pair_http::RequestHead;
+use pair_http::h1::Headers;
 
 /// Who is on the other end of an mTLS connection; the cluster server puts it
 /// in every request's extensions after the handshake.

@@ -18,15 +18,16 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
 
-use crate::conns::{ClientDeadlines, ConnLimit};
-use crate::dispatch::{self, DispatchError, Hop, PeerLink, Timeouts};
+use crate::dispatch::{DispatchError, Hop, PeerLink};
 use crate::gate::FaceGate;
 use crate::jobs::JobLog;
 use crate::load::LocalLoad;
-use crate::loops::EventLoops;
 use crate::metrics::Metrics;
-use crate::per_loop::{PerLoop, PerLoopArc};
-use crate::pool::{HttpStack, LocalPool};
+use pair_http::Timeouts;
+use pair_http::client::{HttpStack, LocalPool};
+use pair_http::conns::{ClientDeadlines, ConnLimit};
+use pair_http::per_loop::{PerLoop, PerLoopArc};
+use pair_http::runtime::EventLoops;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
@@ -56,7 +57,8 @@ impl LocalEngine {
         refresh: Option<Arc<tokio::sync::Notify>>,
     ) -> Result<Self, DispatchError> {
         let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
-        let host = dispatch::host_value(&to)?;
+        let host = pair_http::request::host_value(&to)
+            .map_err(|e| DispatchError::BadRequest { source: e.into() })?;
         Ok(Self {
             kind,
             base,
@@ -154,7 +156,7 @@ pub struct ProxyState {
     /// Which HTTP/1.1 implementation the faces use.
     pub http_stack: HttpStack,
     /// One engine connection pool per event loop (index:
-    /// [`crate::loops::current`]).
+    /// [`pair_http::runtime::current`]).
     local_pools: Vec<Arc<LocalPool>>,
     pub loops: Arc<EventLoops>,
     cluster: PerLoopArc<ClusterSnapshot>,
@@ -245,12 +247,12 @@ impl ProxyState {
     /// The engine connection pool of the event loop this runs on: its
     /// connections live on this thread.
     pub(crate) fn local_pool(&self) -> &LocalPool {
-        let i = crate::loops::current();
+        let i = pair_http::runtime::current();
         &self.local_pools[i % self.local_pools.len()]
     }
 
     /// Closes engine connections idle past the pools' timeout, on every
-    /// loop (the daemon calls it every [`crate::pool::SWEEP_EVERY`]).
+    /// loop (the daemon calls it every [`pair_http::client::SWEEP_EVERY`]).
     pub fn sweep_engine_connections(&self) {
         for p in &self.local_pools {
             p.sweep();
@@ -570,7 +572,7 @@ pub(crate) mod tests {
         let (a, b) = (a.await.unwrap(), b.await.unwrap());
         assert_eq!((a.len(), b.len()), (100, 100));
         let all = copies(&st);
-        assert_eq!(all.len(), crate::per_loop::slots());
+        assert_eq!(all.len(), pair_http::per_loop::slots());
         assert!(all.iter().all(|c| *c == (200, 200, Some(peer))), "{all:?}");
         // Each loop's reservations released from the other loop.
         let release_on = |i: usize, ids: Vec<ReservationId>| {
@@ -612,7 +614,7 @@ pub(crate) mod tests {
         assert_eq!(a.authority(), b.authority());
         assert_eq!(a.host(), b.host());
         assert_eq!(receipt_a, receipt_b);
-        if crate::per_loop::slots() > 1 {
+        if pair_http::per_loop::slots() > 1 {
             assert!(!Arc::ptr_eq(&a, &b));
             let ptr = |s: &[u8]| s.as_ptr();
             assert_ne!(

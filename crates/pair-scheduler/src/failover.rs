@@ -61,8 +61,13 @@ pub enum Outcome {
     FirstByte,
     /// Nothing usable came back: the connection failed, the node could not
     /// be reached, or the body failed before its first byte. `class` is a
-    /// short stable label (`connect`, `transport`, `no-link`, `body`).
-    Failed { class: &'static str },
+    /// short stable label (`connect`, `transport`, `no-link`, `body`);
+    /// `advice` is the failure's own retry advice (an attempt that cannot
+    /// succeed anywhere stops the request).
+    Failed {
+        class: &'static str,
+        advice: RetryAdvice,
+    },
     /// The first-byte deadline passed.
     TimedOut,
 }
@@ -149,6 +154,8 @@ pub struct Failover {
     phase: Phase,
     failed: Vec<FailedAttempt>,
     timed_out: bool,
+    /// A failure said no other node would do better.
+    stopped: bool,
 }
 
 impl Failover {
@@ -162,6 +169,7 @@ impl Failover {
             phase: Phase::Idle,
             failed: Vec::new(),
             timed_out: false,
+            stopped: false,
         }
     }
 
@@ -174,7 +182,10 @@ impl Failover {
         if self.phase == Phase::Done {
             return Step::GiveUp(self.give_up_reason());
         }
-        if self.dispatched >= self.cfg.max_dispatches || self.cursor >= self.candidates.len() {
+        if self.stopped
+            || self.dispatched >= self.cfg.max_dispatches
+            || self.cursor >= self.candidates.len()
+        {
             self.phase = Phase::Done;
             return Step::GiveUp(self.give_up_reason());
         }
@@ -236,7 +247,10 @@ impl Failover {
                 self.phase = Phase::Done;
                 return Decision::Commit;
             }
-            (_, Outcome::Failed { class }) => FailedOutcome::Failed(class),
+            (_, Outcome::Failed { class, advice }) => {
+                self.stopped |= !advice.may_retry();
+                FailedOutcome::Failed(class)
+            }
             (_, Outcome::TimedOut) => {
                 self.timed_out = true;
                 FailedOutcome::TimedOut
@@ -308,7 +322,13 @@ mod tests {
             f.report(Outcome::Head { status: 200 }),
             Decision::AwaitFirstByte
         );
-        assert_eq!(f.report(Outcome::Failed { class: "body" }), Decision::Next);
+        assert_eq!(
+            f.report(Outcome::Failed {
+                class: "body",
+                advice: RetryAdvice::BeforeFirstByte
+            }),
+            Decision::Next
+        );
         assert_eq!(dispatch(&mut f), n(3));
         assert_eq!(f.report(Outcome::Head { status: 422 }), Decision::Commit);
         let labels: Vec<_> = f.failed().iter().map(|a| a.outcome.label()).collect();
@@ -321,7 +341,10 @@ mod tests {
         dispatch(&mut f);
         f.report(Outcome::TimedOut);
         dispatch(&mut f);
-        f.report(Outcome::Failed { class: "connect" });
+        f.report(Outcome::Failed {
+            class: "connect",
+            advice: RetryAdvice::BeforeFirstByte,
+        });
         assert_eq!(
             f.next_step(),
             Step::GiveUp(GiveUp::Exhausted { timed_out: true })
@@ -330,6 +353,21 @@ mod tests {
             Failover::new([], FailoverConfig::default()).next_step(),
             Step::GiveUp(GiveUp::NoCandidate)
         );
+    }
+
+    #[test]
+    fn a_failure_no_node_can_fix_stops_the_request() {
+        let mut f = Failover::new([n(1), n(2)], FailoverConfig::default());
+        dispatch(&mut f);
+        f.report(Outcome::Failed {
+            class: "bad-request",
+            advice: RetryAdvice::Never,
+        });
+        assert_eq!(
+            f.next_step(),
+            Step::GiveUp(GiveUp::Exhausted { timed_out: false })
+        );
+        assert_eq!(f.dispatched(), 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-use pair_scheduler::pair_core::NodeId;
+use pair_scheduler::pair_core::{NodeId, RetryAdvice};
 use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, Step};
 use proptest::prelude::*;
 
@@ -83,12 +83,18 @@ fn drive(answers: &[Answer], cfg: FailoverConfig) -> (End, Vec<NodeId>) {
                         assert_eq!(f.report(Outcome::FirstByte), Decision::Commit);
                         return (End::Committed { attempt, status }, sent);
                     }
-                    f.report(Outcome::Failed { class: "body" })
+                    f.report(Outcome::Failed {
+                        class: "body",
+                        advice: RetryAdvice::BeforeFirstByte,
+                    })
                 }
                 Decision::Commit => return (End::Committed { attempt, status }, sent),
                 d => d,
             },
-            Answer::Fails(class) => f.report(Outcome::Failed { class }),
+            Answer::Fails(class) => f.report(Outcome::Failed {
+                class,
+                advice: RetryAdvice::BeforeFirstByte,
+            }),
             Answer::Hangs => f.report(Outcome::TimedOut),
         };
         assert_eq!(d, Decision::Next);

@@ -2,8 +2,8 @@
 //! event loops. Loop 0 is the runtime that started the node (it also runs
 //! the control plane: pollers, gossip, discovery, the accept loops); loops
 //! 1..N are current-thread tokio runtimes on threads of their own. Each
-//! loop has its own upstream pool ([`crate::state::ProxyState`] picks the
-//! client of the loop it runs on), so a request, its upstream connection
+//! loop has its own upstream pool (the caller picks the client of the
+//! loop it runs on, [`current`]), so a request, its upstream connection
 //! and its answer's body all stay on one thread: no cross-thread wake-ups,
 //! no work stealing, no locks contended on the hot path.
 //!
@@ -172,7 +172,7 @@ impl EventLoops {
     }
 
     /// Serves `tcp` with `serve` on the next loop, tracked by `tasks`.
-    pub(crate) fn spawn<F, Fut>(&self, tasks: &TaskTracker, tcp: TcpStream, serve: F)
+    pub fn spawn<F, Fut>(&self, tasks: &TaskTracker, tcp: TcpStream, serve: F)
     where
         F: FnOnce(TcpStream) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,

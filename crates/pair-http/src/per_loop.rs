@@ -1,12 +1,12 @@
-//! State a request writes, kept once per event loop ([`crate::loops`]) so
-//! the loops never write the same cache line: a counter both loops bump
-//! on every request moves between their cores each time, which made a
-//! request's bookkeeping cost five times as much on two loops as on one
-//! (1.19 µs against 0.23, bench `bookkeeping`, docs/benchmarks/proxy.md
-//! "Ninth round"). Each loop writes its own slot; readers (the `/metrics`
-//! scrape, the Jobs view, ranking) add the slots up.
+//! State a request writes, kept once per event loop ([`crate::runtime`])
+//! so the loops never write the same cache line: a counter both loops
+//! bump on every request moves between their cores each time, which made
+//! a request's bookkeeping several times dearer on two loops than on one
+//! (pair-proxy's criterion bench `bookkeeping` measures it). Each loop
+//! writes its own slot; readers (the `/metrics` scrape, the Jobs view,
+//! ranking) add the slots up.
 //!
-//! A slot is picked by [`crate::loops::current`], so threads outside the
+//! A slot is picked by [`crate::runtime::current`], so threads outside the
 //! extra loops (the node's own runtime, tests) share slot 0: slots hold
 //! atomics or locks, and sharing one is only slower, never wrong.
 
@@ -57,7 +57,7 @@ impl<T> PerLoop<T> {
     /// The calling event loop's slot (loops past the number of slots
     /// share them, round the ring).
     pub fn local(&self) -> &T {
-        &self.slots[crate::loops::current() % self.slots.len()]
+        &self.slots[crate::runtime::current() % self.slots.len()]
     }
 
     /// Every slot, for adding up.
@@ -132,7 +132,7 @@ mod tests {
     #[tokio::test]
     async fn per_loop_copies_are_distinct_and_all_replaced() {
         let v = Arc::new(PerLoopArc::new(vec![1u32]));
-        let loops = crate::loops::EventLoops::start(2).unwrap();
+        let loops = crate::runtime::EventLoops::start(2).unwrap();
         let read_on = |i: usize| {
             let v = Arc::clone(&v);
             loops.spawn_on(i, async move { v.load_full() })

@@ -1,11 +1,10 @@
 //! HTTP/1.1 framing for the hot path, on `httparse`: request and response
 //! heads, body delimitation (RFC 9112 §6), chunked decoding, and writing
-//! heads. The faces (`face_conn`) and the engine pool ([`crate::pool`])
-//! use it instead of hyper's connection machinery, which cost about 10 µs
-//! of CPU per proxied request on the benchmark box (raw floor 15.1 against
-//! hyper floor 24.5 µs; docs/benchmarks/proxy.md, "Fourth round"). What it
-//! does not handle (HTTP/1.0, chunked or `Expect` requests, upgrades) is
-//! left to hyper by the caller.
+//! heads. The face connection loop ([`crate::server`]) and the engine
+//! client ([`crate::client`]) use it instead of hyper's connection
+//! machinery (see the crate docs for why). What it does not handle
+//! (HTTP/1.0, chunked or `Expect` requests, upgrades) is left to hyper by
+//! the caller.
 
 use std::mem::MaybeUninit;
 
@@ -43,7 +42,7 @@ pub enum BodyLen {
 
 /// A parsed request head.
 #[derive(Debug)]
-pub struct RequestHead {
+pub struct ParsedRequest {
     pub method: Method,
     /// The request target as sent (origin form for the faces).
     pub target: Bytes,
@@ -60,7 +59,7 @@ pub struct RequestHead {
 
 /// A parsed response head (taken off the connection's buffer).
 #[derive(Debug)]
-pub struct ResponseHead {
+pub struct ParsedResponse {
     pub status: StatusCode,
     /// Without hop-by-hop headers: no `Transfer-Encoding`, `Connection`,
     /// `Keep-Alive` or header a `Connection` names, and `Content-Length`
@@ -442,7 +441,7 @@ fn keep_alive(v: Version, f: &Facts) -> bool {
 /// Parses a request head at the start of `buf` and takes it off `buf`
 /// (which then starts at the body); `Ok(None)`: not all here yet. On an
 /// error `buf` is left as it was.
-pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingError> {
+pub fn parse_request(buf: &mut BytesMut) -> Result<Option<ParsedRequest>, FramingError> {
     let (len, spans, method, version, target) = {
         let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);
@@ -482,7 +481,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
     } else {
         BodyLen::Length(f.length.unwrap_or(0))
     };
-    Ok(Some(RequestHead {
+    Ok(Some(ParsedRequest {
         method,
         target: head.slice(target),
         version,
@@ -500,7 +499,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, FramingE
 pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
-) -> Result<Option<ResponseHead>, FramingError> {
+) -> Result<Option<ParsedResponse>, FramingError> {
     loop {
         let (len, spans, status, version) = {
             let mut raw: RawHeaders<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -538,7 +537,7 @@ pub fn parse_response(
         let reusable = body != BodyLen::Close
             && !(f.has_coding && f.length.is_some())
             && status != StatusCode::SWITCHING_PROTOCOLS;
-        return Ok(Some(ResponseHead {
+        return Ok(Some(ParsedResponse {
             status,
             keep_alive: keep_alive(version, &f) && reusable,
             fields: f.fields,

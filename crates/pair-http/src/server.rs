@@ -1,7 +1,5 @@
 //! Serving one loopback face connection: HTTP/1.1 read and written by hand
-//! on [`crate::h1`], so a request costs one read, the routing, and one write
-//! (about 10 µs of CPU less than hyper's server connection on the benchmark
-//! box; docs/benchmarks/proxy.md, "Fourth round").
+//! on [`crate::h1`], so a request costs one read, the routing, and one write.
 //!
 //! Keep-alive and pipelining as RFC 9112 has them; bodies by
 //! Content-Length, read whole (the executor keeps them for replay), capped
@@ -32,10 +30,10 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{SHUTDOWN_GRACE, serve_connection};
 use crate::conns::{ClientDeadlines, ConnGuard};
 use crate::h1::{self, BodyLen};
-use crate::reply::{Headers, Reply};
+use crate::hyper_conn::{SHUTDOWN_GRACE, serve_connection};
+use crate::reply::Reply;
 
 /// Data chunks larger than this are written on their own instead of being
 /// copied behind their head.
@@ -63,7 +61,7 @@ const HYPER_HEAD_DEADLINE: Duration = Duration::from_secs(30);
 /// A request, read whole, as the loop hands it over: its header fields as
 /// they came (a header map is built only where one is needed).
 #[derive(Debug)]
-pub(crate) struct Whole {
+pub struct Whole {
     pub method: Method,
     /// The target in origin form (`/path?query`); any other form goes to
     /// hyper.
@@ -75,7 +73,7 @@ pub(crate) struct Whole {
 }
 
 /// What answers a face connection's requests.
-pub(crate) trait Answer:
+pub trait Answer:
     hyper::service::Service<
         http::Request<Incoming>,
         Response = Response<Body>,
@@ -93,7 +91,7 @@ pub(crate) trait Answer:
     /// Answers one request. The future lives inside the connection's own
     /// (no allocation, no move per request). `deadline` is the
     /// connection's timer for the answer's own deadlines (moved forward,
-    /// never re-armed per request; see [`crate::forward::execute`]).
+    /// never re-armed per request).
     fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
@@ -101,7 +99,7 @@ pub(crate) trait Answer:
 
 /// Serves `tcp` until the client closes it or `shutdown`; then a request
 /// in flight gets [`SHUTDOWN_GRACE`] to finish.
-pub(crate) async fn serve<A: Answer>(
+pub async fn serve<A: Answer>(
     tcp: TcpStream,
     svc: A,
     slot: ConnGuard,
@@ -258,7 +256,7 @@ async fn run<A: Answer>(
 /// Answers a connection the node has no room for with `resp` (503) and
 /// closes it, reading what the client sent meanwhile for at most a second
 /// so it sees the answer rather than a reset.
-pub(crate) async fn refuse(mut tcp: TcpStream, resp: Response<Body>) {
+pub async fn refuse(mut tcp: TcpStream, resp: Response<Body>) {
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     let written = write_response(&mut tcp, &mut buf, &mut out, resp.into(), false, true).await;
@@ -364,7 +362,7 @@ async fn write_response(
     close: bool,
 ) -> Result<bool, &'static str> {
     let status = reply.status;
-    let close = close || wants_close(&reply.headers);
+    let close = close || reply.wants_close();
     out.clear();
     h1::write_status_line(out, status);
     reply.write_headers(out, &FRAMING);
@@ -455,18 +453,6 @@ async fn write_response(
 /// frames each answer itself.
 const FRAMING: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"connection"];
 
-/// Whether an answer's `Connection` header says `close` (an app's answer;
-/// an engine's or a peer's lost theirs as hop-by-hop headers).
-fn wants_close(headers: &Headers) -> bool {
-    match headers {
-        Headers::Map(m) => m
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| h1::tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close"))),
-        Headers::Raw(_) => false,
-    }
-}
-
 /// The `Date` header (RFC 9110 §6.6.1), formatted once a second per thread.
 mod date {
     use std::cell::RefCell;
@@ -496,7 +482,7 @@ mod date {
 }
 
 /// Serves the whole connection with hyper's server (`HttpStack::Hyper`).
-pub(crate) async fn serve_hyper<A: Answer>(
+pub async fn serve_hyper<A: Answer>(
     tcp: TcpStream,
     svc: A,
     slot: ConnGuard,

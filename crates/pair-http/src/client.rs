@@ -2,7 +2,7 @@
 //! engines: the hot path's upstream client, framed by hand on
 //! [`crate::h1`].
 //!
-//! Each event loop ([`crate::loops`]) owns one pool; a connection belongs
+//! Each event loop ([`crate::runtime`]) owns one pool; a connection belongs
 //! to the request using it (its [`EngineBody`] reads the answer straight
 //! off the socket, on the task that serves the client: no driver task, no
 //! channel between them) and comes back to the pool when the answer has
@@ -12,8 +12,7 @@
 //! sat idle for a while is noticed before use (a read that does not block
 //! finds its end), and if a reused connection still fails before any byte
 //! of the answer came back, the request goes out once more on a new
-//! connection: a keep-alive race, not an engine failure. Peers keep hyper-util's client
-//! (TLS).
+//! connection: a keep-alive race, not an engine failure.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -28,8 +27,8 @@ use http_body::{Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::dispatch::{DispatchError, RequestHead, Timeouts, is_hop_header};
 use crate::h1::{self, BodyLen, Chunked, Fields, FramingError};
+use crate::request::{RequestHead, is_hop_header};
 
 /// Idle connections one loop keeps; past this, a finished connection is
 /// closed (a burst beyond any sane engine's concurrency).
@@ -45,9 +44,45 @@ const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// Bodies up to this size go out in the same write as the head.
 const COALESCE: usize = 16 * 1024;
 
+/// How long a client waits.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// TCP (and TLS) connect.
+    pub connect: Duration,
+    /// From sending the request to the first byte of the response body.
+    pub first_byte: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        // PAIR waits 10 s to connect and 120 s for the first byte. On a LAN a
+        // connect that takes over 2 s means the node is gone; the first-byte
+        // deadline must cover a cold model load and a queue, so it stays long.
+        Self {
+            connect: Duration::from_secs(2),
+            first_byte: Duration::from_secs(120),
+        }
+    }
+}
+
+/// hyper-util's plain-HTTP connector as pair uses it: TCP_NODELAY, the
+/// connect timeout, any scheme (a TLS connector wraps it).
+pub fn http_connector(timeouts: Timeouts) -> hyper_util::client::legacy::connect::HttpConnector {
+    let mut c = hyper_util::client::legacy::connect::HttpConnector::new();
+    c.set_nodelay(true);
+    c.set_connect_timeout(Some(timeouts.connect));
+    c.enforce_http(false);
+    c
+}
+
 /// What went wrong on an engine connection.
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {
+pub enum ClientError {
+    #[error("could not connect to the engine")]
+    Connect {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the engine closed the connection before the answer's end")]
     Closed,
     #[error("engine connection: {0}")]
@@ -56,12 +91,13 @@ pub enum EngineError {
     Framing(#[from] FramingError),
 }
 
-impl EngineError {
+impl ClientError {
     /// A short label for job records and metrics.
     pub fn class(&self) -> &'static str {
         match self {
-            EngineError::Closed => "upstream-closed",
-            EngineError::Io(_) | EngineError::Framing(_) => "upstream-error",
+            ClientError::Connect { .. } => "connect",
+            ClientError::Closed => "upstream-closed",
+            ClientError::Io(_) | ClientError::Framing(_) => "upstream-error",
         }
     }
 }
@@ -126,7 +162,7 @@ enum Failed {
     /// A reused connection failed before any byte of the answer: the
     /// engine had closed it. Another connection may take the request.
     Stale,
-    Error(DispatchError),
+    Error(ClientError),
 }
 
 impl LocalPool {
@@ -138,7 +174,7 @@ impl LocalPool {
         let hyper = (stack == HttpStack::Hyper).then(|| {
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .pool_idle_timeout(IDLE_TIMEOUT)
-                .build(crate::dispatch::http_connector(timeouts))
+                .build(http_connector(timeouts))
         });
         Arc::new_cyclic(|me| Self {
             hyper,
@@ -150,7 +186,7 @@ impl LocalPool {
     }
 
     /// hyper-util's client, when this pool stands in for it.
-    pub(crate) fn hyper(&self) -> Option<&PlainClient> {
+    pub fn hyper(&self) -> Option<&PlainClient> {
         self.hyper.as_ref()
     }
 
@@ -217,7 +253,7 @@ impl LocalPool {
 
     /// Sends a request to the engine at `to` and waits for the answer's
     /// head.
-    pub async fn send(&self, to: &Authority, req: Outgoing) -> Result<EngineAnswer, DispatchError> {
+    pub async fn send(&self, to: &Authority, req: Outgoing) -> Result<EngineAnswer, ClientError> {
         // At most one pooled connection is tried: if the engine closed it
         // under the request, the request goes out once more, on a new
         // connection (an engine that reads requests and hangs up must not
@@ -236,13 +272,11 @@ impl LocalPool {
         match self.exchange(to, conn, false, &req).await {
             Ok(resp) => Ok(resp),
             Err(Failed::Error(e)) => Err(e),
-            Err(Failed::Stale) => Err(DispatchError::Engine {
-                source: EngineError::Closed,
-            }),
+            Err(Failed::Stale) => Err(ClientError::Closed),
         }
     }
 
-    async fn connect(&self, to: &Authority) -> Result<Conn, DispatchError> {
+    async fn connect(&self, to: &Authority) -> Result<Conn, ClientError> {
         let port = to.port_u16().unwrap_or(80);
         let connect = TcpStream::connect((
             to.host().trim_start_matches('[').trim_end_matches(']'),
@@ -250,20 +284,18 @@ impl LocalPool {
         ));
         let tcp = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(tcp)) => tcp,
-            Ok(Err(e)) => {
-                return Err(DispatchError::Connect {
-                    source: Box::new(e),
-                });
-            }
+            Ok(Err(source)) => return Err(ClientError::Connect { source }),
             Err(_) => {
-                return Err(DispatchError::Connect {
-                    source: format!("no connection within {:?}", self.connect_timeout).into(),
+                return Err(ClientError::Connect {
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection within {:?}", self.connect_timeout),
+                    ),
                 });
             }
         };
-        tcp.set_nodelay(true).map_err(|e| DispatchError::Connect {
-            source: Box::new(e),
-        })?;
+        tcp.set_nodelay(true)
+            .map_err(|source| ClientError::Connect { source })?;
         Ok(Conn {
             tcp,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -280,11 +312,11 @@ impl LocalPool {
     ) -> Result<EngineAnswer, Failed> {
         // Nothing came back on a reused connection: the engine had closed
         // it (another connection may take the request).
-        let fail = |source: EngineError, got_nothing: bool| {
+        let fail = |source: ClientError, got_nothing: bool| {
             if reused && got_nothing {
                 Failed::Stale
             } else {
-                Failed::Error(DispatchError::Engine { source })
+                Failed::Error(source)
             }
         };
         if let Err(e) = conn.tcp.write_all(&req.wire).await {
@@ -305,7 +337,7 @@ impl LocalPool {
             }
             let got_nothing = conn.buf.is_empty();
             match tokio::io::AsyncReadExt::read_buf(&mut conn.tcp, &mut conn.buf).await {
-                Ok(0) => return Err(fail(EngineError::Closed, got_nothing)),
+                Ok(0) => return Err(fail(ClientError::Closed, got_nothing)),
                 Ok(_) => {}
                 Err(e) => return Err(fail(e.into(), got_nothing)),
             }
@@ -430,7 +462,7 @@ impl EngineBody {
     }
 
     /// Data already buffered, in this body's framing.
-    fn buffered(&mut self) -> Result<Option<Bytes>, EngineError> {
+    fn buffered(&mut self) -> Result<Option<Bytes>, ClientError> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(None);
         };
@@ -464,12 +496,12 @@ impl EngineBody {
 
 impl http_body::Body for EngineBody {
     type Data = Bytes;
-    type Error = EngineError;
+    type Error = ClientError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, EngineError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientError>>> {
         let this = self.get_mut();
         loop {
             match this.buffered() {
@@ -499,7 +531,7 @@ impl http_body::Body for EngineBody {
                     return Poll::Ready(if ended {
                         None
                     } else {
-                        Some(Err(EngineError::Closed))
+                        Some(Err(ClientError::Closed))
                     });
                 }
                 Poll::Ready(Ok(_)) => {}
@@ -726,7 +758,7 @@ mod tests {
         let pool = LocalPool::new(Timeouts::default());
         let resp = pool.send(&to, get(&to, "/cut")).await.unwrap();
         let err = resp.body.collect().await.unwrap_err();
-        assert!(matches!(err, EngineError::Closed), "{err}");
+        assert!(matches!(err, ClientError::Closed), "{err}");
         assert_eq!(err.class(), "upstream-closed");
         assert!(pool.is_empty());
     }
@@ -834,6 +866,40 @@ mod tests {
         let pool = LocalPool::new(Timeouts::default());
         let err = pool.send(&to, get(&to, "/")).await.unwrap_err();
         assert_eq!(err.class(), "connect");
-        assert!(err.retry().may_retry());
+        assert!(matches!(err, ClientError::Connect { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn raw_request_fields_lose_hop_headers_in_any_case() {
+        use crate::h1::Headers;
+        let mut buf = bytes::BytesMut::from(
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHOST: x\r\nConnection: keep-alive\r\n\
+               Content-Length: 2\r\nAuthorization: Bearer k\r\nProxy-Authorization: p\r\n\
+               Content-Type: application/json\r\n\r\n{}"[..],
+        );
+        let head = crate::h1::parse_request(&mut buf).unwrap().unwrap();
+        let raw = Headers::Raw(head.headers);
+        let mut to = http::HeaderMap::new();
+        crate::request::copy_headers(&raw, &mut to);
+        let mut names: Vec<&str> = to.keys().map(http::HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["authorization", "content-type"]);
+        // The engine's request line and headers, written from the fields.
+        let out = Outgoing::new(
+            &HeaderValue::from_static("127.0.0.1:9"),
+            &RequestHead {
+                method: http::Method::POST,
+                path_and_query: http::uri::PathAndQuery::from_static("/v1/chat/completions"),
+                headers: raw,
+            },
+            Bytes::from_static(b"{}"),
+        );
+        let wire = String::from_utf8(out.wire().to_vec()).unwrap();
+        assert_eq!(
+            wire,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:9\r\n\
+             Authorization: Bearer k\r\nContent-Type: application/json\r\n\
+             content-length: 2\r\n\r\n{}"
+        );
     }
 }
