@@ -16,12 +16,12 @@ use pair_http::Timeouts;
 use pair_http::runtime::EventLoops;
 use pair_identity::tls::Expect;
 use pair_identity::{ControlToken, Identity, IdentityPaths, Limits, PairingService, TrustStore};
+use pair_jobs::JobLog;
 use pair_proxy::cluster::{self, ClusterPort};
 use pair_proxy::dispatch::PeerLink;
 use pair_proxy::face::{self, Face};
 use pair_proxy::gate::FaceGate;
 use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
-use pair_proxy::jobs::JobLog;
 use pair_proxy::relay;
 use pair_proxy::state::{
     DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,

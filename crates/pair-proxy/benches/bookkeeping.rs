@@ -23,7 +23,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
 use pair_http::Timeouts;
 use pair_http::runtime::EventLoops;
-use pair_proxy::jobs::JobLog;
+use pair_jobs::JobLog;
 use pair_proxy::state::{NodeIdentity, ProxyConfig, ProxyState};
 use pair_scheduler::SchedulerConfig;
 

@@ -647,7 +647,7 @@ mod tests {
     fn state() -> Arc<ProxyState> {
         crate::state::tests::state(
             pair_http::runtime::EventLoops::single(),
-            Arc::new(crate::jobs::JobLog::in_memory()),
+            Arc::new(pair_jobs::JobLog::in_memory()),
         )
     }
 

@@ -19,7 +19,6 @@ pub mod face;
 pub mod forward;
 pub mod gate;
 pub mod gossip;
-pub mod jobs;
 pub mod listing;
 pub mod load;
 pub mod metrics;

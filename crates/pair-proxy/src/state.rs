@@ -20,7 +20,6 @@ use smallvec::SmallVec;
 
 use crate::dispatch::{DispatchError, Hop, PeerLink};
 use crate::gate::FaceGate;
-use crate::jobs::JobLog;
 use crate::load::LocalLoad;
 use crate::metrics::Metrics;
 use pair_http::Timeouts;
@@ -28,6 +27,7 @@ use pair_http::client::{HttpStack, LocalPool};
 use pair_http::conns::{ClientDeadlines, ConnLimit};
 use pair_http::per_loop::{PerLoop, PerLoopArc};
 use pair_http::runtime::EventLoops;
+use pair_jobs::JobLog;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
@@ -391,11 +391,11 @@ impl ProxyState {
 
     /// Learned speed of `model` on `node` over `seed`, if jobs taught us
     /// any: the jobs added to the log since the last call are learned from
-    /// first (at most the newest [`crate::jobs::KEEP_RECORDS`]).
+    /// first (at most the newest [`pair_jobs::KEEP_RECORDS`]).
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
         let mut l = self.learner.lock().ok()?;
         let Learning { learner, seen } = &mut *l;
-        let (new, _) = self.jobs.since(seen, crate::jobs::KEEP_RECORDS);
+        let (new, _) = self.jobs.since(seen, pair_jobs::KEEP_RECORDS);
         for rec in &new {
             if let Some(obs) = Observation::from_job(rec) {
                 learner.observe(&obs);
@@ -508,7 +508,17 @@ pub(crate) mod tests {
             duration_ms: Some(1100),
             prompt_tokens: Some(200),
             output_tokens: Some(51),
-            ..crate::jobs::tests::rec(id, 1)
+            id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
+            model: "m".into(),
+            flavor: pair_core::ApiFlavor::Ollama,
+            route: "/api/chat".into(),
+            streaming: true,
+            origin: NodeId::from_u128(1),
+            attempts: 1,
+            status: pair_core::JobStatus::Completed,
+            http_status: Some(200),
+            created_at_ms: 1,
+            error: None,
         }
     }
 

@@ -567,13 +567,13 @@ fn merge(inner: &mut Inner, records: impl IntoIterator<Item = Arc<JobRecord>>) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use pair_core::{ApiFlavor, JobStatus, NodeId};
     use proptest::prelude::*;
 
     /// A finished job, `n` its id, created at `at`.
-    pub(crate) fn rec(n: u128, at: u64) -> JobRecord {
+    fn rec(n: u128, at: u64) -> JobRecord {
         JobRecord {
             id: JobId::from_uuid(uuid::Uuid::from_u128(n)),
             model: "m".into(),
