@@ -2,9 +2,8 @@
 //! them): status, peers, jobs, pairing and unpairing for the CLI and the
 //! Jobs view.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::extract::{Query, Request, State};
@@ -13,9 +12,9 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use pair_cluster::{AddrBook, PeerReports};
 use pair_core::{NodeId, Role};
 use pair_identity::{ControlToken, Identity, PairingService, Pin, TrustStore};
-use pair_proxy::gossip::PeerReports;
 use pair_proxy::state::ProxyState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -35,7 +34,7 @@ pub struct Control {
     pub identity: Arc<Identity>,
     pub trust: TrustStore,
     pub reports: Arc<PeerReports>,
-    pub addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
+    pub addrbook: AddrBook,
     pub cluster_addr: SocketAddr,
     pub name: String,
     /// What the calls that change the node must present.

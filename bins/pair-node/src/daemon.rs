@@ -2,32 +2,33 @@
 //! mTLS relay), telemetry, engine pollers, discovery, peer links, gossip and
 //! the local faces, wired together and shut down in order.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use pair_core::{ModelPerf, NodeId, NodeSnapshot, Role};
+use pair_cluster::gossip::{self, Gossip};
+use pair_cluster::learning::SpeedLearner;
+use pair_cluster::links::{self, LinkSources};
+use pair_cluster::{
+    AddrBook, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers, snapshot,
+};
+use pair_core::{ModelPerf, NodeId, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
 use pair_engines::{EngineHandle, PollConfig, spawn_poller};
 use pair_http::Timeouts;
 use pair_http::runtime::EventLoops;
-use pair_identity::tls::Expect;
 use pair_identity::{ControlToken, Identity, IdentityPaths, Limits, PairingService, TrustStore};
 use pair_jobs::JobLog;
-use pair_proxy::cluster::{self, ClusterPort};
-use pair_proxy::dispatch::PeerLink;
 use pair_proxy::face::{self, Face};
 use pair_proxy::gate::FaceGate;
-use pair_proxy::gossip::{self, GossipConfig, PeerReports, PeerView};
 use pair_proxy::relay;
 use pair_proxy::state::{
     DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,
 };
 use pair_scheduler::SchedulerConfig;
-use pair_telemetry::{NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost, Telemetry};
+use pair_telemetry::{NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -103,7 +104,7 @@ pub struct Node {
     /// The owner's token for the control calls (also in the state dir).
     pub control_token: ControlToken,
     /// Addresses learned from pairing joins (peers that may not multicast).
-    pub addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
+    pub addrbook: AddrBook,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     discovery: Option<Discovery>,
@@ -200,6 +201,8 @@ pub async fn start(
         .collect::<Result<Vec<_>>>()?;
 
     let jobs = Arc::new(JobLog::open(dir, now_ms())?);
+    let peers = Peers::new();
+    let load = LocalLoad::new();
     let loops = EventLoops::start(cfg.event_loops).context("starting the event loops")?;
     let st = ProxyState::new(
         ProxyConfig {
@@ -219,8 +222,10 @@ pub async fn start(
             max_connections: cfg.max_connections.unwrap_or_else(default_max_connections),
             deadlines: cfg.deadlines,
             http_stack: cfg.http_stack,
+            peers: Arc::clone(&peers),
+            load: Arc::clone(&load),
         },
-        jobs,
+        Arc::clone(&jobs),
     );
     let reports = PeerReports::new();
 
@@ -236,13 +241,14 @@ pub async fn start(
     );
     let port = ClusterPort {
         plain: Router::new().merge(pairing.router()).merge(node_info),
-        secure: relay::router(Arc::clone(&st), Arc::clone(&reports)),
+        secure: pair_cluster::routes::router(Arc::clone(&reports), Arc::clone(&jobs))
+            .merge(relay::router(Arc::clone(&st))),
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
         loops,
         conns: Arc::clone(&st.conns),
     };
-    tasks.spawn(cluster::serve(
+    tasks.spawn(pair_cluster::port::serve(
         listeners.cluster,
         port,
         shutdown.clone(),
@@ -253,34 +259,49 @@ pub async fn start(
     let peer_set = discovery
         .as_ref()
         .map_or_else(|| watch::channel(PeerSet::default()).1, Discovery::peers);
-    let addrbook = Arc::new(Mutex::new(HashMap::new()));
-
-    tasks.spawn(maintain_links(
-        Arc::clone(&st),
-        Arc::clone(&identity),
-        trust.clone(),
-        peer_set.clone(),
-        Arc::clone(&reports),
-        Arc::clone(&addrbook),
+    let addrbook = AddrBook::default();
+    tasks.spawn(links::maintain(
+        Arc::clone(&peers),
+        LinkSources {
+            identity: Arc::clone(&identity),
+            trust: trust.clone(),
+            discovered: peer_set.clone(),
+            reports: Arc::clone(&reports),
+            addrbook: Arc::clone(&addrbook),
+            timeouts: st.timeouts,
+        },
         shutdown.clone(),
     ));
 
     let mut gossip_cfg = extras.gossip.unwrap_or_default();
     gossip_cfg.cluster_port = cluster_addr.port();
-    let telemetry = sampler.subscribe();
-    let local = local_snapshot(
-        Arc::clone(&st),
+    let local = LocalReport {
+        id,
+        name: cfg.name.clone(),
         engines,
-        telemetry,
-        extras.base_perf,
-        cfg.name.clone(),
-    );
-    let views = peer_views(Arc::clone(&st), trust.clone(), peer_set);
+        telemetry: sampler.subscribe(),
+        base_perf: extras.base_perf,
+        load,
+        learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs))),
+    };
+    let statuses = {
+        let (trust, peers) = (trust.clone(), Arc::clone(&peers));
+        move || snapshot::peer_statuses(&trust, &peer_set, &peers)
+    };
+    let publish = {
+        let st = Arc::clone(&st);
+        move |snapshot| st.publish(snapshot)
+    };
     tasks.spawn(gossip::run(
-        Arc::clone(&st),
-        Arc::clone(&reports),
-        local,
-        views,
+        Gossip {
+            node: id,
+            jobs,
+            peers,
+            reports: Arc::clone(&reports),
+            local,
+            statuses: Box::new(statuses),
+            publish: Box::new(publish),
+        },
         gossip_cfg,
         shutdown.clone(),
     ));
@@ -406,157 +427,4 @@ async fn start_discovery(
             .await
             .context("starting discovery")?,
     ))
-}
-
-/// This node's own entry of the cluster snapshot.
-fn local_snapshot(
-    st: Arc<ProxyState>,
-    engines: Vec<EngineHandle>,
-    telemetry: watch::Receiver<Telemetry>,
-    base_perf: Option<ModelPerf>,
-    name: String,
-) -> impl Fn() -> NodeSnapshot + Send + Sync {
-    move || {
-        let now = now_ms();
-        let mut n = NodeSnapshot::new(st.node.id, name.clone());
-        n.engines = engines.iter().map(EngineHandle::snapshot).collect();
-        for e in &mut n.engines {
-            for m in &mut e.models {
-                let seed = m.perf.or(base_perf).unwrap_or(ModelPerf::FALLBACK);
-                if let Some(learned) = st.learned(st.node.id, m.name.as_str(), seed) {
-                    m.perf = Some(learned);
-                } else if m.perf.is_none() {
-                    m.perf = base_perf;
-                }
-            }
-        }
-        let t = telemetry.borrow();
-        n.gpus = t.gpus.clone();
-        n.pressure = t.pressure_at(now);
-        drop(t);
-        st.metrics.pressure.set(i64::from(n.pressure.band()));
-        // Work sent straight to an engine's own port (vLLM reports its queue)
-        // is invisible to PAIR; count it here.
-        let (running, waiting) = engines
-            .iter()
-            .filter_map(|h| h.report().queue)
-            .fold((0u32, 0u32), |(r, w), q| {
-                (r.saturating_add(q.running), w.saturating_add(q.waiting))
-            });
-        st.load.set_engine_queue(running, waiting);
-        n.workload = st.load.workload(n.slots());
-        n.reported_at_ms = now;
-        n.base_perf = base_perf;
-        n
-    }
-}
-
-/// The peers the scheduler may route to: paired nodes, with what discovery
-/// says of them (peers known only by address are taken as alive; their
-/// report age decides).
-fn peer_views(
-    st: Arc<ProxyState>,
-    trust: TrustStore,
-    discovered: watch::Receiver<PeerSet>,
-) -> impl Fn() -> HashMap<NodeId, PeerView> + Send + Sync {
-    move || {
-        let set = discovered.borrow();
-        let links = st.peer_links();
-        trust
-            .peers()
-            .into_iter()
-            .filter(|p| p.role == Role::Node && links.contains_key(&p.id))
-            .map(|p| {
-                let view = set.get(p.id).map_or(
-                    PeerView {
-                        liveness: pair_core::Liveness::Alive,
-                        rtt_us: 0,
-                    },
-                    |d| PeerView {
-                        liveness: d.liveness,
-                        rtt_us: d.rtt_us.unwrap_or(0),
-                    },
-                );
-                (p.id, view)
-            })
-            .collect()
-    }
-}
-
-/// Keeps one mTLS link per paired node whose address is known: from mDNS
-/// or static probing first, else where it last reported from, else where
-/// we joined it.
-async fn maintain_links(
-    st: Arc<ProxyState>,
-    identity: Arc<Identity>,
-    trust: TrustStore,
-    discovered: watch::Receiver<PeerSet>,
-    reports: Arc<PeerReports>,
-    addrbook: Arc<Mutex<HashMap<NodeId, SocketAddr>>>,
-    shutdown: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut events = trust.subscribe();
-    let timeouts = st.timeouts;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-            ev = events.recv() => {
-                if let Ok(pair_identity::TrustEvent::Removed(id)) = ev {
-                    reports.forget(id);
-                }
-            }
-        }
-        let reported = reports.addresses();
-        let booked = addrbook.lock().map(|b| b.clone()).unwrap_or_default();
-        let current = st.peer_links();
-        let mut next: HashMap<NodeId, PeerLink> = HashMap::new();
-        for peer in trust.peers() {
-            if peer.role != Role::Node {
-                continue;
-            }
-            let found = discovered.borrow().get(peer.id).and_then(|d| {
-                d.addrs
-                    .first()
-                    .map(|ip| SocketAddr::new(*ip, d.cluster_port))
-            });
-            let Some(addr) = found
-                .or_else(|| reported.get(&peer.id).copied())
-                .or_else(|| booked.get(&peer.id).copied())
-            else {
-                continue;
-            };
-            if let Some(link) = current.get(&peer.id)
-                && link_addr(link) == Some(addr)
-            {
-                next.insert(peer.id, link.clone());
-                continue;
-            }
-            match pair_identity::tls::client_config(&identity, &trust, Expect::Peer(peer.id))
-                .map_err(anyhow::Error::from)
-                .and_then(|c| {
-                    PeerLink::new(peer.id, addr, Arc::new(c), timeouts).map_err(Into::into)
-                }) {
-                Ok(link) => {
-                    tracing::info!(peer = %peer.id, name = %peer.name, %addr, "peer link up");
-                    next.insert(peer.id, link);
-                }
-                Err(e) => tracing::warn!(peer = %peer.id, error = %e, "cannot build a peer link"),
-            }
-        }
-        let changed = next.len() != current.len()
-            || next
-                .iter()
-                .any(|(id, l)| current.get(id).map(link_addr) != Some(link_addr(l)));
-        if changed {
-            st.set_peers(next);
-        }
-    }
-}
-
-fn link_addr(link: &PeerLink) -> Option<SocketAddr> {
-    let a = link.base.authority()?;
-    a.as_str().parse().ok()
 }

@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use pair_cluster::GossipConfig;
 use pair_emulator::{EmulatedEngine, EmulatorConfig as EmuConfig, Flavor, HardwareProfile};
-use pair_proxy::gossip::GossipConfig;
 use pair_scheduler::Policy;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

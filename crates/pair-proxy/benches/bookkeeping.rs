@@ -79,6 +79,8 @@ fn shared() -> Shared {
             max_connections: 1024,
             deadlines: pair_http::conns::ClientDeadlines::default(),
             http_stack: pair_http::HttpStack::default(),
+            peers: pair_cluster::Peers::new(),
+            load: pair_cluster::LocalLoad::new(),
         },
         Arc::new(JobLog::in_memory()),
     );

@@ -1,34 +1,23 @@
 //! Sending one attempt of a request to one hop: the local engine over
 //! keep-alive HTTP/1.1 from the event loop's own pool
-//! ([`pair_http::client`]), or
-//! a peer's cluster port over mutual TLS (hyper-util's pooled client, one
-//! per peer).
-//!
-//! A pool is never capped below the expected concurrency and TCP_NODELAY
-//! is on (shared/reference/proxy-performance.md).
+//! ([`pair_http::client`]), or a peer's cluster port over mutual TLS
+//! ([`pair_cluster::PeerLink`], hyper-util's pooled client, one per peer).
+//! Neither pool is capped below the expected concurrency, and TCP_NODELAY
+//! is on in both.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
-use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use pair_cluster::PeerLink;
 use pair_core::{NodeId, RetryAdvice};
-use pair_http::client::{
-    ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts, http_connector,
-};
+use pair_http::client::{ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts};
 use pair_http::h1::Headers;
 use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
-
-pub type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// Path prefix under which a peer's cluster port accepts relayed requests.
-pub const RELAY_PREFIX: &str = "/pair/v1/relay";
 
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
@@ -39,70 +28,6 @@ pub enum Hop {
     Local(Arc<crate::state::LocalEngine>),
     /// A paired peer's cluster port.
     Peer(Box<PeerLink>),
-}
-
-/// A pooled mTLS client to one peer, verifying that peer's pinned identity.
-#[derive(Clone)]
-pub struct PeerLink {
-    pub id: NodeId,
-    /// `https://ip:port`.
-    pub base: Uri,
-    client: TlsClient,
-}
-
-impl std::fmt::Debug for PeerLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerLink")
-            .field("id", &self.id)
-            .field("base", &self.base)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PeerLink {
-    /// `tls` must verify the server as `id` (pair-identity builds it).
-    pub fn new(
-        id: NodeId,
-        addr: std::net::SocketAddr,
-        tls: Arc<rustls::ClientConfig>,
-        timeouts: Timeouts,
-    ) -> Result<Self, DispatchError> {
-        let base: Uri = format!("https://{addr}")
-            .parse()
-            .map_err(|source| DispatchError::BadUri { source })?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config((*tls).clone())
-            .https_only()
-            .enable_http1()
-            .wrap_connector(http_connector(timeouts));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
-        Ok(Self { id, base, client })
-    }
-
-    /// A GET or POST to a cluster-port path other than the relay (workload
-    /// reports, job events), with a short deadline.
-    pub async fn call(
-        &self,
-        method: http::Method,
-        path: &str,
-        body: Bytes,
-        deadline: Duration,
-    ) -> Result<Response<Incoming>, DispatchError> {
-        let uri = join_uri(&self.base, "", path)?;
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|source| DispatchError::BadRequest { source })?;
-        match tokio::time::timeout(deadline, self.client.request(req)).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(source)) => Err(DispatchError::Transport { source }),
-            Err(_) => Err(DispatchError::Deadline(deadline)),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,10 +49,10 @@ pub enum DispatchError {
         #[source]
         source: ClientError,
     },
-    #[error("upstream transport error")]
-    Transport {
+    #[error("peer hop")]
+    Peer {
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: pair_cluster::ClusterError,
     },
     #[error("upstream body error before the first byte")]
     Body {
@@ -169,25 +94,15 @@ impl DispatchError {
             DispatchError::Engine {
                 source: ClientError::Connect { .. },
             } => "connect",
-            DispatchError::Transport { source } if source.is_connect() => "connect",
-            DispatchError::Transport { .. } | DispatchError::Engine { .. } => "transport",
+            DispatchError::Peer {
+                source: pair_cluster::ClusterError::Transport { source },
+            } if source.is_connect() => "connect",
+            DispatchError::Peer { .. } | DispatchError::Engine { .. } => "transport",
             DispatchError::Body { .. } => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
         }
     }
-}
-
-fn join_uri(base: &Uri, prefix: &str, path_and_query: &str) -> Result<Uri, DispatchError> {
-    let mut s = String::with_capacity(64 + path_and_query.len());
-    s.push_str(base.scheme_str().unwrap_or("http"));
-    s.push_str("://");
-    if let Some(a) = base.authority() {
-        s.push_str(a.as_str());
-    }
-    s.push_str(prefix);
-    s.push_str(path_and_query);
-    s.parse().map_err(|source| DispatchError::BadUri { source })
 }
 
 /// An answer's body from either kind of hop.
@@ -311,12 +226,16 @@ pub fn request<'a>(
                 let mut req = hyper_request(head, body);
                 req.headers_mut()
                     .insert(header::HOST, engine.host().clone());
-                *req.uri_mut() = join_uri(&engine.base, "", head.path_and_query.as_str())?;
+                *req.uri_mut() =
+                    pair_cluster::link::join_uri(&engine.base, "", head.path_and_query.as_str())
+                        .map_err(|source| DispatchError::Peer { source })?;
                 let fut = client.request(req);
                 return Ok(Box::pin(async move {
                     fut.await
                         .map(Upstream::peer)
-                        .map_err(|source| DispatchError::Transport { source })
+                        .map_err(|source| DispatchError::Peer {
+                            source: pair_cluster::ClusterError::Transport { source },
+                        })
                 }));
             }
             let out = Outgoing::new(engine.host(), head, body);
@@ -330,12 +249,14 @@ pub fn request<'a>(
         }
         Hop::Peer(link) => {
             let mut req = hyper_request(head, body);
-            *req.uri_mut() = join_uri(&link.base, RELAY_PREFIX, head.path_and_query.as_str())?;
-            let fut = link.client.request(req);
+            *req.uri_mut() = link
+                .relay_uri(head.path_and_query.as_str())
+                .map_err(|source| DispatchError::Peer { source })?;
+            let fut = link.send(req);
             Ok(Box::pin(async move {
                 fut.await
                     .map(Upstream::peer)
-                    .map_err(|source| DispatchError::Transport { source })
+                    .map_err(|source| DispatchError::Peer { source })
             }))
         }
     }
@@ -390,12 +311,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn relay_uris_keep_the_query() {
-        let base: Uri = "https://10.0.0.2:14318".parse().unwrap();
-        let u = join_uri(&base, RELAY_PREFIX, "/v1/models?x=1").unwrap();
-        assert_eq!(
-            u.to_string(),
-            "https://10.0.0.2:14318/pair/v1/relay/v1/models?x=1"
-        );
+    fn every_dispatch_failure_may_go_to_another_node() {
+        for e in [
+            DispatchError::NoHost,
+            DispatchError::NoLink(NodeId::from_u128(1)),
+            DispatchError::Deadline(std::time::Duration::from_secs(1)),
+        ] {
+            assert!(e.retry().may_retry(), "{e}");
+        }
     }
 }

@@ -28,12 +28,12 @@ use tokio::time::{Instant, Sleep};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::{self, DispatchError, Hop};
 use crate::error::json_error;
-use crate::load::LoadGuard;
 use crate::metrics::{FailoverLabels, RouteSlot};
 use crate::receipt::{self, Receipt};
 use crate::route::Work;
 use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
 use crate::stream::{Ending, Framing, Relay, Watcher};
+use pair_cluster::LoadGuard;
 use pair_http::RequestHead;
 use pair_http::{Extra, Reply};
 

@@ -12,15 +12,12 @@
 //! Only this crate knows HTTP routes.
 
 pub mod body;
-pub mod cluster;
 pub mod dispatch;
 pub mod error;
 pub mod face;
 pub mod forward;
 pub mod gate;
-pub mod gossip;
 pub mod listing;
-pub mod load;
 pub mod metrics;
 pub mod receipt;
 pub mod relay;

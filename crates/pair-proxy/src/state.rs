@@ -6,22 +6,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use arc_swap::ArcSwap;
 use http::uri::Authority;
 use http::{HeaderValue, Uri};
-use pair_core::{ClusterSnapshot, EngineKind, JobRecord, ModelPerf, NodeId, RequestProfile};
+use pair_core::{ClusterSnapshot, EngineKind, JobRecord, NodeId, RequestProfile};
 use pair_scheduler::{
-    Candidate, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
-    SchedulerConfig,
+    Candidate, Policy, Ranking, ReservationId, Reservations, Scheduler, SchedulerConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
 
-use crate::dispatch::{DispatchError, Hop, PeerLink};
+use crate::dispatch::{DispatchError, Hop};
 use crate::gate::FaceGate;
-use crate::load::LocalLoad;
 use crate::metrics::Metrics;
+use pair_cluster::{LocalLoad, PeerLink, Peers};
 use pair_http::Timeouts;
 use pair_http::client::{HttpStack, LocalPool};
 use pair_http::conns::{ClientDeadlines, ConnLimit};
@@ -162,7 +160,8 @@ pub struct ProxyState {
     cluster: PerLoopArc<ClusterSnapshot>,
     /// Each loop's copies share no buffer ([`LocalEngine::copy_for_loop`]).
     engines: PerLoopArc<Vec<Arc<LocalEngine>>>,
-    peers: ArcSwap<HashMap<NodeId, PeerLink>>,
+    /// The mTLS links to peers (the cluster plane keeps them current).
+    peers: Arc<Peers>,
     sched: PerLoop<Mutex<Sched>>,
     /// Held while a change is made to every loop's [`Sched`], so the copies
     /// see changes in the same order (a reservation gets the same id in
@@ -172,15 +171,6 @@ pub struct ProxyState {
     pub load: Arc<LocalLoad>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
-    learner: Mutex<Learning>,
-}
-
-/// What the node learned of engines' speeds from finished jobs.
-#[derive(Debug)]
-struct Learning {
-    learner: PerfLearner,
-    /// The job log's cursor: jobs past it are not learned from yet.
-    seen: usize,
 }
 
 /// How to build a [`ProxyState`].
@@ -201,13 +191,14 @@ pub struct ProxyConfig {
     pub deadlines: ClientDeadlines,
     /// Which HTTP/1.1 implementation the faces and the engine client use.
     pub http_stack: HttpStack,
+    /// The links to peers, kept current by the cluster plane.
+    pub peers: Arc<Peers>,
+    /// This node's own workload, which its reports carry.
+    pub load: Arc<LocalLoad>,
 }
 
 impl ProxyState {
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
-        // What the log held at start (loaded from disk) was learned from
-        // before.
-        let seen = jobs.end();
         Arc::new(Self {
             receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
@@ -216,7 +207,7 @@ impl ProxyState {
             loops: config.loops,
             cluster: PerLoopArc::new(ClusterSnapshot::default()),
             engines: PerLoopArc::new_each(|| copies_for_loop(&config.engines)),
-            peers: ArcSwap::from_pointee(HashMap::new()),
+            peers: config.peers,
             policy: config.scheduler.policy,
             sched: PerLoop::new_with(|| {
                 Mutex::new(Sched {
@@ -234,13 +225,9 @@ impl ProxyState {
             conns: ConnLimit::new(config.max_connections),
             deadlines: config.deadlines,
             http_stack: config.http_stack,
-            load: LocalLoad::new(),
+            load: config.load,
             jobs,
             metrics: Arc::new(Metrics::new()),
-            learner: Mutex::new(Learning {
-                learner: PerfLearner::new(),
-                seen,
-            }),
         })
     }
 
@@ -272,6 +259,9 @@ impl ProxyState {
     /// Publishes a new snapshot; reservations it covers are dropped.
     pub fn publish(&self, snapshot: ClusterSnapshot) {
         let now = now_ms();
+        if let Some(me) = snapshot.node(self.node.id) {
+            self.metrics.pressure.set(i64::from(me.pressure.band()));
+        }
         self.each_sched(|s| {
             s.reservations.sync(&snapshot);
             s.reservations.expire(now);
@@ -297,15 +287,11 @@ impl ProxyState {
     }
 
     pub fn peer(&self, id: NodeId) -> Option<PeerLink> {
-        self.peers.load().get(&id).cloned()
+        self.peers.get(id)
     }
 
     pub fn peer_links(&self) -> Arc<HashMap<NodeId, PeerLink>> {
-        self.peers.load_full()
-    }
-
-    pub fn set_peers(&self, peers: HashMap<NodeId, PeerLink>) {
-        self.peers.store(Arc::new(peers));
+        self.peers.links()
     }
 
     /// Ranks `request` over `cluster`, with this node's own workload read
@@ -374,34 +360,10 @@ impl ProxyState {
         }
     }
 
-    /// Records a job this node routed; [`ProxyState::learned`] learns the
-    /// serving node's speed from it when next asked (not on the request
-    /// path, where the learner's lock and tables were state every event
-    /// loop wrote on every request).
+    /// Records a job this node routed (the cluster plane learns the
+    /// serving node's speed from the log, off the request path).
     pub fn finish_job(&self, rec: JobRecord) {
         self.jobs.record(rec);
-    }
-
-    /// Takes in a peer's finished jobs (replication); the new ones are
-    /// learned from like this node's own. A record the log already holds
-    /// (one this node sent, echoed back) is not learned from twice.
-    pub fn merge_jobs(&self, records: Vec<JobRecord>) {
-        self.jobs.merge(records);
-    }
-
-    /// Learned speed of `model` on `node` over `seed`, if jobs taught us
-    /// any: the jobs added to the log since the last call are learned from
-    /// first (at most the newest [`pair_jobs::KEEP_RECORDS`]).
-    pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
-        let mut l = self.learner.lock().ok()?;
-        let Learning { learner, seen } = &mut *l;
-        let (new, _) = self.jobs.since(seen, pair_jobs::KEEP_RECORDS);
-        for rec in &new {
-            if let Some(obs) = Observation::from_job(rec) {
-                learner.observe(&obs);
-            }
-        }
-        learner.rates(node, model).map(|r| r.over(seed))
     }
 }
 
@@ -499,29 +461,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// A completed job of 200 prompt tokens in 100 ms and 50 more tokens
-    /// in the next second, run on node `ran_on`.
-    fn job(id: u128, ran_on: u128) -> JobRecord {
-        JobRecord {
-            ran_on: Some(NodeId::from_u128(ran_on)),
-            ttft_ms: Some(100),
-            duration_ms: Some(1100),
-            prompt_tokens: Some(200),
-            output_tokens: Some(51),
-            id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
-            model: "m".into(),
-            flavor: pair_core::ApiFlavor::Ollama,
-            route: "/api/chat".into(),
-            streaming: true,
-            origin: NodeId::from_u128(1),
-            attempts: 1,
-            status: pair_core::JobStatus::Completed,
-            http_status: Some(200),
-            created_at_ms: 1,
-            error: None,
-        }
-    }
-
     /// Node 1 ("t"), predicted-latency with affinity, no engines.
     pub(crate) fn state(loops: Arc<EventLoops>, jobs: Arc<JobLog>) -> Arc<ProxyState> {
         ProxyState::new(
@@ -539,6 +478,8 @@ pub(crate) mod tests {
                 max_connections: 1024,
                 deadlines: ClientDeadlines::default(),
                 http_stack: HttpStack::default(),
+                peers: Peers::new(),
+                load: LocalLoad::new(),
             },
             jobs,
         )
@@ -635,36 +576,5 @@ pub(crate) mod tests {
             assert_ne!(ptr(receipt_a.as_bytes()), ptr(receipt_b.as_bytes()));
         }
         loops.shutdown(std::time::Duration::from_secs(5)).await;
-    }
-
-    fn samples(st: &ProxyState, node: u128) -> u32 {
-        let l = st.learner.lock().unwrap();
-        l.learner
-            .rates(NodeId::from_u128(node), "m")
-            .map_or(0, |r| r.samples)
-    }
-
-    /// Finished jobs, this node's and a peer's, are learned from when the
-    /// speeds are next asked for, each once: not what the log held at
-    /// start, not a record echoed back by a peer, not twice on a second ask.
-    #[test]
-    fn learns_each_new_job_once_when_asked() {
-        let jobs = Arc::new(JobLog::in_memory());
-        jobs.record(job(1, 2));
-        let st = state(EventLoops::single(), jobs);
-        st.finish_job(job(2, 2));
-        st.merge_jobs(vec![job(3, 2), job(2, 2)]);
-        assert_eq!(samples(&st, 2), 0, "nothing learned on the request path");
-        let perf = st.learned(NodeId::from_u128(2), "m", ModelPerf::FALLBACK);
-        // 200 prompt tokens in 100 ms; 50 more tokens in the next second.
-        let perf = perf.unwrap();
-        assert!((perf.prefill_tps - 2000.0).abs() < 1.0, "{perf:?}");
-        assert!((perf.decode_tps - 50.0).abs() < 0.1, "{perf:?}");
-        assert_eq!(samples(&st, 2), 2);
-        assert!(
-            st.learned(NodeId::from_u128(2), "m", ModelPerf::FALLBACK)
-                .is_some()
-        );
-        assert_eq!(samples(&st, 2), 2, "asked again: nothing new");
     }
 }

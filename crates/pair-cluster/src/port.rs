@@ -2,7 +2,8 @@
 //! nodes. A connection whose first byte is a TLS handshake record is mutual
 //! TLS (relay, reports, jobs), and only pinned peers get past the handshake;
 //! anything else is plain HTTP, which serves only node info and pairing (the
-//! PAKE protects pairing; node info is public telemetry, as in PAIR).
+//! PAKE protects pairing; node info is public telemetry, as in PAIR). The
+//! node's connection cap covers this port too.
 //!
 //! A peer's connections are closed the moment it is unpaired.
 
@@ -18,9 +19,19 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::relay::PeerIdentity;
+use pair_core::{NodeId, Role};
 use pair_http::conns::{ConnGuard, ConnLimit};
 use pair_http::runtime::EventLoops;
+
+/// Who is on the other end of an mTLS connection; the port puts it in
+/// every request's extensions after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub id: NodeId,
+    pub role: Role,
+    /// Where the connection came from (its port is ephemeral).
+    pub remote: std::net::SocketAddr,
+}
 
 /// First byte of a TLS record carrying a handshake.
 const TLS_HANDSHAKE: u8 = 0x16;

@@ -1,0 +1,73 @@
+//! The latest workload report of each peer, as it arrived over mTLS, with
+//! when it came and where the peer said its cluster port is.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pair_core::{NodeId, NodeSnapshot};
+
+#[derive(Debug)]
+struct Received {
+    snapshot: NodeSnapshot,
+    at: Instant,
+    /// The peer's cluster address, as seen on its last report.
+    addr: Option<SocketAddr>,
+}
+
+/// The latest report of each peer.
+#[derive(Debug, Default)]
+pub struct PeerReports {
+    latest: Mutex<HashMap<NodeId, Received>>,
+}
+
+impl PeerReports {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn accept(&self, snapshot: NodeSnapshot, addr: Option<SocketAddr>) {
+        if let Ok(mut m) = self.latest.lock() {
+            m.insert(
+                snapshot.id,
+                Received {
+                    snapshot,
+                    at: Instant::now(),
+                    addr,
+                },
+            );
+        }
+    }
+
+    /// Where each reporting peer said its cluster port is.
+    pub fn addresses(&self) -> HashMap<NodeId, SocketAddr> {
+        self.latest
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(id, r)| r.addr.map(|a| (*id, a)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Forgets a peer (unpaired).
+    pub fn forget(&self, id: NodeId) {
+        if let Ok(mut m) = self.latest.lock() {
+            m.remove(&id);
+        }
+    }
+
+    /// (report, age) of every peer that reported.
+    pub fn ages(&self) -> Vec<(NodeSnapshot, Duration)> {
+        self.latest
+            .lock()
+            .map(|m| {
+                m.values()
+                    .map(|r| (r.snapshot.clone(), r.at.elapsed()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,80 @@
+//! What a paired peer may post on the cluster port (behind mutual TLS): its
+//! workload report and its finished job records. A node speaks only for
+//! itself; a requester-only client posts neither.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Extension, Json, Query, State};
+use axum::routing::post;
+use http::StatusCode;
+use pair_core::{JobRecord, NodeSnapshot, Role};
+use pair_jobs::JobLog;
+
+use crate::port::PeerIdentity;
+use crate::reports::PeerReports;
+
+pub const REPORT_PATH: &str = "/pair/v1/report";
+pub const JOBS_PATH: &str = "/pair/v1/jobs";
+
+/// Most records taken from one post.
+const JOBS_PER_POST: usize = 1_000;
+
+#[derive(Clone)]
+struct Inbox {
+    reports: Arc<PeerReports>,
+    jobs: Arc<JobLog>,
+}
+
+/// The report and job routes; requests carry [`PeerIdentity`] in their
+/// extensions (the cluster port puts it there after the handshake).
+pub fn router(reports: Arc<PeerReports>, jobs: Arc<JobLog>) -> Router {
+    Router::new()
+        .route(REPORT_PATH, post(report))
+        .route(JOBS_PATH, post(jobs_posted))
+        .with_state(Inbox { reports, jobs })
+}
+
+/// `?port=` names the reporter's cluster port, so a node learns where to
+/// reach a peer that paired with it even without multicast.
+#[derive(serde::Deserialize)]
+struct ReportQuery {
+    port: Option<u16>,
+}
+
+async fn report(
+    State(inbox): State<Inbox>,
+    Extension(peer): Extension<PeerIdentity>,
+    Query(q): Query<ReportQuery>,
+    Json(snapshot): Json<NodeSnapshot>,
+) -> StatusCode {
+    if peer.role != Role::Node || snapshot.id != peer.id {
+        // A node reports only for itself; clients never report.
+        return StatusCode::FORBIDDEN;
+    }
+    let addr = q
+        .port
+        .filter(|p| *p != 0)
+        .map(|p| SocketAddr::new(peer.remote.ip(), p));
+    inbox.reports.accept(snapshot, addr);
+    StatusCode::NO_CONTENT
+}
+
+async fn jobs_posted(
+    State(inbox): State<Inbox>,
+    Extension(peer): Extension<PeerIdentity>,
+    Json(records): Json<Vec<JobRecord>>,
+) -> StatusCode {
+    if peer.role != Role::Node {
+        return StatusCode::FORBIDDEN;
+    }
+    // Peers only speak for jobs they originated.
+    let theirs: Vec<JobRecord> = records
+        .into_iter()
+        .take(JOBS_PER_POST)
+        .filter(|rec| rec.origin == peer.id)
+        .collect();
+    inbox.jobs.merge(theirs);
+    StatusCode::NO_CONTENT
+}
