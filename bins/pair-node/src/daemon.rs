@@ -24,9 +24,8 @@ use pair_jobs::JobLog;
 use pair_proxy::face::{self, Face};
 use pair_proxy::gate::FaceGate;
 use pair_proxy::relay;
-use pair_proxy::state::{
-    DEFAULT_BODY_CAP, LocalEngine, NodeIdentity, ProxyConfig, ProxyState, now_ms,
-};
+use pair_proxy::dispatch::LocalEngine;
+use pair_proxy::state::{DEFAULT_BODY_CAP, NodeIdentity, ProxyConfig, ProxyState, now_ms};
 use pair_scheduler::SchedulerConfig;
 use pair_telemetry::{NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost};
 use tokio::net::TcpListener;

@@ -1,4 +1,6 @@
-//! Reads what routing needs from a request body (the top-level `model`,
+//! A request's body: read whole and capped ([`read_capped`], for the doors
+//! hyper serves; the hand-framed face reads its own), then what routing
+//! needs read from it (the top-level `model`,
 //! whether it streams, how many tokens it may produce) in one pass over
 //! the bytes, without building a tree of the document or decoding what it
 //! does not need: the prompt's strings are skipped eight bytes at a time
@@ -15,8 +17,13 @@
 
 use std::borrow::Cow;
 
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
 use pair_core::{ApiFlavor, RequestProfile};
+use pair_http::conns::ClientDeadlines;
 
+use crate::error::json_error;
 use crate::route::Work;
 
 /// How deep arrays and objects may nest in a body, the body's own object
@@ -48,7 +55,7 @@ pub struct JsonError {
 
 /// The fields read, as they came (`None`: absent or `null`).
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Facts<'a> {
+struct RawFields<'a> {
     model: Option<Cow<'a, str>>,
     stream: Option<bool>,
     max_tokens: Option<u64>,
@@ -130,7 +137,7 @@ impl<'a> Scan<'a> {
     }
 
     /// The whole document: an object, then nothing but whitespace.
-    fn document(&mut self) -> Result<Facts<'a>, BodyError> {
+    fn document(&mut self) -> Result<RawFields<'a>, BodyError> {
         self.ws();
         if self.peek() != Some(b'{') {
             // Valid JSON that is not an object, or not JSON at all.
@@ -138,7 +145,7 @@ impl<'a> Scan<'a> {
             self.end()?;
             return Err(BodyError::NotAnObject);
         }
-        let mut facts = Facts::default();
+        let mut facts = RawFields::default();
         self.object(false, &mut facts)?;
         self.end()?;
         Ok(facts)
@@ -154,7 +161,7 @@ impl<'a> Scan<'a> {
 
     /// An object at the cursor whose read fields go into `facts`; the
     /// others are skipped.
-    fn object(&mut self, nested: bool, facts: &mut Facts<'a>) -> Step<()> {
+    fn object(&mut self, nested: bool, facts: &mut RawFields<'a>) -> Step<()> {
         self.eat(b'{', "expected '{'")?;
         self.ws();
         if self.peek() == Some(b'}') {
@@ -581,6 +588,82 @@ impl RequestFacts {
     }
 }
 
+/// 413 in the face's flavour.
+pub fn too_large(cap: usize, flavor: ApiFlavor) -> Response<Body> {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        flavor,
+        "body_too_large",
+        &format!("request body exceeds the {} MiB limit", cap / (1024 * 1024)),
+        None,
+    )
+}
+
+/// An error answer, made once the caller knows the flavour to give it in.
+pub type ErrorFn = Box<dyn FnOnce(ApiFlavor) -> Response<Body> + Send>;
+
+/// Reads the whole body up to `cap` bytes (kept for replay on failover).
+pub async fn read_capped<B>(
+    body: B,
+    headers: &http::HeaderMap,
+    cap: usize,
+    deadlines: &ClientDeadlines,
+) -> Result<Bytes, ErrorFn>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    let too_big = move |flavor| too_large(cap, flavor);
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(Box::new(too_big));
+    }
+    // As on the hand-framed path: a body must keep arriving, and its
+    // buffer grows with what arrived.
+    let start = tokio::time::Instant::now();
+    let mut body = std::pin::pin!(http_body_util::Limited::new(body, cap));
+    let mut got = bytes::BytesMut::new();
+    loop {
+        let by = deadlines.body_deadline(start, got.len() as u64);
+        let frame =
+            match tokio::time::timeout_at(by, http_body_util::BodyExt::frame(&mut body)).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => return Ok(got.freeze()),
+                Ok(Some(Err(e))) => {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        return Err(Box::new(too_big));
+                    }
+                    return Err(Box::new(move |flavor| {
+                        json_error(
+                            StatusCode::BAD_REQUEST,
+                            flavor,
+                            "body_read_failed",
+                            &format!("could not read the request body: {e}"),
+                            None,
+                        )
+                    }));
+                }
+                Err(_) => {
+                    return Err(Box::new(|flavor| {
+                        json_error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            flavor,
+                            "body_too_slow",
+                            "the request body stopped arriving",
+                            None,
+                        )
+                    }));
+                }
+            };
+        if let Ok(data) = frame.into_data() {
+            got.extend_from_slice(&data);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -779,7 +862,7 @@ mod tests {
         use serde::de::{IgnoredAny, MapAccess, Visitor};
 
         #[derive(Deserialize)]
-        struct Facts<'a> {
+        struct OracleFields<'a> {
             #[serde(borrow, default)]
             model: Option<Cow<'a, str>>,
             #[serde(default)]
@@ -846,7 +929,7 @@ mod tests {
                     Ok(_) => "not-object",
                 });
             }
-            let f: Facts<'_> = serde_json::from_str(text).map_err(|_| "json")?;
+            let f: OracleFields<'_> = serde_json::from_str(text).map_err(|_| "json")?;
             Ok((
                 f.model.map(Cow::into_owned),
                 f.stream,

@@ -10,14 +10,90 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::uri::Authority;
+use http::{HeaderValue, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use pair_cluster::PeerLink;
-use pair_core::{NodeId, RetryAdvice};
+use pair_core::{EngineKind, NodeId, RetryAdvice};
 use pair_http::client::{ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts};
 use pair_http::h1::Headers;
 use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
+
+/// An engine on this machine, behind the node's proxy.
+#[derive(Clone, Debug)]
+pub struct LocalEngine {
+    pub kind: EngineKind,
+    /// e.g. `http://127.0.0.1:11435`.
+    pub base: Uri,
+    /// Asks this engine's poller to re-read its inventory now: signalled
+    /// when the engine answers 404 for a model this node advertised.
+    pub refresh: Option<Arc<tokio::sync::Notify>>,
+    /// `base`'s authority (the pool key) and the `Host` value for it, made
+    /// once here rather than per request.
+    to: Authority,
+    host: HeaderValue,
+}
+
+impl LocalEngine {
+    pub fn new(
+        kind: EngineKind,
+        base: Uri,
+        refresh: Option<Arc<tokio::sync::Notify>>,
+    ) -> Result<Self, DispatchError> {
+        let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
+        let host = pair_http::request::host_value(&to)
+            .map_err(|e| DispatchError::BadRequest { source: e.into() })?;
+        Ok(Self {
+            kind,
+            base,
+            refresh,
+            to,
+            host,
+        })
+    }
+
+    /// The hop that sends a request to this engine: `self` is the running
+    /// loop's copy ([`crate::state::ProxyState::engines`]), so the
+    /// reference count taken is that loop's own.
+    pub(crate) fn hop(self: &Arc<Self>) -> Hop {
+        Hop::Local(Arc::clone(self))
+    }
+
+    /// The engine's address (the pool's key).
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.to
+    }
+
+    /// The `Host` value for it.
+    pub(crate) fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// A copy for one event loop that shares no buffer with this one
+    /// (`Authority` and `HeaderValue` clones share their bytes, and with
+    /// them a reference count every loop would write per request). The
+    /// poller's signal stays shared: it is not cloned per request.
+    pub(crate) fn copy_for_loop(&self) -> Arc<Self> {
+        let copy = |to: &Authority, host: &HeaderValue| {
+            Some((
+                Authority::try_from(to.as_str()).ok()?,
+                HeaderValue::from_bytes(host.as_bytes()).ok()?,
+            ))
+        };
+        let (to, host) = copy(&self.to, &self.host)
+            // Cannot fail (both were valid); a shared copy if it did.
+            .unwrap_or_else(|| (self.to.clone(), self.host.clone()));
+        Arc::new(Self {
+            kind: self.kind,
+            base: self.base.clone(),
+            refresh: self.refresh.clone(),
+            to,
+            host,
+        })
+    }
+}
 
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
@@ -25,7 +101,7 @@ pub enum Hop {
     /// An engine on this machine: the running event loop's copy of it
     /// (its address, e.g. `127.0.0.1:11435`, the `Host` value for it, and
     /// the signal that makes its poller re-read the inventory).
-    Local(Arc<crate::state::LocalEngine>),
+    Local(Arc<LocalEngine>),
     /// A paired peer's cluster port.
     Peer(Box<PeerLink>),
 }
@@ -303,6 +379,34 @@ pub async fn send(
     match tokio::time::timeout(deadline, request(local, hop, head, body)?).await {
         Ok(r) => r.map(Upstream::into_response),
         Err(_) => Err(DispatchError::Deadline(deadline)),
+    }
+}
+
+/// A local engine answered 404 for a model this node advertised: have its
+/// poller re-read the inventory now rather than at the next poll, so the
+/// snapshot stops advertising what is gone.
+pub(crate) fn refresh_inventory(hop: &Hop) {
+    if let Hop::Local(engine) = hop
+        && let Some(r) = &engine.refresh
+    {
+        r.notify_one();
+    }
+}
+
+/// Reads until the first data frame (trailers-only bodies end the same way).
+pub(crate) async fn first_data(body: &mut UpBody) -> Result<Option<Bytes>, &'static str> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(_)) => return Err("body"),
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data()
+                    && !data.is_empty()
+                {
+                    return Ok(Some(data));
+                }
+            }
+        }
     }
 }
 

@@ -13,8 +13,7 @@
 
 use std::net::IpAddr;
 
-/// The routes only this machine's own pages and tools may call.
-pub const CONTROL_PREFIX: &str = "/_pair/";
+use crate::route::CONTROL_PREFIX;
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,24 +1,30 @@
-//! The request path of a pair node.
+//! The request path of a pair node: its doors, and the one pipeline every
+//! request goes through.
 //!
-//! Local apps talk plain HTTP to the node's faces on loopback (Ollama on
-//! 11434, OpenAI / LM Studio on 1234). Each inference request is classified
-//! ([`route`]), its top-level `model` read ([`body`]), the cluster snapshot
-//! ranked by pair-scheduler, and the ordered candidates tried by the
-//! failover executor ([`forward`]): the local engine directly, or a peer over
-//! mutual TLS on its cluster port ([`dispatch`], [`relay`]). Answers stream
-//! through as they arrive ([`stream`]); every request leaves a job record
-//! ([`jobs`]) and metrics ([`metrics`]).
+//! Doors: the local faces ([`face`]: Ollama on 11434, OpenAI / LM Studio on
+//! 1234, plain HTTP for this machine's apps) and the relay ([`relay`]: a
+//! request a paired peer sent here over mTLS). Each reads a request whole
+//! and hands it to [`pipeline::handle`], which reads top to bottom: the
+//! gate ([`gate`]), the route ([`route`]), and for inference the body's
+//! routing fields ([`body`]), the plan and the failover core, the attempts
+//! ([`dispatch`]: the local engine, or a peer's cluster port), the answer
+//! streamed back ([`stream`]) with its receipt ([`receipt`]), and the job
+//! record and metrics ([`job`], [`metrics`]). Listings are merged across
+//! the cluster ([`listing`]); what no route claims goes to the local engine
+//! ([`passthrough`]).
 //!
-//! Only this crate knows HTTP routes.
+//! Only this crate knows inference routes.
 
 pub mod body;
 pub mod dispatch;
 pub mod error;
 pub mod face;
-pub mod forward;
 pub mod gate;
+pub mod job;
 pub mod listing;
 pub mod metrics;
+pub mod passthrough;
+pub mod pipeline;
 pub mod receipt;
 pub mod relay;
 pub mod route;

@@ -1,13 +1,24 @@
 //! Model listings merged across the cluster, de-duplicated, in the engine's
 //! own envelope: `{"models":[...]}` for Ollama, `{"object":"list","data":[...]}`
-//! for OpenAI. The merge is pure; the fan-out lives in the face.
+//! for OpenAI. The merge is pure ([`merge`]); the fan-out to this node's
+//! engines and its peers is below it.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http::{HeaderValue, Method, header};
 use pair_core::{EngineKind, ModelName};
+use pair_http::h1::Headers;
+use pair_http::{Reply, RequestHead};
 use serde_json::{Map, Value};
 
+use crate::dispatch::{self, Hop};
 use crate::route::Listing;
+use crate::state::ProxyState;
 
 /// Merges listing documents (each one engine's or one node's answer) into
 /// one. Unparseable documents are skipped: one broken node must not break
@@ -61,6 +72,83 @@ pub fn engine_answers(kind: Listing, engine: EngineKind) -> bool {
         Listing::OllamaTags | Listing::OllamaPs => engine == EngineKind::Ollama,
         Listing::OpenAiModels => true,
     }
+}
+
+/// This node's own listing documents: one per engine that answers `kind`.
+pub async fn own(st: &ProxyState, kind: Listing) -> Vec<Value> {
+    let engines = st.engines();
+    let calls = engines
+        .iter()
+        .filter(|e| engine_answers(kind, e.kind))
+        .map(|e| {
+            let hop = e.hop();
+            async move { fetch_json(st, &hop, kind).await }
+        });
+    join_all(calls).await.into_iter().flatten().collect()
+}
+
+/// The cluster's listing: this node's and every routable peer's, merged.
+pub async fn cluster(st: &Arc<ProxyState>, kind: Listing) -> Reply {
+    let mut docs = own(st, kind).await;
+    let cluster = st.cluster();
+    let peers = st.peer_links();
+    let remote = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.id != st.node.id && n.liveness.is_routable())
+        .filter_map(|n| peers.get(&n.id).cloned())
+        .map(|link| {
+            let st = Arc::clone(st);
+            async move { fetch_json(&st, &Hop::Peer(Box::new(link)), kind).await }
+        });
+    docs.extend(join_all(remote).await.into_iter().flatten());
+    json_reply(&merge(kind, &docs))
+}
+
+/// This node's own listing, merged (what a peer's fan-out asks for).
+pub async fn node(st: &ProxyState, kind: Listing) -> Reply {
+    json_reply(&merge(kind, &own(st, kind).await))
+}
+
+fn json_reply(doc: &Value) -> Reply {
+    let mut resp = http::Response::new(Body::from(doc.to_string()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.into()
+}
+
+const LISTING_DEADLINE: Duration = Duration::from_secs(3);
+
+async fn fetch_json(st: &ProxyState, hop: &Hop, kind: Listing) -> Option<Value> {
+    use http_body_util::BodyExt;
+    let path = match kind {
+        Listing::OllamaTags => "/api/tags",
+        Listing::OllamaPs => "/api/ps",
+        Listing::OpenAiModels => "/v1/models",
+    };
+    let head = RequestHead {
+        method: Method::GET,
+        path_and_query: http::uri::PathAndQuery::from_static(path),
+        headers: Headers::Map(http::HeaderMap::new()),
+    };
+    let mut timeouts = st.timeouts;
+    timeouts.first_byte = LISTING_DEADLINE;
+    let fut = async {
+        let resp = dispatch::send(st.local_pool(), hop, &head, Bytes::new(), timeouts)
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        serde_json::from_slice(&bytes).ok()
+    };
+    tokio::time::timeout(LISTING_DEADLINE, fut)
+        .await
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]

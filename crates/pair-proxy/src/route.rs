@@ -1,7 +1,39 @@
 //! Route classification: which requests are routed across the cluster, which
-//! are listings merged across it, and which pass through to the local engine.
+//! are listings merged across it, which are the node's own (metrics, the
+//! control API, the Jobs view), and which pass through to the local engine;
+//! and which API each face speaks.
 
-use pair_core::ApiFlavor;
+use pair_core::{ApiFlavor, EngineKind};
+
+/// Which API a face speaks natively (for its own errors and passthrough).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Face {
+    /// Port 11434: the Ollama API, plus the OpenAI routes Ollama serves.
+    Ollama,
+    /// Port 1234: OpenAI / LM Studio.
+    OpenAi,
+}
+
+impl Face {
+    pub fn flavor(self) -> ApiFlavor {
+        match self {
+            Face::Ollama => ApiFlavor::Ollama,
+            Face::OpenAi => ApiFlavor::OpenAi,
+        }
+    }
+
+    /// Engines this face passes unclassified requests to, best first.
+    pub fn passthrough_kinds(self) -> &'static [EngineKind] {
+        match self {
+            Face::Ollama => &[EngineKind::Ollama],
+            Face::OpenAi => &[
+                EngineKind::LmStudio,
+                EngineKind::OpenAiCompat,
+                EngineKind::Ollama,
+            ],
+        }
+    }
+}
 
 /// What kind of work an inference route asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,9 +66,15 @@ pub enum RouteClass {
         route: &'static str,
     },
     Listing(Listing),
+    /// The node's own routes: `/metrics`, the control API (`/_pair/...`)
+    /// and the Jobs view (`/ui`).
+    Node,
     /// Everything else goes to the local engine unchanged.
     Passthrough,
 }
+
+/// The prefix of the node's control API.
+pub const CONTROL_PREFIX: &str = "/_pair/";
 
 /// Every inference route: its static name (the `route` of
 /// [`RouteClass::Inference`]), its API and its kind of work.
@@ -70,15 +108,17 @@ pub fn classify(method: &http::Method, path: &str) -> RouteClass {
         .strip_suffix('/')
         .filter(|p| !p.is_empty())
         .unwrap_or(path);
-    if method == http::Method::POST {
-        return match INFERENCE.iter().find(|(route, ..)| *route == path) {
-            Some(&(route, flavor, work)) => RouteClass::Inference {
-                flavor,
-                work,
-                route,
-            },
-            None => RouteClass::Passthrough,
+    if method == http::Method::POST
+        && let Some(&(route, flavor, work)) = INFERENCE.iter().find(|(route, ..)| *route == path)
+    {
+        return RouteClass::Inference {
+            flavor,
+            work,
+            route,
         };
+    }
+    if path == "/metrics" || path == "/ui" || path.starts_with(CONTROL_PREFIX) {
+        return RouteClass::Node;
     }
     if method == http::Method::GET {
         match path {
@@ -155,5 +195,13 @@ mod tests {
             classify(&Method::DELETE, "/api/delete"),
             RouteClass::Passthrough
         );
+        for (m, p) in [
+            (Method::GET, "/metrics"),
+            (Method::GET, "/ui"),
+            (Method::GET, "/_pair/status"),
+            (Method::POST, "/_pair/invite"),
+        ] {
+            assert_eq!(classify(&m, p), RouteClass::Node, "{m} {p}");
+        }
     }
 }

@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::uri::Authority;
-use http::{HeaderValue, Uri};
-use pair_core::{ClusterSnapshot, EngineKind, JobRecord, NodeId, RequestProfile};
+use pair_core::{ClusterSnapshot, JobRecord, NodeId, RequestProfile};
 use pair_scheduler::{
     Candidate, Policy, Ranking, ReservationId, Reservations, Scheduler, SchedulerConfig,
 };
@@ -16,7 +14,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
 
-use crate::dispatch::{DispatchError, Hop};
+use crate::dispatch::LocalEngine;
 use crate::gate::FaceGate;
 use crate::metrics::Metrics;
 use pair_cluster::{LocalLoad, PeerLink, Peers};
@@ -32,80 +30,6 @@ use pair_jobs::JobLog;
 pub const DEFAULT_BODY_CAP: usize = 32 * 1024 * 1024;
 /// Dispatches per request, including the one that answers.
 pub const MAX_ATTEMPTS: usize = 5;
-
-/// An engine on this machine, behind the node's proxy.
-#[derive(Clone, Debug)]
-pub struct LocalEngine {
-    pub kind: EngineKind,
-    /// e.g. `http://127.0.0.1:11435`.
-    pub base: Uri,
-    /// Asks this engine's poller to re-read its inventory now: signalled
-    /// when the engine answers 404 for a model this node advertised.
-    pub refresh: Option<Arc<tokio::sync::Notify>>,
-    /// `base`'s authority (the pool key) and the `Host` value for it, made
-    /// once here rather than per request.
-    to: Authority,
-    host: HeaderValue,
-}
-
-impl LocalEngine {
-    pub fn new(
-        kind: EngineKind,
-        base: Uri,
-        refresh: Option<Arc<tokio::sync::Notify>>,
-    ) -> Result<Self, DispatchError> {
-        let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
-        let host = pair_http::request::host_value(&to)
-            .map_err(|e| DispatchError::BadRequest { source: e.into() })?;
-        Ok(Self {
-            kind,
-            base,
-            refresh,
-            to,
-            host,
-        })
-    }
-
-    /// The hop that sends a request to this engine: `self` is the running
-    /// loop's copy ([`ProxyState::engines`]), so the reference count taken
-    /// is that loop's own.
-    pub(crate) fn hop(self: &Arc<Self>) -> Hop {
-        Hop::Local(Arc::clone(self))
-    }
-
-    /// The engine's address (the pool's key).
-    pub(crate) fn authority(&self) -> &Authority {
-        &self.to
-    }
-
-    /// The `Host` value for it.
-    pub(crate) fn host(&self) -> &HeaderValue {
-        &self.host
-    }
-
-    /// A copy for one event loop that shares no buffer with this one
-    /// (`Authority` and `HeaderValue` clones share their bytes, and with
-    /// them a reference count every loop would write per request). The
-    /// poller's signal stays shared: it is not cloned per request.
-    fn copy_for_loop(&self) -> Arc<Self> {
-        let copy = |to: &Authority, host: &HeaderValue| {
-            Some((
-                Authority::try_from(to.as_str()).ok()?,
-                HeaderValue::from_bytes(host.as_bytes()).ok()?,
-            ))
-        };
-        let (to, host) = copy(&self.to, &self.host)
-            // Cannot fail (both were valid); a shared copy if it did.
-            .unwrap_or_else(|| (self.to.clone(), self.host.clone()));
-        Arc::new(Self {
-            kind: self.kind,
-            base: self.base.clone(),
-            refresh: self.refresh.clone(),
-            to,
-            host,
-        })
-    }
-}
 
 /// Static facts about this node, fixed at start-up.
 #[derive(Clone, Debug)]
@@ -548,9 +472,9 @@ pub(crate) mod tests {
     async fn each_loop_has_its_own_engine_copies() {
         let loops = EventLoops::start(2).unwrap();
         let st = state(Arc::clone(&loops), Arc::new(JobLog::in_memory()));
-        let base: Uri = "http://127.0.0.1:11435".parse().unwrap();
+        let base: http::Uri = "http://127.0.0.1:11435".parse().unwrap();
         st.set_engines(vec![
-            LocalEngine::new(EngineKind::Ollama, base, None).unwrap(),
+            LocalEngine::new(pair_core::EngineKind::Ollama, base, None).unwrap(),
         ]);
         let on = |i: usize| {
             let st = Arc::clone(&st);

@@ -67,7 +67,7 @@ pub fn stream_error_event(framing: Framing, flavor: ApiFlavor, message: &str) ->
     Some(Bytes::from(text))
 }
 
-/// How a relayed answer ended.
+/// How an answer ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
     Completed,
@@ -86,8 +86,8 @@ pub trait Watcher: Send + 'static {
     fn finish(&mut self, ending: Ending, events: u32);
 }
 
-/// Passes an upstream body through to the client.
-pub struct Relay<W: Watcher> {
+/// The body handed to the client: an upstream body passed through.
+pub struct AnswerBody<W: Watcher> {
     first: Option<Bytes>,
     inner: UpBody,
     framing: Framing,
@@ -98,16 +98,16 @@ pub struct Relay<W: Watcher> {
     ending: Option<Ending>,
 }
 
-impl<W: Watcher> std::fmt::Debug for Relay<W> {
+impl<W: Watcher> std::fmt::Debug for AnswerBody<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Relay")
+        f.debug_struct("AnswerBody")
             .field("framing", &self.framing)
             .field("events", &self.events)
             .finish_non_exhaustive()
     }
 }
 
-impl<W: Watcher> Relay<W> {
+impl<W: Watcher> AnswerBody<W> {
     /// `first` is the first data frame, already read to commit the attempt.
     pub fn new(
         first: Option<Bytes>,
@@ -146,7 +146,7 @@ impl<W: Watcher> Relay<W> {
     }
 }
 
-impl<W: Watcher> Drop for Relay<W> {
+impl<W: Watcher> Drop for AnswerBody<W> {
     fn drop(&mut self) {
         if self.ending.is_none() {
             // A server stops polling once Content-Length bytes are out, so
@@ -161,7 +161,7 @@ impl<W: Watcher> Drop for Relay<W> {
     }
 }
 
-impl<W: Watcher + Unpin> Body for Relay<W> {
+impl<W: Watcher + Unpin> Body for AnswerBody<W> {
     type Data = Bytes;
     type Error = UpBodyError;
 

@@ -1,41 +1,220 @@
-//! The failover executor: walks the scheduler's ordered candidates and
-//! commits to the first that starts answering.
+//! The one request pipeline. Every door (a face's hand-framed connection
+//! loop, a connection hyper serves, a request a peer relayed here) reads a
+//! request whole into a [`Request`] and calls [`handle`]; from there a
+//! request reads top to bottom:
 //!
-//! Rules (see ARCHITECTURE.md): a transport error, refused connection,
-//! first-byte deadline, 404 from an advertised owner, 408, 429 or 5xx moves
-//! to the next candidate, but only before the first response body byte. 400,
-//! 422 and other 4xx go back as they are, never retried. At most
-//! [`MAX_ATTEMPTS`] dispatches. Once a byte has reached the client there is
-//! no resend: a failure ends the stream with an error event.
+//! 1. The gate (faces only): `Host` and `Origin` ([`crate::gate`]).
+//! 2. The route ([`crate::route`]): inference, a listing, the node's own
+//!    routes, or passthrough to the local engine.
+//! 3. Inference ([`execute`]): the body's routing fields
+//!    ([`crate::body`]) make a profile; the plan gives the candidates (the
+//!    scheduler's ranking of the cluster, or this node alone for a relayed
+//!    request); the failover core ([`pair_scheduler::Failover`]) says where
+//!    each attempt goes and when to stop, and this shell only performs the
+//!    attempts ([`crate::dispatch`]): a first-byte deadline per attempt, a
+//!    2xx committed at its first body byte, nothing resent after it.
+//! 4. The answer streams back as it arrives ([`crate::stream`]) with its
+//!    route receipt ([`crate::receipt`]); when it ends, the job record and
+//!    the metrics ([`crate::job`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
+use axum::Router;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderName, StatusCode};
-use http_body_util::BodyExt;
+use http::uri::PathAndQuery;
+use http::{HeaderName, Method, StatusCode, header};
+use pair_cluster::PeerIdentity;
 use pair_core::{
-    ApiFlavor, ClusterSnapshot, JobId, JobRecord, JobStatus, NodeId, RequestProfile, RetryAdvice,
-    SessionKey,
+    ApiFlavor, ClusterSnapshot, JobId, JobStatus, NodeId, RequestProfile, RetryAdvice, SessionKey,
 };
-use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, ReservationId, Step};
+use pair_http::h1::Headers;
+use pair_http::{Extra, Reply, RequestHead};
+use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, Step};
 use serde_json::json;
 use smallvec::SmallVec;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, RequestFacts};
-use crate::dispatch::{self, DispatchError, Hop};
+use crate::dispatch::{self, DispatchError, Hop, LocalEngine, first_data, refresh_inventory};
 use crate::error::json_error;
-use crate::metrics::{FailoverLabels, RouteSlot};
+use crate::job::{JobWatcher, millis, new_record};
+use crate::listing;
+use crate::metrics::FailoverLabels;
+use crate::passthrough;
 use crate::receipt::{self, Receipt};
-use crate::route::Work;
-use crate::state::{LocalEngine, MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
-use crate::stream::{Ending, Framing, Relay, Watcher};
-use pair_cluster::LoadGuard;
-use pair_http::RequestHead;
-use pair_http::{Extra, Reply};
+use crate::route::{self, Face, RouteClass, Work};
+use crate::state::{MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
+use crate::stream::{AnswerBody, Framing};
+
+/// A request at any door, read whole (the body is kept for replay).
+#[derive(Debug)]
+pub struct Request {
+    pub method: Method,
+    /// The target in origin form (`/path?query`).
+    pub target: PathAndQuery,
+    /// As they came off the wire, or as a map (a header map is built only
+    /// where one is needed).
+    pub headers: Headers,
+    pub body: Bytes,
+    /// When its last byte was read: its time to first byte and duration
+    /// count from here.
+    pub received: Instant,
+}
+
+/// Where a request came in.
+#[derive(Clone, Copy, Debug)]
+pub enum Door<'a> {
+    /// A local face; `app` serves the node's own routes (metrics, the
+    /// control API, the Jobs view).
+    Face { face: Face, app: Option<&'a Router> },
+    /// A paired peer relayed it over mTLS: it runs here and nowhere else.
+    Peer(PeerIdentity),
+}
+
+/// Serves one request. `deadline` is the connection's timer for each
+/// attempt's first-byte deadline (a face lends its own, so a request moves
+/// an armed timer forward instead of putting one into the timer wheel).
+pub async fn handle(
+    st: &Arc<ProxyState>,
+    door: Door<'_>,
+    req: Request,
+    deadline: Pin<&mut Sleep>,
+) -> Reply {
+    let path = req.target.path();
+    if let Door::Face { face, .. } = door
+        && let Some(refused) = refused(st, face, &req)
+    {
+        return refused;
+    }
+    let class = route::classify(&req.method, path);
+    match (class, door) {
+        (
+            RouteClass::Inference {
+                flavor,
+                work,
+                route,
+            },
+            door,
+        ) => {
+            let plan = match door {
+                Door::Face { .. } => Plan::Cluster,
+                Door::Peer(peer) => {
+                    tracing::debug!(peer = %peer.id, route, "running a relayed request");
+                    Plan::ThisNode
+                }
+            };
+            let inference = Inference {
+                head: RequestHead {
+                    method: req.method,
+                    path_and_query: req.target,
+                    headers: req.headers,
+                },
+                body: req.body,
+                flavor,
+                work,
+                route,
+                received: req.received,
+            };
+            execute(st, inference, plan, deadline).await
+        }
+        (RouteClass::Listing(kind), Door::Face { .. }) => listing::cluster(st, kind).await,
+        (RouteClass::Listing(kind), Door::Peer(_)) => listing::node(st, kind).await,
+        (
+            RouteClass::Node,
+            Door::Face {
+                app: Some(app),
+                face,
+            },
+        ) => node_route(app, face, req).await,
+        (RouteClass::Passthrough, Door::Face { face, .. }) => {
+            let head = RequestHead {
+                method: req.method,
+                path_and_query: req.target,
+                headers: req.headers,
+            };
+            passthrough::to_engine(st, face, head, req.body).await
+        }
+        (RouteClass::Node | RouteClass::Passthrough, door) => {
+            let (flavor, why) = match door {
+                Door::Face { face, .. } => (face.flavor(), "this route is not served here"),
+                Door::Peer(_) => (
+                    ApiFlavor::OpenAi,
+                    "only inference and listing routes can be relayed between nodes",
+                ),
+            };
+            let (status, code) = match door {
+                Door::Face { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                Door::Peer(_) => (StatusCode::FORBIDDEN, "not_relayable"),
+            };
+            json_error(status, flavor, code, why, None).into()
+        }
+    }
+}
+
+/// The 403 for a request the node's [`crate::gate::FaceGate`] refuses (a
+/// `Host` that is not this machine, a foreign `Origin` on a control route),
+/// in the flavour of the API it called.
+#[cold]
+#[inline(never)]
+fn refused(st: &ProxyState, face: Face, req: &Request) -> Option<Reply> {
+    let host = req.headers.get(&header::HOST);
+    let origin = req.headers.get(&header::ORIGIN);
+    let path = req.target.path();
+    let refusal = st.gate.check(path, host, origin).err()?;
+    let flavor = match route::classify(&req.method, path) {
+        RouteClass::Inference { flavor, .. } => flavor,
+        _ => face.flavor(),
+    };
+    tracing::info!(
+        ?refusal,
+        path,
+        host = %String::from_utf8_lossy(host.unwrap_or_default()),
+        origin = %String::from_utf8_lossy(origin.unwrap_or_default()),
+        "refused a request on a local face"
+    );
+    Some(
+        json_error(
+            StatusCode::FORBIDDEN,
+            flavor,
+            "forbidden",
+            refusal.message(),
+            None,
+        )
+        .into(),
+    )
+}
+
+/// The node's own routes (metrics, control API, Jobs view): the face's
+/// router, with a header map.
+async fn node_route(app: &Router, face: Face, req: Request) -> Reply {
+    let headers = match req.headers {
+        Headers::Map(m) => m,
+        Headers::Raw(f) => match f.to_map(0) {
+            Ok(h) => h,
+            Err(e) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    face.flavor(),
+                    "invalid_request",
+                    &e.to_string(),
+                    None,
+                )
+                .into();
+            }
+        },
+    };
+    let mut http_req = http::Request::new(Body::from(req.body));
+    *http_req.method_mut() = req.method;
+    *http_req.uri_mut() = http::Uri::from(req.target);
+    *http_req.headers_mut() = headers;
+    use tower::ServiceExt;
+    match app.clone().oneshot(http_req).await {
+        Ok(resp) => resp.into(),
+        Err(never) => match never {},
+    }
+}
 
 /// Asks for a particular node (UUID or name); it goes first if eligible.
 pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
@@ -53,7 +232,7 @@ pub struct Attempt {
     pub outcome: String,
 }
 
-/// What the client asked, as the executor needs it.
+/// An inference request, as the executor needs it.
 #[derive(Debug)]
 pub struct Inference {
     pub head: RequestHead,
@@ -66,19 +245,12 @@ pub struct Inference {
     pub received: Instant,
 }
 
-/// The node state as a request's answer holds it until it ends: an `Arc`
-/// of one connection's own (or one request's), so taking and dropping one
-/// per request writes a reference count only that connection's loop
-/// writes, not the node state's own, which every loop would write twice
-/// per request (a cache line moving between their cores each time).
-pub type StateRef = Arc<Arc<ProxyState>>;
-
 /// Routes one inference request through the cluster. `deadline` is the
 /// timer each attempt's first-byte deadline is set on: a face connection
 /// lends its own, so a request moves an armed timer forward instead of
 /// putting one into tokio's timer wheel and taking it out again.
 pub async fn execute(
-    st: &StateRef,
+    st: &Arc<ProxyState>,
     req: Inference,
     plan: Plan,
     mut deadline: Pin<&mut Sleep>,
@@ -246,7 +418,9 @@ pub async fn execute(
             status,
             headers: up.headers,
             extra: Extra::new(),
-            body: Body::new(Relay::new(first, up.body, framing, req.flavor, watcher)),
+            body: Body::new(AnswerBody::new(
+                first, up.body, framing, req.flavor, watcher,
+            )),
         };
     }
     // This node's own name is at hand; a peer's is copied out of the
@@ -255,7 +429,14 @@ pub async fn execute(
     st.bind_session(&profile, node);
     let ttft = t0.elapsed();
     // The profile's last use: its model moves into the record.
-    let mut record = new_record(job, &req, &mut profile, st.node.id, created_at_ms);
+    let mut record = new_record(
+        job,
+        req.flavor,
+        req.route,
+        &mut profile,
+        st.node.id,
+        created_at_ms,
+    );
     record.ran_on = Some(node);
     record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
     record.http_status = Some(status.as_u16());
@@ -279,7 +460,7 @@ pub async fn execute(
         guard,
         reservation: reservation.and_then(|r| r.keep()),
     };
-    let relay = Relay::new(first, up.body, framing, req.flavor, watcher);
+    let relay = AnswerBody::new(first, up.body, framing, req.flavor, watcher);
     let node_receipt = match &peer_name {
         None => st.receipt_self(),
         Some(name) => crate::state::node_receipt(name, node),
@@ -388,7 +569,14 @@ fn gave_up(
     let model = profile.model.clone();
     if plan == Plan::Cluster {
         st.metrics.count_request(req.route, status.as_u16(), "none");
-        let mut record = new_record(job, req, profile, st.node.id, created_at_ms);
+        let mut record = new_record(
+            job,
+            req.flavor,
+            req.route,
+            profile,
+            st.node.id,
+            created_at_ms,
+        );
         record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
         record.status = JobStatus::Failed;
         record.http_status = Some(status.as_u16());
@@ -461,35 +649,6 @@ fn note_failed(st: &ProxyState, failover: &Failover) {
     }
 }
 
-/// A job record with what is known before any attempt; the profile's
-/// model moves into it (the profile is not read after).
-fn new_record(
-    id: JobId,
-    req: &Inference,
-    profile: &mut RequestProfile,
-    origin: NodeId,
-    created_at_ms: u64,
-) -> JobRecord {
-    JobRecord {
-        id,
-        model: std::mem::take(&mut profile.model),
-        flavor: req.flavor,
-        route: req.route.into(),
-        streaming: profile.streaming,
-        origin,
-        ran_on: None,
-        attempts: 0,
-        status: JobStatus::Running,
-        http_status: None,
-        created_at_ms,
-        ttft_ms: None,
-        duration_ms: None,
-        prompt_tokens: Some(profile.prompt_tokens),
-        output_tokens: None,
-        error: None,
-    }
-}
-
 fn profile_for(facts: RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
@@ -546,134 +705,11 @@ pub(crate) fn hop_for(
         .ok_or(DispatchError::NoLink(node))
 }
 
-/// A local engine answered 404 for a model this node advertised: have its
-/// poller re-read the inventory now rather than at the next poll, so the
-/// snapshot stops advertising what is gone.
-pub(crate) fn refresh_inventory(hop: &Hop) {
-    if let Hop::Local(engine) = hop
-        && let Some(r) = &engine.refresh
-    {
-        r.notify_one();
-    }
-}
-
-/// Reads until the first data frame (trailers-only bodies end the same way).
-pub(crate) async fn first_data(body: &mut dispatch::UpBody) -> Result<Option<Bytes>, &'static str> {
-    loop {
-        match body.frame().await {
-            None => return Ok(None),
-            Some(Err(_)) => return Err("body"),
-            Some(Ok(f)) => {
-                if let Ok(data) = f.into_data()
-                    && !data.is_empty()
-                {
-                    return Ok(Some(data));
-                }
-            }
-        }
-    }
-}
-
 /// A node's name from the snapshot (its short id if it has left).
 fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
     cluster
         .node(node)
         .map_or_else(|| node.short(), |n| n.name.clone())
-}
-
-fn millis(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
-}
-
-/// Finishes the job record when the answer ends, however it ends.
-struct JobWatcher {
-    st: StateRef,
-    /// Taken by `finish` (called once).
-    record: Option<JobRecord>,
-    route: &'static str,
-    /// The route's histograms.
-    slot: Option<RouteSlot>,
-    t0: Instant,
-    /// The serving node's name when it is a peer (`None`: this node).
-    peer_name: Option<String>,
-    guard: Option<LoadGuard>,
-    /// Held until the answer's end: the scheduler counts this request on
-    /// its node until then (released by `finish`, or on drop).
-    reservation: Option<ReservationId>,
-}
-
-impl JobWatcher {
-    /// A watcher that only keeps a relayed request counted in this node's
-    /// workload while it streams (its origin keeps the record).
-    fn load_only(st: &StateRef, guard: Option<LoadGuard>) -> Self {
-        Self {
-            st: Arc::clone(st),
-            record: None,
-            route: "",
-            slot: None,
-            t0: Instant::now(),
-            peer_name: None,
-            guard,
-            reservation: None,
-        }
-    }
-
-    fn release(&mut self) {
-        if let Some(id) = self.reservation.take() {
-            self.st.release(id);
-        }
-    }
-}
-
-impl Drop for JobWatcher {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-impl Watcher for JobWatcher {
-    fn progress(&mut self, events: u32) {
-        if let Some(g) = self.guard.as_mut() {
-            g.progress(events);
-        }
-    }
-
-    fn finish(&mut self, ending: Ending, events: u32) {
-        let elapsed = self.t0.elapsed();
-        let Some(mut rec) = self.record.take() else {
-            self.guard.take();
-            return;
-        };
-        rec.duration_ms = Some(millis(elapsed));
-        rec.output_tokens = (events > 0).then_some(events);
-        let ok = rec.http_status.is_some_and(|s| s < 400);
-        rec.status = match ending {
-            Ending::Completed if ok => JobStatus::Completed,
-            Ending::Completed => JobStatus::Failed,
-            Ending::Failed { .. } => JobStatus::Failed,
-            Ending::Cancelled => JobStatus::Cancelled,
-        };
-        rec.error = match ending {
-            Ending::Failed { class } => Some(class.into()),
-            Ending::Cancelled => Some("client went away".into()),
-            Ending::Completed if !ok => rec
-                .http_status
-                .map(|s| format!("engine answered {s}").into()),
-            Ending::Completed => None,
-        };
-        let node_name = self.peer_name.as_deref().unwrap_or(&self.st.node.name);
-        self.st
-            .metrics
-            .count_request(self.route, rec.http_status.unwrap_or(0), node_name);
-        if let Some(slot) = self.slot {
-            let m = self.st.metrics.route_at(slot);
-            m.duration.observe(elapsed.as_secs_f64());
-            m.attempts.observe(f64::from(rec.attempts));
-        }
-        self.guard.take();
-        self.release();
-        self.st.finish_job(rec);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! A routed request's job record (never prompt or output text): made when
+//! the request is committed, finished when its answer ends however it
+//! ends (completed, failed mid-stream, the client gone), and put in the job
+//! log with the route's metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pair_cluster::LoadGuard;
+use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
+use pair_scheduler::ReservationId;
+use tokio::time::Instant;
+
+use crate::metrics::RouteSlot;
+use crate::state::ProxyState;
+use crate::stream::{Ending, Watcher};
+
+pub(crate) fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// A job record with what is known before any attempt; the profile's
+/// model moves into it (the profile is not read after).
+pub(crate) fn new_record(
+    id: JobId,
+    flavor: ApiFlavor,
+    route: &'static str,
+    profile: &mut RequestProfile,
+    origin: NodeId,
+    created_at_ms: u64,
+) -> JobRecord {
+    JobRecord {
+        id,
+        model: std::mem::take(&mut profile.model),
+        flavor,
+        route: route.into(),
+        streaming: profile.streaming,
+        origin,
+        ran_on: None,
+        attempts: 0,
+        status: JobStatus::Running,
+        http_status: None,
+        created_at_ms,
+        ttft_ms: None,
+        duration_ms: None,
+        prompt_tokens: Some(profile.prompt_tokens),
+        output_tokens: None,
+        error: None,
+    }
+}
+
+/// Finishes the job record when the answer ends, however it ends.
+pub(crate) struct JobWatcher {
+    pub(crate) st: Arc<ProxyState>,
+    /// Taken by `finish` (called once).
+    pub(crate) record: Option<JobRecord>,
+    pub(crate) route: &'static str,
+    /// The route's histograms.
+    pub(crate) slot: Option<RouteSlot>,
+    pub(crate) t0: Instant,
+    /// The serving node's name when it is a peer (`None`: this node).
+    pub(crate) peer_name: Option<String>,
+    pub(crate) guard: Option<LoadGuard>,
+    /// Held until the answer's end: the scheduler counts this request on
+    /// its node until then (released by `finish`, or on drop).
+    pub(crate) reservation: Option<ReservationId>,
+}
+
+impl JobWatcher {
+    /// A watcher that only keeps a relayed request counted in this node's
+    /// workload while it streams (its origin keeps the record).
+    pub(crate) fn load_only(st: &Arc<ProxyState>, guard: Option<LoadGuard>) -> Self {
+        Self {
+            st: Arc::clone(st),
+            record: None,
+            route: "",
+            slot: None,
+            t0: Instant::now(),
+            peer_name: None,
+            guard,
+            reservation: None,
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(id) = self.reservation.take() {
+            self.st.release(id);
+        }
+    }
+}
+
+impl Drop for JobWatcher {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Watcher for JobWatcher {
+    fn progress(&mut self, events: u32) {
+        if let Some(g) = self.guard.as_mut() {
+            g.progress(events);
+        }
+    }
+
+    fn finish(&mut self, ending: Ending, events: u32) {
+        let elapsed = self.t0.elapsed();
+        let Some(mut rec) = self.record.take() else {
+            self.guard.take();
+            return;
+        };
+        rec.duration_ms = Some(millis(elapsed));
+        rec.output_tokens = (events > 0).then_some(events);
+        let ok = rec.http_status.is_some_and(|s| s < 400);
+        rec.status = match ending {
+            Ending::Completed if ok => JobStatus::Completed,
+            Ending::Completed => JobStatus::Failed,
+            Ending::Failed { .. } => JobStatus::Failed,
+            Ending::Cancelled => JobStatus::Cancelled,
+        };
+        rec.error = match ending {
+            Ending::Failed { class } => Some(class.into()),
+            Ending::Cancelled => Some("client went away".into()),
+            Ending::Completed if !ok => rec
+                .http_status
+                .map(|s| format!("engine answered {s}").into()),
+            Ending::Completed => None,
+        };
+        let node_name = self.peer_name.as_deref().unwrap_or(&self.st.node.name);
+        self.st
+            .metrics
+            .count_request(self.route, rec.http_status.unwrap_or(0), node_name);
+        if let Some(slot) = self.slot {
+            let m = self.st.metrics.route_at(slot);
+            m.duration.observe(elapsed.as_secs_f64());
+            m.attempts.observe(f64::from(rec.attempts));
+        }
+        self.guard.take();
+        self.release();
+        self.st.finish_job(rec);
+    }
+}
