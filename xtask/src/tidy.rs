@@ -1,5 +1,8 @@
-//! Repository invariants that no compiler checks: the pure crates stay pure,
-//! and every Rust source file says what it is for.
+//! Repository invariants that no compiler checks: the pure crates stay
+//! pure, the layers point down (no library on a binary, the emulator off the
+//! proxy, inference routes known only by the request path), no two files of
+//! a crate import each other in a circle, nothing outside `docs/` points
+//! outside the repository, and every Rust source file says what it is for.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -38,6 +41,10 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             problems.push(format!("{krate} reaches {bad} in its dependency tree"));
         }
     }
+    problems.extend(layering(&graph)?);
+    problems.extend(routes_below_the_proxy(root, &graph)?);
+    problems.extend(module_cycles(root)?);
+    problems.extend(outside_links(root)?);
     problems.extend(missing_headers(root)?);
     if problems.is_empty() {
         eprintln!("xtask tidy: ok");
@@ -135,6 +142,322 @@ pub(crate) fn reachable_any(
     Ok(bad)
 }
 
+/// The binaries (`bins/*`): no library may depend on one.
+const BINARIES: &[&str] = &["pair-node", "pair-sim", "pair-client"];
+/// Dependencies point down: no library reaches a binary, and the emulator
+/// (an engine) never reaches the proxy (the request path).
+pub(crate) fn layering(graph: &HashMap<String, Vec<String>>) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for krate in graph.keys().filter(|k| k.starts_with("pair-")) {
+        if BINARIES.contains(&krate.as_str()) || krate == "pair-tests" || krate == "pair-fuzz" {
+            continue;
+        }
+        let mut bad = reachable_any(graph, krate, BINARIES)?;
+        bad.remove(krate);
+        for b in bad {
+            problems.push(format!("library {krate} depends on binary {b}"));
+        }
+    }
+    if graph.contains_key("pair-emulator") {
+        for b in reachable_any(graph, "pair-emulator", &["pair-proxy"])? {
+            problems.push(format!("pair-emulator reaches {b}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// The inference routes, as pair-proxy's route table lists them.
+fn inference_routes(root: &Path) -> Result<Vec<String>> {
+    let path = root.join("crates/pair-proxy/src/route.rs");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let start = text
+        .find("const INFERENCE:")
+        .context("route.rs has no INFERENCE table")?;
+    let table = &text[start..];
+    let end = table.find("];").context("INFERENCE table not closed")?;
+    let routes: Vec<String> = table[..end]
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("(\"")?;
+            Some(rest[..rest.find('"')?].to_owned())
+        })
+        .collect();
+    if routes.is_empty() {
+        bail!("no routes found in pair-proxy's INFERENCE table");
+    }
+    Ok(routes)
+}
+
+/// Only the request path knows which routes are inference: no workspace
+/// crate below pair-proxy names one outside its tests.
+fn routes_below_the_proxy(
+    root: &Path,
+    graph: &HashMap<String, Vec<String>>,
+) -> Result<Vec<String>> {
+    let routes = inference_routes(root)?;
+    let mut below = BTreeSet::new();
+    let mut stack = vec!["pair-proxy".to_owned()];
+    while let Some(n) = stack.pop() {
+        for d in graph.get(&n).into_iter().flatten() {
+            if d.starts_with("pair-") && below.insert(d.clone()) {
+                stack.push(d.clone());
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for krate in below {
+        let src = root.join("crates").join(&krate).join("src");
+        walk(&src, &mut |path| {
+            if path.extension().is_some_and(|e| e == "rs") {
+                let code = non_test_code(&std::fs::read_to_string(path)?);
+                for r in &routes {
+                    if code.contains(&format!("\"{r}\"")) {
+                        problems.push(format!(
+                            "{} (below pair-proxy) names the inference route {r}",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(problems)
+}
+
+/// A file's code without its test module and comment lines.
+fn non_test_code(text: &str) -> String {
+    let code = text.find("#[cfg(test)]").map_or(text, |i| &text[..i]);
+    code.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Files of one crate that import each other in a circle (each crate under
+/// crates/ and bins/).
+fn module_cycles(root: &Path) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for top in ["crates", "bins"] {
+        let Ok(entries) = std::fs::read_dir(root.join(top)) else {
+            continue;
+        };
+        for entry in entries {
+            let src = entry?.path().join("src");
+            if !src.is_dir() {
+                continue;
+            }
+            for cycle in cycles_in(&src)? {
+                problems.push(format!(
+                    "{}: files import each other in a circle: {}",
+                    src.display(),
+                    cycle.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// The module path of each source file under `src` (`a/b.rs` and
+/// `a/b/mod.rs` are `a::b`; `lib.rs` and `main.rs` the root).
+fn module_files(src: &Path) -> Result<HashMap<Vec<String>, std::path::PathBuf>> {
+    let mut files = HashMap::new();
+    walk(src, &mut |path| {
+        if path.extension().is_some_and(|e| e == "rs") {
+            let rel = path.strip_prefix(src)?.with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if parts.last().is_some_and(|p| p == "mod") {
+                parts.pop();
+            }
+            if parts == ["lib"] || parts == ["main"] {
+                parts.clear();
+            }
+            files.insert(parts, path.to_path_buf());
+        }
+        Ok(())
+    })?;
+    Ok(files)
+}
+
+/// The module paths a piece of code names through `crate::`, `super::` and
+/// `self::` (with `{a, b::c}` groups), relative to `module`.
+pub(crate) fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let bytes = code.as_bytes();
+    let mut out = Vec::new();
+    for (kw, base) in [
+        ("crate::", Vec::new()),
+        ("super::", module[..module.len().saturating_sub(1)].to_vec()),
+        ("self::", module.to_vec()),
+    ] {
+        let mut at = 0;
+        while let Some(i) = code[at..].find(kw) {
+            let start = at + i;
+            at = start + kw.len();
+            if start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_') {
+                continue;
+            }
+            let rest = &code[at..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for item in group[..end].split(',') {
+                    let path = path_segments(item.trim());
+                    if !path.is_empty() {
+                        out.push([base.clone(), path].concat());
+                    }
+                }
+            } else {
+                let path = path_segments(rest);
+                if !path.is_empty() {
+                    out.push([base.clone(), path].concat());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `a::b::C` at the start of `text` as its segments.
+fn path_segments(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    loop {
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            break;
+        }
+        out.push(rest[..end].to_owned());
+        match rest[end..].strip_prefix("::") {
+            Some(r) if r.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') => rest = r,
+            _ => break,
+        }
+    }
+    out
+}
+
+/// The groups of files under `src` that reach each other through their
+/// imports (each group sorted, each listed once).
+fn cycles_in(src: &Path) -> Result<Vec<Vec<String>>> {
+    let files = module_files(src)?;
+    let mut edges: HashMap<&Vec<String>, BTreeSet<&Vec<String>>> = HashMap::new();
+    for (module, path) in &files {
+        let code = non_test_code(&std::fs::read_to_string(path)?);
+        let targets = edges.entry(module).or_default();
+        for named in named_paths(&code, module) {
+            let target = (1..=named.len())
+                .rev()
+                .find_map(|n| files.get_key_value(&named[..n]).map(|(k, _)| k));
+            if let Some(t) = target
+                && t != module
+                && !t.is_empty()
+            {
+                targets.insert(t);
+            }
+        }
+    }
+    let reach = |from: &Vec<String>| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from];
+        while let Some(n) = stack.pop() {
+            for t in edges.get(n).into_iter().flatten() {
+                if seen.insert(*t) {
+                    stack.push(t);
+                }
+            }
+        }
+        seen
+    };
+    let reaches: HashMap<&Vec<String>, BTreeSet<&Vec<String>>> =
+        files.keys().map(|m| (m, reach(m))).collect();
+    let mut groups = BTreeSet::new();
+    for (m, r) in &reaches {
+        if !r.contains(m) {
+            continue;
+        }
+        let group: Vec<String> = r
+            .iter()
+            .filter(|o| reaches.get(*o).is_some_and(|back| back.contains(m)))
+            .map(|o| {
+                if o.is_empty() {
+                    "(root)".to_owned()
+                } else {
+                    o.join("::")
+                }
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        groups.insert(group);
+    }
+    Ok(groups.into_iter().collect())
+}
+
+/// No file outside `docs/` points outside the repository (at the shared
+/// material a session reads, or at a path on one machine).
+fn outside_links(root: &Path) -> Result<Vec<String>> {
+    // Spelt in pieces so this file does not name what it looks for.
+    const OUTSIDE: &[&str] = &[
+        concat!("../", "shared/"),
+        concat!("shared", "/reference/"),
+        concat!("shared", "/design.md"),
+        concat!("shared", "/style.md"),
+        concat!("/wo", "rk/"),
+    ];
+    let mut problems = Vec::new();
+    for top in [
+        "crates",
+        "bins",
+        "xtask",
+        "tests",
+        "scripts",
+        "fuzz",
+        "scenarios",
+        ".ci",
+    ] {
+        walk(&root.join(top), &mut |path| {
+            let text_file = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| ["rs", "md", "sh", "toml", "py", "lua"].contains(&e))
+                || path.file_name().is_some_and(|n| n == "run");
+            if text_file && let Ok(text) = std::fs::read_to_string(path) {
+                for o in OUTSIDE {
+                    if text.contains(o) {
+                        problems.push(format!(
+                            "{} points outside the repository ({o})",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+    for file in [
+        "README.md",
+        "ARCHITECTURE.md",
+        "BENCHMARKS.md",
+        "RELIABILITY.md",
+        "Cargo.toml",
+    ] {
+        if let Ok(text) = std::fs::read_to_string(root.join(file)) {
+            for o in OUTSIDE {
+                if text.contains(o) {
+                    problems.push(format!("{file} points outside the repository ({o})"));
+                }
+            }
+        }
+    }
+    Ok(problems)
+}
+
 /// Every .rs file under crates/, bins/, xtask/ and tests/ starts with `//!`.
 fn missing_headers(root: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -209,6 +532,61 @@ mod tests {
         graph.insert("tokio".to_owned(), vec![]);
         let bad = reachable_forbidden(&graph, "a").unwrap();
         assert_eq!(bad.into_iter().collect::<Vec<_>>(), vec!["tokio"]);
+    }
+
+    #[test]
+    fn the_layers_point_down_and_no_files_import_in_a_circle() {
+        let root = crate::project_root();
+        let graph = normal_dependency_graph(&root).expect("cargo metadata");
+        assert_eq!(layering(&graph).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            routes_below_the_proxy(&root, &graph).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(module_cycles(&root).unwrap(), Vec::<String>::new());
+        assert_eq!(outside_links(&root).unwrap(), Vec::<String>::new());
+    }
+
+    /// The checks can fail: a library on a binary, and two files that name
+    /// each other, are caught.
+    #[test]
+    fn the_layering_and_cycle_rules_catch_what_they_forbid() {
+        let mut graph = HashMap::new();
+        graph.insert("pair-x".to_owned(), vec!["pair-node".to_owned()]);
+        graph.insert("pair-node".to_owned(), vec![]);
+        let problems = layering(&graph).unwrap();
+        assert_eq!(problems, ["library pair-x depends on binary pair-node"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path();
+        std::fs::write(src.join("lib.rs"), "//! root\nmod a;\nmod b;\nmod c;\n").unwrap();
+        std::fs::write(src.join("a.rs"), "//! a\nuse crate::b::X;\n").unwrap();
+        std::fs::write(src.join("b.rs"), "//! b\nuse crate::{c, a::Y};\n").unwrap();
+        std::fs::write(
+            src.join("c.rs"),
+            "//! c\n// crate::a in a comment\n#[cfg(test)]\nuse crate::a;\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cycles_in(src).unwrap(),
+            vec![vec!["a".to_owned(), "b".to_owned()]]
+        );
+        assert_eq!(
+            named_paths(
+                "use super::{x::y, z}; self::w::q()",
+                &["m".to_owned(), "n".to_owned()]
+            ),
+            vec![
+                vec!["m".to_owned(), "x".to_owned(), "y".to_owned()],
+                vec!["m".to_owned(), "z".to_owned()],
+                vec![
+                    "m".to_owned(),
+                    "n".to_owned(),
+                    "w".to_owned(),
+                    "q".to_owned()
+                ],
+            ]
+        );
     }
 
     #[test]

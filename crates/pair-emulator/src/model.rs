@@ -16,7 +16,7 @@
 //!   overhead is counted as part of that work). Decode slows with the number
 //!   of streams decoding together (§4); a prefill does not slow decodes
 //!   (llama.cpp mixes prefill chunks into decode steps; not quantified in
-//!   engine-figures.md, so left out).
+//!   docs/engine-figures.md, so left out).
 //! - A job whose model is not in memory takes its slot and waits there for
 //!   the load, as Ollama's scheduler does. Idle models (no job holding a
 //!   slot) are evicted least recently used first when the new one does not
@@ -226,7 +226,7 @@ impl EngineModel {
     }
 
     /// Unloads models idle for `keep_alive_us` (Ollama default: 5 minutes,
-    /// engine-figures.md §3); `None` keeps them until evicted.
+    /// docs/engine-figures.md §3); `None` keeps them until evicted.
     pub fn with_keep_alive(mut self, keep_alive_us: Option<u64>) -> Self {
         self.keep_alive_us = keep_alive_us;
         self
@@ -835,7 +835,7 @@ mod tests {
 
     #[test]
     fn measured_box_queues_streams_like_the_real_server() {
-        // engine-figures.md §1: 64-token streams started together; the k-th
+        // docs/engine-figures.md §1: 64-token streams started together; the k-th
         // stream's TTFT ≈ (k−1) × 0.58 s + 0.08 s. Prompts of ~20 tokens.
         let (mut e, _) = smol();
         for id in 0..4 {

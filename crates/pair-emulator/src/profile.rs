@@ -1,7 +1,7 @@
 //! Hardware profiles as data: how fast one machine prefills and decodes, how
 //! batching scales, how much memory it has and how fast it loads weights.
 //!
-//! Figures come from `shared/reference/engine-figures.md` (cited per field as
+//! Figures come from `docs/engine-figures.md` (cited per field as
 //! §N plus the label there: M measured, P published, C community, E estimate).
 //! A profile is stated for a *reference model size*; [`HardwareProfile::rates`]
 //! scales it to any model by weight bytes, because decode is bound by memory

@@ -134,7 +134,7 @@ pub enum Error {
     #[error("pairing peer answered HTTP {status} without a pairing error body")]
     UnexpectedStatus { status: u16 },
     #[error("malformed pairing message")]
-    Decode(#[from] crate::wire::DecodeError),
+    Decode(#[from] DecodeError),
     #[error("TLS configuration failed")]
     Tls(#[from] rustls::Error),
     #[error("cannot build the HTTP client")]
@@ -163,3 +163,26 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why bytes were not a valid message.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("message larger than the 16 KiB a pairing message may take")]
+    TooLarge,
+    #[error("invalid JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("unsupported protocol version {0}")]
+    Version(u32),
+    #[error("expected a {expected} message, got {got:?}")]
+    Kind { expected: &'static str, got: String },
+}
+
+impl DecodeError {
+    /// The refusal an inviter answers with.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            DecodeError::Version(_) => Refusal::UnsupportedVersion,
+            _ => Refusal::BadMessage,
+        }
+    }
+}

@@ -24,28 +24,7 @@ pub const MAX_NAME_CHARS: usize = 64;
 /// SPAKE2 (Ed25519 group) message length: one side byte and a point.
 pub const PAKE_MESSAGE_BYTES: usize = 33;
 
-/// Why bytes were not a valid message.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("message larger than {MAX_MESSAGE_BYTES} bytes")]
-    TooLarge,
-    #[error("invalid JSON")]
-    Json(#[source] serde_json::Error),
-    #[error("unsupported protocol version {0}")]
-    Version(u32),
-    #[error("expected a {expected} message, got {got:?}")]
-    Kind { expected: &'static str, got: String },
-}
-
-impl DecodeError {
-    /// The refusal an inviter answers with.
-    pub fn refusal(&self) -> Refusal {
-        match self {
-            DecodeError::Version(_) => Refusal::UnsupportedVersion,
-            _ => Refusal::BadMessage,
-        }
-    }
-}
+pub use crate::error::DecodeError;
 
 /// Random bytes of a fixed length, base64 on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
