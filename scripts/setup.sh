@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything the test suite needs on a fresh machine, idempotently:
-# Debian packages, cargo-deny, and the Python side (scripts/setup-python.sh).
+# Everything CI needs on a fresh machine, idempotently: Debian packages,
+# cargo-deny, cargo-fuzz on the nightly toolchain (CI builds every fuzz
+# target), and the Python side (scripts/setup-python.sh).
 # (scripts/build-pgo.sh installs the llvm-profdata it needs itself.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,9 +10,6 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
-# The release build's training load (scripts/build-pgo.sh).
-command -v nginx >/dev/null || need+=(nginx)
-command -v wrk >/dev/null || need+=(wrk)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
@@ -21,6 +19,12 @@ fi
 
 if ! cargo deny --version >/dev/null 2>&1; then
   cargo install --locked cargo-deny
+fi
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --locked cargo-fuzz
 fi
 
 bash "$root/scripts/setup-python.sh" >/dev/null

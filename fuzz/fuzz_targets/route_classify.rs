@@ -47,6 +47,13 @@ fuzz_target!(|data: &[u8]| {
             };
             assert!(path == expected || path.strip_suffix('/') == Some(expected));
         }
+        RouteClass::Node => {
+            let p = path.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(&path);
+            assert!(
+                p == "/metrics" || p == "/ui" || p.starts_with("/_pair/"),
+                "{path:?} taken as the node's own route"
+            );
+        }
         RouteClass::Passthrough => {}
     }
     if !path.ends_with('/') {

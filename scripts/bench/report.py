@@ -77,19 +77,20 @@ if "face" in sections:
               f"{sum(d <= 0 for d in p50)} of {len(p50)} |")
             w(f"| {c} | {v} req/s ÷ nginx req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} | "
               f"{sum(x >= 1 for x in rps)} of {len(rps)} |")
-    for c in (1, 32):
-        d = med("face", "direct", c, "p50_us")
-        ours = med("face", "pair", c, "p50_us") - d
-        ngx = med("face", "nginx", c, "p50_us") - d
-        diff = statistics.median(paired[c][0])
-        # The 100 µs bound is for c=1: at c=32 on a small box the added
-        # latency is mostly queueing for the cores (see the raw floor).
-        bound = " and < 100 µs" if c == 1 else ""
-        ok = diff <= 0 and (c != 1 or ours < 100)
-        targets.append(f"| c={c}: added p50 ≤ nginx's{bound} | pair {ours:.0f} µs, nginx {ngx:.0f} µs; "
-                       f"run by run pair − nginx {diff:+.0f} µs ({interval(paired[c][0], ' µs', 0)}) | {verdict(ok)} |")
-    ratio = statistics.median(paired[32][1])
-    targets.append(f"| c=32 throughput ≥ 0.8× nginx | {ratio:.2f}× run by run ({interval(paired[32][1], '×', 2)}) | {verdict(ratio >= 0.8)} |")
+    # The bar (BENCHMARKS.md): at most 50 µs added at c=1, at least 0.8×
+    # nginx's throughput at c=32, measured side by side in one run; for
+    # pair, and for hyper's stack when it ran as pair-alt (--http-stack
+    # hyper), the measurement behind keeping the hand-framed HTTP/1.1.
+    d1 = med("face", "direct", 1, "p50_us")
+    ngx1 = med("face", "nginx", 1, "p50_us") - d1
+    for v, label in (("pair", "pair"), ("pair-alt", "pair-alt")):
+        if not rows[("face", v, 1)]:
+            continue
+        added = med("face", v, 1, "p50_us") - d1
+        ratios = paired_runs(32, "rps", lambda p, n: p / n, v)
+        ratio = statistics.median(ratios)
+        targets.append(f"| {label}, c=1: added p50 ≤ 50 µs | {added:.0f} µs (nginx {ngx1:.0f} µs) | {verdict(added <= 50)} |")
+        targets.append(f"| {label}, c=32: throughput ≥ 0.8× nginx | {ratio:.2f}× run by run ({interval(ratios, '×', 2)}) | {verdict(ratio >= 0.8)} |")
 if "hop" in sections:
     w("")
     w("### 2. One peer hop over mTLS")

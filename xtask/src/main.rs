@@ -1,5 +1,7 @@
 //! Repository tasks. `cargo xtask ci` runs exactly what CI runs, so a
-//! developer can reproduce CI with one command on a fresh machine.
+//! developer can reproduce CI with one command on a fresh machine;
+//! `cargo xtask bench` runs the benchmark suite side by side and prints one
+//! table.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,6 +9,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod tidy;
 
 #[derive(Parser)]
@@ -19,15 +22,23 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what the tests need, then fmt, clippy, test, doc, deny, tidy,
-    /// sim smoke, and the release build (PGO) checked under load.
+    /// the simulator smoke run and the fuzz targets' build.
     Ci {
-        /// Skip the idempotent install step (apt, cargo-deny, Python venvs).
+        /// Skip the idempotent install step (apt, cargo-deny, cargo-fuzz,
+        /// Python venvs).
         #[arg(long)]
         no_setup: bool,
-        /// Skip the profile-guided release build (two release builds and a
-        /// training load: the longest step).
-        #[arg(long)]
-        no_pgo: bool,
+    },
+    /// The benchmark suite side by side, one table: scheduler, proxy
+    /// against nginx (and hyper's stack), peer hop, streaming first byte,
+    /// memory, simulator speed.
+    Bench {
+        /// Runs of each proxy measurement (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Seconds of each wrk run.
+        #[arg(long, default_value_t = 2)]
+        seconds: u32,
     },
     /// Install test prerequisites only (idempotent).
     Setup,
@@ -39,12 +50,13 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let root = project_root();
     match cli.task {
-        Task::Ci { no_setup, no_pgo } => {
+        Task::Ci { no_setup } => {
             if !no_setup {
                 setup(&root)?;
             }
-            ci(&root, !no_pgo)
+            ci(&root)
         }
+        Task::Bench { runs, seconds } => bench::run(&root, runs, seconds),
         Task::Setup => setup(&root),
         Task::Tidy => tidy::run(&root),
     }
@@ -61,7 +73,7 @@ fn setup(root: &Path) -> Result<()> {
     run(root, "bash", &["scripts/setup.sh"])
 }
 
-fn ci(root: &Path, pgo: bool) -> Result<()> {
+fn ci(root: &Path) -> Result<()> {
     let py = python_env(root)?;
     run(root, "cargo", &["fmt", "--all", "--", "--check"])?;
     run(
@@ -122,16 +134,12 @@ fn ci(root: &Path, pgo: bool) -> Result<()> {
             "all",
         ],
     )?;
-    if pgo {
-        // The release build as it ships (README): built, trained briefly
-        // (the check is that the recipe works, not the profile's quality),
-        // and the optimised binary made to serve the same load.
-        let mut pgo = Command::new("bash");
-        pgo.current_dir(root)
-            .arg("scripts/build-pgo.sh")
-            .env("TRAIN_SECONDS", "2");
-        status(pgo, "scripts/build-pgo.sh")?;
-    }
+    // Every fuzz target still builds (they run on demand: docs/fuzzing.md).
+    run(
+        &root.join("fuzz"),
+        "cargo",
+        &["+nightly", "fuzz", "build", "--dev"],
+    )?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
 }
