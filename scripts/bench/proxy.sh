@@ -70,7 +70,7 @@ if [ -n "${PGO:-}" ]; then
     log "building the profile-guided pair-node (scripts/build-pgo.sh)"
     PAIR_NODE=$("$ROOT/scripts/build-pgo.sh")
 fi
-# The floor: a minimal hyper forwarder (crates/pair-proxy/examples), if built.
+# The floor: a minimal hyper forwarder (crates/pair-http/examples), if built.
 FLOOR=${FLOOR:-$BIN_DIR/examples/floor_forwarder}
 # A floor without hyper: HTTP/1.1 framed on httparse (examples), if built.
 RAW=${RAW:-$BIN_DIR/examples/raw_forwarder}

@@ -26,7 +26,7 @@ CONC=${CONC:-32}
 BIN_DIR=${BIN_DIR:-$ROOT/target/release}
 RAW=$BIN_DIR/examples/raw_forwarder
 [ -x "$BIN_DIR/pair-node" ] && [ -x "$RAW" ] ||
-    { echo "needs $BIN_DIR/pair-node and $RAW (cargo build --release -p pair-node; cargo build --release -p pair-proxy --example raw_forwarder)" >&2; exit 64; }
+    { echo "needs $BIN_DIR/pair-node and $RAW (cargo build --release -p pair-node; cargo build --release -p pair-http --example raw_forwarder)" >&2; exit 64; }
 WORK=$(mktemp -d /tmp/pair-split.XXXXXX)
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$WORK"' EXIT

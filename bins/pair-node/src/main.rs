@@ -13,8 +13,8 @@ use pair_node::daemon::{self, Listeners};
 use pair_node::harness::{ClusterSpec, LocalCluster};
 use tokio_util::sync::CancellationToken;
 
-/// glibc malloc showed up at ~14 % of the proxy's CPU with buffers freed on
-/// another worker than the one that allocated them (docs/benchmarks/proxy.md).
+/// glibc malloc is slow when buffers are freed on another thread than the
+/// one that allocated them, which a proxy's answers do all the time.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -9,9 +9,9 @@
 //!
 //! Why: one current-thread runtime costs the least CPU per request but
 //! stops at one core; tokio's multi-thread runtime uses every core but
-//! costs ~25 % more CPU per request in cross-worker wake-ups on a 2-core
-//! box (docs/benchmarks/proxy.md). This is nginx's model (one event loop
-//! per worker) with tokio's runtime in each loop.
+//! costs about a quarter more CPU per request in cross-worker wake-ups on
+//! a 2-core box. This is nginx's model (one event loop per worker) with
+//! tokio's runtime in each loop.
 
 use std::cell::Cell;
 use std::future::Future;

@@ -2,7 +2,7 @@
 //! (`pair_proxy::body::extract`) against serde_json skipping the same
 //! document (`IgnoredAny`: the least a serde_json reading of it costs),
 //! for a small chat request, a multi-turn one and a long agent context.
-//! Numbers and the command live in docs/benchmarks/proxy.md.
+//! The figures and the command are in BENCHMARKS.md.
 
 #![allow(missing_docs, clippy::unwrap_used)]
 

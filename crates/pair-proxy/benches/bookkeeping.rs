@@ -1,12 +1,10 @@
 //! What a request's end-of-answer bookkeeping costs (the load counters,
 //! the route's three histograms, the request counter, the job record),
-//! and its ranking (on the scheduler, which every request shared until
-//! each loop got its own copy), on
-//! one event loop, and on two event loops doing it at the same time: the
-//! difference is the cost of the state both write (locks and counters
-//! whose cache lines move between the cores). Back to back, so an upper
-//! bound of that cost. Numbers and the command live in
-//! docs/benchmarks/proxy.md ("Eighth round", "Ninth round").
+//! and its ranking, on one event loop and on two event loops doing it at
+//! the same time: the difference is the cost of the state both write
+//! (locks and counters whose cache lines move between the cores). Back to
+//! back, so an upper bound of that cost. The figures and the command are
+//! in BENCHMARKS.md.
 
 #![allow(missing_docs, clippy::unwrap_used)]
 

@@ -28,8 +28,9 @@ use pair_jobs::JobLog;
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
 pub const DEFAULT_BODY_CAP: usize = 32 * 1024 * 1024;
-/// Dispatches per request, including the one that answers.
-pub const MAX_ATTEMPTS: usize = 5;
+/// Dispatches per request, including the one that answers (the failover
+/// core's cap).
+pub const MAX_ATTEMPTS: usize = pair_scheduler::MAX_DISPATCHES;
 
 /// Static facts about this node, fixed at start-up.
 #[derive(Clone, Debug)]
