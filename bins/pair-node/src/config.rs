@@ -161,7 +161,7 @@ pub struct RunArgs {
     #[arg(long, env = "PAIR_ENGINE_CMD")]
     pub engine_cmd: Option<String>,
     /// A host name the faces answer besides localhost, 127.0.0.0/8 and
-    /// [::1] (repeatable), for a reverse proxy of your own in front of the
+    /// `[::1]` (repeatable), for a reverse proxy of your own in front of the
     /// node; any other `Host` gets 403 (DNS-rebinding guard).
     #[arg(
         long = "allowed-host",

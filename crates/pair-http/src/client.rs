@@ -406,7 +406,7 @@ impl Outgoing {
 }
 
 /// An engine's answer: its head as read (the header fields left as they
-/// came, see [`h1::ResponseHead`]) and its body.
+/// came, see [`h1::ParsedResponse`]) and its body.
 #[derive(Debug)]
 pub struct EngineAnswer {
     pub status: StatusCode,

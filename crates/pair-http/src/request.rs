@@ -45,7 +45,8 @@ const NOT_FORWARDED: [&[u8]; 11] = [
     b"content-length",
 ];
 
-/// Whether a request header stays with this hop (see [`NOT_FORWARDED`]);
+/// Whether a request header stays with this hop (the hop-by-hop headers,
+/// proxy credentials, `Host` and `Content-Length`);
 /// `name` in any case.
 pub fn is_hop_header(name: &[u8]) -> bool {
     h1::is_one_of(name, &NOT_FORWARDED)
