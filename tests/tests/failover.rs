@@ -27,6 +27,21 @@ async fn send(c: &pair_node::harness::LocalCluster, pin: usize, body: &Value) ->
         .expect("face answers")
 }
 
+/// A request to the first node's Ollama face, pinned to the node `pin`.
+async fn send_to(
+    c: &pair_node::harness::LocalCluster,
+    pin: &str,
+    body: &Value,
+) -> reqwest::Response {
+    http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .header("x-pair-node-pin", pin)
+        .json(body)
+        .send()
+        .await
+        .expect("face answers")
+}
+
 fn hits(c: &pair_node::harness::LocalCluster) -> Vec<u64> {
     c.engines.iter().map(|e| e.hits_for_model(MODEL)).collect()
 }
@@ -102,7 +117,8 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
         "{text}"
     );
 
-    // Every owner hangs: 504 naming what was tried.
+    // Every owner hangs: 504 naming what was tried. Node 2, whose engine
+    // stalled a moment ago, is routed around (hung, not slow).
     reset(&c);
     for e in &c.engines {
         e.faults().hang(Some(MODEL));
@@ -110,7 +126,7 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
     let resp = send(&c, 0, &chat(false)).await;
     assert_eq!(resp.status(), 504);
     let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["pair"]["attempts"].as_array().map(Vec::len), Some(3));
+    assert_eq!(body["pair"]["attempts"].as_array().map(Vec::len), Some(2));
     assert!(
         body["error"]
             .as_str()
@@ -118,7 +134,7 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
             .contains("first-byte-timeout"),
         "{body}"
     );
-    assert_eq!(hits(&c), vec![1, 1, 1]);
+    assert_eq!(hits(&c), vec![1, 1, 0]);
     c.stop().await;
 }
 
@@ -146,23 +162,61 @@ async fn a_dead_peer_is_a_transport_error_and_the_next_node_answers() {
     c.stop().await;
 }
 
+/// Every owner answering 503: the client gets the last engine's own 503
+/// (its body, with the route receipt), after at most five attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_failing_gives_502_with_what_was_tried_and_at_most_five_attempts() {
+async fn all_failing_gives_the_last_engine_answer_and_at_most_five_attempts() {
     let c = cluster(6, |_| {}).await.unwrap();
     for e in &c.engines {
         e.faults().fail(Some(MODEL), 503, None);
     }
     let resp = send(&c, 0, &chat(false)).await;
-    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.status(), 503, "the engines' own status");
     assert_eq!(attempts(&resp), Some(5));
+    assert!(served_by(&resp).is_some(), "with the route receipt");
+    assert!(resp.headers().get("x-pair-made").is_none());
     let body: Value = resp.json().await.unwrap();
-    let tried = body["pair"]["attempts"].as_array().unwrap();
-    assert_eq!(tried.len(), 5);
-    assert!(tried.iter().all(|a| a["outcome"] == "503"), "{body}");
+    assert!(
+        body["pair"].is_null(),
+        "the engine's body, not pair's: {body}"
+    );
+    assert!(body["error"].as_str().is_some(), "{body}");
     assert_eq!(
         hits(&c).iter().sum::<u64>(),
         5,
         "never more than 5 dispatches"
+    );
+    c.stop().await;
+}
+
+/// Every attempt fails without an answer (every peer is gone, the local
+/// engine is dead): pair's own 502 names each node and what it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_at_all_gives_pair_s_502_naming_what_each_node_did() {
+    let mut c = cluster(2, |_| {}).await.unwrap();
+    let dead = c.nodes.remove(1);
+    let dead_id = dead.id.to_string();
+    dead.kill().await;
+    // The live node's engine sends a head and then drops the connection:
+    // no node gives an answer the client could use.
+    c.engines[0].faults().close_after_chunks(Some(MODEL), 0);
+    let resp = send_to(&c, &dead_id, &chat(false)).await;
+    assert_eq!(resp.status(), 502);
+    let body: Value = resp.json().await.unwrap();
+    let tried = body["pair"]["attempts"].as_array().unwrap();
+    assert!((2..=5).contains(&tried.len()), "{body}");
+    let live_id = c.nodes[0].id.to_string();
+    assert!(
+        tried
+            .iter()
+            .any(|a| a["node"] == live_id.as_str() && a["outcome"] == "body"),
+        "{body}"
+    );
+    assert!(
+        tried
+            .iter()
+            .any(|a| a["node"] == dead_id.as_str() && a["outcome"] == "connect"),
+        "{body}"
     );
     c.stop().await;
 }

@@ -12,7 +12,8 @@ use pair_cluster::gossip::{self, Gossip};
 use pair_cluster::learning::SpeedLearner;
 use pair_cluster::links::{self, LinkSources};
 use pair_cluster::{
-    AddrBook, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers, snapshot,
+    AddrBook, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers, Progress,
+    snapshot,
 };
 use pair_core::{ModelPerf, NodeId, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
@@ -185,16 +186,21 @@ pub async fn start(
             shutdown.clone(),
         )?);
     }
+    // Each engine's progress: stamped by the request path, read by the
+    // node's report (a stalled engine leaves routing for a while).
+    let progress: Vec<Arc<Progress>> = engines.iter().map(|_| Arc::default()).collect();
     let local_engines = cfg
         .engines
         .iter()
         .zip(&engines)
-        .map(|(e, handle)| {
+        .zip(&progress)
+        .map(|((e, handle), progress)| {
             let base = e.base_url.to_string().parse()?;
             Ok(LocalEngine::new(
                 e.kind,
                 base,
                 Some(handle.refresh_signal()),
+                Arc::clone(progress),
             )?)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -278,6 +284,7 @@ pub async fn start(
         id,
         name: cfg.name.clone(),
         engines,
+        progress,
         telemetry: sampler.subscribe(),
         base_perf: extras.base_perf,
         load,

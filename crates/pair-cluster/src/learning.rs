@@ -83,6 +83,7 @@ mod tests {
             prompt_tokens: Some(200),
             output_tokens: Some(51),
             error: None,
+            recorded_by: None,
         }
     }
 

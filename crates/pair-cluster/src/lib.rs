@@ -13,7 +13,8 @@
 //!   assembled from this node's own report and its peers' latest, pure),
 //!   with what this node learned of engine speeds ([`learning`]).
 //! - [`load`]: this node's own workload, which the request path counts and
-//!   the report carries.
+//!   the report carries; [`progress`]: whether each engine is getting
+//!   anywhere (a stalled one leaves routing for a while).
 
 pub mod config;
 pub mod gossip;
@@ -22,6 +23,7 @@ pub mod link;
 pub mod links;
 pub mod load;
 pub mod port;
+pub mod progress;
 pub mod reports;
 pub mod routes;
 pub mod snapshot;
@@ -33,6 +35,7 @@ pub use link::{PeerLink, RELAY_PREFIX};
 pub use links::{AddrBook, Peers};
 pub use load::{LoadGuard, LocalLoad};
 pub use port::{ClusterPort, PeerIdentity};
+pub use progress::Progress;
 pub use reports::PeerReports;
 pub use snapshot::{LocalReport, PeerStatus};
 

@@ -19,6 +19,7 @@ use crate::learning::SpeedLearner;
 use crate::links::Peers;
 use crate::load::LocalLoad;
 use crate::now_ms;
+use crate::progress::Progress;
 
 /// What the node knows about a peer besides its report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +68,9 @@ pub struct LocalReport {
     pub id: NodeId,
     pub name: String,
     pub engines: Vec<EngineHandle>,
+    /// Each engine's progress, in the order of `engines`: a stalled one is
+    /// reported unhealthy until it cools down or makes progress.
+    pub progress: Vec<Arc<Progress>>,
     pub telemetry: watch::Receiver<Telemetry>,
     /// Seed speed for models not yet learned (the demo derives it from the
     /// emulated hardware profile).
@@ -81,6 +85,9 @@ impl LocalReport {
         let now = now_ms();
         let mut n = NodeSnapshot::new(self.id, self.name.clone());
         n.engines = self.engines.iter().map(EngineHandle::snapshot).collect();
+        for (e, p) in n.engines.iter_mut().zip(&self.progress) {
+            e.healthy &= !p.stalled();
+        }
         for e in &mut n.engines {
             for m in &mut e.models {
                 let seed = m.perf.or(self.base_perf).unwrap_or(ModelPerf::FALLBACK);

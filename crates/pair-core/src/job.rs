@@ -53,11 +53,103 @@ pub struct JobRecord {
     pub output_tokens: Option<u32>,
     /// Short reason when it failed (an error class, never request text).
     pub error: Option<Cow<'static, str>>,
+    /// The node that wrote this record: the origin, or the node that ran a
+    /// relayed request (both record it, so a job survives either's crash).
+    #[serde(default)]
+    pub recorded_by: Option<NodeId>,
+}
+
+impl JobRecord {
+    /// Whether this record of a job replaces `old`, another record of the
+    /// same job: a job's record only moves forward (a terminal one is never
+    /// replaced by one still running), and of two terminal records the
+    /// origin's wins (it knows what its client got). Every node applying
+    /// this to whatever records reach it, in any order, ends with the same
+    /// record.
+    pub fn supersedes(&self, old: &JobRecord) -> bool {
+        self.precedence() > old.precedence()
+    }
+
+    /// The order [`JobRecord::supersedes`] follows: terminal over not, the
+    /// origin's over the runner's, then a completed answer over a failed or
+    /// cancelled one (a node that ran two attempts of one job recorded
+    /// both), then the rest of the record, so that any two records of one
+    /// job compare the same way on every node.
+    fn precedence(&self) -> impl Ord + '_ {
+        let status = match self.status {
+            JobStatus::Queued => 0u8,
+            JobStatus::Running => 1,
+            JobStatus::Cancelled => 2,
+            JobStatus::Failed => 3,
+            JobStatus::Completed => 4,
+        };
+        (
+            (
+                self.status.is_terminal(),
+                self.recorded_by == Some(self.origin),
+                status,
+                self.attempts,
+            ),
+            (
+                self.http_status,
+                self.duration_ms,
+                self.ttft_ms,
+                self.output_tokens,
+                self.ran_on,
+                self.error.as_deref(),
+            ),
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(status: JobStatus, by: u128) -> JobRecord {
+        JobRecord {
+            id: crate::JobId::from_uuid(uuid::Uuid::from_u128(1)),
+            model: "m".into(),
+            flavor: ApiFlavor::Ollama,
+            route: "/api/chat".into(),
+            streaming: true,
+            origin: NodeId::from_u128(1),
+            ran_on: Some(NodeId::from_u128(2)),
+            attempts: 1,
+            status,
+            http_status: Some(200),
+            created_at_ms: 0,
+            ttft_ms: None,
+            duration_ms: None,
+            prompt_tokens: None,
+            output_tokens: None,
+            error: None,
+            recorded_by: Some(NodeId::from_u128(by)),
+        }
+    }
+
+    #[test]
+    fn records_only_move_forward_and_the_origin_s_wins() {
+        let running = record(JobStatus::Running, 1);
+        let runner_done = record(JobStatus::Completed, 2);
+        let origin_failed = record(JobStatus::Failed, 1);
+        assert!(runner_done.supersedes(&running));
+        assert!(!running.supersedes(&runner_done), "never back to running");
+        assert!(origin_failed.supersedes(&runner_done));
+        assert!(!runner_done.supersedes(&origin_failed));
+        assert!(!origin_failed.supersedes(&origin_failed));
+        // Any order of arrival ends on the same record.
+        let all = [running, runner_done, origin_failed.clone()];
+        for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0], [2, 0, 1]] {
+            let mut held = all[order[0]].clone();
+            for &i in &order[1..] {
+                if all[i].supersedes(&held) {
+                    held = all[i].clone();
+                }
+            }
+            assert_eq!(held, origin_failed, "{order:?}");
+        }
+    }
 
     #[test]
     fn terminal_states() {

@@ -1,7 +1,11 @@
 //! The job log: one record per request (never prompt or output text),
 //! newest 10,000 kept for at most 7 days, in memory for the Jobs view and in
 //! an append-only JSON Lines file that survives restarts. Records from peers
-//! (replication) land in the same log, de-duplicated by job id.
+//! (replication) land in the same log, one per job id: a record replaces
+//! another of its job only when it supersedes it
+//! ([`JobRecord::supersedes`]: forward only, the origin's wins), and the
+//! one that replaces it goes to the end of the log, so replication sends it
+//! on.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -55,12 +59,13 @@ pub enum JobLogError {
 struct Inner {
     /// Shared with the writer's batch and replication: a record is
     /// allocated once and never copied on the request path.
-    /// No index by id: the request path only appends (a job id it just
-    /// drew is new), and keeping an index of 10,000 random ids cost the
-    /// request path more than the rest of the log (a hash-map insert and
-    /// removal, each a likely cache miss, per request). Finding by id
-    /// scans; only a peer's batch and the API do.
-    records: VecDeque<Arc<JobRecord>>,
+    /// No index by id: the request path only stages, and keeping an index
+    /// of 10,000 random ids cost the request path more than the rest of the
+    /// log (a hash-map insert and removal, each a likely cache miss, per
+    /// request). Finding by id scans; readers do it, a batch at a time.
+    /// A record superseded by a newer one of its job leaves an empty slot
+    /// (`None`), so positions stay what cursors count.
+    records: VecDeque<Option<Arc<JobRecord>>>,
     /// Records removed from the front since start (replication's cursors
     /// are absolute positions).
     dropped: usize,
@@ -172,8 +177,12 @@ impl JobLog {
             dropped: 0,
             unwritten: VecDeque::new(),
         };
-        // A record updated in place was appended again: the last line wins.
-        merge(&mut inner, loaded.into_iter().map(Arc::new));
+        // A job's record superseded later was appended again.
+        upsert(
+            &mut inner,
+            loaded.into_iter().map(Arc::new).collect(),
+            false,
+        );
         Self {
             shared: Arc::new(Shared {
                 inner: Mutex::new(inner),
@@ -184,9 +193,9 @@ impl JobLog {
         }
     }
 
-    /// Records a job this node just ran or routed; its id is new (drawn
-    /// for it), so nothing is looked up. It is staged on the calling event
-    /// loop and joins the log when the log is next read.
+    /// Records a job this node just ran or routed. It is staged on the
+    /// calling event loop and joins the log when the log is next read
+    /// (where a record of the same job from a peer is looked for).
     pub fn record(&self, rec: JobRecord) {
         let full = match self.shared.staged.local().lock() {
             Ok(mut staged) => {
@@ -200,18 +209,13 @@ impl JobLog {
         }
     }
 
-    /// Takes in records from elsewhere (a peer's replication batch): one
-    /// whose id the log holds replaces it in place, the rest are appended
-    /// in order. One pass over the log per batch.
+    /// Takes in records from elsewhere (a peer's replication batch): each
+    /// joins the log unless the log holds a record of its job it does not
+    /// supersede. One pass over the log per batch.
     pub fn merge(&self, records: impl IntoIterator<Item = JobRecord>) {
         let records: Vec<Arc<JobRecord>> = records.into_iter().map(Arc::new).collect();
         if let Some(mut inner) = self.shared.gather() {
-            if self.shared.file_backed {
-                for rec in &records {
-                    queue_write(&mut inner, Arc::clone(rec));
-                }
-            }
-            merge(&mut inner, records);
+            upsert(&mut inner, records, self.shared.file_backed);
         }
     }
 
@@ -224,6 +228,7 @@ impl JobLog {
                     .records
                     .iter()
                     .rev()
+                    .flatten()
                     .take(n)
                     .map(|r| JobRecord::clone(r))
                     .collect()
@@ -237,12 +242,15 @@ impl JobLog {
             .records
             .iter()
             .rev()
+            .flatten()
             .find(|r| r.id == id)
             .map(|r| JobRecord::clone(r))
     }
 
     pub fn len(&self) -> usize {
-        self.shared.gather().map_or(0, |i| i.records.len())
+        self.shared
+            .gather()
+            .map_or(0, |i| i.records.iter().flatten().count())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -273,10 +281,35 @@ impl JobLog {
         let out = inner
             .records
             .range(start - inner.dropped..)
+            .flatten()
             .cloned()
             .collect();
         *cursor = end;
         (out, skipped)
+    }
+
+    /// The oldest records after `cursor`, at most `max`, and the cursor
+    /// past them (for a reader that moves on only once they were taken,
+    /// such as replication to a peer that must acknowledge them). A cursor
+    /// older than the log starts at its oldest record.
+    pub fn after(&self, cursor: usize, max: usize) -> (Vec<Arc<JobRecord>>, usize) {
+        let Some(inner) = self.shared.gather() else {
+            return (Vec::new(), cursor);
+        };
+        let end = inner.dropped + inner.records.len();
+        let from = cursor.clamp(inner.dropped, end);
+        let mut out = Vec::new();
+        let mut next = from;
+        for slot in inner.records.range(from - inner.dropped..) {
+            if out.len() == max {
+                break;
+            }
+            next += 1;
+            if let Some(rec) = slot {
+                out.push(Arc::clone(rec));
+            }
+        }
+        (out, next)
     }
 }
 
@@ -299,12 +332,7 @@ impl Shared {
             r.created_at_ms
                 .saturating_add(u64::from(r.duration_ms.unwrap_or(0)))
         });
-        for rec in batch {
-            if self.file_backed {
-                queue_write(&mut inner, Arc::clone(&rec));
-            }
-            append(&mut inner, rec);
-        }
+        upsert(&mut inner, batch, self.file_backed);
         Some(inner)
     }
 }
@@ -424,6 +452,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         prompt_tokens,
         output_tokens,
         error,
+        recorded_by,
     } = rec;
     buf.extend_from_slice(b"{\"id\":");
     json_uuid(buf, id.as_uuid());
@@ -459,6 +488,10 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     json_opt(buf, *output_tokens, json_int);
     buf.extend_from_slice(b",\"error\":");
     json_opt(buf, error.as_deref(), json_str);
+    buf.extend_from_slice(b",\"recorded_by\":");
+    json_opt(buf, recorded_by.as_ref(), |buf, n| {
+        json_uuid(buf, n.as_uuid())
+    });
     buf.extend_from_slice(b"}\n");
 }
 
@@ -510,6 +543,7 @@ fn compact(path: &Path, inner: &Mutex<Inner>, buf: &mut Vec<u8>) -> std::io::Res
         .map_err(|_| std::io::Error::other("job log lock poisoned"))?
         .records
         .iter()
+        .flatten()
         .cloned()
         .collect();
     let tmp = path.with_extension("jsonl.tmp");
@@ -533,34 +567,52 @@ fn queue_write(inner: &mut Inner, rec: Arc<JobRecord>) {
 /// Appends a record, dropping the oldest when that makes more than
 /// [`KEEP_RECORDS`].
 fn append(inner: &mut Inner, rec: Arc<JobRecord>) {
-    inner.records.push_back(rec);
+    inner.records.push_back(Some(rec));
     if inner.records.len() > KEEP_RECORDS {
         inner.dropped += 1;
         inner.records.pop_front();
     }
 }
 
-/// Records whose id the log holds replace theirs in place; the others are
-/// appended in order (of several with one id, the last wins). The ids
-/// come from peers, so the map is the standard library's (keyed hashing).
-fn merge(inner: &mut Inner, records: impl IntoIterator<Item = Arc<JobRecord>>) {
-    let mut order = Vec::new();
-    let mut by_id: HashMap<JobId, Arc<JobRecord>> = HashMap::new();
-    for rec in records {
-        if by_id.insert(rec.id, Arc::clone(&rec)).is_none() {
-            order.push(rec.id);
-        }
-    }
-    if by_id.is_empty() {
+/// Takes `records` into the log, in order: of several of one job the one
+/// that supersedes the others; one whose job the log holds joins only if it
+/// supersedes that record (whose slot is emptied), and goes to the end. The
+/// ids may come from peers, so the map is the standard library's (keyed
+/// hashing). One pass over the log.
+fn upsert(inner: &mut Inner, records: Vec<Arc<JobRecord>>, file_backed: bool) {
+    if records.is_empty() {
         return;
     }
+    let mut order = Vec::new();
+    let mut best: HashMap<JobId, Arc<JobRecord>> = HashMap::with_capacity(records.len());
+    for rec in records {
+        match best.entry(rec.id) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                if rec.supersedes(e.get()) {
+                    e.insert(rec);
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                order.push(rec.id);
+                e.insert(rec);
+            }
+        }
+    }
     for slot in &mut inner.records {
-        if let Some(rec) = by_id.remove(&slot.id) {
-            *slot = rec;
+        let Some(held) = slot else { continue };
+        if let Some(new) = best.get(&held.id) {
+            if new.supersedes(held) {
+                *slot = None;
+            } else {
+                best.remove(&held.id);
+            }
         }
     }
     for id in order {
-        if let Some(rec) = by_id.remove(&id) {
+        if let Some(rec) = best.remove(&id) {
+            if file_backed {
+                queue_write(inner, Arc::clone(&rec));
+            }
             append(inner, rec);
         }
     }
@@ -591,6 +643,7 @@ mod tests {
             prompt_tokens: None,
             output_tokens: Some(3),
             error: None,
+            recorded_by: Some(NodeId::from_u128(1)),
         }
     }
 
@@ -616,9 +669,9 @@ mod tests {
                 any::<u64>(),
                 any::<[Option<u32>; 4]>(),
             ),
-            proptest::option::of(text()),
+            (proptest::option::of(text()), any::<Option<u128>>()),
         )
-            .prop_map(|(a, b, c, error)| JobRecord {
+            .prop_map(|(a, b, c, (error, by))| JobRecord {
                 id: JobId::from_uuid(uuid::Uuid::from_u128(a.0)),
                 model: a.1,
                 flavor: a.2,
@@ -635,10 +688,50 @@ mod tests {
                 prompt_tokens: c.2[2],
                 output_tokens: c.2[3],
                 error: error.map(Into::into),
+                recorded_by: by.map(NodeId::from_u128),
             })
     }
 
     proptest! {
+        /// Two logs that take in the same records of a few jobs, in any
+        /// order and batching, end holding the same record of each job.
+        #[test]
+        fn logs_converge_whatever_order_records_arrive_in(
+            recs in proptest::collection::vec((0u128..4, 0usize..3, 1u128..3), 1..12),
+            split in any::<proptest::sample::Index>(),
+            seed in any::<u64>(),
+        ) {
+            let statuses = [JobStatus::Running, JobStatus::Completed, JobStatus::Failed];
+            let all: Vec<JobRecord> = recs
+                .iter()
+                .map(|&(id, st, by)| JobRecord {
+                    status: statuses[st],
+                    recorded_by: Some(NodeId::from_u128(by)),
+                    ..rec(id, 0)
+                })
+                .collect();
+            let a = JobLog::in_memory();
+            for r in &all {
+                a.merge([r.clone()]);
+            }
+            // The other log: reversed, shuffled by the seed, in two batches.
+            let mut shuffled = all.clone();
+            shuffled.reverse();
+            let k = (seed as usize) % shuffled.len();
+            shuffled.rotate_left(k);
+            let at = split.index(shuffled.len() + 1);
+            let b = JobLog::in_memory();
+            b.merge(shuffled[..at].to_vec());
+            b.merge(shuffled[at..].to_vec());
+            let held = |log: &JobLog| {
+                let mut v = log.recent(usize::MAX);
+                v.sort_by_key(|r| r.id.as_uuid().as_u128());
+                v
+            };
+            prop_assert_eq!(held(&a), held(&b));
+            prop_assert_eq!(a.len(), recs.iter().map(|r| r.0).collect::<std::collections::HashSet<_>>().len());
+        }
+
         /// The log's own encoder writes exactly serde_json's line, so the
         /// file reads back with serde and stays what other tools expect.
         #[test]
@@ -704,42 +797,44 @@ mod tests {
     }
 
     #[test]
-    fn keeps_the_newest_and_updates_in_place() {
+    fn keeps_the_newest_and_moves_a_superseding_record_to_the_end() {
         let log = JobLog::in_memory();
         for i in 0..(KEEP_RECORDS as u128 + 5) {
-            log.record(rec(i, 0));
+            let mut r = rec(i, 0);
+            // As the node that ran them wrote them.
+            r.recorded_by = Some(NodeId::from_u128(2));
+            log.record(r);
         }
         assert_eq!(log.len(), KEEP_RECORDS);
         assert!(
             log.get(JobId::from_uuid(uuid::Uuid::from_u128(0)))
                 .is_none()
         );
-        let mut r = rec(KEEP_RECORDS as u128 + 4, 0);
-        r.status = JobStatus::Failed;
-        // A peer's batch: one update (its last copy wins), one new record.
-        let mut older = r.clone();
-        older.status = JobStatus::Running;
-        log.merge([older, r, rec(KEEP_RECORDS as u128 + 5, 0)]);
-        assert_eq!(log.len(), KEEP_RECORDS);
+        let id = KEEP_RECORDS as u128 + 4;
+        // A peer's batch: the origin's own record of a held job (it wins
+        // over the runner's), a replay of it still running (it never
+        // wins), and a new record.
+        let mut origin_s = rec(id, 0);
+        origin_s.status = JobStatus::Failed;
+        let mut replay = origin_s.clone();
+        replay.status = JobStatus::Running;
+        log.merge([replay.clone(), origin_s, rec(KEEP_RECORDS as u128 + 5, 0)]);
+        // The emptied slot counts until it leaves the front.
+        assert_eq!(log.len(), KEEP_RECORDS - 1);
         let recent = log.recent(2);
         assert_eq!(
             recent[0].id,
             JobId::from_uuid(uuid::Uuid::from_u128(KEEP_RECORDS as u128 + 5))
         );
-        assert_eq!(
-            recent[1].status,
-            JobStatus::Failed,
-            "updated where it stood"
-        );
+        assert_eq!(recent[1].id, JobId::from_uuid(uuid::Uuid::from_u128(id)));
+        assert_eq!(recent[1].status, JobStatus::Failed, "moved to the end");
+        // A late replay of the running state changes nothing.
+        log.merge([replay]);
         assert_eq!(
             log.get(recent[1].id).map(|r| r.status),
             Some(JobStatus::Failed)
         );
-        assert!(
-            log.get(JobId::from_uuid(uuid::Uuid::from_u128(5)))
-                .is_none(),
-            "the oldest were dropped to make room"
-        );
+        assert_eq!(log.recent(1)[0].id, recent[0].id, "nothing appended");
     }
 
     #[test]

@@ -48,6 +48,7 @@ fn record(n: u64) -> JobRecord {
         prompt_tokens: Some(10),
         output_tokens: Some(5),
         error: None,
+        recorded_by: Some(NodeId::from_u128(1)),
     }
 }
 

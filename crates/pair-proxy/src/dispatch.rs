@@ -15,8 +15,8 @@ use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use pair_cluster::PeerLink;
-use pair_core::{EngineKind, NodeId, RetryAdvice};
+use pair_cluster::{PeerLink, Progress};
+use pair_core::{EngineKind, JobId, NodeId, RetryAdvice};
 use pair_http::client::{ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts};
 use pair_http::h1::Headers;
 use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
@@ -30,6 +30,9 @@ pub struct LocalEngine {
     /// Asks this engine's poller to re-read its inventory now: signalled
     /// when the engine answers 404 for a model this node advertised.
     pub refresh: Option<Arc<tokio::sync::Notify>>,
+    /// Whether it is getting anywhere (stamped by its answers; shared with
+    /// the node's report, which takes a stalled engine out of routing).
+    pub progress: Arc<Progress>,
     /// `base`'s authority (the pool key) and the `Host` value for it, made
     /// once here rather than per request.
     to: Authority,
@@ -41,6 +44,7 @@ impl LocalEngine {
         kind: EngineKind,
         base: Uri,
         refresh: Option<Arc<tokio::sync::Notify>>,
+        progress: Arc<Progress>,
     ) -> Result<Self, DispatchError> {
         let to = base.authority().cloned().ok_or(DispatchError::NoHost)?;
         let host = pair_http::request::host_value(&to)
@@ -49,6 +53,7 @@ impl LocalEngine {
             kind,
             base,
             refresh,
+            progress,
             to,
             host,
         })
@@ -89,10 +94,25 @@ impl LocalEngine {
             kind: self.kind,
             base: self.base.clone(),
             refresh: self.refresh.clone(),
+            progress: Arc::clone(&self.progress),
             to,
             host,
         })
     }
+}
+
+/// On a relayed request: the job it is, so the node that runs it records
+/// it under the same id as its origin.
+pub const JOB_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-job");
+
+/// `Retry-After` (seconds, or an HTTP date) as a wait from `now`.
+pub fn retry_after(value: &[u8], now: std::time::SystemTime) -> Option<Duration> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
 }
 
 /// Where one attempt goes.
@@ -160,6 +180,25 @@ impl DispatchError {
     /// request. Part of the error contract callers (the edge SDK) rely on.
     pub fn retry(&self) -> RetryAdvice {
         RetryAdvice::BeforeFirstByte
+    }
+
+    /// Whether the node refused only for now (a refused or reset
+    /// connection, closed before any answer): it may take the request again
+    /// after a back-off.
+    pub fn transient(&self) -> bool {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionRefused, ConnectionReset};
+        match self {
+            DispatchError::Engine { source } => match source {
+                ClientError::Connect { source } => source.kind() == ConnectionRefused,
+                ClientError::Closed => true,
+                ClientError::Io(e) => matches!(e.kind(), ConnectionReset | BrokenPipe),
+                ClientError::Framing(_) => false,
+            },
+            DispatchError::Peer {
+                source: pair_cluster::ClusterError::Transport { source },
+            } => source.is_connect(),
+            _ => false,
+        }
     }
 
     /// A short, stable label for receipts, job records and metrics.
@@ -295,6 +334,7 @@ pub fn request<'a>(
     hop: &'a Hop,
     head: &RequestHead,
     body: Bytes,
+    job: Option<JobId>,
 ) -> Result<Pending<'a>, DispatchError> {
     match hop {
         Hop::Local(engine) => {
@@ -325,6 +365,15 @@ pub fn request<'a>(
         }
         Hop::Peer(link) => {
             let mut req = hyper_request(head, body);
+            // The node that runs it records the job under the same id.
+            if let Some(job) = job {
+                let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+                if let Ok(v) =
+                    HeaderValue::from_str(job.as_uuid().hyphenated().encode_lower(&mut buf))
+                {
+                    req.headers_mut().insert(JOB_HEADER, v);
+                }
+            }
             *req.uri_mut() = link
                 .relay_uri(head.path_and_query.as_str())
                 .map_err(|source| DispatchError::Peer { source })?;
@@ -376,7 +425,7 @@ pub async fn send(
     timeouts: Timeouts,
 ) -> Result<Response<UpBody>, DispatchError> {
     let deadline = timeouts.first_byte;
-    match tokio::time::timeout(deadline, request(local, hop, head, body)?).await {
+    match tokio::time::timeout(deadline, request(local, hop, head, body, None)?).await {
         Ok(r) => r.map(Upstream::into_response),
         Err(_) => Err(DispatchError::Deadline(deadline)),
     }

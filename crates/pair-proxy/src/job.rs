@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pair_cluster::LoadGuard;
+use pair_cluster::{LoadGuard, Progress};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
 use pair_scheduler::ReservationId;
 use tokio::time::Instant;
@@ -20,13 +20,15 @@ pub(crate) fn millis(d: Duration) -> u32 {
 }
 
 /// A job record with what is known before any attempt; the profile's
-/// model moves into it (the profile is not read after).
+/// model moves into it (the profile is not read after). `recorded_by` is
+/// this node: the origin, or the node running a relayed request.
 pub(crate) fn new_record(
     id: JobId,
     flavor: ApiFlavor,
     route: &'static str,
     profile: &mut RequestProfile,
     origin: NodeId,
+    recorded_by: NodeId,
     created_at_ms: u64,
 ) -> JobRecord {
     JobRecord {
@@ -46,6 +48,42 @@ pub(crate) fn new_record(
         prompt_tokens: Some(profile.prompt_tokens),
         output_tokens: None,
         error: None,
+        recorded_by: Some(recorded_by),
+    }
+}
+
+/// A job's record while no answer has been committed: if the request is
+/// dropped now (its client went away before the answer's head), the job is
+/// recorded as cancelled.
+pub(crate) struct PendingJob {
+    st: Arc<ProxyState>,
+    record: Option<JobRecord>,
+    t0: Instant,
+}
+
+impl PendingJob {
+    pub(crate) fn new(st: &Arc<ProxyState>, record: JobRecord, t0: Instant) -> Self {
+        Self {
+            st: Arc::clone(st),
+            record: Some(record),
+            t0,
+        }
+    }
+
+    /// The record, for whoever finishes it (the answer, or the failure).
+    pub(crate) fn take(&mut self) -> Option<JobRecord> {
+        self.record.take()
+    }
+}
+
+impl Drop for PendingJob {
+    fn drop(&mut self) {
+        if let Some(mut rec) = self.record.take() {
+            rec.status = JobStatus::Cancelled;
+            rec.duration_ms = Some(millis(self.t0.elapsed()));
+            rec.error = Some("client went away before the answer".into());
+            self.st.finish_job(rec);
+        }
     }
 }
 
@@ -54,9 +92,9 @@ pub(crate) struct JobWatcher {
     pub(crate) st: Arc<ProxyState>,
     /// Taken by `finish` (called once).
     pub(crate) record: Option<JobRecord>,
-    pub(crate) route: &'static str,
-    /// The route's histograms.
-    pub(crate) slot: Option<RouteSlot>,
+    /// The route and its histograms, for a request this node's face took
+    /// (`None`: a relayed one, counted at its origin).
+    pub(crate) metrics: Option<(&'static str, Option<RouteSlot>)>,
     pub(crate) t0: Instant,
     /// The serving node's name when it is a peer (`None`: this node).
     pub(crate) peer_name: Option<String>,
@@ -64,24 +102,11 @@ pub(crate) struct JobWatcher {
     /// Held until the answer's end: the scheduler counts this request on
     /// its node until then (released by `finish`, or on drop).
     pub(crate) reservation: Option<ReservationId>,
+    /// The local engine serving it, stamped as its tokens come.
+    pub(crate) engine: Option<Arc<Progress>>,
 }
 
 impl JobWatcher {
-    /// A watcher that only keeps a relayed request counted in this node's
-    /// workload while it streams (its origin keeps the record).
-    pub(crate) fn load_only(st: &Arc<ProxyState>, guard: Option<LoadGuard>) -> Self {
-        Self {
-            st: Arc::clone(st),
-            record: None,
-            route: "",
-            slot: None,
-            t0: Instant::now(),
-            peer_name: None,
-            guard,
-            reservation: None,
-        }
-    }
-
     fn release(&mut self) {
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
@@ -99,6 +124,9 @@ impl Watcher for JobWatcher {
     fn progress(&mut self, events: u32) {
         if let Some(g) = self.guard.as_mut() {
             g.progress(events);
+        }
+        if let Some(e) = &self.engine {
+            e.touch();
         }
     }
 
@@ -125,14 +153,16 @@ impl Watcher for JobWatcher {
                 .map(|s| format!("engine answered {s}").into()),
             Ending::Completed => None,
         };
-        let node_name = self.peer_name.as_deref().unwrap_or(&self.st.node.name);
-        self.st
-            .metrics
-            .count_request(self.route, rec.http_status.unwrap_or(0), node_name);
-        if let Some(slot) = self.slot {
-            let m = self.st.metrics.route_at(slot);
-            m.duration.observe(elapsed.as_secs_f64());
-            m.attempts.observe(f64::from(rec.attempts));
+        if let Some((route, slot)) = self.metrics {
+            let node_name = self.peer_name.as_deref().unwrap_or(&self.st.node.name);
+            self.st
+                .metrics
+                .count_request(route, rec.http_status.unwrap_or(0), node_name);
+            if let Some(slot) = slot {
+                let m = self.st.metrics.route_at(slot);
+                m.duration.observe(elapsed.as_secs_f64());
+                m.attempts.observe(f64::from(rec.attempts));
+            }
         }
         self.guard.take();
         self.release();

@@ -22,31 +22,38 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use bytes::Bytes;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http::{HeaderName, Method, StatusCode, header};
-use pair_cluster::PeerIdentity;
+use http_body_util::BodyExt;
+use pair_cluster::{PeerIdentity, Progress};
 use pair_core::{
     ApiFlavor, ClusterSnapshot, JobId, JobStatus, NodeId, RequestProfile, RetryAdvice, SessionKey,
 };
 use pair_http::h1::Headers;
 use pair_http::{Extra, Reply, RequestHead};
-use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, Step};
+use pair_scheduler::{
+    Decision, Failover, FailoverConfig, GiveUp, Outcome, ReservationId, Step, Target,
+};
 use serde_json::json;
 use smallvec::SmallVec;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, RequestFacts};
-use crate::dispatch::{self, DispatchError, Hop, LocalEngine, first_data, refresh_inventory};
+use crate::dispatch::{
+    self, DispatchError, Hop, JOB_HEADER, LocalEngine, first_data, refresh_inventory,
+};
 use crate::error::json_error;
-use crate::job::{JobWatcher, millis, new_record};
+use crate::job::{JobWatcher, PendingJob, millis, new_record};
 use crate::listing;
 use crate::metrics::FailoverLabels;
 use crate::passthrough;
 use crate::receipt::{self, Receipt};
 use crate::route::{self, Face, RouteClass, Work};
 use crate::state::{MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
-use crate::stream::{AnswerBody, Framing};
+use crate::stream::{AnswerBody, Framing, OnCut};
 
 /// A request at any door, read whole (the body is kept for replay).
 #[derive(Debug)]
@@ -102,7 +109,7 @@ pub async fn handle(
                 Door::Face { .. } => Plan::Cluster,
                 Door::Peer(peer) => {
                     tracing::debug!(peer = %peer.id, route, "running a relayed request");
-                    Plan::ThisNode
+                    Plan::ThisNode { origin: peer.id }
                 }
             };
             let inference = Inference {
@@ -220,6 +227,10 @@ async fn node_route(app: &Router, face: Face, req: Request) -> Reply {
 pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
 /// Names a conversation for session affinity.
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session");
+/// On an answer a node made itself rather than pass on from an engine (a
+/// relaying peer's own error): an origin does not hand it to its client as
+/// the last answer.
+pub const PAIR_MADE: HeaderName = HeaderName::from_static("x-pair-made");
 /// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
 pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
 
@@ -245,10 +256,8 @@ pub struct Inference {
     pub received: Instant,
 }
 
-/// Routes one inference request through the cluster. `deadline` is the
-/// timer each attempt's first-byte deadline is set on: a face connection
-/// lends its own, so a request moves an armed timer forward instead of
-/// putting one into tokio's timer wheel and taking it out again.
+/// Routes one inference request. `deadline` is the connection's timer,
+/// moved forward for each wait and each attempt's stall check.
 pub async fn execute(
     st: &Arc<ProxyState>,
     req: Inference,
@@ -261,165 +270,158 @@ pub async fn execute(
         Ok(f) => f,
         Err(e) => return invalid_request(st, &req, plan, &e),
     };
-    let cluster = st.cluster();
+    let mut cluster = st.cluster();
     let mut profile = profile_for(facts, &req, &cluster);
-    let (shortlist, nodes) = match plan {
-        Plan::Cluster => {
-            let shortlist = st.rank(&cluster, &profile, created_at_ms);
-            let nodes: Nodes = shortlist.iter().map(|c| c.node).collect();
-            (shortlist, nodes)
+    if let Plan::ThisNode { .. } = plan {
+        if !holds(st, &cluster, &profile, req.flavor) {
+            return model_not_here(st, &req, &profile);
         }
-        Plan::ThisNode => {
-            let holds = cluster
-                .node(st.node.id)
-                .is_some_and(|n| n.find_model(&profile.model, req.flavor).is_some());
-            if !holds {
-                return model_not_here(st, &req, &profile);
-            }
-            st.metrics.relayed_in.inc();
-            (Shortlist::new(), std::iter::once(st.node.id).collect())
-        }
+        st.metrics.relayed_in.inc();
+    }
+    // The job: this node's own, or the one its origin named.
+    let (job, origin) = match plan {
+        Plan::Cluster => (JobId::from_uuid(uuid::Uuid::new_v4()), st.node.id),
+        Plan::ThisNode { origin } => (
+            req.head
+                .headers
+                .get(&JOB_HEADER)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.parse::<uuid::Uuid>().ok())
+                .map_or_else(|| JobId::from_uuid(uuid::Uuid::new_v4()), JobId::from_uuid),
+            origin,
+        ),
     };
-    let mut failover = Failover::new(
-        nodes,
-        FailoverConfig {
-            first_byte: st.timeouts.first_byte,
-            // A relayed request's answer goes to its origin as the engine
-            // gave it: the origin decides what to retry.
-            pass_last_answer: plan == Plan::ThisNode,
-            ..FailoverConfig::default()
-        },
+    let model = profile.model.clone();
+    let mut pending = PendingJob::new(
+        st,
+        new_record(
+            job,
+            req.flavor,
+            req.route,
+            &mut profile,
+            origin,
+            st.node.id,
+            created_at_ms,
+        ),
+        t0,
     );
-    let job = JobId::from_uuid(uuid::Uuid::new_v4());
-    let (node, up, first, guard, reservation) = loop {
-        let node = match failover.next_step() {
-            Step::Dispatch { node, .. } => node,
+    profile.model = model;
+    let mut failover = Failover::new(FailoverConfig {
+        stall_floor: st.timeouts.first_byte,
+        patience: st.timeouts.first_byte.max(PATIENCE_FLOOR),
+        // A relayed request is tried once here: its origin drives the
+        // retries (and may have other nodes to try).
+        max_dispatches: match plan {
+            Plan::Cluster => pair_scheduler::MAX_DISPATCHES,
+            Plan::ThisNode { .. } => 1,
+        },
+        ..FailoverConfig::default()
+    });
+    // The last answer a node gave that was not committed: if every attempt
+    // fails, the client gets it (an engine's 503 stays a 503).
+    let mut held: Option<Held> = None;
+    let mut shortlist = Shortlist::new();
+    let committed = loop {
+        let now = t0.elapsed();
+        let targets = targets(
+            st,
+            &cluster,
+            &profile,
+            req.flavor,
+            plan,
+            &mut shortlist,
+            now,
+        );
+        let (node, stall_after) = match failover.next_step(now, &targets) {
+            Step::Dispatch { node, stall_after } => (node, stall_after),
+            Step::Wait(d) => {
+                deadline.as_mut().reset(Instant::now() + d);
+                deadline.as_mut().await;
+                cluster = st.cluster();
+                continue;
+            }
             Step::GiveUp(why) => {
                 return gave_up(
                     st,
                     &req,
                     plan,
-                    &mut profile,
+                    &profile,
                     job,
-                    created_at_ms,
+                    &mut pending,
                     &failover,
                     why,
+                    held,
                     &cluster,
                 );
             }
         };
-        let hop = match hop_for(st, &cluster, node, &profile.model, req.flavor) {
-            Ok(h) => h,
-            Err(e) => {
-                note_failure(
-                    st,
-                    &mut failover,
-                    Outcome::Failed {
-                        class: e.class(),
-                        advice: e.retry(),
-                    },
-                );
-                continue;
-            }
-        };
-        // The first attempt goes out now; a later one after the failures
-        // before it, whose time a workload report may already cover.
-        let (sent_ms, sent) = if failover.failed().is_empty() {
-            (created_at_ms, t0)
-        } else {
-            (now_ms(), Instant::now())
-        };
-        // A local dispatch is counted by its load guard, which ranking
-        // reads live for this node (it ignores reservations there); a
-        // peer's by a reservation, until the peer's reports show it.
-        let (guard, reservation) = if matches!(hop, Hop::Local(_)) {
-            let load = st
-                .load
-                .begin(profile.prompt_tokens, profile.max_output_tokens);
-            (Some(load), None)
-        } else {
-            (None, Some(st.reserve(node, &profile, sent_ms)))
-        };
-        // The first-byte deadline is per attempt (a hung node must not eat
-        // the next candidate's time) and covers the head and the first body
-        // byte under one timer.
-        deadline.as_mut().reset(sent + st.timeouts.first_byte);
-        let head =
-            async { dispatch::request(st.local_pool(), &hop, &req.head, req.body.clone())?.await };
-        let head = tokio::select! {
-            biased;
-            r = head => Some(r),
-            () = deadline.as_mut() => None,
-        };
-        let mut up = match head {
-            Some(Ok(up)) => up,
-            Some(Err(e)) => {
-                tracing::debug!(%node, error = %e, "attempt failed");
-                note_failure(
-                    st,
-                    &mut failover,
-                    Outcome::Failed {
-                        class: e.class(),
-                        advice: e.retry(),
-                    },
-                );
-                continue;
-            }
-            None => {
-                note_failure(st, &mut failover, Outcome::TimedOut);
-                continue;
-            }
-        };
-        if up.status == StatusCode::NOT_FOUND {
-            refresh_inventory(&hop);
-        }
-        let first = match failover.report(Outcome::Head {
-            status: up.status.as_u16(),
-        }) {
-            Decision::Commit => None,
-            Decision::Next => {
+        match attempt(
+            st,
+            &req,
+            &cluster,
+            &profile,
+            job,
+            node,
+            stall_after,
+            &mut failover,
+            deadline.as_mut(),
+            plan,
+        )
+        .await
+        {
+            Attempted::Committed(c) => break c,
+            Attempted::Failed(answer) => {
                 note_failed(st, &failover);
-                continue;
-            }
-            // A 2xx head is not yet a commitment: an engine that dies
-            // between head and body is still retried.
-            Decision::AwaitFirstByte => {
-                let first = tokio::select! {
-                    biased;
-                    r = first_data(&mut up.body) => Some(r),
-                    () = deadline.as_mut() => None,
-                };
-                let outcome = match &first {
-                    Some(Ok(_)) => Outcome::FirstByte,
-                    Some(Err(class)) => Outcome::Failed {
-                        class,
-                        advice: RetryAdvice::BeforeFirstByte,
-                    },
-                    None => Outcome::TimedOut,
-                };
-                match failover.report(outcome) {
-                    Decision::Commit => first.and_then(Result::ok).flatten(),
-                    _ => {
-                        note_failed(st, &failover);
-                        continue;
-                    }
+                if answer.is_some() {
+                    held = answer;
                 }
+                cluster = st.cluster();
             }
-        };
-        break (node, up, first, guard, reservation);
+        }
     };
+    let Committed {
+        node,
+        up,
+        first,
+        guard,
+        reservation,
+        engine,
+    } = committed;
     let status = up.status;
     let tries = failover.dispatched();
     let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
-    if plan == Plan::ThisNode {
-        // The origin keeps the record and the receipt.
-        let watcher = JobWatcher::load_only(st, guard);
+    let ttft = t0.elapsed();
+    let Some(mut record) = pending.take() else {
+        unreachable!("the pending record is taken once")
+    };
+    record.ran_on = Some(node);
+    record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
+    record.http_status = Some(status.as_u16());
+    record.ttft_ms = Some(millis(ttft));
+    if let Plan::ThisNode { .. } = plan {
+        // The origin keeps the receipt and the metrics; a cut after the
+        // first byte aborts, so the origin sees it and tells its client.
+        let watcher = JobWatcher {
+            st: Arc::clone(st),
+            record: Some(record),
+            metrics: None,
+            t0,
+            peer_name: None,
+            guard,
+            reservation,
+            engine,
+        };
         return Reply {
             status,
             headers: up.headers,
             extra: Extra::new(),
             body: Body::new(AnswerBody::new(
-                first, up.body, framing, req.flavor, watcher,
+                first,
+                up.body,
+                framing,
+                req.flavor,
+                OnCut::Abort,
+                watcher,
             )),
         };
     }
@@ -427,20 +429,6 @@ pub async fn execute(
     // snapshot for the metrics and the receipt.
     let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
     st.bind_session(&profile, node);
-    let ttft = t0.elapsed();
-    // The profile's last use: its model moves into the record.
-    let mut record = new_record(
-        job,
-        req.flavor,
-        req.route,
-        &mut profile,
-        st.node.id,
-        created_at_ms,
-    );
-    record.ran_on = Some(node);
-    record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
-    record.http_status = Some(status.as_u16());
-    record.ttft_ms = Some(millis(ttft));
     let slot = st.metrics.route_slot(req.route);
     if let Some(slot) = slot {
         st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
@@ -453,14 +441,21 @@ pub async fn execute(
     let watcher = JobWatcher {
         st: Arc::clone(st),
         record: Some(record),
-        route: req.route,
-        slot,
+        metrics: Some((req.route, slot)),
         t0,
         peer_name: peer_name.clone(),
         guard,
-        reservation: reservation.and_then(|r| r.keep()),
+        reservation,
+        engine,
     };
-    let relay = AnswerBody::new(first, up.body, framing, req.flavor, watcher);
+    let body = AnswerBody::new(
+        first,
+        up.body,
+        framing,
+        req.flavor,
+        OnCut::ErrorEvent,
+        watcher,
+    );
     let node_receipt = match &peer_name {
         None => st.receipt_self(),
         Some(name) => crate::state::node_receipt(name, node),
@@ -476,7 +471,359 @@ pub async fn execute(
             why,
         }
         .into_extra(),
-        body: Body::new(relay),
+        body: Body::new(body),
+    }
+}
+
+/// However long the first-byte floor, a request waits at least this long
+/// for a busy or returning owner.
+const PATIENCE_FLOOR: Duration = Duration::from_secs(30);
+/// A whole (non-streamed) answer up to this size is read to its end before
+/// its first byte goes to the client, so an answer cut mid-body is retried
+/// like any other failure before the first byte; a larger one streams.
+const WHOLE_CAP: usize = 8 * 1024 * 1024;
+/// Of an answer that was not committed (a 503, say), this much body is
+/// kept, in case it is the one the client gets.
+const HELD_CAP: usize = 64 * 1024;
+/// And it is read for at most this long.
+const HELD_READ: Duration = Duration::from_secs(2);
+
+/// The answer an attempt committed to.
+struct Committed {
+    node: NodeId,
+    up: dispatch::Upstream,
+    /// What was read of its body before committing (the first frame, or
+    /// a whole answer).
+    first: Option<Bytes>,
+    guard: Option<pair_cluster::LoadGuard>,
+    /// The peer's reservation, released when the answer ends.
+    reservation: Option<ReservationId>,
+    engine: Option<Arc<Progress>>,
+}
+
+/// An answer that was not committed, kept in case it is the last.
+struct Held {
+    node: NodeId,
+    status: StatusCode,
+    headers: Headers,
+    body: Bytes,
+}
+
+enum Attempted {
+    Committed(Committed),
+    /// The attempt failed (already reported to the failover core), with
+    /// the answer the node gave, if it gave one.
+    Failed(Option<Held>),
+}
+
+/// The request's current candidates, best first.
+fn targets(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    profile: &RequestProfile,
+    flavor: ApiFlavor,
+    plan: Plan,
+    shortlist: &mut Shortlist,
+    now: Duration,
+) -> SmallVec<[Target; MAX_ATTEMPTS]> {
+    match plan {
+        Plan::Cluster => {
+            let _ = now;
+            *shortlist = st.rank(cluster, profile, now_ms());
+            shortlist
+                .iter()
+                .map(|c| Target {
+                    node: c.node,
+                    predicted: c.score.prediction().map(|p| {
+                        Duration::from_millis(u64::from(
+                            p.queue_ms
+                                .saturating_add(p.load_ms)
+                                .saturating_add(p.prefill_ms)
+                                .saturating_add(p.overhead_ms)
+                                .saturating_add(p.rtt_ms),
+                        ))
+                    }),
+                })
+                .collect()
+        }
+        // This node only, while it holds the model on a healthy engine.
+        Plan::ThisNode { .. } => holds(st, cluster, profile, flavor)
+            .then_some(Target {
+                node: st.node.id,
+                predicted: None,
+            })
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// Whether this node holds the model on a healthy engine.
+fn holds(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    profile: &RequestProfile,
+    flavor: ApiFlavor,
+) -> bool {
+    cluster
+        .node(st.node.id)
+        .and_then(|n| n.find_model(&profile.model, flavor))
+        .is_some_and(|(e, _)| e.healthy)
+}
+
+/// One attempt on `node`, reported to the failover core.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    st: &Arc<ProxyState>,
+    req: &Inference,
+    cluster: &ClusterSnapshot,
+    profile: &RequestProfile,
+    job: JobId,
+    node: NodeId,
+    stall_after: Duration,
+    failover: &mut Failover,
+    mut deadline: Pin<&mut Sleep>,
+    plan: Plan,
+) -> Attempted {
+    let t0 = req.received;
+    let hop = match hop_for(st, cluster, node, &profile.model, req.flavor) {
+        Ok(h) => h,
+        Err(e) => {
+            failover.report(t0.elapsed(), failed(&e));
+            return Attempted::Failed(None);
+        }
+    };
+    let sent = Instant::now();
+    // A local dispatch is counted by its load guard, which ranking reads
+    // live for this node (it ignores reservations there); a peer's by a
+    // reservation, until the peer's reports show it.
+    let (guard, reservation) = if matches!(hop, Hop::Local(_)) {
+        let load = st
+            .load
+            .begin(profile.prompt_tokens, profile.max_output_tokens);
+        (Some(load), None)
+    } else {
+        (None, Some(st.reserve(node, profile, unix_ms_at(sent))))
+    };
+    let watch = match &hop {
+        Hop::Local(engine) => Watch::Engine(Arc::clone(&engine.progress)),
+        Hop::Peer(_) => Watch::Peer(node),
+    };
+    let job_header = matches!(plan, Plan::Cluster).then_some(job);
+    let head = async {
+        dispatch::request(
+            st.local_pool(),
+            &hop,
+            &req.head,
+            req.body.clone(),
+            job_header,
+        )?
+        .await
+    };
+    let head = tokio::select! {
+        biased;
+        r = head => Some(r),
+        () = stalled(st, &watch, sent, stall_after, deadline.as_mut()) => None,
+    };
+    let mut up = match head {
+        Some(Ok(up)) => up,
+        Some(Err(e)) => {
+            tracing::debug!(%node, error = %e, "attempt failed");
+            failover.report(t0.elapsed(), failed(&e));
+            return Attempted::Failed(None);
+        }
+        None => return stall(failover, &watch, t0),
+    };
+    watch.touch();
+    if up.status == StatusCode::NOT_FOUND {
+        refresh_inventory(&hop);
+    }
+    let retry_after = up
+        .headers
+        .get(&http::header::RETRY_AFTER)
+        .and_then(|v| dispatch::retry_after(v, std::time::SystemTime::now()));
+    let decision = failover.report(
+        t0.elapsed(),
+        Outcome::Head {
+            status: up.status.as_u16(),
+            retry_after,
+        },
+    );
+    let first = match decision {
+        Decision::Commit => None,
+        // An answer the engine gave is kept in case it is the last; one a
+        // relaying peer made itself (it had nothing from its engine) is not.
+        Decision::Next if up.headers.contains(&PAIR_MADE) => return Attempted::Failed(None),
+        Decision::Next => return Attempted::Failed(Some(hold(node, up).await)),
+        // A 2xx head is not yet a commitment: the first byte to the client
+        // is. Streams commit at their first frame; a whole answer is read
+        // to its end first (up to a cap), so one cut mid-body is retried.
+        Decision::AwaitFirstByte => {
+            let whole = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
+                == Framing::Whole;
+            let read = async {
+                if whole {
+                    read_whole(&mut up.body, &watch).await
+                } else {
+                    first_data(&mut up.body).await
+                }
+            };
+            let first = tokio::select! {
+                biased;
+                r = read => Some(r),
+                () = stalled(st, &watch, Instant::now(), stall_after, deadline.as_mut()) => None,
+            };
+            let outcome = match &first {
+                Some(Ok(_)) => Outcome::FirstByte,
+                Some(Err(class)) => Outcome::Failed {
+                    class,
+                    advice: RetryAdvice::BeforeFirstByte,
+                    transient: false,
+                },
+                None => return stall(failover, &watch, t0),
+            };
+            match failover.report(t0.elapsed(), outcome) {
+                Decision::Commit => first.and_then(Result::ok).flatten(),
+                _ => return Attempted::Failed(None),
+            }
+        }
+    };
+    let engine = match &hop {
+        Hop::Local(engine) => Some(Arc::clone(&engine.progress)),
+        Hop::Peer(_) => None,
+    };
+    Attempted::Committed(Committed {
+        node,
+        up,
+        first,
+        guard,
+        reservation: reservation.and_then(|r| r.keep()),
+        engine,
+    })
+}
+
+/// What shows that an attempt's node is getting anywhere.
+enum Watch {
+    /// A local engine: anything it sends, on any request.
+    Engine(Arc<Progress>),
+    /// A peer: that it stays in routing (reporting, answering its probes);
+    /// it watches its own engine.
+    Peer(NodeId),
+}
+
+impl Watch {
+    fn touch(&self) {
+        if let Watch::Engine(p) = self {
+            p.touch();
+        }
+    }
+}
+
+/// Resolves when the attempt's node has shown no progress for
+/// `allowance` (counted from `from` or its last progress, whichever is
+/// later).
+async fn stalled(
+    st: &ProxyState,
+    watch: &Watch,
+    from: Instant,
+    allowance: Duration,
+    mut timer: Pin<&mut Sleep>,
+) {
+    let mut from = from;
+    loop {
+        timer.as_mut().reset(from + allowance);
+        timer.as_mut().await;
+        match watch {
+            Watch::Engine(p) => {
+                let last = p.last();
+                if last > from {
+                    from = last;
+                    continue;
+                }
+                return;
+            }
+            Watch::Peer(node) => {
+                let alive = st
+                    .cluster()
+                    .node(*node)
+                    .is_some_and(|n| n.liveness.is_routable());
+                if !alive {
+                    return;
+                }
+                from = Instant::now();
+            }
+        }
+    }
+}
+
+/// Reports a stalled attempt; a stalled local engine leaves routing.
+#[cold]
+fn stall(failover: &mut Failover, watch: &Watch, t0: Instant) -> Attempted {
+    if let Watch::Engine(p) = watch {
+        p.mark_stalled();
+    }
+    failover.report(t0.elapsed(), Outcome::Stalled);
+    Attempted::Failed(None)
+}
+
+fn failed(e: &DispatchError) -> Outcome {
+    Outcome::Failed {
+        class: e.class(),
+        advice: e.retry(),
+        transient: e.transient(),
+    }
+}
+
+/// A whole answer's body, read to its end (up to [`WHOLE_CAP`]; past it,
+/// what was read, the rest to stream). Every frame is progress.
+async fn read_whole(
+    body: &mut dispatch::UpBody,
+    watch: &Watch,
+) -> Result<Option<Bytes>, &'static str> {
+    let mut got = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Ok((!got.is_empty()).then(|| got.freeze())),
+            Some(Err(_)) => return Err("body"),
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data() {
+                    watch.touch();
+                    got.extend_from_slice(&data);
+                    if got.len() >= WHOLE_CAP {
+                        return Ok(Some(got.freeze()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Keeps an answer that was not committed (its status, headers and up to
+/// [`HELD_CAP`] of its body) in case it is the last.
+#[cold]
+async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
+    let read = async {
+        let mut got = BytesMut::new();
+        while got.len() < HELD_CAP {
+            match up.body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        got.extend_from_slice(&d);
+                    }
+                }
+                _ => break,
+            }
+        }
+        got.truncate(HELD_CAP);
+        got.freeze()
+    };
+    let body = tokio::time::timeout(HELD_READ, read)
+        .await
+        .unwrap_or_default();
+    Held {
+        node,
+        status: up.status,
+        headers: up.headers,
+        body,
     }
 }
 
@@ -490,13 +837,10 @@ pub enum Plan {
     /// request).
     Cluster,
     /// This node only, never re-routed (a request a peer relayed here, so
-    /// a request cannot loop). The origin keeps the job record and the
-    /// receipt, and gets the engine's answer as it is.
-    ThisNode,
+    /// a request cannot loop). The origin keeps the receipt, and gets the
+    /// engine's answer as it is; both record the job.
+    ThisNode { origin: NodeId },
 }
-
-/// A request's candidates, held inline.
-type Nodes = SmallVec<[NodeId; MAX_ATTEMPTS]>;
 
 #[cold]
 #[inline(never)]
@@ -520,7 +864,7 @@ fn invalid_request(st: &ProxyState, req: &Inference, plan: Plan, e: &body::BodyE
 #[cold]
 #[inline(never)]
 fn model_not_here(st: &ProxyState, req: &Inference, profile: &RequestProfile) -> Reply {
-    json_error(
+    let mut reply: Reply = json_error(
         StatusCode::NOT_FOUND,
         req.flavor,
         "model_not_found",
@@ -530,10 +874,15 @@ fn model_not_here(st: &ProxyState, req: &Inference, profile: &RequestProfile) ->
         ),
         None,
     )
-    .into()
+    .into();
+    reply
+        .extra
+        .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+    reply
 }
 
-/// The request ends with nothing committed.
+/// The request ends with nothing committed: the last answer a node gave,
+/// or the proxy's own error naming what each node did.
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
@@ -541,22 +890,14 @@ fn gave_up(
     st: &ProxyState,
     req: &Inference,
     plan: Plan,
-    profile: &mut RequestProfile,
+    profile: &RequestProfile,
     job: JobId,
-    created_at_ms: u64,
+    pending: &mut PendingJob,
     failover: &Failover,
     why: GiveUp,
+    held: Option<Held>,
     cluster: &ClusterSnapshot,
 ) -> Reply {
-    let timed_out = match why {
-        GiveUp::NoCandidate => return no_eligible_node(st, req, profile, cluster),
-        GiveUp::Exhausted { timed_out } => timed_out,
-    };
-    let status = if timed_out {
-        StatusCode::GATEWAY_TIMEOUT
-    } else {
-        StatusCode::BAD_GATEWAY
-    };
     let attempts: Vec<Attempt> = failover
         .failed()
         .iter()
@@ -566,42 +907,97 @@ fn gave_up(
             outcome: a.outcome.label().into_owned(),
         })
         .collect();
-    let model = profile.model.clone();
+    let kept_engine_answer = held.is_some() && matches!(why, GiveUp::Exhausted { .. });
+    let (reply, error): (Reply, &'static str) = match (why, held) {
+        (GiveUp::NoCandidate, _) => {
+            // Nothing was tried: no job to record.
+            pending.take();
+            return no_eligible_node(st, req, profile, cluster);
+        }
+        (GiveUp::OwnersGone, _) => {
+            let mut resp = json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                req.flavor,
+                "no_owner_up",
+                &format!(
+                    "every node that serves '{}' left while the request was retried, and none came back within {} s",
+                    profile.model,
+                    req.received.elapsed().as_secs()
+                ),
+                Some(json!({ "attempts": attempts })),
+            );
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("5"),
+            );
+            (resp.into(), "no owner up")
+        }
+        (GiveUp::Exhausted { .. }, Some(held)) => {
+            // The engine's own answer, as it gave it, with the receipt.
+            let name = name_of(cluster, held.node);
+            let mut reply = Reply {
+                status: held.status,
+                headers: held.headers,
+                extra: Extra::new(),
+                body: Body::from(held.body),
+            };
+            if plan == Plan::Cluster {
+                reply.extra = Receipt {
+                    node: crate::state::node_receipt(&name, held.node),
+                    attempts: failover.dispatched(),
+                    policy: st.policy().as_str(),
+                    job,
+                    why: None,
+                }
+                .into_extra();
+            }
+            (reply, "every attempt failed")
+        }
+        (GiveUp::Exhausted { stalled }, None) => {
+            let status = if stalled {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            let tried: Vec<String> = attempts
+                .iter()
+                .map(|a| format!("{} ({})", a.name, a.outcome))
+                .collect();
+            let mut resp = json_error(
+                status,
+                req.flavor,
+                "all_attempts_failed",
+                &format!(
+                    "every node that serves '{}' failed before answering: {}",
+                    profile.model,
+                    tried.join(", ")
+                ),
+                Some(json!({ "attempts": attempts, "job": job })),
+            );
+            resp.headers_mut()
+                .insert(receipt::ATTEMPTS, receipt::attempts_value(attempts.len()));
+            (resp.into(), "all attempts failed")
+        }
+    };
     if plan == Plan::Cluster {
-        st.metrics.count_request(req.route, status.as_u16(), "none");
-        let mut record = new_record(
-            job,
-            req.flavor,
-            req.route,
-            profile,
-            st.node.id,
-            created_at_ms,
-        );
-        record.attempts = u8::try_from(attempts.len()).unwrap_or(u8::MAX);
+        st.metrics
+            .count_request(req.route, reply.status.as_u16(), "none");
+    }
+    let mut reply = reply;
+    if !kept_engine_answer {
+        reply
+            .extra
+            .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+    }
+    if let Some(mut record) = pending.take() {
+        record.attempts = u8::try_from(failover.dispatched()).unwrap_or(u8::MAX);
         record.status = JobStatus::Failed;
-        record.http_status = Some(status.as_u16());
+        record.http_status = Some(reply.status.as_u16());
         record.duration_ms = Some(millis(req.received.elapsed()));
-        record.error = Some("all attempts failed".into());
+        record.error = Some(error.into());
         st.finish_job(record);
     }
-    let tried: Vec<String> = attempts
-        .iter()
-        .map(|a| format!("{} ({})", a.name, a.outcome))
-        .collect();
-    let mut resp = json_error(
-        status,
-        req.flavor,
-        "all_attempts_failed",
-        &format!(
-            "every node that serves '{}' failed before answering: {}",
-            model,
-            tried.join(", ")
-        ),
-        Some(json!({ "attempts": attempts, "job": job })),
-    );
-    resp.headers_mut()
-        .insert(receipt::ATTEMPTS, receipt::attempts_value(attempts.len()));
-    resp.into()
+    reply
 }
 
 #[cold]
@@ -624,15 +1020,6 @@ fn no_eligible_node(
         Some(json!({ "model": profile.model, "nodes": cluster.len() })),
     )
     .into()
-}
-
-/// Reports a failed attempt to the failover core, and counts it.
-#[cold]
-#[inline(never)]
-fn note_failure(st: &ProxyState, failover: &mut Failover, outcome: Outcome) {
-    let decision = failover.report(outcome);
-    debug_assert_eq!(decision, Decision::Next);
-    note_failed(st, failover);
 }
 
 /// Counts the attempt the failover core just logged as failed.

@@ -475,7 +475,7 @@ pub(crate) mod tests {
         let st = state(Arc::clone(&loops), Arc::new(JobLog::in_memory()));
         let base: http::Uri = "http://127.0.0.1:11435".parse().unwrap();
         st.set_engines(vec![
-            LocalEngine::new(pair_core::EngineKind::Ollama, base, None).unwrap(),
+            LocalEngine::new(pair_core::EngineKind::Ollama, base, None, Arc::default()).unwrap(),
         ]);
         let on = |i: usize| {
             let st = Arc::clone(&st);

@@ -79,6 +79,17 @@ pub enum Ending {
     Cancelled,
 }
 
+/// What an answer does when its upstream fails after the first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnCut {
+    /// Ends with an error event in the stream's own framing (a whole
+    /// document is aborted): what a client sees.
+    ErrorEvent,
+    /// Aborts, so the node that relayed the request here sees the failure
+    /// itself (and tells its client in the client's own framing).
+    Abort,
+}
+
 /// Told about progress and, exactly once, about the ending.
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
@@ -92,6 +103,7 @@ pub struct AnswerBody<W: Watcher> {
     inner: UpBody,
     framing: Framing,
     flavor: ApiFlavor,
+    on_cut: OnCut,
     watcher: Option<W>,
     events: u32,
     /// How it ended, once known (nothing more is read after).
@@ -114,6 +126,7 @@ impl<W: Watcher> AnswerBody<W> {
         inner: UpBody,
         framing: Framing,
         flavor: ApiFlavor,
+        on_cut: OnCut,
         watcher: W,
     ) -> Self {
         Self {
@@ -121,6 +134,7 @@ impl<W: Watcher> AnswerBody<W> {
             inner,
             framing,
             flavor,
+            on_cut,
             watcher: Some(watcher),
             events: 0,
             ending: None,
@@ -195,6 +209,9 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
                 let class = err.class();
                 tracing::warn!(error = %err, class, "upstream failed mid-stream");
                 this.end(Ending::Failed { class });
+                if this.on_cut == OnCut::Abort {
+                    return Poll::Ready(Some(Err(err)));
+                }
                 match stream_error_event(
                     this.framing,
                     this.flavor,

@@ -1,24 +1,34 @@
-//! The failover rules as a state machine with no I/O: which candidate a
-//! request goes to next, which answers end it, and when it gives up.
+//! The failover rules as a state machine with no I/O: where a request goes
+//! next, which answers end it, how long to wait before trying again, and
+//! when to give up. Time comes in as an argument (how long since the
+//! request arrived).
 //!
 //! The shell that performs the attempts (a node's pipeline, the edge SDK)
-//! asks [`Failover::next_step`] where to send the request, reports how each
-//! attempt went with [`Failover::report`], and does what the answer says;
-//! it never decides a retry itself. The rules:
+//! asks [`Failover::next_step`] what to do, passing the request's current
+//! candidates (they change as nodes come and go), reports how each attempt
+//! went with [`Failover::report`], and does what the answer says; it never
+//! decides a retry itself. The rules:
 //!
 //! - A transport failure (refused or reset connection, no route to the
-//!   node), a missed first-byte deadline, a body that fails before its first
-//!   byte, and the statuses 404 (from a node that advertised the model), 408,
-//!   429 and 5xx move the request to the next candidate.
+//!   node), a stalled attempt, a body that fails before its first byte, and
+//!   the statuses 404 (from a node that advertised the model), 408, 429
+//!   and 5xx move the request to the next candidate.
 //! - Any other 4xx (400, 401, 422, ...) is the client's own fault: it goes
 //!   back as it is, and nothing is retried.
-//! - A 2xx or 3xx head is not yet a commitment: the request is committed to
-//!   that node when the first body byte arrives (an engine that dies between
-//!   head and body is still retried), and from then on never resent.
-//! - At most [`FailoverConfig::max_dispatches`] candidates are tried.
-//! - When every candidate failed, the request ends with the proxy's own
-//!   error ([`GiveUp`]), or with the last upstream answer when the plan asks
-//!   for it ([`FailoverConfig::pass_last_answer`]).
+//! - A 2xx or 3xx head is not yet a commitment: the request is committed
+//!   when the first byte goes to the client, and from then on never resent.
+//! - When every candidate has been tried, one that refused only for now
+//!   (503, 429, a refused or reset connection) is tried again, after a
+//!   back-off that honours its `Retry-After`: a single-owner cluster rides
+//!   out a busy engine.
+//! - When the candidates vanish in the middle of the retries (every owner
+//!   unhealthy or gone), the request waits for one to come back.
+//! - Nothing starts after the request's patience has run out, and at most
+//!   [`FailoverConfig::max_dispatches`] attempts are made.
+//! - An attempt is cut when its node makes no progress for its stall
+//!   allowance: [`FailoverConfig::stall_floor`], or a multiple of the
+//!   scheduler's predicted time to first byte when that is longer (a queue
+//!   or a cold load is waited for; a hung engine is not).
 
 use std::time::Duration;
 
@@ -30,46 +40,72 @@ pub const MAX_DISPATCHES: usize = 5;
 /// How a request's failover behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailoverConfig {
-    /// Candidates tried at most (the first included).
+    /// Attempts at most, the first included.
     pub max_dispatches: usize,
-    /// How long an attempt may take to its first body byte.
-    pub first_byte: Duration,
-    /// When the last possible attempt fails with an upstream answer, that
-    /// answer goes back to the client instead of the proxy's own error
-    /// (a node running a relayed request answers its origin this way, so
-    /// the origin sees the engine's status).
-    pub pass_last_answer: bool,
+    /// The shortest stall allowance: how long a node may show no progress
+    /// before its attempt is cut.
+    pub stall_floor: Duration,
+    /// The stall allowance is at least this many times the node's predicted
+    /// time to first byte (queue, load and prefill).
+    pub prediction_factor: u32,
+    /// How long after its arrival a request may still start an attempt or
+    /// wait for one (back-offs, owners coming back).
+    pub patience: Duration,
+    /// First back-off before trying a node that refused again; doubles per
+    /// refusal up to [`FailoverConfig::backoff_max`].
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// How often to look again when no owner of the model is left.
+    pub owner_poll: Duration,
 }
 
 impl Default for FailoverConfig {
     fn default() -> Self {
         Self {
             max_dispatches: MAX_DISPATCHES,
-            first_byte: Duration::from_secs(120),
-            pass_last_answer: false,
+            stall_floor: Duration::from_secs(20),
+            prediction_factor: 3,
+            patience: Duration::from_secs(120),
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(5),
+            owner_poll: Duration::from_millis(250),
         }
     }
+}
+
+/// A node the request may go to now, best first, with the scheduler's
+/// predicted time to its first byte when it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub node: NodeId,
+    pub predicted: Option<Duration>,
 }
 
 /// How one attempt went, as the shell saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// The answer's head arrived; no body byte yet.
-    Head { status: u16 },
-    /// The first body byte arrived (or the body ended empty): the request
-    /// is the client's from here.
+    /// The answer's head arrived; nothing went to the client yet.
+    /// `retry_after`: the answer's `Retry-After`, when it has one.
+    Head {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
+    /// The first byte of the answer went to the client: the request is the
+    /// client's from here.
     FirstByte,
     /// Nothing usable came back: the connection failed, the node could not
-    /// be reached, or the body failed before its first byte. `class` is a
-    /// short stable label (`connect`, `transport`, `no-link`, `body`);
-    /// `advice` is the failure's own retry advice (an attempt that cannot
-    /// succeed anywhere stops the request).
+    /// be reached, or the body failed before the first byte went out.
+    /// `class` is a short stable label (`connect`, `transport`, `no-link`,
+    /// `body`); `advice` the failure's own retry advice (one that no node
+    /// could fix stops the request); `transient`: the node refused for now
+    /// (a refused or reset connection) and may take it again soon.
     Failed {
         class: &'static str,
         advice: RetryAdvice,
+        transient: bool,
     },
-    /// The first-byte deadline passed.
-    TimedOut,
+    /// The node made no progress within the attempt's stall allowance.
+    Stalled,
 }
 
 /// What the shell does after [`Failover::report`].
@@ -77,8 +113,8 @@ pub enum Outcome {
 pub enum Decision {
     /// Hand this answer to the client, as it stands; no resend after this.
     Commit,
-    /// Read on to the first body byte (within the same deadline), then
-    /// report again.
+    /// Read on until the first byte can go to the client (within the same
+    /// stall allowance), then report again.
     AwaitFirstByte,
     /// This attempt is over: ask [`Failover::next_step`].
     Next,
@@ -87,20 +123,26 @@ pub enum Decision {
 /// What to do next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Send the request to `node`, expecting its first body byte within
-    /// `first_byte`.
-    Dispatch { node: NodeId, first_byte: Duration },
+    /// Send the request to `node`; cut the attempt if the node shows no
+    /// progress for `stall_after`.
+    Dispatch { node: NodeId, stall_after: Duration },
+    /// Wait this long (a back-off, or for an owner to come back), then ask
+    /// again.
+    Wait(Duration),
     /// Stop: nothing was committed.
     GiveUp(GiveUp),
 }
 
-/// Why a request ended without an answer to pass on.
+/// Why a request ended without an answer committed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GiveUp {
-    /// No node was eligible at all.
+    /// No node was eligible when the request arrived.
     NoCandidate,
-    /// Every attempt failed; `timed_out`: at least one by its deadline.
-    Exhausted { timed_out: bool },
+    /// Every attempt failed; `stalled`: at least one by its stall allowance.
+    Exhausted { stalled: bool },
+    /// Every owner left in the middle of the retries and none came back
+    /// within the request's patience.
+    OwnersGone,
 }
 
 /// One failed attempt, for receipts, job records and error bodies.
@@ -115,19 +157,30 @@ pub struct FailedAttempt {
 pub enum FailedOutcome {
     Status(u16),
     Failed(&'static str),
-    TimedOut,
+    Stalled,
 }
 
 impl FailedOutcome {
     /// The label receipts and error bodies show: the status (`503`) or the
-    /// transport class (`connect`, `first-byte-timeout`).
+    /// transport class (`connect`, `first-byte-timeout` for a stall).
     pub fn label(&self) -> std::borrow::Cow<'static, str> {
         match self {
             FailedOutcome::Status(s) => s.to_string().into(),
             FailedOutcome::Failed(class) => (*class).into(),
-            FailedOutcome::TimedOut => "first-byte-timeout".into(),
+            FailedOutcome::Stalled => "first-byte-timeout".into(),
         }
     }
+}
+
+/// What one node did with the request so far.
+#[derive(Clone, Copy, Debug)]
+struct Tried {
+    node: NodeId,
+    /// Refusals for now (503, 429, refused or reset connections) in a row.
+    refusals: u32,
+    /// When the node may be tried again (since the request's arrival);
+    /// `None`: not again.
+    again_at: Option<Duration>,
 }
 
 /// Where the current attempt stands.
@@ -137,7 +190,7 @@ enum Phase {
     Idle,
     /// An attempt is out to this node.
     Out(NodeId),
-    /// Its head was a success: waiting for the first body byte.
+    /// Its head was a success: waiting for the first byte.
     AwaitingByte(NodeId),
     /// Done: an answer was committed, or the request gave up.
     Done,
@@ -147,75 +200,124 @@ enum Phase {
 #[derive(Clone, Debug)]
 pub struct Failover {
     cfg: FailoverConfig,
-    candidates: Vec<NodeId>,
-    /// Next candidate to try.
-    cursor: usize,
+    tried: Vec<Tried>,
     dispatched: usize,
     phase: Phase,
     failed: Vec<FailedAttempt>,
-    timed_out: bool,
+    stalled: bool,
     /// A failure said no other node would do better.
     stopped: bool,
+    /// The candidates vanished after an attempt: waiting for an owner.
+    owners_gone: bool,
+    /// Why it gave up, once it did.
+    gave_up: Option<GiveUp>,
 }
 
 impl Failover {
-    /// A failover over `candidates`, best first (the scheduler's ranking).
-    pub fn new(candidates: impl IntoIterator<Item = NodeId>, cfg: FailoverConfig) -> Self {
+    pub fn new(cfg: FailoverConfig) -> Self {
         Self {
             cfg,
-            candidates: candidates.into_iter().take(cfg.max_dispatches).collect(),
-            cursor: 0,
+            tried: Vec::new(),
             dispatched: 0,
             phase: Phase::Idle,
             failed: Vec::new(),
-            timed_out: false,
+            stalled: false,
             stopped: false,
+            owners_gone: false,
+            gave_up: None,
         }
     }
 
-    /// Where the request goes next, or why it stops.
-    pub fn next_step(&mut self) -> Step {
+    /// What to do next, `now` after the request arrived, with the request's
+    /// current `targets` (best first).
+    pub fn next_step(&mut self, now: Duration, targets: &[Target]) -> Step {
         debug_assert!(
-            matches!(self.phase, Phase::Idle),
+            matches!(self.phase, Phase::Idle | Phase::Done),
             "next_step() while an attempt is out"
         );
-        if self.phase == Phase::Done {
-            return Step::GiveUp(self.give_up_reason());
+        if let Some(why) = self.gave_up {
+            return Step::GiveUp(why);
         }
-        if self.stopped
-            || self.dispatched >= self.cfg.max_dispatches
-            || self.cursor >= self.candidates.len()
-        {
-            self.phase = Phase::Done;
-            return Step::GiveUp(self.give_up_reason());
+        if self.stopped || self.dispatched >= self.cfg.max_dispatches {
+            return self.give_up(self.exhausted());
         }
-        let node = self.candidates[self.cursor];
-        self.cursor += 1;
-        self.dispatched += 1;
-        self.phase = Phase::Out(node);
-        Step::Dispatch {
-            node,
-            first_byte: self.cfg.first_byte,
-        }
-    }
-
-    fn give_up_reason(&self) -> GiveUp {
-        if self.candidates.is_empty() {
-            GiveUp::NoCandidate
-        } else {
-            GiveUp::Exhausted {
-                timed_out: self.timed_out,
+        if targets.is_empty() {
+            if self.dispatched == 0 && !self.owners_gone {
+                return self.give_up(GiveUp::NoCandidate);
             }
+            // Owners went away mid-retries: wait for one to come back.
+            self.owners_gone = true;
+            return match self.wait_until(now, now + self.cfg.owner_poll) {
+                Some(step) => step,
+                None => self.give_up(GiveUp::OwnersGone),
+            };
+        }
+        if let Some(t) = targets
+            .iter()
+            .find(|t| !self.tried.iter().any(|x| x.node == t.node))
+        {
+            return self.dispatch(*t);
+        }
+        // Every present candidate has been tried: the one that refused only
+        // for now and may be tried soonest, after its back-off.
+        let again = targets
+            .iter()
+            .filter_map(|t| {
+                let x = self.tried.iter().find(|x| x.node == t.node)?;
+                Some((x.again_at?, *t))
+            })
+            .min_by_key(|(at, _)| *at);
+        match again {
+            None => self.give_up(self.exhausted()),
+            Some((at, t)) if at <= now => self.dispatch(t),
+            Some((at, _)) => match self.wait_until(now, at) {
+                Some(step) => step,
+                None => self.give_up(self.exhausted()),
+            },
         }
     }
 
-    /// Whether another attempt could still be made after the current one.
-    fn more_to_try(&self) -> bool {
-        self.dispatched < self.cfg.max_dispatches && self.cursor < self.candidates.len()
+    fn exhausted(&self) -> GiveUp {
+        GiveUp::Exhausted {
+            stalled: self.stalled,
+        }
     }
 
-    /// How the attempt out now went; what to do about it.
-    pub fn report(&mut self, outcome: Outcome) -> Decision {
+    fn give_up(&mut self, why: GiveUp) -> Step {
+        self.phase = Phase::Done;
+        self.gave_up = Some(why);
+        Step::GiveUp(why)
+    }
+
+    /// A wait until `at`, or `None` when that is past the request's
+    /// patience.
+    fn wait_until(&self, now: Duration, at: Duration) -> Option<Step> {
+        (at <= self.cfg.patience).then(|| Step::Wait(at.saturating_sub(now)))
+    }
+
+    fn dispatch(&mut self, t: Target) -> Step {
+        self.dispatched += 1;
+        self.phase = Phase::Out(t.node);
+        if !self.tried.iter().any(|x| x.node == t.node) {
+            self.tried.push(Tried {
+                node: t.node,
+                refusals: 0,
+                again_at: None,
+            });
+        }
+        let predicted = t
+            .predicted
+            .map(|p| p.saturating_mul(self.cfg.prediction_factor))
+            .unwrap_or_default();
+        Step::Dispatch {
+            node: t.node,
+            stall_after: self.cfg.stall_floor.max(predicted),
+        }
+    }
+
+    /// How the attempt out now went, `now` after the request arrived; what
+    /// to do about it.
+    pub fn report(&mut self, now: Duration, outcome: Outcome) -> Decision {
         let node = match self.phase {
             Phase::Out(n) | Phase::AwaitingByte(n) => n,
             Phase::Idle | Phase::Done => {
@@ -223,49 +325,86 @@ impl Failover {
                 return Decision::Next;
             }
         };
-        let failed = match (self.phase, outcome) {
-            (Phase::Out(_), Outcome::Head { status }) => {
+        let (failed, refusal, retry_after) = match (self.phase, outcome) {
+            (_, Outcome::FirstByte) => {
+                self.phase = Phase::Done;
+                return Decision::Commit;
+            }
+            (
+                Phase::Out(_),
+                Outcome::Head {
+                    status,
+                    retry_after,
+                },
+            ) => {
                 match RetryAdvice::for_status(status, true) {
                     None => {
                         self.phase = Phase::AwaitingByte(node);
                         return Decision::AwaitFirstByte;
                     }
-                    Some(RetryAdvice::BeforeFirstByte)
-                        if !self.cfg.pass_last_answer || self.more_to_try() =>
-                    {
-                        FailedOutcome::Status(status)
-                    }
-                    // The client's own error (or the last answer, passed
-                    // on): it goes back as it is.
+                    Some(RetryAdvice::BeforeFirstByte) => (
+                        FailedOutcome::Status(status),
+                        matches!(status, 429 | 503),
+                        retry_after,
+                    ),
+                    // The client's own error: it goes back as it is.
                     Some(_) => {
                         self.phase = Phase::Done;
                         return Decision::Commit;
                     }
                 }
             }
-            (_, Outcome::FirstByte) => {
-                self.phase = Phase::Done;
-                return Decision::Commit;
-            }
-            (_, Outcome::Failed { class, advice }) => {
+            (
+                _,
+                Outcome::Failed {
+                    class,
+                    advice,
+                    transient,
+                },
+            ) => {
                 self.stopped |= !advice.may_retry();
-                FailedOutcome::Failed(class)
+                (FailedOutcome::Failed(class), transient, None)
             }
-            (_, Outcome::TimedOut) => {
-                self.timed_out = true;
-                FailedOutcome::TimedOut
+            (_, Outcome::Stalled) => {
+                self.stalled = true;
+                (FailedOutcome::Stalled, false, None)
             }
             (_, Outcome::Head { .. }) => {
                 debug_assert!(false, "a second head for one attempt");
-                FailedOutcome::Failed("transport")
+                (FailedOutcome::Failed("transport"), false, None)
             }
         };
+        let backoff = self.backoff_after(node, refusal);
+        if let Some(x) = self.tried.iter_mut().find(|x| x.node == node) {
+            if refusal {
+                x.refusals += 1;
+                x.again_at = Some(now + backoff.max(retry_after.unwrap_or_default()));
+            } else {
+                x.again_at = None;
+            }
+        }
         self.failed.push(FailedAttempt {
             node,
             outcome: failed,
         });
         self.phase = Phase::Idle;
         Decision::Next
+    }
+
+    /// The back-off before `node` is tried again after one more refusal.
+    fn backoff_after(&self, node: NodeId, refusal: bool) -> Duration {
+        if !refusal {
+            return Duration::ZERO;
+        }
+        let before = self
+            .tried
+            .iter()
+            .find(|x| x.node == node)
+            .map_or(0, |x| x.refusals);
+        self.cfg
+            .backoff_base
+            .saturating_mul(1 << before.min(16))
+            .min(self.cfg.backoff_max)
     }
 
     /// The attempts that failed so far, in order.
@@ -277,11 +416,6 @@ impl Failover {
     pub fn dispatched(&self) -> usize {
         self.dispatched
     }
-
-    /// Whether an attempt missed its deadline.
-    pub fn timed_out(&self) -> bool {
-        self.timed_out
-    }
 }
 
 #[cfg(test)]
@@ -292,94 +426,209 @@ mod tests {
         NodeId::from_u128(i)
     }
 
-    fn dispatch(f: &mut Failover) -> NodeId {
-        match f.next_step() {
+    fn t(i: u128) -> Target {
+        Target {
+            node: n(i),
+            predicted: None,
+        }
+    }
+
+    fn dispatch(f: &mut Failover, now: Duration, targets: &[Target]) -> NodeId {
+        match f.next_step(now, targets) {
             Step::Dispatch { node, .. } => node,
             other => panic!("expected a dispatch, got {other:?}"),
         }
     }
 
+    const ZERO: Duration = Duration::ZERO;
+
+    fn head(status: u16) -> Outcome {
+        Outcome::Head {
+            status,
+            retry_after: None,
+        }
+    }
+
+    fn failed(class: &'static str) -> Outcome {
+        Outcome::Failed {
+            class,
+            advice: RetryAdvice::BeforeFirstByte,
+            transient: false,
+        }
+    }
+
     #[test]
     fn a_success_commits_at_its_first_byte() {
-        let mut f = Failover::new([n(1), n(2)], FailoverConfig::default());
-        assert_eq!(dispatch(&mut f), n(1));
-        assert_eq!(
-            f.report(Outcome::Head { status: 200 }),
-            Decision::AwaitFirstByte
-        );
-        assert_eq!(f.report(Outcome::FirstByte), Decision::Commit);
+        let mut f = Failover::new(FailoverConfig::default());
+        assert_eq!(dispatch(&mut f, ZERO, &[t(1), t(2)]), n(1));
+        assert_eq!(f.report(ZERO, head(200)), Decision::AwaitFirstByte);
+        assert_eq!(f.report(ZERO, Outcome::FirstByte), Decision::Commit);
         assert_eq!(f.dispatched(), 1);
         assert!(f.failed().is_empty());
     }
 
     #[test]
     fn retryable_failures_move_on_and_client_errors_stop() {
-        let mut f = Failover::new([n(1), n(2), n(3), n(4)], FailoverConfig::default());
-        assert_eq!(dispatch(&mut f), n(1));
-        assert_eq!(f.report(Outcome::Head { status: 503 }), Decision::Next);
-        assert_eq!(dispatch(&mut f), n(2));
-        assert_eq!(
-            f.report(Outcome::Head { status: 200 }),
-            Decision::AwaitFirstByte
-        );
-        assert_eq!(
-            f.report(Outcome::Failed {
-                class: "body",
-                advice: RetryAdvice::BeforeFirstByte
-            }),
-            Decision::Next
-        );
-        assert_eq!(dispatch(&mut f), n(3));
-        assert_eq!(f.report(Outcome::Head { status: 422 }), Decision::Commit);
+        let mut f = Failover::new(FailoverConfig::default());
+        let all = [t(1), t(2), t(3), t(4)];
+        assert_eq!(dispatch(&mut f, ZERO, &all), n(1));
+        assert_eq!(f.report(ZERO, head(500)), Decision::Next);
+        assert_eq!(dispatch(&mut f, ZERO, &all), n(2));
+        assert_eq!(f.report(ZERO, head(200)), Decision::AwaitFirstByte);
+        assert_eq!(f.report(ZERO, failed("body")), Decision::Next);
+        assert_eq!(dispatch(&mut f, ZERO, &all), n(3));
+        assert_eq!(f.report(ZERO, head(422)), Decision::Commit);
         let labels: Vec<_> = f.failed().iter().map(|a| a.outcome.label()).collect();
-        assert_eq!(labels, ["503", "body"]);
+        assert_eq!(labels, ["500", "body"]);
     }
 
     #[test]
-    fn all_failing_gives_up_naming_a_timeout() {
-        let mut f = Failover::new([n(1), n(2)], FailoverConfig::default());
-        dispatch(&mut f);
-        f.report(Outcome::TimedOut);
-        dispatch(&mut f);
-        f.report(Outcome::Failed {
-            class: "connect",
-            advice: RetryAdvice::BeforeFirstByte,
-        });
+    fn all_failing_gives_up_naming_a_stall() {
+        let mut f = Failover::new(FailoverConfig::default());
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        f.report(ZERO, Outcome::Stalled);
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        f.report(ZERO, failed("transport"));
         assert_eq!(
-            f.next_step(),
-            Step::GiveUp(GiveUp::Exhausted { timed_out: true })
+            f.next_step(ZERO, &[t(1), t(2)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: true })
         );
-        assert_eq!(
-            Failover::new([], FailoverConfig::default()).next_step(),
-            Step::GiveUp(GiveUp::NoCandidate)
-        );
+        let mut none = Failover::new(FailoverConfig::default());
+        assert_eq!(none.next_step(ZERO, &[]), Step::GiveUp(GiveUp::NoCandidate));
     }
 
     #[test]
     fn a_failure_no_node_can_fix_stops_the_request() {
-        let mut f = Failover::new([n(1), n(2)], FailoverConfig::default());
-        dispatch(&mut f);
-        f.report(Outcome::Failed {
-            class: "bad-request",
-            advice: RetryAdvice::Never,
-        });
+        let mut f = Failover::new(FailoverConfig::default());
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        f.report(
+            ZERO,
+            Outcome::Failed {
+                class: "bad-request",
+                advice: RetryAdvice::Never,
+                transient: false,
+            },
+        );
         assert_eq!(
-            f.next_step(),
-            Step::GiveUp(GiveUp::Exhausted { timed_out: false })
+            f.next_step(ZERO, &[t(1), t(2)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
         );
         assert_eq!(f.dispatched(), 1);
     }
 
     #[test]
-    fn the_last_answer_is_passed_on_when_the_plan_asks() {
+    fn the_only_owner_is_tried_again_after_backing_off_as_it_asks() {
+        let mut f = Failover::new(FailoverConfig::default());
+        let only = [t(1)];
+        assert_eq!(dispatch(&mut f, ZERO, &only), n(1));
+        f.report(ZERO, head(503));
+        // 200 ms back-off, then the same node.
+        assert_eq!(
+            f.next_step(ZERO, &only),
+            Step::Wait(Duration::from_millis(200))
+        );
+        let at = Duration::from_millis(200);
+        assert_eq!(dispatch(&mut f, at, &only), n(1));
+        // A Retry-After longer than the back-off is honoured.
+        f.report(
+            at,
+            Outcome::Head {
+                status: 429,
+                retry_after: Some(Duration::from_secs(2)),
+            },
+        );
+        assert_eq!(f.next_step(at, &only), Step::Wait(Duration::from_secs(2)));
+        // A refused connection is for now too; a 500 is not.
+        let at = at + Duration::from_secs(2);
+        dispatch(&mut f, at, &only);
+        f.report(
+            at,
+            Outcome::Failed {
+                class: "connect",
+                advice: RetryAdvice::BeforeFirstByte,
+                transient: true,
+            },
+        );
+        let at = at + Duration::from_secs(1);
+        dispatch(&mut f, at, &only);
+        f.report(at, head(500));
+        assert_eq!(
+            f.next_step(at, &only),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
+        );
+        assert_eq!(f.dispatched(), 4);
+    }
+
+    #[test]
+    fn no_wait_runs_past_the_request_s_patience() {
         let cfg = FailoverConfig {
-            pass_last_answer: true,
+            patience: Duration::from_secs(1),
             ..FailoverConfig::default()
         };
-        let mut f = Failover::new([n(1), n(2)], cfg);
-        dispatch(&mut f);
-        assert_eq!(f.report(Outcome::Head { status: 503 }), Decision::Next);
-        dispatch(&mut f);
-        assert_eq!(f.report(Outcome::Head { status: 503 }), Decision::Commit);
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1)]);
+        f.report(
+            ZERO,
+            Outcome::Head {
+                status: 503,
+                retry_after: Some(Duration::from_secs(30)),
+            },
+        );
+        assert_eq!(
+            f.next_step(ZERO, &[t(1)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
+        );
+    }
+
+    #[test]
+    fn owners_that_leave_mid_retries_are_waited_for() {
+        let mut f = Failover::new(FailoverConfig::default());
+        dispatch(&mut f, ZERO, &[t(1)]);
+        f.report(ZERO, failed("transport"));
+        // The owner left the routing set.
+        assert_eq!(
+            f.next_step(ZERO, &[]),
+            Step::Wait(Duration::from_millis(250))
+        );
+        // It came back (a new process: try it again).
+        let at = Duration::from_millis(250);
+        assert_eq!(
+            f.next_step(at, &[t(2)]),
+            Step::Dispatch {
+                node: n(2),
+                stall_after: FailoverConfig::default().stall_floor
+            }
+        );
+        f.report(at, head(200));
+        assert_eq!(f.report(at, Outcome::FirstByte), Decision::Commit);
+        // Nobody comes back within the patience: 503 says so.
+        let cfg = FailoverConfig {
+            patience: Duration::from_millis(300),
+            ..FailoverConfig::default()
+        };
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1)]);
+        f.report(ZERO, failed("transport"));
+        assert!(matches!(f.next_step(ZERO, &[]), Step::Wait(_)));
+        assert_eq!(
+            f.next_step(Duration::from_millis(250), &[]),
+            Step::GiveUp(GiveUp::OwnersGone)
+        );
+    }
+
+    #[test]
+    fn a_slow_prediction_widens_the_stall_allowance() {
+        let mut f = Failover::new(FailoverConfig::default());
+        let cold = Target {
+            node: n(1),
+            predicted: Some(Duration::from_secs(130)),
+        };
+        assert_eq!(
+            f.next_step(ZERO, &[cold]),
+            Step::Dispatch {
+                node: n(1),
+                stall_after: Duration::from_secs(390)
+            }
+        );
     }
 }

@@ -339,6 +339,7 @@ mod tests {
             prompt_tokens: Some(500),
             output_tokens: Some(90),
             error: None,
+            recorded_by: None,
         };
         let o = Observation::from_job(&job).unwrap();
         assert_eq!(o.node, NodeId::from_u128(2));

@@ -110,7 +110,7 @@ pub use affinity::AffinityConfig;
 pub use error::SchedulerError;
 pub use failover::{
     Decision, FailedAttempt, FailedOutcome, Failover, FailoverConfig, GiveUp, MAX_DISPATCHES,
-    Outcome, Step,
+    Outcome, Step, Target,
 };
 pub use learner::{LearnedRates, Observation, PerfLearner};
 pub use policy::Policy;

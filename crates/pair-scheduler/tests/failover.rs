@@ -1,101 +1,142 @@
-//! Properties of the failover rules over random answer sequences: never
-//! more than the dispatch cap, never a dispatch after a commit (no resend
-//! after the first byte), a client error ends the request at once, each
-//! candidate is tried at most once and in ranking order, and the request
-//! ends with the last upstream answer or the proxy's own error.
+//! Properties of the failover rules over random answer sequences and
+//! clocks: never more than the dispatch cap, never a dispatch after a
+//! commit (no resend after the first byte), a client error ends the
+//! request at once, a node is tried again only after it refused for now,
+//! untried candidates go first and in ranking order, no wait runs past the
+//! request's patience, and the request ends committed or given up.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+use std::time::Duration;
+
 use pair_scheduler::pair_core::{NodeId, RetryAdvice};
-use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, Step};
+use pair_scheduler::{Decision, Failover, FailoverConfig, GiveUp, Outcome, Step, Target};
 use proptest::prelude::*;
 
 /// What a node does with one attempt.
 #[derive(Clone, Copy, Debug)]
 enum Answer {
-    /// A head with this status; for 2xx/3xx, then its first byte or a cut.
-    Status(u16, bool),
-    Fails(&'static str),
-    Hangs,
+    /// A head with this status (and a `Retry-After` in ms); for 2xx/3xx,
+    /// then its first byte (`true`) or a cut.
+    Status(u16, Option<u16>, bool),
+    /// A transport failure; `true`: refused for now.
+    Fails(&'static str, bool),
+    Stalls,
 }
 
 fn answer() -> impl Strategy<Value = Answer> {
+    let status = prop_oneof![
+        Just(200u16),
+        Just(204),
+        Just(301),
+        Just(400),
+        Just(401),
+        Just(404),
+        Just(408),
+        Just(422),
+        Just(429),
+        Just(500),
+        Just(502),
+        Just(503)
+    ];
     prop_oneof![
+        (status, proptest::option::of(0u16..5_000), any::<bool>())
+            .prop_map(|(s, r, b)| Answer::Status(s, r, b)),
         (
-            prop_oneof![
-                Just(200u16),
-                Just(204),
-                Just(301),
-                Just(400),
-                Just(401),
-                Just(404),
-                Just(408),
-                Just(422),
-                Just(429),
-                Just(500),
-                Just(502),
-                Just(503)
-            ],
+            prop_oneof![Just("connect"), Just("transport"), Just("no-link")],
             any::<bool>()
         )
-            .prop_map(|(s, b)| Answer::Status(s, b)),
-        prop_oneof![Just("connect"), Just("transport"), Just("no-link")].prop_map(Answer::Fails),
-        Just(Answer::Hangs),
+            .prop_map(|(c, t)| Answer::Fails(c, t)),
+        Just(Answer::Stalls),
     ]
-}
-
-/// How a request ended.
-#[derive(Debug, PartialEq, Eq)]
-enum End {
-    /// Committed to this attempt's answer (its index), with this status.
-    Committed {
-        attempt: usize,
-        status: u16,
-    },
-    GaveUp(GiveUp),
 }
 
 fn is_client_error(s: u16) -> bool {
     (400..500).contains(&s) && !matches!(s, 404 | 408 | 429)
 }
 
-/// Runs the failover against `answers` (one per candidate), as a shell
-/// would, checking the invariants on the way.
-fn drive(answers: &[Answer], cfg: FailoverConfig) -> (End, Vec<NodeId>) {
-    let nodes: Vec<NodeId> = (0..answers.len() as u128).map(NodeId::from_u128).collect();
-    let mut f = Failover::new(nodes.iter().copied(), cfg);
+fn refuses_for_now(a: Answer) -> bool {
+    matches!(a, Answer::Status(429 | 503, _, _) | Answer::Fails(_, true))
+}
+
+/// How a request ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Committed { node: usize, status: u16 },
+    GaveUp(GiveUp),
+}
+
+/// Runs the failover against `answers[node]` (each attempt on a node takes
+/// its next answer; past the end, the last one again) with the first
+/// `present` nodes as candidates, as a shell would, checking the
+/// invariants on the way; returns how it ended and the nodes dispatched to.
+fn drive(answers: &[Vec<Answer>], present: usize, cfg: FailoverConfig) -> (End, Vec<usize>) {
+    let targets: Vec<Target> = (0..present)
+        .map(|i| Target {
+            node: NodeId::from_u128(i as u128),
+            predicted: None,
+        })
+        .collect();
+    let mut f = Failover::new(cfg);
+    let mut now = Duration::ZERO;
     let mut sent = Vec::new();
+    let mut taken = vec![0usize; answers.len()];
     loop {
-        let node = match f.next_step() {
-            Step::Dispatch { node, first_byte } => {
-                assert_eq!(first_byte, cfg.first_byte);
+        let node = match f.next_step(now, &targets) {
+            Step::Dispatch { node, stall_after } => {
+                assert_eq!(stall_after, cfg.stall_floor);
                 node
+            }
+            Step::Wait(d) => {
+                assert!(d > Duration::ZERO || now <= cfg.patience);
+                now += d;
+                assert!(now <= cfg.patience, "waited past the patience");
+                continue;
             }
             Step::GiveUp(why) => return (End::GaveUp(why), sent),
         };
-        sent.push(node);
-        let i = nodes.iter().position(|n| *n == node).unwrap();
-        let attempt = sent.len() - 1;
-        let d = match answers[i] {
-            Answer::Status(status, body_ok) => match f.report(Outcome::Head { status }) {
-                Decision::AwaitFirstByte => {
-                    if body_ok {
-                        assert_eq!(f.report(Outcome::FirstByte), Decision::Commit);
-                        return (End::Committed { attempt, status }, sent);
+        assert!(now <= cfg.patience, "dispatched past the patience");
+        let i = targets.iter().position(|t| t.node == node).unwrap();
+        sent.push(i);
+        let a = answers[i][taken[i].min(answers[i].len() - 1)];
+        taken[i] += 1;
+        let d = match a {
+            Answer::Status(status, retry, body_ok) => {
+                let retry_after = retry.map(|ms| Duration::from_millis(u64::from(ms)));
+                match f.report(
+                    now,
+                    Outcome::Head {
+                        status,
+                        retry_after,
+                    },
+                ) {
+                    Decision::AwaitFirstByte => {
+                        if body_ok {
+                            assert_eq!(f.report(now, Outcome::FirstByte), Decision::Commit);
+                            return (End::Committed { node: i, status }, sent);
+                        }
+                        f.report(
+                            now,
+                            Outcome::Failed {
+                                class: "body",
+                                advice: RetryAdvice::BeforeFirstByte,
+                                transient: false,
+                            },
+                        )
                     }
-                    f.report(Outcome::Failed {
-                        class: "body",
-                        advice: RetryAdvice::BeforeFirstByte,
-                    })
+                    Decision::Commit => return (End::Committed { node: i, status }, sent),
+                    d => d,
                 }
-                Decision::Commit => return (End::Committed { attempt, status }, sent),
-                d => d,
-            },
-            Answer::Fails(class) => f.report(Outcome::Failed {
-                class,
-                advice: RetryAdvice::BeforeFirstByte,
-            }),
-            Answer::Hangs => f.report(Outcome::TimedOut),
+            }
+            Answer::Fails(class, transient) => f.report(
+                now,
+                Outcome::Failed {
+                    class,
+                    advice: RetryAdvice::BeforeFirstByte,
+                    transient,
+                },
+            ),
+            Answer::Stalls => f.report(now, Outcome::Stalled),
         };
         assert_eq!(d, Decision::Next);
         assert_eq!(
@@ -103,55 +144,45 @@ fn drive(answers: &[Answer], cfg: FailoverConfig) -> (End, Vec<NodeId>) {
             sent.len(),
             "every failed attempt is logged"
         );
+        now += Duration::from_millis(10);
     }
 }
 
 proptest! {
     #[test]
     fn the_rules_hold_for_any_answers(
-        answers in proptest::collection::vec(answer(), 0..9),
-        pass_last in any::<bool>(),
+        answers in proptest::collection::vec(proptest::collection::vec(answer(), 1..4), 0..7),
+        patience_ms in 100u64..20_000,
     ) {
-        let cfg = FailoverConfig { pass_last_answer: pass_last, ..FailoverConfig::default() };
-        let (end, sent) = drive(&answers, cfg);
-        // Never over the cap; each candidate at most once, in ranking order.
+        let cfg = FailoverConfig {
+            patience: Duration::from_millis(patience_ms),
+            ..FailoverConfig::default()
+        };
+        let (end, sent) = drive(&answers, answers.len(), cfg);
         prop_assert!(sent.len() <= cfg.max_dispatches);
-        let want: Vec<NodeId> = (0..sent.len() as u128).map(NodeId::from_u128).collect();
-        prop_assert_eq!(&sent, &want);
+        // Untried candidates first, in ranking order: the first dispatches
+        // are 0, 1, 2, ... as far as they go.
+        let distinct = answers.len().min(sent.len());
+        let firsts: Vec<usize> = sent.iter().copied().take(distinct).collect();
+        prop_assert_eq!(firsts, (0..distinct).collect::<Vec<_>>());
+        // A node goes again only after it refused for now.
+        for (k, &node) in sent.iter().enumerate() {
+            if let Some(prev) = sent[..k].iter().rposition(|&n| n == node) {
+                let attempts_on_node = sent[..=prev].iter().filter(|&&n| n == node).count();
+                let a = answers[node][(attempts_on_node - 1).min(answers[node].len() - 1)];
+                prop_assert!(refuses_for_now(a), "node {node} retried after {a:?}");
+            }
+        }
         match end {
-            End::Committed { attempt, status } => {
-                // Committed to the last dispatch: nothing after it.
-                prop_assert_eq!(attempt + 1, sent.len());
-                let retryable = !(200..400).contains(&status) && !is_client_error(status);
-                if retryable {
-                    // Only the last possible answer is passed on, and only
-                    // when the plan asks.
-                    prop_assert!(pass_last);
-                    prop_assert_eq!(sent.len(), answers.len().min(cfg.max_dispatches));
-                }
-                // Every earlier attempt failed in a way that is retried.
-                for a in &answers[..attempt] {
-                    let retried = match *a {
-                        Answer::Status(s, ok) => !(is_client_error(s) || (200..400).contains(&s) && ok),
-                        Answer::Fails(_) | Answer::Hangs => true,
-                    };
-                    prop_assert!(retried, "{a:?} was retried");
-                }
+            End::Committed { node, status } => {
+                prop_assert_eq!(sent.last().copied(), Some(node), "committed to the last dispatch");
+                prop_assert!((200..400).contains(&status) || is_client_error(status));
             }
             End::GaveUp(why) => {
                 if answers.is_empty() {
                     prop_assert_eq!(why, GiveUp::NoCandidate);
                 } else {
-                    prop_assert_eq!(sent.len(), answers.len().min(cfg.max_dispatches));
-                    let hung = answers.iter().take(sent.len()).any(|a| matches!(a, Answer::Hangs));
-                    prop_assert_eq!(why, GiveUp::Exhausted { timed_out: hung });
-                    // No client error or success ever gave up.
-                    for a in answers.iter().take(sent.len()) {
-                        if let Answer::Status(s, ok) = *a {
-                            prop_assert!(!is_client_error(s));
-                            prop_assert!(!((200..400).contains(&s) && ok));
-                        }
-                    }
+                    prop_assert!(matches!(why, GiveUp::Exhausted { .. }), "gave up: {:?}", why);
                 }
             }
         }
@@ -161,12 +192,28 @@ proptest! {
     #[test]
     fn a_client_error_is_never_retried(
         status in prop_oneof![Just(400u16), Just(401), Just(403), Just(413), Just(422)],
-        rest in proptest::collection::vec(answer(), 0..5),
+        rest in proptest::collection::vec(proptest::collection::vec(answer(), 1..3), 0..5),
     ) {
-        let mut answers = vec![Answer::Status(status, true)];
+        let mut answers = vec![vec![Answer::Status(status, None, true)]];
         answers.extend(rest);
-        let (end, sent) = drive(&answers, FailoverConfig::default());
-        prop_assert_eq!(end, End::Committed { attempt: 0, status });
+        let (end, sent) = drive(&answers, answers.len(), FailoverConfig::default());
+        prop_assert_eq!(end, End::Committed { node: 0, status });
         prop_assert_eq!(sent.len(), 1);
+    }
+
+    /// The only owner refusing for now is tried again until it answers, as
+    /// long as the cap and the patience allow.
+    #[test]
+    fn a_busy_only_owner_is_ridden_out(refusals in 1usize..6) {
+        let mut seq = vec![Answer::Status(503, None, false); refusals];
+        seq.push(Answer::Status(200, None, true));
+        let (end, sent) = drive(&[seq], 1, FailoverConfig::default());
+        if refusals < FailoverConfig::default().max_dispatches {
+            prop_assert_eq!(end, End::Committed { node: 0, status: 200 });
+            prop_assert_eq!(sent.len(), refusals + 1);
+        } else {
+            prop_assert!(matches!(end, End::GaveUp(GiveUp::Exhausted { .. })), "ended: {:?}", end);
+            prop_assert_eq!(sent.len(), FailoverConfig::default().max_dispatches);
+        }
     }
 }

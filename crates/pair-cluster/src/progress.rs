@@ -1,0 +1,88 @@
+//! Whether an engine is getting anywhere: the last time it sent anything
+//! (a head, a token) on any request, and whether an attempt on it was just
+//! cut for making no progress. The request path stamps it; the node's own
+//! report takes a stalled engine out of routing for a while, so a hung
+//! engine (one that still answers its health probe) is routed around.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long an engine stays out of routing after an attempt on it stalled
+/// (unless it makes progress first).
+pub const STALL_COOLDOWN: Duration = Duration::from_secs(10);
+
+/// The stamp's resolution.
+const TICK_MS: u64 = 50;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn stamp(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One engine's progress.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Milliseconds after the epoch of the last progress (0: none yet).
+    last: AtomicU64,
+    /// Until when (ms after the epoch) the engine counts as stalled.
+    stalled_until: AtomicU64,
+}
+
+impl Progress {
+    /// The engine sent something: it is alive and working.
+    pub fn touch(&self) {
+        let now = stamp(Instant::now()).max(1);
+        // Every token of every stream lands here: write the shared stamp
+        // only when it moves by a tick.
+        if now.saturating_sub(self.last.load(Relaxed)) >= TICK_MS {
+            self.last.fetch_max(now, Relaxed);
+        }
+        if self.stalled_until.load(Relaxed) != 0 {
+            self.stalled_until.store(0, Relaxed);
+        }
+    }
+
+    /// When it last sent anything (the epoch if never).
+    pub fn last(&self) -> Instant {
+        epoch() + Duration::from_millis(self.last.load(Relaxed))
+    }
+
+    /// An attempt on it made no progress within its allowance.
+    pub fn mark_stalled(&self) {
+        let until = stamp(Instant::now() + STALL_COOLDOWN);
+        self.stalled_until.store(until, Relaxed);
+    }
+
+    /// Whether it counts as stalled now (out of routing).
+    pub fn stalled(&self) -> bool {
+        let until = self.stalled_until.load(Relaxed);
+        until != 0 && stamp(Instant::now()) < until
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_lasts_its_cooldown_or_until_progress() {
+        let p = Progress::default();
+        let before = Instant::now();
+        p.touch();
+        assert!(p.last() >= before - Duration::from_millis(1));
+        p.mark_stalled();
+        assert!(p.stalled());
+        tokio::time::advance(STALL_COOLDOWN + Duration::from_millis(5)).await;
+        assert!(!p.stalled(), "the cooldown ended");
+        p.mark_stalled();
+        p.touch();
+        assert!(!p.stalled(), "progress ends it at once");
+    }
+}
