@@ -289,6 +289,7 @@ pub async fn start(
         base_perf: extras.base_perf,
         load,
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs))),
+        boot: boot_id(),
     };
     let statuses = {
         let (trust, peers) = (trust.clone(), Arc::clone(&peers));
@@ -433,4 +434,13 @@ async fn start_discovery(
             .await
             .context("starting discovery")?,
     ))
+}
+
+/// This process's boot id: the start time in nanoseconds with the process
+/// id, never 0.
+fn boot_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ (u64::from(std::process::id()) << 40)) | 1
 }

@@ -1,7 +1,16 @@
 //! Cluster state between peers: every node pushes its own report (engines,
-//! models, workload, GPUs, pressure) and its finished job records to each
-//! paired peer over mTLS, and publishes the snapshot its scheduler ranks,
+//! models, workload, GPUs, pressure) and its job records to each paired
+//! peer over mTLS, and publishes the snapshot its scheduler ranks,
 //! assembled from its own report and the latest of each peer's.
+//!
+//! Job records are delivered with acknowledgement: each peer has a cursor
+//! into this node's log that moves only past a batch the peer answered
+//! 2xx, so a peer that was paused, partitioned or down catches up when it
+//! is back (bounded: the log keeps the newest 10,000 records and a batch
+//! is at most [`REPLICATE_MAX`] of them). Every record goes on, not only
+//! this node's own: a record of a job whose origin crashed still reaches
+//! everyone through the node that ran it. A record comes to rest because
+//! a log takes in only what supersedes what it holds.
 //!
 //! Report age is a liveness signal of its own: a node that stops reporting
 //! (hung, not only crashed) turns suspect, then drops out of routing.
@@ -44,15 +53,26 @@ impl std::fmt::Debug for Gossip {
     }
 }
 
-/// Most job records replicated per tick (the newest; at high request rates
-/// peers' Jobs views show a sample, not every request).
-const REPLICATE_MAX: usize = 1024;
+/// Most job records sent to one peer per tick (about 300 KiB of JSON):
+/// a peer that fell behind catches up this many at a time.
+pub const REPLICATE_MAX: usize = 1024;
+
+/// Where one peer is in this node's job log.
+#[derive(Debug)]
+struct Delivery {
+    /// The first position the peer has not acknowledged.
+    cursor: usize,
+    /// The peer's boot id when it last acknowledged: a new one means it
+    /// restarted and may have lost what it had not yet written, so the
+    /// log is sent again from its start.
+    boot: u64,
+}
 
 /// Pushes reports and job records to peers and republishes the snapshot
 /// every interval, until `shutdown`.
 pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
     let Gossip {
-        node,
+        node: _,
         jobs,
         peers,
         reports,
@@ -60,9 +80,7 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
         statuses,
         publish,
     } = g;
-    // Records from now on (replication sends what happens while it runs).
-    let mut jobs_seen = jobs.end();
-    let mut outbox: Vec<Arc<JobRecord>> = Vec::new();
+    let mut deliveries: HashMap<NodeId, Delivery> = HashMap::new();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut generation = 0u64;
@@ -72,33 +90,28 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        // Our own terminal jobs, for the peers' Jobs views.
-        let (recent, skipped) = jobs.since(&mut jobs_seen, REPLICATE_MAX);
-        if skipped > 0 {
-            tracing::debug!(skipped, "job replication lagged; some records stay local");
-        }
-        outbox.extend(
-            recent
-                .into_iter()
-                .filter(|rec| rec.origin == node && rec.status != JobStatus::Running),
-        );
         let mine = local.build();
         let links = peers.links();
+        let boots = reports.boots();
+        deliveries.retain(|id, _| links.contains_key(id));
         // Serialise only for someone: a lone node just republishes.
         let report = if links.is_empty() {
             Bytes::new()
         } else {
             Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
         };
-        let batch = (!outbox.is_empty() && !links.is_empty())
-            .then(|| Bytes::from(serde_json::to_vec(&outbox).unwrap_or_default()));
-        outbox.clear();
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);
         let pushes = links.values().map(|link| {
             let report = report.clone();
-            let batch = batch.clone();
             let report_path = report_path.as_str();
+            let boot = boots.get(&link.id).copied().unwrap_or(0);
+            let d = deliveries.entry(link.id).or_insert(Delivery { cursor: 0, boot });
+            if boot != d.boot {
+                tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
+                *d = Delivery { cursor: 0, boot };
+            }
+            let (batch, next) = outbox(&jobs, d.cursor, link.id);
             async move {
                 let t = Instant::now();
                 let ok = matches!(
@@ -106,13 +119,21 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
                     Ok(r) if r.status().is_success()
                 );
                 let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
-                if let Some(b) = batch {
-                    let _ = link.call(http::Method::POST, JOBS_PATH, b, deadline).await;
-                }
-                (link.id, ok.then_some(rtt))
+                // Acknowledged or not sent (nothing to send): move on.
+                let acked = match batch {
+                    None => true,
+                    Some(b) => matches!(
+                        link.call(http::Method::POST, JOBS_PATH, b, deadline).await,
+                        Ok(r) if r.status().is_success()
+                    ),
+                };
+                (link.id, ok.then_some(rtt), acked.then_some(next))
             }
         });
-        for (id, rtt) in join_all(pushes).await {
+        for (id, rtt, next) in join_all(pushes).await {
+            if let (Some(next), Some(d)) = (next, deliveries.get_mut(&id)) {
+                d.cursor = next;
+            }
             if let Some(rtt) = rtt {
                 // A light EWMA: one slow push must not reorder the cluster.
                 let e = rtts.entry(id).or_insert(rtt);
@@ -129,4 +150,23 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
         let snapshot = assemble(generation, now_ms(), mine, reports.ages(), &views, &cfg);
         publish(snapshot);
     }
+}
+
+/// The job records after `cursor` that `peer` may lack (as JSON; `None`
+/// when there are none), and the cursor past them. A record the peer
+/// itself made is not sent back to it; a `running` one is not sent at all.
+fn outbox(jobs: &JobLog, cursor: usize, peer: NodeId) -> (Option<Bytes>, usize) {
+    let (records, next) = jobs.after(cursor, REPLICATE_MAX);
+    let batch: Vec<&JobRecord> = records
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|r| r.status != JobStatus::Running && r.recorded_by != Some(peer))
+        .collect();
+    if batch.is_empty() {
+        return (None, next);
+    }
+    (
+        Some(Bytes::from(serde_json::to_vec(&batch).unwrap_or_default())),
+        next,
+    )
 }

@@ -37,13 +37,19 @@ impl SpeedLearner {
 
     /// Learned speed of `model` on `node` over `seed`, if jobs taught any:
     /// the jobs added to the log since the last call are learned from
-    /// first (at most the newest [`pair_jobs::KEEP_RECORDS`]), each once (a
-    /// record the log already held, echoed back by a peer, is not new).
+    /// first, each once (a record the log already held, echoed back by a
+    /// peer, is not new).
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
         let mut l = self.inner.lock().ok()?;
         let Learning { learner, seen } = &mut *l;
-        let (new, _) = self.jobs.since(seen, pair_jobs::KEEP_RECORDS);
-        for rec in &new {
+        let (new, next) = self.jobs.after(*seen, pair_jobs::KEEP_RECORDS);
+        *seen = next;
+        // One observation per job: its origin's record (the node that ran
+        // it records it too, and that record is superseded).
+        for rec in new
+            .iter()
+            .filter(|r| r.recorded_by.is_none_or(|by| by == r.origin))
+        {
             if let Some(obs) = Observation::from_job(rec) {
                 learner.observe(&obs);
             }

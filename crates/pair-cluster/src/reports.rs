@@ -59,6 +59,14 @@ impl PeerReports {
         }
     }
 
+    /// Each reporting peer's boot id (it changes when the peer restarts).
+    pub fn boots(&self) -> HashMap<NodeId, u64> {
+        self.latest
+            .lock()
+            .map(|m| m.iter().map(|(id, r)| (*id, r.snapshot.boot)).collect())
+            .unwrap_or_default()
+    }
+
     /// (report, age) of every peer that reported.
     pub fn ages(&self) -> Vec<(NodeSnapshot, Duration)> {
         self.latest

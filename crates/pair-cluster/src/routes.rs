@@ -18,7 +18,8 @@ use crate::reports::PeerReports;
 pub const REPORT_PATH: &str = "/pair/v1/report";
 pub const JOBS_PATH: &str = "/pair/v1/jobs";
 
-/// Most records taken from one post.
+/// Most records one post may carry (a sender sends at most
+/// [`crate::gossip::REPLICATE_MAX`]).
 const JOBS_PER_POST: usize = 1_000;
 
 #[derive(Clone)]
@@ -69,12 +70,13 @@ async fn jobs_posted(
     if peer.role != Role::Node {
         return StatusCode::FORBIDDEN;
     }
-    // Peers only speak for jobs they originated.
-    let theirs: Vec<JobRecord> = records
-        .into_iter()
-        .take(JOBS_PER_POST)
-        .filter(|rec| rec.origin == peer.id)
-        .collect();
-    inbox.jobs.merge(theirs);
+    // A node passes on the records it holds (its own, the jobs it ran for
+    // others, and what it learned from peers), so a job whose origin
+    // crashed is still known everywhere; the log keeps, per job, the
+    // record that supersedes the rest. The 2xx acknowledges the batch.
+    if records.len() > JOBS_PER_POST {
+        return StatusCode::PAYLOAD_TOO_LARGE;
+    }
+    inbox.jobs.merge(records);
     StatusCode::NO_CONTENT
 }

@@ -77,6 +77,8 @@ pub struct LocalReport {
     pub base_perf: Option<ModelPerf>,
     pub load: Arc<LocalLoad>,
     pub learner: Arc<SpeedLearner>,
+    /// This process's boot id ([`NodeSnapshot::boot`]).
+    pub boot: u64,
 }
 
 impl LocalReport {
@@ -114,6 +116,7 @@ impl LocalReport {
         self.load.set_engine_queue(running, waiting);
         n.workload = self.load.workload(n.slots());
         n.reported_at_ms = now;
+        n.boot = self.boot;
         n.base_perf = self.base_perf;
         n
     }

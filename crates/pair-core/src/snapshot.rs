@@ -188,6 +188,10 @@ pub struct NodeSnapshot {
     pub reported_at_ms: u64,
     /// Seed speed for models without learned figures on this node.
     pub base_perf: Option<ModelPerf>,
+    /// Differs each time the node's process starts (0: not known), so
+    /// peers can tell a restart from a pause.
+    #[serde(default)]
+    pub boot: u64,
 }
 
 impl NodeSnapshot {
@@ -204,6 +208,7 @@ impl NodeSnapshot {
             workload: Workload::default(),
             reported_at_ms: 0,
             base_perf: None,
+            boot: 0,
         }
     }
 

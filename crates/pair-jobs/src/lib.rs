@@ -257,35 +257,11 @@ impl JobLog {
         self.len() == 0
     }
 
-    /// Where the next new record will be: a cursor for [`JobLog::since`].
+    /// Where the next new record will be: a cursor for [`JobLog::after`].
     pub fn end(&self) -> usize {
         self.shared
             .gather()
             .map_or(0, |i| i.dropped + i.records.len())
-    }
-
-    /// Records added since `cursor` (which moves past them), at most the
-    /// newest `max`, and how many newer ones than `cursor` were skipped
-    /// (over `max`, or already dropped from the log). Replication reads
-    /// this on its own tick: the request path only appends, with no
-    /// channel and no wake-up per record. A record updated in place is
-    /// not seen again.
-    pub fn since(&self, cursor: &mut usize, max: usize) -> (Vec<Arc<JobRecord>>, usize) {
-        let Some(inner) = self.shared.gather() else {
-            return (Vec::new(), 0);
-        };
-        let end = inner.dropped + inner.records.len();
-        let from = (*cursor).clamp(inner.dropped, end);
-        let start = from.max(end.saturating_sub(max));
-        let skipped = start - (*cursor).min(start);
-        let out = inner
-            .records
-            .range(start - inner.dropped..)
-            .flatten()
-            .cloned()
-            .collect();
-        *cursor = end;
-        (out, skipped)
     }
 
     /// The oldest records after `cursor`, at most `max`, and the cursor
@@ -762,38 +738,35 @@ mod tests {
     }
 
     #[test]
-    fn replication_reads_what_was_added_since_its_cursor() {
+    fn replication_reads_in_order_and_moves_on_only_when_told() {
         let ids = |v: Vec<Arc<JobRecord>>| -> Vec<u128> {
             v.iter().map(|r| r.id.as_uuid().as_u128()).collect()
         };
         let log = JobLog::in_memory();
-        log.record(rec(1, 0));
-        let mut cursor = log.end();
-        assert_eq!(
-            log.since(&mut cursor, 10),
-            (Vec::new(), 0),
-            "only what comes after"
-        );
-        for i in 2..=4 {
+        for i in 1..=4 {
             log.record(rec(i, 0));
         }
-        let (got, skipped) = log.since(&mut cursor, 10);
-        assert_eq!((ids(got), skipped), (vec![2, 3, 4], 0));
-        // An update in place is not new.
-        log.merge([rec(3, 1)]);
-        assert_eq!(log.since(&mut cursor, 10).0.len(), 0);
-        // Over `max`: the newest, and how many were passed over.
-        for i in 5..=9 {
-            log.record(rec(i, 0));
-        }
-        let (got, skipped) = log.since(&mut cursor, 2);
-        assert_eq!((ids(got), skipped), (vec![8, 9], 3));
-        // Records the log dropped before they were read count as skipped.
+        let (got, next) = log.after(0, 3);
+        assert_eq!((ids(got), next), (vec![1, 2, 3], 3));
+        // Not acknowledged: the same batch again.
+        assert_eq!(ids(log.after(0, 3).0), vec![1, 2, 3]);
+        let (got, cursor) = log.after(next, 10);
+        assert_eq!((ids(got), cursor), (vec![4], 4));
+        assert_eq!(log.after(cursor, 10), (Vec::new(), 4));
+        // A record that supersedes one already sent goes to the end and
+        // is sent again; its old slot is passed over.
+        let mut longer = rec(2, 0);
+        longer.attempts = 2;
+        log.merge([longer]);
+        let (got, cursor) = log.after(cursor, 10);
+        assert_eq!((ids(got), cursor), (vec![2], 5));
+        assert_eq!(ids(log.after(0, 10).0), vec![1, 3, 4, 2]);
+        // A cursor older than the log starts at its oldest record.
         for i in 0..(KEEP_RECORDS as u128 + 10) {
             log.record(rec(100 + i, 0));
         }
-        let (got, skipped) = log.since(&mut cursor, KEEP_RECORDS);
-        assert_eq!((got.len(), skipped), (KEEP_RECORDS, 10));
+        let (got, _) = log.after(0, 1);
+        assert!(ids(got)[0] >= 100);
     }
 
     #[test]
@@ -922,7 +895,7 @@ mod tests {
     #[tokio::test]
     async fn records_staged_on_every_loop_are_read_in_order_of_ending() {
         let log = Arc::new(JobLog::in_memory());
-        let mut cursor = log.end();
+        let cursor = log.end();
         let loops = pair_http::runtime::EventLoops::start(3).unwrap();
         let tasks: Vec<_> = (0..6u64)
             .map(|c| {
@@ -960,8 +933,8 @@ mod tests {
             .map(|r| r.created_at_ms)
             .collect();
         assert_eq!(ended, (0..300).collect::<Vec<_>>());
-        let (got, skipped) = log.since(&mut cursor, 1000);
-        assert_eq!((got.len(), skipped), (300, 0));
+        let (got, next) = log.after(cursor, 1000);
+        assert_eq!((got.len(), next), (300, cursor + 300));
         assert!(
             log.shared
                 .staged
