@@ -561,3 +561,53 @@ async fn an_oversized_upload_gets_its_413_not_a_reset() {
     }
     c.stop().await;
 }
+
+/// A peer is routed to only while its address answers as that peer: once
+/// the address answers with another node's certificate, it leaves routing
+/// although reports that look fresh keep coming for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_address_answers_as_another_node_is_not_routed_to() {
+    let mut c = cluster(3, |s| s.mdns = pair_node::config::Mdns::Off)
+        .await
+        .unwrap();
+    let b = c.nodes.remove(1);
+    let b_id = b.id;
+    let a = &c.nodes[0];
+    let other = c.nodes[1].cluster_addr;
+    let mut stale = a.state.cluster().node(b_id).unwrap().clone();
+    b.stop().await;
+    let started = Instant::now();
+    let left = loop {
+        // A report for b, as fresh as can be, naming the other node's
+        // address as b's.
+        stale.reported_at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        a.reports.accept(stale.clone(), Some(other));
+        let view = a.state.cluster();
+        if view.node(b_id).is_none_or(|n| !n.liveness.is_routable()) {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "b is still routable: {:?}",
+            view.node(b_id).map(|n| n.liveness)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Within the dead-after window of the gossip config (2 s), plus ticks.
+    assert!(left < Duration::from_secs(4), "left routing after {left:?}");
+    // And requests keep going to the nodes that answer as themselves.
+    for _ in 0..4 {
+        let resp = http()
+            .post(format!("{}/api/generate", a.ollama_url()))
+            .json(&json!({"model": "llama3.2:3b", "prompt": "hi", "stream": false}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_ne!(served_by(&resp), Some(b_id.to_string()));
+    }
+    c.stop().await;
+}

@@ -105,6 +105,8 @@ pub struct Node {
     pub control_token: ControlToken,
     /// Addresses learned from pairing joins (peers that may not multicast).
     pub addrbook: AddrBook,
+    /// The latest report of each peer, with where it said it listens.
+    pub reports: Arc<PeerReports>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     discovery: Option<Discovery>,
@@ -363,6 +365,7 @@ pub async fn start(
         pairing,
         control_token,
         addrbook,
+        reports,
         shutdown,
         tasks,
         discovery,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use pair_core::{ClusterSnapshot, JobRecord, JobStatus, NodeId};
+use pair_core::{ClusterSnapshot, JobRecord, JobStatus, Liveness, NodeId};
 use pair_jobs::JobLog;
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +85,9 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut generation = 0u64;
     let mut rtts: HashMap<NodeId, u32> = HashMap::new();
+    // When each peer last took a report: a push over mTLS pinned to the
+    // peer's certificate is this node's identity probe of it.
+    let mut reached: HashMap<NodeId, Instant> = HashMap::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -94,6 +97,12 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
         let links = peers.links();
         let boots = reports.boots();
         deliveries.retain(|id, _| links.contains_key(id));
+        reached.retain(|id, _| links.contains_key(id));
+        let started = Instant::now();
+        for id in links.keys() {
+            // A new link has until `dead_after` to answer.
+            reached.entry(*id).or_insert(started);
+        }
         // Serialise only for someone: a lone node just republishes.
         let report = if links.is_empty() {
             Bytes::new()
@@ -134,6 +143,9 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
             if let (Some(next), Some(d)) = (next, deliveries.get_mut(&id)) {
                 d.cursor = next;
             }
+            if rtt.is_some() {
+                reached.insert(id, started);
+            }
             if let Some(rtt) = rtt {
                 // A light EWMA: one slow push must not reorder the cluster.
                 let e = rtts.entry(id).or_insert(rtt);
@@ -145,6 +157,11 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
             if let Some(rtt) = rtts.get(id) {
                 v.rtt_us = *rtt;
             }
+            // A peer whose address does not answer as that peer (another
+            // node's certificate, or nothing) is not routed to, however
+            // fresh its last report.
+            let unreached = reached.get(id).map_or(Duration::ZERO, Instant::elapsed);
+            v.liveness = probed(v.liveness, unreached, &cfg);
         }
         generation += 1;
         let snapshot = assemble(generation, now_ms(), mine, reports.ages(), &views, &cfg);
@@ -169,4 +186,38 @@ fn outbox(jobs: &JobLog, cursor: usize, peer: NodeId) -> (Option<Bytes>, usize) 
         Some(Bytes::from(serde_json::to_vec(&batch).unwrap_or_default())),
         next,
     )
+}
+
+/// A peer's liveness given how long its link has gone without taking a
+/// report: no better than `suspect` past `suspect_after`, `dead` past
+/// `dead_after`.
+fn probed(liveness: Liveness, unreached: Duration, cfg: &GossipConfig) -> Liveness {
+    if unreached >= cfg.dead_after {
+        Liveness::Dead
+    } else if unreached >= cfg.suspect_after && liveness == Liveness::Alive {
+        Liveness::Suspect
+    } else {
+        liveness
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_does_not_answer_as_itself_leaves_routing() {
+        let cfg = GossipConfig {
+            suspect_after: Duration::from_secs(1),
+            dead_after: Duration::from_secs(3),
+            ..GossipConfig::default()
+        };
+        let s = |ms| probed(Liveness::Alive, Duration::from_millis(ms), &cfg);
+        assert_eq!(s(0), Liveness::Alive);
+        assert_eq!(s(999), Liveness::Alive);
+        assert_eq!(s(1_000), Liveness::Suspect);
+        assert_eq!(s(3_000), Liveness::Dead);
+        // Never better than discovery says.
+        assert_eq!(probed(Liveness::Dead, Duration::ZERO, &cfg), Liveness::Dead);
+    }
 }
