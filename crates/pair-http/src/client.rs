@@ -49,18 +49,23 @@ const COALESCE: usize = 16 * 1024;
 pub struct Timeouts {
     /// TCP (and TLS) connect.
     pub connect: Duration,
-    /// From sending the request to the first byte of the response body.
+    /// The least time an answer may show no progress before its first
+    /// byte: the request path waits longer where the scheduler predicts a
+    /// queue or a model load, and as long as the engine makes progress on
+    /// any request.
     pub first_byte: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         // PAIR waits 10 s to connect and 120 s for the first byte. On a LAN a
-        // connect that takes over 2 s means the node is gone; the first-byte
-        // deadline must cover a cold model load and a queue, so it stays long.
+        // connect that takes over 2 s means the node is gone. The first-byte
+        // floor only catches engines that hang: a queue or a cold load is
+        // waited for as long as it makes progress or was predicted, so the
+        // floor can sit well inside a client's usual 60 s deadline.
         Self {
             connect: Duration::from_secs(2),
-            first_byte: Duration::from_secs(120),
+            first_byte: Duration::from_secs(30),
         }
     }
 }

@@ -308,7 +308,9 @@ pub async fn execute(
     profile.model = model;
     let mut failover = Failover::new(FailoverConfig {
         stall_floor: st.timeouts.first_byte,
-        patience: st.timeouts.first_byte.max(PATIENCE_FLOOR),
+        // As long as an engine may go without progress, a request waits
+        // for an owner to come back.
+        patience: st.timeouts.first_byte,
         // A relayed request is tried once here: its origin drives the
         // retries (and may have other nodes to try).
         max_dispatches: match plan {
@@ -475,9 +477,6 @@ pub async fn execute(
     }
 }
 
-/// However long the first-byte floor, a request waits at least this long
-/// for a busy or returning owner.
-const PATIENCE_FLOOR: Duration = Duration::from_secs(30);
 /// A whole (non-streamed) answer up to this size is read to its end before
 /// its first byte goes to the client, so an answer cut mid-body is retried
 /// like any other failure before the first byte; a larger one streams.
