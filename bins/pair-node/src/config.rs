@@ -2,13 +2,14 @@
 //! parsed once into typed values (flags beat the environment, which beats
 //! the file, which beats the defaults).
 
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pair_core::EngineKind;
 use pair_discovery::StaticPeer;
-use pair_engines::EngineConfig;
+use pair_engines::{EngineConfig, EngineUrl};
 use pair_http::HttpStack;
 use pair_http::conns::ClientDeadlines;
 use pair_scheduler::Policy;
@@ -60,6 +61,33 @@ pub enum ConfigError {
         #[source]
         source: humantime::DurationError,
     },
+    /// An IPv6 zone that is malformed or names no interface here (static
+    /// peers, `pair join`).
+    #[error(transparent)]
+    Address(pair_identity::Error),
+    /// The engine's address is one of the node's own: it would poll and
+    /// route into itself.
+    #[error(
+        "{} is this node's own {own} ({addr}): the node would send every request back into itself; {}",
+        engine_label(*.kind, .url, *.default_engine),
+        self_loop_fix(*.kind, .url, *.own, *.free_port, *.default_engine)
+    )]
+    EngineIsSelf {
+        kind: EngineKind,
+        url: EngineUrl,
+        /// No `--engine` was given: this is the default engine's address.
+        default_engine: bool,
+        own: OwnPort,
+        addr: SocketAddr,
+        /// A port the engine could move to (none of the node's own).
+        free_port: u16,
+    },
+    #[error(
+        "engine {kind}={url} is not on this machine's loopback: prompts and answers would cross \
+         the network unencrypted; run the engine on 127.0.0.1 or [::1], or pass \
+         --allow-remote-engine (PAIR_ALLOW_REMOTE_ENGINE=1) if that network is yours"
+    )]
+    RemoteEngine { kind: EngineKind, url: EngineUrl },
     #[error("no state directory: set --state-dir, PAIR_STATE_DIR, XDG_CONFIG_HOME or HOME")]
     NoStateDir,
     /// Port inversion failed (e.g. the engine still holds the face's port):
@@ -89,6 +117,7 @@ pub struct FileConfig {
     pub openai_face: Option<SocketAddr>,
     pub cluster: Option<SocketAddr>,
     pub engines: Option<Vec<String>>,
+    pub allow_remote_engine: Option<bool>,
     pub policy: Option<String>,
     pub peers: Option<Vec<String>>,
     pub mdns: Option<Mdns>,
@@ -140,10 +169,19 @@ pub struct RunArgs {
     /// Local engine as KIND=URL (repeatable), e.g. ollama=http://127.0.0.1:11435.
     #[arg(long = "engine", env = "PAIR_ENGINES", value_delimiter = ',')]
     pub engines: Vec<String>,
+    /// Accept an engine that is not on loopback (another machine, a LAN
+    /// address): prompts and answers then cross that network unencrypted.
+    #[arg(
+        long,
+        env = "PAIR_ALLOW_REMOTE_ENGINE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub allow_remote_engine: bool,
     /// Routing policy.
     #[arg(long, env = "PAIR_POLICY")]
     pub policy: Option<String>,
-    /// Static peer HOST:PORT for networks without multicast (repeatable).
+    /// Static peer HOST:PORT for networks without multicast (repeatable);
+    /// a link-local IPv6 peer with its interface: [fe80::1%eth0]:14318.
     #[arg(long = "peer", env = "PAIR_PEERS", value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Where mDNS runs.
@@ -232,13 +270,16 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     /// Merges flags/env over the file over defaults. `home` and
-    /// `xdg_config` come from the environment; `hostname` names the node.
+    /// `xdg_config` come from the environment; `hostname` names the node;
+    /// `local_ips` are this machine's addresses (an engine at one of them
+    /// on a port the node binds would be the node itself).
     pub fn resolve(
         args: RunArgs,
         file: FileConfig,
         xdg_config: Option<PathBuf>,
         home: Option<PathBuf>,
         hostname: Option<String>,
+        local_ips: &[IpAddr],
     ) -> Result<Self, ConfigError> {
         let state_dir = match args.state_dir {
             Some(d) => d,
@@ -270,17 +311,38 @@ impl NodeConfig {
         };
         let peers = peers
             .iter()
-            .map(|p| {
-                p.parse::<StaticPeer>().map_err(|source| ConfigError::Peer {
-                    input: p.clone(),
-                    source,
-                })
-            })
+            .map(|p| parse_peer(p))
             .collect::<Result<_, _>>()?;
         let first_byte_timeout = duration(
             "first-byte-timeout",
             args.first_byte_timeout.or(file.first_byte_timeout),
             pair_http::Timeouts::default().first_byte,
+        )?;
+        let ollama_face = args
+            .ollama_face
+            .or(file.ollama_face)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 11434)));
+        let openai_face = args
+            .openai_face
+            .or(file.openai_face)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 1234)));
+        let cluster = args
+            .cluster
+            .or(file.cluster)
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_CLUSTER_PORT)));
+        check_engines(
+            &engines,
+            &Host {
+                own: [
+                    (OwnPort::OllamaFace, ollama_face),
+                    (OwnPort::OpenAiFace, openai_face),
+                    (OwnPort::Cluster, cluster),
+                ],
+                local_ips,
+                hostname: hostname.as_deref(),
+            },
+            default_engine,
+            args.allow_remote_engine || file.allow_remote_engine.unwrap_or(false),
         )?;
         let d = ClientDeadlines::default();
         let deadlines = ClientDeadlines {
@@ -308,18 +370,9 @@ impl NodeConfig {
                 .or(file.name)
                 .or(hostname)
                 .unwrap_or_else(|| "pair-node".to_owned()),
-            ollama_face: args
-                .ollama_face
-                .or(file.ollama_face)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 11434))),
-            openai_face: args
-                .openai_face
-                .or(file.openai_face)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 1234))),
-            cluster: args
-                .cluster
-                .or(file.cluster)
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_CLUSTER_PORT))),
+            ollama_face,
+            openai_face,
+            cluster,
             engines,
             policy,
             peers,
@@ -351,6 +404,205 @@ impl NodeConfig {
             },
         })
     }
+}
+
+/// `--peer HOST:PORT`. A link-local IPv6 peer's zone is checked here and
+/// written as its interface index, which the resolver reads for any address.
+fn parse_peer(input: &str) -> Result<StaticPeer, ConfigError> {
+    let peer = input
+        .parse::<StaticPeer>()
+        .map_err(|source| ConfigError::Peer {
+            input: input.to_owned(),
+            source,
+        })?;
+    if peer.zone().is_none() {
+        return Ok(peer);
+    }
+    match pair_identity::PeerAddr::parse(input).map_err(ConfigError::Address)? {
+        pair_identity::PeerAddr::Ip(SocketAddr::V6(a)) => Ok(StaticPeer {
+            host: format!("{}%{}", a.ip(), a.scope_id()),
+            port: a.port(),
+        }),
+        _ => Ok(peer),
+    }
+}
+
+/// A port the node itself listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnPort {
+    OllamaFace,
+    OpenAiFace,
+    Cluster,
+}
+
+impl OwnPort {
+    /// The flag that moves it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OwnPort::OllamaFace => "--ollama-face",
+            OwnPort::OpenAiFace => "--openai-face",
+            OwnPort::Cluster => "--cluster",
+        }
+    }
+}
+
+impl fmt::Display for OwnPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OwnPort::OllamaFace => "Ollama face",
+            OwnPort::OpenAiFace => "OpenAI face",
+            OwnPort::Cluster => "cluster port",
+        })
+    }
+}
+
+fn engine_label(kind: EngineKind, url: &EngineUrl, default_engine: bool) -> String {
+    if default_engine {
+        format!("the default engine address {url}")
+    } else {
+        format!("engine {kind}={url}")
+    }
+}
+
+fn self_loop_fix(
+    kind: EngineKind,
+    url: &EngineUrl,
+    own: OwnPort,
+    free_port: u16,
+    default_engine: bool,
+) -> String {
+    let host = if is_loopback_host(url.host()) && !url.host().contains(':') {
+        url.host()
+    } else {
+        "127.0.0.1"
+    };
+    if default_engine {
+        format!(
+            "move the {own} with {} (the engine is expected on {host}:{}), or say where the engine runs with --engine {kind}=URL",
+            own.flag(),
+            url.port()
+        )
+    } else {
+        format!(
+            "move the engine to another port, e.g. {} with --engine {kind}=http://{host}:{free_port}, or move the {own} with {}",
+            pair_engines::move_hint(kind, host, free_port),
+            own.flag()
+        )
+    }
+}
+
+/// What the node knows of the machine it runs on.
+#[derive(Clone, Copy, Debug)]
+struct Host<'a> {
+    /// Where the node listens.
+    own: [(OwnPort, SocketAddr); 3],
+    local_ips: &'a [IpAddr],
+    hostname: Option<&'a str>,
+}
+
+/// Refuses an engine the node would route into itself (one of its own
+/// addresses), then one off loopback unless `allow_remote`.
+fn check_engines(
+    engines: &[EngineConfig],
+    host: &Host<'_>,
+    default_engine: bool,
+    allow_remote: bool,
+) -> Result<(), ConfigError> {
+    for e in engines {
+        let url = &e.base_url;
+        let hit = host.own.iter().find(|(_, bind)| {
+            dials_into(url.host(), url.port(), *bind, host.local_ips, host.hostname)
+        });
+        if let Some(&(own, addr)) = hit {
+            let taken = |p: u16| p == url.port() || host.own.iter().any(|(_, b)| b.port() == p);
+            let mut free_port = pair_engines::moved_port(e.kind);
+            while taken(free_port) {
+                free_port = free_port.wrapping_add(1).max(1024);
+            }
+            return Err(ConfigError::EngineIsSelf {
+                kind: e.kind,
+                url: url.clone(),
+                default_engine,
+                own,
+                addr,
+                free_port,
+            });
+        }
+        if !allow_remote && !is_loopback_host(url.host()) {
+            return Err(ConfigError::RemoteEngine {
+                kind: e.kind,
+                url: url.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `host` (an engine URL's host) stays on this machine without
+/// resolving a name: `localhost`, 127.0.0.0/8, `::1` (also IPv4-mapped),
+/// and the unspecified address, which the kernel dials as loopback. Any
+/// other name counts as remote.
+pub fn is_loopback_host(host: &str) -> bool {
+    is_localhost(host)
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback() || ip.is_unspecified())
+}
+
+fn is_localhost(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost")
+}
+
+/// Whether dialling `host:port` reaches a socket bound to `bind` (port 0
+/// never: the system picks a free one). A bind to `0.0.0.0` takes every
+/// IPv4 address of the machine, `[::]` every address (dual stack);
+/// `local_ips` are the machine's addresses and `hostname` its name. No
+/// name is resolved: `localhost` is 127.0.0.1 and ::1, the machine's own
+/// name any of its addresses, any other name is taken to be elsewhere.
+pub fn dials_into(
+    host: &str,
+    port: u16,
+    bind: SocketAddr,
+    local_ips: &[IpAddr],
+    hostname: Option<&str>,
+) -> bool {
+    if bind.port() == 0 || bind.port() != port {
+        return false;
+    }
+    let targets: Vec<IpAddr> = if is_localhost(host) {
+        vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
+    } else if let Ok(ip) = host.parse::<IpAddr>() {
+        vec![ip.to_canonical()]
+    } else if hostname.is_some_and(|h| {
+        let h = h.trim_end_matches('.');
+        let host = host.trim_end_matches('.');
+        host.eq_ignore_ascii_case(h)
+            || host
+                .strip_suffix(".local")
+                .is_some_and(|s| s.eq_ignore_ascii_case(h))
+    }) {
+        local_ips.iter().map(|ip| ip.to_canonical()).collect()
+    } else {
+        return false;
+    };
+    let bind_ip = bind.ip().to_canonical();
+    targets.into_iter().any(|t| {
+        // The kernel dials the unspecified address as loopback.
+        let t = match t {
+            IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            t => t,
+        };
+        if t == bind_ip {
+            return true;
+        }
+        let local = t.is_loopback() || local_ips.iter().any(|ip| ip.to_canonical() == t);
+        match bind.ip() {
+            IpAddr::V4(b) => b.is_unspecified() && t.is_ipv4() && local,
+            IpAddr::V6(b) => b.is_unspecified() && local,
+        }
+    })
 }
 
 /// A duration flag (`120s`, `2m`), or `default` when it was not given.
@@ -412,6 +664,7 @@ mod tests {
             None,
             Some("/home/u".into()),
             Some("box".into()),
+            &[],
         )
         .unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/home/u/.config/pair"));
@@ -441,7 +694,7 @@ mod tests {
             engines: vec!["openai-compat=http://127.0.0.1:8081".into()],
             ..RunArgs::default()
         };
-        let c = NodeConfig::resolve(args, file, Some("/x".into()), None, None).unwrap();
+        let c = NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[]).unwrap();
         assert_eq!(c.name, "from-flag");
         assert_eq!(c.policy, Policy::Pair);
         assert_eq!(c.engines[0].kind, EngineKind::OpenAiCompat);
@@ -452,9 +705,16 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let bad = |args: RunArgs| {
-            NodeConfig::resolve(args, FileConfig::default(), Some("/x".into()), None, None)
-                .unwrap_err()
-                .to_string()
+            NodeConfig::resolve(
+                args,
+                FileConfig::default(),
+                Some("/x".into()),
+                None,
+                None,
+                &[],
+            )
+            .unwrap_err()
+            .to_string()
         };
         assert!(
             bad(RunArgs {
@@ -478,5 +738,291 @@ mod tests {
             .contains("first-byte-timeout")
         );
         assert!(toml::from_str::<FileConfig>("colour = 1").is_err());
+    }
+
+    fn resolve(args: RunArgs) -> Result<NodeConfig, ConfigError> {
+        let lan: IpAddr = "192.168.1.5".parse().unwrap();
+        NodeConfig::resolve(
+            args,
+            FileConfig::default(),
+            Some("/x".into()),
+            None,
+            Some("box".into()),
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST), lan],
+        )
+    }
+
+    fn with_engine(engine: &str, ollama_face: &str, cluster: &str) -> RunArgs {
+        RunArgs {
+            engines: vec![engine.into()],
+            ollama_face: Some(ollama_face.parse().unwrap()),
+            openai_face: Some("127.0.0.1:0".parse().unwrap()),
+            cluster: Some(cluster.parse().unwrap()),
+            ..RunArgs::default()
+        }
+    }
+
+    #[test]
+    fn an_engine_on_the_nodes_own_address_is_refused() {
+        for (engine, face, cluster, own) in [
+            (
+                "ollama=http://127.0.0.1:11434",
+                "127.0.0.1:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://localhost:11434",
+                "127.0.0.1:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://[::1]:11434",
+                "[::1]:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://127.0.0.1:11434",
+                "0.0.0.0:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://[::1]:11434",
+                "[::]:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://127.0.0.1:11434",
+                "[::]:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "ollama=http://0.0.0.0:11434",
+                "127.0.0.1:11434",
+                "127.0.0.1:0",
+                OwnPort::OllamaFace,
+            ),
+            (
+                "lm-studio=http://127.0.0.1:14318",
+                "127.0.0.1:0",
+                "0.0.0.0:14318",
+                OwnPort::Cluster,
+            ),
+            (
+                "ollama=http://[::ffff:127.0.0.1]:7",
+                "127.0.0.1:0",
+                "0.0.0.0:7",
+                OwnPort::Cluster,
+            ),
+        ] {
+            let err = resolve(with_engine(engine, face, cluster)).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::EngineIsSelf { own: o, .. } if o == own),
+                "{engine} vs {face}/{cluster}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(!msg.contains('\n'), "{msg}");
+            assert!(msg.contains(own.flag()), "{msg}");
+        }
+        let msg = resolve(with_engine(
+            "ollama=http://127.0.0.1:11434",
+            "127.0.0.1:11434",
+            "127.0.0.1:0",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("OLLAMA_HOST=127.0.0.1:11435 ollama serve"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("--engine ollama=http://127.0.0.1:11435"),
+            "{msg}"
+        );
+        // The suggested port is none of the node's own.
+        let msg = resolve(with_engine(
+            "ollama=http://127.0.0.1:11434",
+            "127.0.0.1:11434",
+            "0.0.0.0:11435",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(msg.contains("OLLAMA_HOST=127.0.0.1:11436"), "{msg}");
+    }
+
+    #[test]
+    fn a_lan_address_of_this_machine_is_its_own_when_bound_to_all() {
+        let args = |engine: &str| RunArgs {
+            allow_remote_engine: true,
+            ..with_engine(engine, "127.0.0.1:0", "0.0.0.0:14318")
+        };
+        for engine in [
+            "ollama=http://192.168.1.5:14318",
+            "ollama=http://box:14318",
+            "ollama=http://BOX.local:14318",
+        ] {
+            assert!(
+                matches!(
+                    resolve(args(engine)),
+                    Err(ConfigError::EngineIsSelf {
+                        own: OwnPort::Cluster,
+                        ..
+                    })
+                ),
+                "{engine}"
+            );
+        }
+        // Other machines, other ports, and a cluster port bound to loopback
+        // only, are not the node.
+        for engine in [
+            "ollama=http://192.168.1.6:14318",
+            "ollama=http://gpu-box.lan:14318",
+            "ollama=http://192.168.1.5:14319",
+        ] {
+            assert!(resolve(args(engine)).is_ok(), "{engine}");
+        }
+        let a = RunArgs {
+            allow_remote_engine: true,
+            ..with_engine(
+                "ollama=http://192.168.1.5:14318",
+                "127.0.0.1:0",
+                "127.0.0.1:14318",
+            )
+        };
+        assert!(resolve(a).is_ok());
+        // A port chosen by the system never collides.
+        assert!(
+            resolve(with_engine(
+                "ollama=http://127.0.0.1:11435",
+                "127.0.0.1:0",
+                "127.0.0.1:0"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_default_engine_on_a_face_is_refused() {
+        let args = RunArgs {
+            ollama_face: Some("127.0.0.1:11435".parse().unwrap()),
+            ..RunArgs::default()
+        };
+        let err = resolve(args).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::EngineIsSelf {
+                    default_engine: true,
+                    own: OwnPort::OllamaFace,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("default engine address http://127.0.0.1:11435"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("--ollama-face") && msg.contains("--engine ollama=URL"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_remote_engine_needs_to_be_allowed() {
+        for engine in [
+            "ollama=http://192.168.1.20:11434",
+            "ollama=http://gpu-box.lan:11434",
+            "openai-compat=http://[fd00::2]:8080",
+            "ollama=http://[fe80::1%25eth0]:8080",
+        ] {
+            let args = with_engine(engine, "127.0.0.1:0", "127.0.0.1:0");
+            let err = resolve(args.clone());
+            assert!(
+                matches!(err, Err(ConfigError::RemoteEngine { .. })),
+                "{engine}: {err:?}"
+            );
+            let msg = err.unwrap_err().to_string();
+            assert!(
+                msg.contains("--allow-remote-engine") && msg.contains("unencrypted"),
+                "{msg}"
+            );
+            let allowed = RunArgs {
+                allow_remote_engine: true,
+                ..args
+            };
+            assert!(resolve(allowed).is_ok(), "{engine}");
+        }
+        for engine in [
+            "ollama=http://127.0.0.1:11435",
+            "ollama=http://127.1.2.3:11435",
+            "ollama=http://localhost:11435",
+            "ollama=http://LOCALHOST.:11435",
+            "ollama=http://[::1]:11435",
+        ] {
+            assert!(
+                resolve(with_engine(engine, "127.0.0.1:0", "127.0.0.1:0")).is_ok(),
+                "{engine}"
+            );
+        }
+        // The settings file can allow it too.
+        let file: FileConfig = toml::from_str(
+            r#"
+            engines = ["ollama=http://10.0.0.9:11434"]
+            allow-remote-engine = true
+            "#,
+        )
+        .unwrap();
+        assert!(
+            NodeConfig::resolve(RunArgs::default(), file, Some("/x".into()), None, None, &[])
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn zoned_static_peers_carry_their_interface_index() {
+        let c = resolve(RunArgs {
+            peers: vec!["[fe80::1%2]:14318".into(), "gpu-box.lan:14318".into()],
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert_eq!(c.peers[0].host, "fe80::1%2");
+        assert_eq!(c.peers[0].to_string(), "[fe80::1%2]:14318");
+        assert_eq!(c.peers[1].host, "gpu-box.lan");
+        if cfg!(target_os = "linux") {
+            let lo = pair_identity::addr::interface_index("lo").unwrap();
+            let c = resolve(RunArgs {
+                peers: vec!["[fe80::1%lo]:14318".into()],
+                ..RunArgs::default()
+            })
+            .unwrap();
+            assert_eq!(c.peers[0].host, format!("fe80::1%{lo}"));
+        }
+        let err = resolve(RunArgs {
+            peers: vec!["[fe80::1%nosuch9]:14318".into()],
+            ..RunArgs::default()
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Address(pair_identity::Error::NoSuchInterface { .. })
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("nosuch9"), "{err}");
+        let err = resolve(RunArgs {
+            peers: vec!["[fe80::1%]:14318".into()],
+            ..RunArgs::default()
+        })
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::Peer { .. }), "{err:?}");
     }
 }

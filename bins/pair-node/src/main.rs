@@ -90,7 +90,8 @@ enum Command {
 enum PairAction {
     /// Open an invite and print its PIN (valid 5 minutes).
     Invite(ClientArgs),
-    /// Join the node at HOST:PORT (its cluster port) with the PIN it shows.
+    /// Join the node at HOST:PORT (its cluster port) with the PIN it shows;
+    /// a link-local IPv6 address takes its interface: [fe80::1%eth0]:14318.
     Join {
         addr: String,
         #[arg(long)]
@@ -199,6 +200,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
                 std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
                 std::env::var_os("HOME").map(Into::into),
                 hostname(),
+                &local_ips(),
             )?;
             let mut cfg = cfg;
             cfg.event_loops = threads;
@@ -255,6 +257,9 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
                 Ok(())
             }
             PairAction::Join { addr, pin, client } => {
+                // A malformed address or a zone that names no interface is a
+                // usage error, said before the daemon is asked.
+                pair_identity::service::pairing_target(&addr).map_err(ConfigError::Address)?;
                 let joined = client.owner()?.join(&addr, &pin).await?;
                 if client.json {
                     println!("{}", serde_json::to_string_pretty(&joined)?);
@@ -372,6 +377,14 @@ async fn wait_for_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// This machine's addresses (none when they cannot be listed: then only
+/// loopback and the unspecified address count as the node's own).
+fn local_ips() -> Vec<std::net::IpAddr> {
+    pair_discovery::local_addrs()
+        .map(|addrs| addrs.into_iter().map(|a| a.ip).collect())
+        .unwrap_or_default()
 }
 
 fn hostname() -> Option<String> {

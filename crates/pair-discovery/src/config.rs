@@ -25,19 +25,28 @@ pub struct StaticPeer {
 impl FromStr for StaticPeer {
     type Err = DiscoveryError;
 
-    /// `host:port`, `1.2.3.4:port` or `[v6]:port`.
+    /// `host:port`, `1.2.3.4:port`, `[v6]:port` or `[v6%zone]:port` (a
+    /// link-local address with its interface, `[fe80::1%eth0]:14318` or
+    /// `[fe80::1%2]:14318`; std's parser has no zones). The zone is kept in
+    /// `host` as written, where the system resolver reads it; that it names
+    /// an interface is for the caller to check.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || DiscoveryError::BadStaticPeer {
             input: s.to_owned(),
         };
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
-            h.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+            let ip = match h.split_once('%') {
+                Some((ip, zone)) if is_zone(zone) => ip,
+                Some(_) => return Err(bad()),
+                None => h,
+            };
+            ip.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
             (h, p)
         } else {
             let (h, p) = s.rsplit_once(':').ok_or_else(bad)?;
-            if h.contains(':') {
-                return Err(bad()); // bare IPv6 needs brackets
+            if h.contains([':', '%']) {
+                return Err(bad()); // bare IPv6 (and its zone) needs brackets
             }
             (h, p)
         };
@@ -53,6 +62,22 @@ impl FromStr for StaticPeer {
             host: host.to_owned(),
             port,
         })
+    }
+}
+
+/// An interface index or name as written after `%`: 1 to 15 letters,
+/// digits, `-`, `_` or `.` (Linux names are at most 15 bytes).
+fn is_zone(zone: &str) -> bool {
+    (1..=15).contains(&zone.len())
+        && zone
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl StaticPeer {
+    /// The zone of a link-local IPv6 peer (`eth0` of `fe80::1%eth0`).
+    pub fn zone(&self) -> Option<&str> {
+        self.host.split_once('%').map(|(_, z)| z)
     }
 }
 
@@ -133,7 +158,22 @@ mod tests {
         assert_eq!(p.to_string(), "[fd00::2]:14318");
         let p: StaticPeer = "10.0.0.5:1".parse().unwrap();
         assert_eq!(p.to_string(), "10.0.0.5:1");
+        assert_eq!(p.zone(), None);
+        // Link-local IPv6 with a zone: a name or an index.
+        let p: StaticPeer = "[fe80::1%eth0]:14318".parse().unwrap();
+        assert_eq!((p.host.as_str(), p.port), ("fe80::1%eth0", 14318));
+        assert_eq!(p.zone(), Some("eth0"));
+        assert_eq!(p.to_string(), "[fe80::1%eth0]:14318");
+        let p: StaticPeer = "[fe80::1%2]:14318".parse().unwrap();
+        assert_eq!((p.host.as_str(), p.zone()), ("fe80::1%2", Some("2")));
         for bad in [
+            "[fe80::1%]:80",
+            "[fe80::1%eth 0]:80",
+            "[fe80::1%a/b]:80",
+            "[fe80::1%eth0%1]:80",
+            "[nope%eth0]:80",
+            "fe80::1%eth0:80",
+            "10.0.0.1%eth0:80",
             "",
             "host",
             "host:",

@@ -123,8 +123,17 @@ pub enum Error {
     BadPin,
     #[error("invalid peer name: {reason}")]
     BadName { reason: &'static str },
-    #[error("invalid pairing address {input:?}")]
+    #[error("invalid address {input:?}: expected HOST:PORT, IP:PORT or [IPv6%ZONE]:PORT")]
     BadAddress { input: String },
+    #[error("invalid address {input:?}: {reason}")]
+    BadZone { input: String, reason: &'static str },
+    #[error("invalid address {input:?}: no network interface named {name:?} on this machine")]
+    NoSuchInterface {
+        input: String,
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("pairing request to {url} failed")]
     Http {
         url: String,

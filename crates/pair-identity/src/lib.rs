@@ -78,6 +78,9 @@
 //! learns one yes/no per online attempt, of which there are 5 per invite and
 //! 20 per hour. Success chance for an attacker: 5 in a million per invite.
 //!
+//! The joiner dials the inviter at a [`PeerAddr`]: a host name, an IP
+//! literal, or a link-local IPv6 address with its zone (`[fe80::1%eth0]:port`).
+//!
 //! # Mutual TLS ([`tls`])
 //! rustls 0.23 with the ring provider, TLS 1.3 only. The server requires a
 //! client certificate and accepts exactly the pinned ones (DER equality
@@ -93,6 +96,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod addr;
 pub mod control;
 pub mod error;
 pub mod fingerprint;
@@ -104,6 +108,7 @@ pub mod tls;
 pub mod trust;
 pub mod wire;
 
+pub use addr::PeerAddr;
 pub use control::ControlToken;
 pub use error::{Error, Refusal, Result};
 pub use fingerprint::Fingerprint;

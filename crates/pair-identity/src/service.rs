@@ -13,6 +13,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 
+use crate::addr::PeerAddr;
 use crate::error::{Error, Refusal, Result};
 use crate::identity::Identity;
 use crate::protocol::{FailureLedger, InviteStatus, Inviter, Joiner, Limits, LocalParty, Pin};
@@ -234,25 +235,50 @@ fn refusal_response(refusal: Refusal, retry_after_secs: Option<u64>) -> Response
     resp
 }
 
-/// The base URL for an inviter given as `host:port` or `http://host:port`.
-pub fn pairing_base_url(addr: &str) -> Result<String> {
-    let addr = addr.trim().trim_end_matches('/');
+/// Where the joiner sends its two round trips.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PairingTarget {
+    /// `http://host:port`, without a trailing slash.
+    pub base_url: String,
+    /// An address a URL cannot name (IPv6 with a zone): the client resolves
+    /// [`ZONED_HOST`] in `base_url` to it.
+    pub dial: Option<std::net::SocketAddr>,
+}
+
+/// The stand-in host name of a zoned IPv6 inviter: URLs have no syntax for
+/// a zone, so the client is told to resolve this name to the scoped address.
+/// The cluster port does not look at `Host`.
+pub const ZONED_HOST: &str = "zoned-peer.pair.invalid";
+
+/// The inviter given as `host:port`, `[fe80::1%eth0]:port` or
+/// `http://host:port`.
+pub fn pairing_target(addr: &str) -> Result<PairingTarget> {
+    let trimmed = addr.trim();
     let bad = || Error::BadAddress {
         input: addr.to_owned(),
     };
-    let url = if addr.starts_with("http://") {
-        addr.to_owned()
-    } else if addr.contains("://") || addr.is_empty() {
+    let authority = match trimmed.get(..7) {
         // Pairing is plain HTTP by design (the PAKE protects it).
-        return Err(bad());
-    } else {
-        format!("http://{addr}")
+        Some(scheme) if scheme.eq_ignore_ascii_case("http://") => &trimmed[7..],
+        _ if trimmed.contains("://") => return Err(bad()),
+        _ => trimmed,
     };
-    let parsed = reqwest::Url::parse(&url).map_err(|_| bad())?;
-    if parsed.host_str().is_none() || parsed.path() != "/" && !parsed.path().is_empty() {
-        return Err(bad());
-    }
-    Ok(url)
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    let peer = PeerAddr::parse(authority).map_err(|e| match e {
+        Error::BadAddress { .. } => bad(),
+        other => other,
+    })?;
+    Ok(if peer.is_scoped() {
+        PairingTarget {
+            base_url: format!("http://{ZONED_HOST}:{}", peer.port()),
+            dial: peer.socket_addr(),
+        }
+    } else {
+        PairingTarget {
+            base_url: format!("http://{peer}"),
+            dial: None,
+        }
+    })
 }
 
 /// Joins the cluster of the node at `addr` with the PIN its user read out.
@@ -266,21 +292,27 @@ pub async fn join(
     name: &str,
 ) -> Result<PeerRecord> {
     crate::tls::install_crypto_provider();
-    let base = pairing_base_url(addr)?;
+    let target = pairing_target(addr)?;
+    let base = &target.base_url;
     let me = LocalParty::new(identity, name)?;
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(JOIN_TIMEOUT)
-        .build()
-        .map_err(Error::HttpClient)?;
+    let mut http = reqwest::Client::builder().no_proxy().timeout(JOIN_TIMEOUT);
+    if let Some(dial) = target.dial {
+        http = http.resolve(ZONED_HOST, dial);
+    }
+    let http = http.build().map_err(Error::HttpClient)?;
     let (joiner, hello) = Joiner::start(&me, pin, &mut rand::rng());
-    let reply: InviterHello = exchange(&http, &format!("{base}{START_PATH}"), &hello).await?;
+    // Errors name the address as given, not the stand-in host.
+    let shown = target
+        .dial
+        .map_or_else(|| base.clone(), |a| format!("http://{a}"));
+    let url = |path| (format!("{base}{path}"), format!("{shown}{path}"));
+    let reply: InviterHello = exchange(&http, url(START_PATH), &hello).await?;
     if conflicts(trust, &reply.inviter) {
         tracing::warn!(peer = %reply.inviter.id, "pairing refused: id already paired with another certificate");
         return Err(Error::refused(Refusal::ConflictingPin));
     }
     let (confirmed, confirm) = joiner.on_inviter_hello(&reply, SystemTime::now())?;
-    let done: InviterDone = exchange(&http, &format!("{base}{CONFIRM_PATH}"), &confirm).await?;
+    let done: InviterDone = exchange(&http, url(CONFIRM_PATH), &confirm).await?;
     let record = confirmed.on_inviter_done(&done)?;
     trust.insert(record.clone())?;
     Ok(record)
@@ -294,17 +326,18 @@ fn conflicts(trust: &TrustStore, party: &crate::wire::Party) -> bool {
 }
 
 /// One round trip: POST a message, decode the answer or the refusal.
+/// `url` is (where to send, how to name it in errors).
 async fn exchange<Req: Message, Resp: Message>(
     http: &reqwest::Client,
-    url: &str,
+    (url, shown): (String, String),
     req: &Req,
 ) -> Result<Resp> {
     let http_err = |source| Error::Http {
-        url: url.to_owned(),
+        url: shown.clone(),
         source,
     };
     let resp = http
-        .post(url)
+        .post(&url)
         .header(header::CONTENT_TYPE, "application/json")
         .body(req.encode())
         .send()
@@ -332,13 +365,31 @@ mod tests {
 
     #[test]
     fn base_urls() {
-        assert_eq!(
-            pairing_base_url("10.0.0.2:14318").unwrap(),
-            "http://10.0.0.2:14318"
+        let url = |a: &str| pairing_target(a).map(|t| t.base_url);
+        assert_eq!(url("10.0.0.2:14318").unwrap(), "http://10.0.0.2:14318");
+        assert_eq!(url("http://host:1/").unwrap(), "http://host:1");
+        assert_eq!(url("HTTP://[fd00::2]:1").unwrap(), "http://[fd00::2]:1");
+        assert!(url("https://host:1").is_err());
+        assert!(url("").is_err());
+        assert!(url("host:1/path").is_err());
+    }
+
+    #[test]
+    fn a_zoned_inviter_is_dialled_by_its_scoped_address() {
+        let t = pairing_target("[fe80::1%3]:14318").unwrap();
+        assert_eq!(t.base_url, format!("http://{ZONED_HOST}:14318"));
+        let dial = t.dial.unwrap();
+        assert_eq!(dial.to_string(), "[fe80::1%3]:14318");
+        assert!(
+            pairing_target("http://[fe80::1%3]:14318/")
+                .unwrap()
+                .dial
+                .is_some()
         );
-        assert_eq!(pairing_base_url("http://host:1/").unwrap(), "http://host:1");
-        assert!(pairing_base_url("https://host:1").is_err());
-        assert!(pairing_base_url("").is_err());
-        assert!(pairing_base_url("host:1/path").is_err());
+        assert!(pairing_target("10.0.0.2:1").unwrap().dial.is_none());
+        assert!(matches!(
+            pairing_target("[fe80::1%no such]:1"),
+            Err(Error::BadZone { .. })
+        ));
     }
 }

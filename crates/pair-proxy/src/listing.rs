@@ -1,7 +1,9 @@
 //! Model listings merged across the cluster, de-duplicated, in the engine's
 //! own envelope: `{"models":[...]}` for Ollama, `{"object":"list","data":[...]}`
-//! for OpenAI. The merge is pure ([`merge`]); the fan-out to this node's
-//! engines and its peers is below it.
+//! for OpenAI. When engines were asked and none answered, the listing is a
+//! 503 in the API's error shape, so a client can tell "down" from "no
+//! models". The merge and that decision are pure ([`merge`], [`answer`]);
+//! the fan-out to this node's engines and its peers is below them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,13 +12,14 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::join_all;
-use http::{HeaderValue, Method, header};
-use pair_core::{EngineKind, ModelName};
+use http::{HeaderValue, Method, StatusCode, header};
+use pair_core::{ApiFlavor, EngineKind, ModelName};
 use pair_http::h1::Headers;
 use pair_http::{Reply, RequestHead};
 use serde_json::{Map, Value};
 
 use crate::dispatch::{self, Hop};
+use crate::error::json_error;
 use crate::route::Listing;
 use crate::state::ProxyState;
 
@@ -74,8 +77,57 @@ pub fn engine_answers(kind: Listing, engine: EngineKind) -> bool {
     }
 }
 
-/// This node's own listing documents: one per engine that answers `kind`.
-pub async fn own(st: &ProxyState, kind: Listing) -> Vec<Value> {
+/// What the sources of one listing (engines, peers) said.
+#[derive(Debug, Default)]
+pub struct Answers {
+    /// One document per source that answered.
+    pub docs: Vec<Value>,
+    /// Sources asked that gave no usable answer (unreachable, an error
+    /// status, not JSON, too slow).
+    pub silent: usize,
+}
+
+impl Answers {
+    fn add(&mut self, doc: Option<Value>) {
+        match doc {
+            Some(doc) => self.docs.push(doc),
+            None => self.silent += 1,
+        }
+    }
+
+    fn extend(&mut self, docs: impl IntoIterator<Item = Option<Value>>) {
+        for doc in docs {
+            self.add(doc);
+        }
+    }
+}
+
+/// The listing's answer: the merged documents, or a 503 in `kind`'s API
+/// shape when sources were asked and none answered (an empty list would
+/// say "no models" when the truth is "no engine could be asked"). Nothing
+/// asked at all (no engine serves `kind` and no peer is routable) is an
+/// empty list: nothing is down.
+pub fn answer(kind: Listing, answers: &Answers) -> Reply {
+    if answers.docs.is_empty() && answers.silent > 0 {
+        let flavor = match kind {
+            Listing::OllamaTags | Listing::OllamaPs => ApiFlavor::Ollama,
+            Listing::OpenAiModels => ApiFlavor::OpenAi,
+        };
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            flavor,
+            "no_engine_answered",
+            "no engine could be asked for its models: neither this node's engines nor any \
+             peer answered (is the engine running?)",
+            None,
+        )
+        .into();
+    }
+    json_reply(&merge(kind, &answers.docs))
+}
+
+/// This node's own listing: one answer per engine that serves `kind`.
+pub async fn own(st: &ProxyState, kind: Listing) -> Answers {
     let engines = st.engines();
     let calls = engines
         .iter()
@@ -84,12 +136,15 @@ pub async fn own(st: &ProxyState, kind: Listing) -> Vec<Value> {
             let hop = e.hop();
             async move { fetch_json(st, &hop, kind).await }
         });
-    join_all(calls).await.into_iter().flatten().collect()
+    let mut answers = Answers::default();
+    answers.extend(join_all(calls).await);
+    answers
 }
 
 /// The cluster's listing: this node's and every routable peer's, merged.
+/// A peer whose engines are all down answers 503 and counts as silent.
 pub async fn cluster(st: &Arc<ProxyState>, kind: Listing) -> Reply {
-    let mut docs = own(st, kind).await;
+    let mut answers = own(st, kind).await;
     let cluster = st.cluster();
     let peers = st.peer_links();
     let remote = cluster
@@ -101,13 +156,13 @@ pub async fn cluster(st: &Arc<ProxyState>, kind: Listing) -> Reply {
             let st = Arc::clone(st);
             async move { fetch_json(&st, &Hop::Peer(Box::new(link)), kind).await }
         });
-    docs.extend(join_all(remote).await.into_iter().flatten());
-    json_reply(&merge(kind, &docs))
+    answers.extend(join_all(remote).await);
+    answer(kind, &answers)
 }
 
 /// This node's own listing, merged (what a peer's fan-out asks for).
 pub async fn node(st: &ProxyState, kind: Listing) -> Reply {
-    json_reply(&merge(kind, &own(st, kind).await))
+    answer(kind, &own(st, kind).await)
 }
 
 fn json_reply(doc: &Value) -> Reply {
@@ -194,6 +249,76 @@ mod tests {
         assert_eq!(
             merge(Listing::OpenAiModels, &[]),
             json!({"object":"list","data":[]})
+        );
+    }
+
+    #[test]
+    fn two_sources_with_one_model_list_it_once() {
+        // Two engines (or two nodes) holding the same model.
+        let one = json!({"object":"list","data":[{"id":"llama3.2:3b","object":"model"}]});
+        let m = merge(Listing::OpenAiModels, &[one.clone(), one]);
+        assert_eq!(m["data"], json!([{"id":"llama3.2:3b","object":"model"}]));
+        let tags = json!({"models":[{"name":"llama3.2:3b"}]});
+        let other = json!({"models":[{"name":"LLAMA3.2:3b"},{"model":"llama3.2:3b"}]});
+        let m = merge(Listing::OllamaTags, &[tags, other]);
+        assert_eq!(m["models"].as_array().unwrap().len(), 1, "{m}");
+    }
+
+    async fn reply_json(reply: Reply) -> (StatusCode, Value) {
+        use http_body_util::BodyExt;
+        let bytes = reply.body.collect().await.unwrap().to_bytes();
+        (reply.status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn nobody_answering_is_503_in_the_apis_shape() {
+        let down = Answers {
+            docs: vec![],
+            silent: 2,
+        };
+        let (status, v) = reply_json(answer(Listing::OllamaTags, &down)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("no engine could be asked"),
+            "{v}"
+        );
+        let (status, v) = reply_json(answer(Listing::OpenAiModels, &down)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(v["error"]["code"], "no_engine_answered");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no engine"),
+            "{v}"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_answer_is_enough_and_an_empty_one_is_a_list() {
+        // One source down, one holding nothing: an honest empty list.
+        let some = Answers {
+            docs: vec![json!({"models":[]})],
+            silent: 1,
+        };
+        let (status, v) = reply_json(answer(Listing::OllamaTags, &some)).await;
+        assert_eq!((status, v), (StatusCode::OK, json!({"models":[]})));
+        // Nothing to ask (no engine of this kind, no peer): nothing is down.
+        let (status, v) = reply_json(answer(Listing::OpenAiModels, &Answers::default())).await;
+        assert_eq!(
+            (status, v),
+            (StatusCode::OK, json!({"object":"list","data":[]}))
+        );
+        let mut answers = Answers::default();
+        answers.extend([None, Some(json!({"data":[{"id":"m"}]})), None]);
+        assert_eq!((answers.docs.len(), answers.silent), (1, 2));
+        let (status, v) = reply_json(answer(Listing::OpenAiModels, &answers)).await;
+        assert_eq!(
+            (status, v["data"][0]["id"].clone()),
+            (StatusCode::OK, json!("m"))
         );
     }
 }
