@@ -66,6 +66,21 @@ struct Delivery {
     /// restarted and may have lost what it had not yet written, so the
     /// log is sent again from its start.
     boot: u64,
+    /// Up to here the peer gets its own records back too: it may have
+    /// lost the last ones it made in a crash (set when the history is
+    /// sent again from the start).
+    echo_until: usize,
+}
+
+impl Delivery {
+    /// From the start of the log, the peer's own records included.
+    fn from_start(boot: u64, jobs: &JobLog) -> Self {
+        Self {
+            cursor: 0,
+            boot,
+            echo_until: jobs.end(),
+        }
+    }
 }
 
 /// Pushes reports and job records to peers and republishes the snapshot
@@ -115,12 +130,15 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
             let report = report.clone();
             let report_path = report_path.as_str();
             let boot = boots.get(&link.id).copied().unwrap_or(0);
-            let d = deliveries.entry(link.id).or_insert(Delivery { cursor: 0, boot });
+            let d = deliveries
+                .entry(link.id)
+                .or_insert_with(|| Delivery::from_start(boot, &jobs));
             if boot != d.boot {
                 tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
-                *d = Delivery { cursor: 0, boot };
+                *d = Delivery::from_start(boot, &jobs);
             }
-            let (batch, next) = outbox(&jobs, d.cursor, link.id);
+            let echo = d.cursor < d.echo_until;
+            let (batch, next) = outbox(&jobs, d.cursor, (!echo).then_some(link.id));
             async move {
                 let t = Instant::now();
                 let ok = matches!(
@@ -169,15 +187,18 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
     }
 }
 
-/// The job records after `cursor` that `peer` may lack (as JSON; `None`
+/// The job records after `cursor` that a peer may lack (as JSON; `None`
 /// when there are none), and the cursor past them. A record the peer
-/// itself made is not sent back to it; a `running` one is not sent at all.
-fn outbox(jobs: &JobLog, cursor: usize, peer: NodeId) -> (Option<Bytes>, usize) {
+/// `skip_own` itself made is not sent back to it; a `running` one is not
+/// sent at all.
+fn outbox(jobs: &JobLog, cursor: usize, skip_own: Option<NodeId>) -> (Option<Bytes>, usize) {
     let (records, next) = jobs.after(cursor, REPLICATE_MAX);
     let batch: Vec<&JobRecord> = records
         .iter()
         .map(AsRef::as_ref)
-        .filter(|r| r.status != JobStatus::Running && r.recorded_by != Some(peer))
+        .filter(|r| {
+            r.status != JobStatus::Running && (skip_own.is_none() || r.recorded_by != skip_own)
+        })
         .collect();
     if batch.is_empty() {
         return (None, next);
@@ -204,6 +225,45 @@ fn probed(liveness: Liveness, unreached: Duration, cfg: &GossipConfig) -> Livene
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(id: u128, by: u128) -> JobRecord {
+        JobRecord {
+            id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
+            model: "m".into(),
+            flavor: pair_core::ApiFlavor::Ollama,
+            route: "/api/chat".into(),
+            streaming: false,
+            origin: NodeId::from_u128(by),
+            ran_on: Some(NodeId::from_u128(by)),
+            attempts: 1,
+            status: JobStatus::Completed,
+            http_status: Some(200),
+            created_at_ms: 1,
+            ttft_ms: None,
+            duration_ms: None,
+            prompt_tokens: None,
+            output_tokens: None,
+            error: None,
+            recorded_by: Some(NodeId::from_u128(by)),
+        }
+    }
+
+    #[test]
+    fn a_peer_gets_its_own_records_back_only_after_a_restart() {
+        let jobs = JobLog::in_memory();
+        let peer = NodeId::from_u128(2);
+        jobs.record(record(1, 1));
+        jobs.record(record(2, 2));
+        let sent = |batch: Option<Bytes>| -> Vec<JobRecord> {
+            serde_json::from_slice(&batch.unwrap()).unwrap()
+        };
+        let (batch, next) = outbox(&jobs, 0, Some(peer));
+        assert_eq!(next, 2);
+        assert_eq!(sent(batch).len(), 1, "not its own");
+        let (batch, _) = outbox(&jobs, 0, None);
+        assert_eq!(sent(batch).len(), 2, "its own too");
+        assert_eq!(outbox(&jobs, 2, None).0, None, "nothing new");
+    }
 
     #[test]
     fn a_peer_that_does_not_answer_as_itself_leaves_routing() {

@@ -238,7 +238,13 @@ impl NodeSnapshot {
 
     /// Free VRAM summed over devices; `None` on a node without GPUs.
     pub fn vram_free_bytes(&self) -> Option<u64> {
-        (!self.gpus.is_empty()).then(|| self.gpus.iter().map(GpuDevice::vram_free_bytes).sum())
+        // Saturating: a peer's report can claim anything.
+        (!self.gpus.is_empty()).then(|| {
+            self.gpus
+                .iter()
+                .map(GpuDevice::vram_free_bytes)
+                .fold(0u64, u64::saturating_add)
+        })
     }
 
     /// Total parallel slots over healthy engines, at least 1.

@@ -52,5 +52,6 @@ pub use profile::{BatchScaling, HardwareProfile, ModelRates, ModelSpec};
 pub mod http;
 
 pub use http::{
-    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Faults, Flavor, HitCounts, serve,
+    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Faults, Flavor, HitCounts, REQUEST_ID,
+    RequestHits, serve,
 };

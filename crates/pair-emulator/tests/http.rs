@@ -692,3 +692,38 @@ async fn serve_stops_on_its_token_and_resets_open_streams() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn tagged_requests_count_arrivals_and_answers_sent_to_their_end() {
+    let e = start(Flavor::Ollama).await;
+    let send = |tag: &'static str, stream: bool| {
+        let url = format!("{}/api/generate", e.base_url());
+        async move {
+            client()
+                .post(url)
+                .header(pair_emulator::REQUEST_ID, tag)
+                .json(&json!({ "model": CHAT, "prompt": "x", "stream": stream,
+                    "options": { "num_predict": 8 } }))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let whole = send("a", false).await;
+    assert_eq!(whole.status(), 200);
+    let body: Value = whole.json().await.unwrap();
+    assert_eq!(body["done"], true, "a whole answer still parses: {body}");
+    let streamed = send("b", true).await.text().await.unwrap();
+    assert!(streamed.contains("\"done\":true"));
+    e.faults().close_after_chunks(Some(CHAT), 2);
+    let cut = send("b", true).await;
+    let _ = cut.text().await;
+    let counts = |t| {
+        let h = e.request_hits(t);
+        (h.hits, h.completed)
+    };
+    assert_eq!(counts("a"), (1, 1));
+    assert_eq!(counts("b"), (2, 1), "the cut answer did not complete");
+    assert_eq!(counts("never"), (0, 0));
+    e.shutdown().await;
+}

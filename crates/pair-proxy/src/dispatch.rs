@@ -107,9 +107,10 @@ pub const JOB_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-j
 
 /// `Retry-After` (seconds, or an HTTP date) as a wait from `now`.
 pub fn retry_after(value: &[u8], now: std::time::SystemTime) -> Option<Duration> {
-    let text = std::str::from_utf8(value).ok()?.trim();
-    if let Ok(secs) = text.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    let text = std::str::from_utf8(value).ok()?.trim_ascii();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // Digits only (RFC 9110 delay-seconds); past u64, as long as can be.
+        return Some(Duration::from_secs(text.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(text).ok()?;
     Some(at.duration_since(now).unwrap_or_default())
@@ -471,6 +472,25 @@ mod tests {
             DispatchError::Deadline(std::time::Duration::from_secs(1)),
         ] {
             assert!(e.retry().may_retry(), "{e}");
+        }
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let ra = |v: &str| retry_after(v.as_bytes(), now);
+        assert_eq!(ra("5"), Some(Duration::from_secs(5)));
+        assert_eq!(ra(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            ra("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(ra(&later), Some(Duration::from_secs(90)));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(ra(&earlier), Some(Duration::ZERO));
+        for bad in ["", "+5", "-1", "5s", "soon", "\u{a0}5"] {
+            assert_eq!(ra(bad), None, "{bad:?}");
         }
     }
 }

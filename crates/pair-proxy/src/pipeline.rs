@@ -334,6 +334,21 @@ pub async fn execute(
             &mut shortlist,
             now,
         );
+        if targets.is_empty() && failover.dispatched() == 0 {
+            if !st.warming_up().is_zero() {
+                // Just started: the engine's first poll or the peers'
+                // first reports may be what is missing.
+                deadline
+                    .as_mut()
+                    .reset(Instant::now() + WARM_UP_POLL.min(st.warming_up()));
+                deadline.as_mut().await;
+                cluster = st.cluster();
+                continue;
+            }
+            if owned(&cluster, &profile, req.flavor) {
+                failover.owners_down();
+            }
+        }
         let (node, stall_after) = match failover.next_step(now, &targets) {
             Step::Dispatch { node, stall_after } => (node, stall_after),
             Step::Wait(d) => {
@@ -477,6 +492,9 @@ pub async fn execute(
     }
 }
 
+/// How often a request that came in while the node was starting looks
+/// again for a node that serves its model.
+const WARM_UP_POLL: Duration = Duration::from_millis(100);
 /// A whole (non-streamed) answer up to this size is read to its end before
 /// its first byte goes to the client, so an answer cut mid-body is retried
 /// like any other failure before the first byte; a larger one streams.
@@ -554,6 +572,15 @@ fn targets(
             .into_iter()
             .collect(),
     }
+}
+
+/// Whether any node the snapshot holds lists the model, on a healthy
+/// engine or not, routable or not: it has owners, down for now.
+fn owned(cluster: &ClusterSnapshot, profile: &RequestProfile, flavor: ApiFlavor) -> bool {
+    cluster
+        .nodes()
+        .iter()
+        .any(|n| n.find_model(&profile.model, flavor).is_some())
 }
 
 /// Whether this node holds the model on a healthy engine.
@@ -919,7 +946,7 @@ fn gave_up(
                 req.flavor,
                 "no_owner_up",
                 &format!(
-                    "every node that serves '{}' left while the request was retried, and none came back within {} s",
+                    "every node that serves '{}' is down (its engine unhealthy or the node out of routing), and none came back within {} s",
                     profile.model,
                     req.received.elapsed().as_secs()
                 ),

@@ -96,7 +96,15 @@ pub struct ProxyState {
     pub load: Arc<LocalLoad>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
+    /// When the node started: until [`WARM_UP`] after it, the node may not
+    /// yet know its own engine's models nor its peers'.
+    started: std::time::Instant,
 }
+
+/// How long after start a request for a model no node is known to serve
+/// waits for the first engine polls and peer reports instead of failing
+/// at once.
+pub const WARM_UP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How to build a [`ProxyState`].
 #[derive(Clone, Debug)]
@@ -123,8 +131,14 @@ pub struct ProxyConfig {
 }
 
 impl ProxyState {
+    /// Time left of the node's [`WARM_UP`] (zero once over).
+    pub fn warming_up(&self) -> std::time::Duration {
+        WARM_UP.saturating_sub(self.started.elapsed())
+    }
+
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
         Arc::new(Self {
+            started: std::time::Instant::now(),
             receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
                 .map(|_| LocalPool::with_stack(config.timeouts, config.http_stack))

@@ -378,7 +378,8 @@ impl Failover {
         if let Some(x) = self.tried.iter_mut().find(|x| x.node == node) {
             if refusal {
                 x.refusals += 1;
-                x.again_at = Some(now + backoff.max(retry_after.unwrap_or_default()));
+                // Saturating: a peer's `Retry-After` can be any number.
+                x.again_at = Some(now.saturating_add(backoff.max(retry_after.unwrap_or_default())));
             } else {
                 x.again_at = None;
             }
@@ -410,6 +411,14 @@ impl Failover {
     /// The attempts that failed so far, in order.
     pub fn failed(&self) -> &[FailedAttempt] {
         &self.failed
+    }
+
+    /// Says the model has owners, all of them down for now (an unhealthy
+    /// engine, a node out of routing): with no candidate, the request waits
+    /// for one to come back (until its patience) instead of giving up as
+    /// [`GiveUp::NoCandidate`].
+    pub fn owners_down(&mut self) {
+        self.owners_gone = true;
     }
 
     /// Dispatches made so far (the committed one included).
@@ -498,6 +507,28 @@ mod tests {
     }
 
     #[test]
+    fn owners_that_are_all_down_are_waited_for_until_patience() {
+        let cfg = FailoverConfig {
+            patience: Duration::from_secs(1),
+            ..FailoverConfig::default()
+        };
+        let mut f = Failover::new(cfg);
+        f.owners_down();
+        assert_eq!(f.next_step(ZERO, &[]), Step::Wait(cfg.owner_poll));
+        // One comes back.
+        assert!(matches!(
+            f.next_step(cfg.owner_poll, &[t(1)]),
+            Step::Dispatch { .. }
+        ));
+        let mut g = Failover::new(cfg);
+        g.owners_down();
+        assert_eq!(
+            g.next_step(Duration::from_secs(1), &[]),
+            Step::GiveUp(GiveUp::OwnersGone)
+        );
+    }
+
+    #[test]
     fn a_failure_no_node_can_fix_stops_the_request() {
         let mut f = Failover::new(FailoverConfig::default());
         dispatch(&mut f, ZERO, &[t(1), t(2)]);
@@ -576,6 +607,24 @@ mod tests {
         );
         assert_eq!(
             f.next_step(ZERO, &[t(1)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
+        );
+    }
+
+    #[test]
+    fn any_retry_after_a_peer_sends_is_a_bounded_wait() {
+        let mut f = Failover::new(FailoverConfig::default());
+        let now = Duration::from_secs(1);
+        dispatch(&mut f, now, &[t(1)]);
+        f.report(
+            now,
+            Outcome::Head {
+                status: 429,
+                retry_after: Some(Duration::MAX),
+            },
+        );
+        assert_eq!(
+            f.next_step(now, &[t(1)]),
             Step::GiveUp(GiveUp::Exhausted { stalled: false })
         );
     }

@@ -201,6 +201,21 @@ pub struct HitCounts {
     pub by_route: BTreeMap<String, u64>,
     /// By the model a request named, as written in the request.
     pub by_model: BTreeMap<String, u64>,
+    /// By the request's `x-request-id` header, for requests that carry
+    /// one (a test that tags each request can tell how often each one was
+    /// sent and answered).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_request: BTreeMap<String, RequestHits>,
+}
+
+/// What an engine did with one tagged request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestHits {
+    /// Times it arrived.
+    pub hits: u32,
+    /// Answers the engine sent to their end (not cut by a fault, not
+    /// abandoned by the caller).
+    pub completed: u32,
 }
 
 impl Hits {
@@ -214,8 +229,29 @@ impl Hits {
         c.total += 1;
         *c.by_route.entry(route.to_owned()).or_default() += 1;
     }
+    pub(crate) fn request(&self, tag: &str) {
+        self.counts()
+            .by_request
+            .entry(tag.to_owned())
+            .or_default()
+            .hits += 1;
+    }
+    pub(crate) fn completed(&self, tag: &str) {
+        self.counts()
+            .by_request
+            .entry(tag.to_owned())
+            .or_default()
+            .completed += 1;
+    }
     pub(crate) fn model(&self, model: &str) {
         *self.counts().by_model.entry(model.to_owned()).or_default() += 1;
+    }
+    pub(crate) fn counts_of(&self, tag: &str) -> RequestHits {
+        self.counts()
+            .by_request
+            .get(tag)
+            .copied()
+            .unwrap_or_default()
     }
     pub(crate) fn snapshot(&self) -> HitCounts {
         self.counts().clone()

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 use crate::{EmulatorError, EngineModel, HardwareProfile, ModelSpec, Residency};
 use driver::Core;
 use faults::Hits;
-pub use faults::{FaultAction, FaultRule, Faults, HitCounts};
+pub use faults::{FaultAction, FaultRule, Faults, HitCounts, RequestHits};
 
 /// Which real server the engine imitates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -330,6 +330,12 @@ impl EmulatedEngine {
             .sum()
     }
 
+    /// What the engine did with the request tagged `tag`
+    /// ([`REQUEST_ID`]).
+    pub fn request_hits(&self, tag: &str) -> RequestHits {
+        self.app.hits.counts_of(tag)
+    }
+
     pub fn hit_counts(&self) -> HitCounts {
         self.app.hits.snapshot()
     }
@@ -453,6 +459,14 @@ async fn fault_layer(State(app): State<App>, req: Request, next: Next) -> Respon
         return next.run(req).await;
     }
     app.hits.route(&path);
+    let tag = req
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(t) = &tag {
+        app.hits.request(t);
+    }
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
         return api::bad_request(&app, &path, "request body too large or unreadable");
@@ -483,10 +497,35 @@ async fn fault_layer(State(app): State<App>, req: Request, next: Next) -> Respon
     let resp = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
-    match applied.close_after_chunks {
+    let resp = match applied.close_after_chunks {
         Some(n) => cut_after(resp, n),
         None => resp,
+    };
+    match tag {
+        Some(t) => count_completion(resp, app.hits.clone(), t),
+        None => resp,
     }
+}
+
+/// The header a caller tags a request with ([`HitCounts::by_request`]).
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Counts the answer as completed when its body has been sent to the end.
+fn count_completion(resp: Response, hits: Hits, tag: String) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut inner = body.into_data_stream();
+    let mut done = Some((hits, tag));
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        let r = inner.poll_next_unpin(cx);
+        if let std::task::Poll::Ready(None) = r
+            && let Some((hits, tag)) = done.take()
+        {
+            hits.completed(&tag);
+        }
+        r
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// The request's top-level `model` (or Ollama's older `name`), if any.
