@@ -41,6 +41,21 @@ enum Task {
         #[arg(long, default_value_t = 2)]
         seconds: u32,
     },
+    /// The chaos test at a chosen size: three nodes on emulated engines
+    /// take N mixed requests over S seconds while nodes and engines fail;
+    /// prints the summary table (CI runs a small one).
+    Chaos {
+        #[arg(long, default_value_t = 3000)]
+        requests: u32,
+        #[arg(long, default_value_t = 120)]
+        seconds: u32,
+        /// Seed of the request mix (a run is reproducible from it).
+        #[arg(long, default_value_t = 0x5eed)]
+        seed: u64,
+        /// Build optimised (slower to build, closer to a real node).
+        #[arg(long)]
+        release: bool,
+    },
     /// Install test prerequisites only (idempotent).
     Setup,
     /// Repository invariants (dependency direction, file headers).
@@ -58,6 +73,25 @@ fn main() -> Result<()> {
             ci(&root)
         }
         Task::Bench { runs, seconds } => bench::run(&root, runs, seconds),
+        Task::Chaos {
+            requests,
+            seconds,
+            seed,
+            release,
+        } => {
+            let mut c = Command::new("cargo");
+            c.current_dir(&root)
+                .args(["test", "-p", "pair-node", "--test", "chaos"]);
+            if release {
+                c.arg("--release");
+            }
+            c.args(["--", "--nocapture"])
+                .env("CHAOS_REQUESTS", requests.to_string())
+                .env("CHAOS_SECONDS", seconds.to_string())
+                .env("CHAOS_SEED", seed.to_string())
+                .env("CHAOS_REPORT", root.join("target/chaos-report.md"));
+            status(c, "chaos test")
+        }
         Task::Setup => setup(&root),
         Task::Tidy => tidy::run(&root),
     }

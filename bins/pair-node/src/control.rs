@@ -255,7 +255,13 @@ async fn join(State(c): State<Control>, Json(req): Json<JoinRequest>) -> Respons
     };
     match pair_identity::join(&req.addr, &pin, &c.identity, &c.trust, &c.name).await {
         Ok(rec) => {
-            if let Some(addr) = req.addr.to_socket_addrs().ok().and_then(|mut a| a.next())
+            // An IP literal keeps its zone (`[fe80::1%eth0]:port`), which
+            // the system resolver refuses; a host name is resolved.
+            let addr = pair_identity::PeerAddr::parse(&req.addr)
+                .ok()
+                .and_then(|a| a.socket_addr())
+                .or_else(|| req.addr.to_socket_addrs().ok().and_then(|mut a| a.next()));
+            if let Some(addr) = addr
                 && let Ok(mut book) = c.addrbook.lock()
             {
                 book.insert(rec.id, addr);

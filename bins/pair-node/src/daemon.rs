@@ -190,7 +190,11 @@ pub async fn start(
     }
     // Each engine's progress: stamped by the request path, read by the
     // node's report (a stalled engine leaves routing for a while).
-    let progress: Vec<Arc<Progress>> = engines.iter().map(|_| Arc::default()).collect();
+    // A hung engine is tried again after as long as it may stall.
+    let progress: Vec<Arc<Progress>> = engines
+        .iter()
+        .map(|_| Arc::new(Progress::with_cooldown(cfg.first_byte_timeout)))
+        .collect();
     let local_engines = cfg
         .engines
         .iter()

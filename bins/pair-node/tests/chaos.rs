@@ -1035,16 +1035,29 @@ fn summarise(
         .filter(|d| matches!(d.outcome, Outcome::ApiError(_) | Outcome::ErrorEvent))
         .collect();
     if !errors.is_empty() {
-        let _ = writeln!(out, "\nerrors clients got (first 12):");
-        for d in errors.iter().take(12) {
+        // Grouped by what they said (numbers and names aside).
+        let mut groups: BTreeMap<String, Vec<&Done>> = BTreeMap::new();
+        for d in &errors {
+            let key: String = d
+                .detail
+                .chars()
+                .take(90)
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            groups.entry(key).or_default().push(d);
+        }
+        let _ = writeln!(out, "\nerrors clients got, by kind:");
+        for (key, ds) in &groups {
+            let first = ds[0];
             let _ = writeln!(
                 out,
-                "  {} {} node {} at {:.1} s: {}",
-                d.spec.tag,
-                d.spec.face.path(),
-                d.spec.node,
-                (d.started - t0).as_secs_f64(),
-                d.detail
+                "  {:>4} x {key}\n         e.g. {} {} node {} at {:.1} s: {}",
+                ds.len(),
+                first.spec.tag,
+                first.spec.face.path(),
+                first.spec.node,
+                (first.started - t0).as_secs_f64(),
+                first.detail
             );
         }
     }

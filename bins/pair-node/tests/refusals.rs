@@ -390,7 +390,22 @@ fn pair_join_dials_an_address_with_a_zone() {
         &[],
     );
     wait_ready(&a);
-    let b = start("beta", engine(), 1);
+    let engine_b = format!("ollama=http://127.0.0.1:{}", engine());
+    let b = launch(
+        "beta",
+        &[
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+            "--cluster",
+            "[::1]:0",
+            "--engine",
+            &engine_b,
+        ],
+        &[],
+    );
+    wait_ready(&b);
     assert!(a.cluster.starts_with("[::1]:"), "{}", a.cluster);
     let zoned = a.cluster.replace("]:", "%lo]:");
 
@@ -409,4 +424,18 @@ fn pair_join_dials_an_address_with_a_zone() {
             .any(|p| p["name"] == "beta"),
         "the inviter pinned the joiner: {peers}"
     );
+    // The joiner's link to the inviter dials the zoned address (mTLS over
+    // it): reports flow both ways and each routes to the other.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (sa, sb) = (cli(&a, &["status"]), cli(&b, &["status"]));
+        if sa["routable_nodes"] == 2 && sb["routable_nodes"] == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never linked over the zoned address: {sa} {sb}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

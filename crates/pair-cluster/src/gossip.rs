@@ -53,9 +53,10 @@ impl std::fmt::Debug for Gossip {
     }
 }
 
-/// Most job records sent to one peer per tick (about 300 KiB of JSON):
-/// a peer that fell behind catches up this many at a time.
-pub const REPLICATE_MAX: usize = 1024;
+/// Most job records sent to one peer per tick (about 200 KiB of JSON, half
+/// what a peer takes in one post): a peer that fell behind catches up this
+/// many at a time.
+pub const REPLICATE_MAX: usize = 512;
 
 /// Where one peer is in this node's job log.
 #[derive(Debug)]
@@ -149,10 +150,14 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
                 // Acknowledged or not sent (nothing to send): move on.
                 let acked = match batch {
                     None => true,
-                    Some(b) => matches!(
-                        link.call(http::Method::POST, JOBS_PATH, b, deadline).await,
-                        Ok(r) if r.status().is_success()
-                    ),
+                    Some(b) => match link.call(http::Method::POST, JOBS_PATH, b, deadline).await {
+                        Ok(r) if r.status().is_success() => true,
+                        Ok(r) => {
+                            tracing::warn!(peer = %link.id, status = %r.status(), "a peer refused job records; resending them");
+                            false
+                        }
+                        Err(_) => false,
+                    },
                 };
                 (link.id, ok.then_some(rtt), acked.then_some(next))
             }

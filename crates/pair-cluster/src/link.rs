@@ -55,6 +55,11 @@ impl PeerLink {
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config((*tls).clone())
             .https_only()
+            // The pinned verifier checks the certificate, not a name; a
+            // fixed one also lets a link-local address carry its zone.
+            .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                pair_identity::tls::server_name(),
+            ))
             .enable_http1()
             .wrap_connector(http_connector(timeouts));
         let client = Client::builder(TokioExecutor::new())

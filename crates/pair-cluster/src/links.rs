@@ -60,6 +60,13 @@ pub struct LinkSources {
     pub timeouts: Timeouts,
 }
 
+/// Where discovery found `id`: its best address on the cluster port, a
+/// link-local IPv6 one with its interface (scope id), without which it
+/// cannot be dialled.
+fn discovered_addr(set: &PeerSet, id: NodeId) -> Option<SocketAddr> {
+    set.get(id)?.socket_addrs().next()
+}
+
 /// Keeps `peers` current until `shutdown`: every 200 ms, and forgets an
 /// unpaired peer's report at once.
 pub async fn maintain(peers: Arc<Peers>, src: LinkSources, shutdown: CancellationToken) {
@@ -84,11 +91,7 @@ pub async fn maintain(peers: Arc<Peers>, src: LinkSources, shutdown: Cancellatio
             if peer.role != Role::Node {
                 continue;
             }
-            let found = src.discovered.borrow().get(peer.id).and_then(|d| {
-                d.addrs
-                    .first()
-                    .map(|ip| SocketAddr::new(*ip, d.cluster_port))
-            });
+            let found = discovered_addr(&src.discovered.borrow(), peer.id);
             let Some(addr) = found
                 .or_else(|| reported.get(&peer.id).copied())
                 .or_else(|| booked.get(&peer.id).copied())
@@ -120,5 +123,80 @@ pub async fn maintain(peers: Arc<Peers>, src: LinkSources, shutdown: Cancellatio
         if changed {
             peers.set(next);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pair_discovery::{LivenessConfig, PeerTable, ProbeOk};
+    use pair_identity::PeerAddr;
+
+    use super::*;
+
+    /// The published table after a static probe of `addr` found node 2.
+    fn found_at(addr: &str) -> PeerSet {
+        let addr = PeerAddr::parse(addr).unwrap().socket_addr().unwrap();
+        let mut table = PeerTable::new(NodeId::from_u128(1), LivenessConfig::default());
+        let ok = ProbeOk {
+            id: NodeId::from_u128(2),
+            name: "far".into(),
+            addr,
+            port: addr.port(),
+            rtt_us: 100,
+            info: None,
+        };
+        table.on_static_found(Duration::ZERO, &ok);
+        table.view(Duration::ZERO, 0)
+    }
+
+    fn scope_of(addr: SocketAddr) -> u32 {
+        match addr {
+            SocketAddr::V6(a) => a.scope_id(),
+            SocketAddr::V4(_) => 0,
+        }
+    }
+
+    #[test]
+    fn a_link_local_peer_is_dialled_on_its_interface() {
+        let far = NodeId::from_u128(2);
+        let addr = discovered_addr(&found_at("[fe80::1%3]:14318"), far).unwrap();
+        assert_eq!(
+            (addr.to_string(), scope_of(addr)),
+            ("[fe80::1%3]:14318".into(), 3)
+        );
+        if cfg!(target_os = "linux") {
+            let lo = pair_identity::addr::interface_index("lo").unwrap();
+            let addr = discovered_addr(&found_at("[fe80::1%lo]:14318"), far).unwrap();
+            assert_eq!(scope_of(addr), lo);
+        }
+        let addr = discovered_addr(&found_at("10.0.0.2:14318"), far).unwrap();
+        assert_eq!(addr, SocketAddr::from(([10, 0, 0, 2], 14318)));
+        assert_eq!(
+            discovered_addr(&found_at("10.0.0.2:1"), NodeId::from_u128(9)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_link_to_a_scoped_address_keeps_its_scope() {
+        // `maintain` compares `PeerLink::addr` with the discovered address:
+        // were the scope lost there, the link would be rebuilt every tick.
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let addr = discovered_addr(&found_at("[fe80::1%3]:14318"), NodeId::from_u128(2)).unwrap();
+        let link = PeerLink::new(
+            NodeId::from_u128(2),
+            addr,
+            Arc::new(tls),
+            Timeouts::default(),
+        )
+        .unwrap();
+        assert_eq!(link.addr(), Some(addr));
+        assert_eq!(link.addr().map(scope_of), Some(3));
     }
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long an engine stays out of routing after an attempt on it stalled
-/// (unless it makes progress first).
+/// (unless it makes progress first), by default: then one request tries it
+/// again (and waits at most its allowance if it is still hung).
 pub const STALL_COOLDOWN: Duration = Duration::from_secs(10);
 
 /// The stamp's resolution.
@@ -27,15 +28,36 @@ fn stamp(at: Instant) -> u64 {
 }
 
 /// One engine's progress.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Progress {
     /// Milliseconds after the epoch of the last progress (0: none yet).
     last: AtomicU64,
     /// Until when (ms after the epoch) the engine counts as stalled.
     stalled_until: AtomicU64,
+    /// Stalls in a row with no progress between: each doubles the
+    /// cooldown (up to 16 times), so an engine that stays hung is tried
+    /// less and less often.
+    strikes: AtomicU64,
+    cooldown: Duration,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::with_cooldown(STALL_COOLDOWN)
+    }
 }
 
 impl Progress {
+    /// An engine that stays out of routing for `cooldown` after a stall.
+    pub fn with_cooldown(cooldown: Duration) -> Self {
+        Self {
+            last: AtomicU64::new(0),
+            stalled_until: AtomicU64::new(0),
+            strikes: AtomicU64::new(0),
+            cooldown,
+        }
+    }
+
     /// The engine sent something: it is alive and working.
     pub fn touch(&self) {
         let now = stamp(Instant::now()).max(1);
@@ -47,6 +69,9 @@ impl Progress {
         if self.stalled_until.load(Relaxed) != 0 {
             self.stalled_until.store(0, Relaxed);
         }
+        if self.strikes.load(Relaxed) != 0 {
+            self.strikes.store(0, Relaxed);
+        }
     }
 
     /// When it last sent anything (the epoch if never).
@@ -56,7 +81,13 @@ impl Progress {
 
     /// An attempt on it made no progress within its allowance.
     pub fn mark_stalled(&self) {
-        let until = stamp(Instant::now() + STALL_COOLDOWN);
+        if self.stalled() {
+            // The other attempts that were waiting on it when it hung:
+            // one stall, one strike.
+            return;
+        }
+        let strikes = self.strikes.fetch_add(1, Relaxed).min(4);
+        let until = stamp(Instant::now() + self.cooldown * (1u32 << strikes));
         self.stalled_until.store(until, Relaxed);
     }
 
@@ -84,5 +115,25 @@ mod tests {
         p.mark_stalled();
         p.touch();
         assert!(!p.stalled(), "progress ends it at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_that_stays_hung_is_tried_less_and_less_often() {
+        let base = Duration::from_secs(3);
+        let p = Progress::with_cooldown(base);
+        let step = Duration::from_millis(100);
+        for times in [1u32, 2, 4, 8, 16, 16] {
+            p.mark_stalled();
+            p.mark_stalled();
+            tokio::time::advance(base * times - step).await;
+            assert!(p.stalled(), "{times}x");
+            tokio::time::advance(step * 2).await;
+            assert!(!p.stalled(), "{times}x");
+        }
+        // Progress forgives it.
+        p.touch();
+        p.mark_stalled();
+        tokio::time::advance(base + step).await;
+        assert!(!p.stalled());
     }
 }

@@ -20,7 +20,7 @@ pub const JOBS_PATH: &str = "/pair/v1/jobs";
 
 /// Most records one post may carry (a sender sends at most
 /// [`crate::gossip::REPLICATE_MAX`]).
-const JOBS_PER_POST: usize = 1_000;
+const JOBS_PER_POST: usize = 2 * crate::gossip::REPLICATE_MAX;
 
 #[derive(Clone)]
 struct Inbox {

@@ -72,13 +72,28 @@ impl Liveness {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelPerf {
     /// Prompt tokens processed per second.
+    #[serde(deserialize_with = "finite_rate")]
     pub prefill_tps: f32,
     /// Tokens generated per second by one stream decoding alone.
+    #[serde(deserialize_with = "finite_rate")]
     pub decode_tps: f32,
     /// Time to load the model when it is not in memory, in milliseconds.
     pub load_ms: u32,
     /// Fixed cost per request (scheduling, template, first kernel launch).
     pub overhead_ms: u32,
+}
+
+/// A rate a peer reports: finite and not negative (a number past `f32`'s
+/// range would decode as infinity, which JSON cannot carry back).
+fn finite_rate<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    let v = f32::deserialize(d)?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "a rate must be a finite, non-negative number of tokens per second, not {v}"
+        )))
+    }
 }
 
 impl ModelPerf {
@@ -310,6 +325,20 @@ impl ClusterSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reported_rate_must_be_finite_and_not_negative() {
+        let perf = |p: &str| {
+            serde_json::from_str::<ModelPerf>(&format!(
+                r#"{{"prefill_tps":{p},"decode_tps":40.0,"load_ms":1,"overhead_ms":1}}"#
+            ))
+        };
+        assert!(perf("1000.0").is_ok());
+        for bad in ["1e39", "-1.0"] {
+            let e = perf(bad).unwrap_err().to_string();
+            assert!(e.contains("finite, non-negative"), "{bad}: {e}");
+        }
+    }
 
     fn node(id: u128, models: &[(&str, bool)], kind: EngineKind) -> NodeSnapshot {
         let mut n = NodeSnapshot::new(NodeId::from_u128(id), format!("n{id}"));

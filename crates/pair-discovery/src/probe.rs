@@ -1,7 +1,7 @@
 //! The active probe: a short TCP dial to a peer's cluster port and an
 //! identity check through `GET /pair/v1/node-info`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,17 +29,13 @@ struct Identity {
     name: String,
 }
 
-/// Probes `addrs` (best first) on `port` within `timeout` overall, and
-/// returns the identity of the first address that answers.
-pub async fn probe(
-    addrs: &[IpAddr],
-    port: u16,
-    timeout: Duration,
-) -> Result<ProbeOk, DiscoveryError> {
+/// Probes `addrs` (best first; a link-local IPv6 one with its scope id)
+/// within `timeout` overall, and returns the identity of the first address
+/// that answers.
+pub async fn probe(addrs: &[SocketAddr], timeout: Duration) -> Result<ProbeOk, DiscoveryError> {
     let deadline = Instant::now() + timeout;
     let mut last = DiscoveryError::NoAddressToProbe;
-    for ip in addrs {
-        let addr = SocketAddr::new(*ip, port);
+    for &addr in addrs {
         match tokio::time::timeout_at(deadline, probe_addr(addr)).await {
             Ok(Ok(ok)) => return Ok(ok),
             Ok(Err(err)) => last = err,
@@ -65,7 +61,9 @@ pub async fn probe_addr(addr: SocketAddr) -> Result<ProbeOk, DiscoveryError> {
         let mut req = hyper::Request::new(Empty::<Bytes>::new());
         *req.uri_mut() = hyper::Uri::from_static(NODE_INFO_PATH);
         let headers = req.headers_mut();
-        if let Ok(host) = hyper::header::HeaderValue::from_str(&addr.to_string()) {
+        // Without the zone (as curl sends it): it means nothing to the peer.
+        let host = SocketAddr::new(addr.ip(), addr.port()).to_string();
+        if let Ok(host) = hyper::header::HeaderValue::from_str(&host) {
             headers.insert(hyper::header::HOST, host);
         }
         headers.insert(
@@ -107,7 +105,7 @@ pub async fn probe_addr(addr: SocketAddr) -> Result<ProbeOk, DiscoveryError> {
     Ok(ProbeOk {
         id: identity.id,
         name: identity.name,
-        addr: addr.ip(),
+        addr,
         port: addr.port(),
         rtt_us,
         info,

@@ -2,7 +2,7 @@
 //! configured interfaces only, the active probes and the static peers, feeds
 //! the pure [`PeerTable`], and publishes it through `tokio::sync::watch`.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::{Duration, SystemTime};
 
 use mdns_sd::{IfKind, IfPredicate, ServiceDaemon, ServiceEvent, ServiceInfo};
@@ -331,7 +331,7 @@ impl EventLoop {
         let timeout = self.config.probe_timeout;
         for req in self.table.tick(self.now()) {
             probes.spawn(async move {
-                let result = match probe(&req.addrs, req.port, timeout).await {
+                let result = match probe(&req.addrs, timeout).await {
                     Ok(ok) if ok.id == req.id => Ok(ok),
                     Ok(ok) => Err(ProbeFailure::WrongIdentity(ok.id)),
                     Err(err) => {
@@ -354,6 +354,7 @@ impl EventLoop {
                     a.id != b.id
                         || a.state != b.state
                         || a.addrs != b.addrs
+                        || a.scope_ids != b.scope_ids
                         || a.cluster_port != b.cluster_port
                         || a.name != b.name
                         || a.rtt_us != b.rtt_us
@@ -414,7 +415,8 @@ impl EventLoop {
     }
 
     /// Static peer addresses whose node is unknown or evicted are probed
-    /// (resolving the host name each time: DHCP may have moved it).
+    /// (resolving the host name each time: DHCP may have moved it). A
+    /// zone's scope id rides along into the probe and the table.
     fn probe_static_peers(&mut self, probes: &mut JoinSet<ProbeDone>) {
         for (i, target) in self.config.static_peers.iter().enumerate() {
             let known_live = self.static_ids[i].is_some_and(|id| self.table.is_routable(id));
@@ -425,14 +427,14 @@ impl EventLoop {
             let target: StaticPeer = target.clone();
             let timeout = self.config.probe_timeout;
             probes.spawn(async move {
-                let addrs: Vec<IpAddr> = match tokio::net::lookup_host((target.host.as_str(), target.port)).await {
-                    Ok(it) => it.map(|a| a.ip()).collect(),
+                let addrs = match resolve_static(&target).await {
+                    Ok(addrs) => addrs,
                     Err(err) => {
                         tracing::debug!(peer = %target, error = %err, "static peer did not resolve");
                         return ProbeDone::Static(i, None);
                     }
                 };
-                match probe(&addrs, target.port, timeout).await {
+                match probe(&addrs, timeout).await {
                     Ok(ok) => ProbeDone::Static(i, Some(ok)),
                     Err(err) => {
                         tracing::debug!(peer = %target, error = %err, "static peer probe failed");
@@ -442,6 +444,39 @@ impl EventLoop {
             });
         }
     }
+}
+
+/// The addresses of a static peer. An IPv6 literal with a zone is that
+/// address with the zone's interface index as its scope id (std's parser
+/// has no zones; the C library's takes an interface name on a link-local
+/// address only); anything else goes to the system resolver.
+async fn resolve_static(target: &StaticPeer) -> std::io::Result<Vec<SocketAddr>> {
+    if let Some((ip, zone)) = target.host.split_once('%')
+        && let Ok(ip) = ip.parse::<Ipv6Addr>()
+    {
+        let scope_id = match zone.parse::<u32>() {
+            Ok(index) => index,
+            Err(_) => interface_index(zone).await?,
+        };
+        let addr = SocketAddrV6::new(ip, target.port, 0, scope_id);
+        return Ok(vec![SocketAddr::V6(addr)]);
+    }
+    let addrs = tokio::net::lookup_host((target.host.as_str(), target.port)).await?;
+    Ok(addrs.collect())
+}
+
+/// The index of the interface named `name`. std has no `if_nametoindex`
+/// and `unsafe` is forbidden here, so the C library's parser of a zoned
+/// link-local literal looks it up; the literal is numeric and the name
+/// checked by [`StaticPeer`]'s parser, so nothing reaches DNS.
+async fn interface_index(name: &str) -> std::io::Result<u32> {
+    tokio::net::lookup_host((format!("fe80::1%{name}"), 0))
+        .await?
+        .find_map(|a| match a {
+            SocketAddr::V6(v6) if v6.scope_id() != 0 => Some(v6.scope_id()),
+            _ => None,
+        })
+        .ok_or_else(|| std::io::ErrorKind::NotFound.into())
 }
 
 async fn recv_event(rx: Option<&mdns_sd::Receiver<ServiceEvent>>) -> Option<ServiceEvent> {
@@ -454,11 +489,174 @@ async fn recv_event(rx: Option<&mdns_sd::Receiver<ServiceEvent>>) -> Option<Serv
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::PeerView;
 
     #[test]
     fn dns_labels_are_safe() {
         assert_eq!(dns_label("My Box_1"), "my-box-1");
         assert_eq!(dns_label("..."), "pair");
         assert_eq!(dns_label(&"x".repeat(100)).len(), 20);
+    }
+
+    fn scope_of(addr: SocketAddr) -> u32 {
+        match addr {
+            SocketAddr::V6(a) => a.scope_id(),
+            SocketAddr::V4(_) => panic!("{addr}: not IPv6"),
+        }
+    }
+
+    /// The index `if-addrs` gives the interface named `name`.
+    fn index_of(name: &str) -> Option<u32> {
+        if_addrs::get_if_addrs()
+            .ok()?
+            .into_iter()
+            .find(|i| i.name == name)
+            .and_then(|i| i.index)
+    }
+
+    #[tokio::test]
+    async fn zoned_static_peers_resolve_to_their_scope_id() {
+        let peer = |s: &str| s.parse::<StaticPeer>().unwrap();
+        let addrs = resolve_static(&peer("[fe80::1%5]:9")).await.unwrap();
+        assert_eq!(addrs, vec!["[fe80::1%5]:9".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(scope_of(addrs[0]), 5);
+        let addrs = resolve_static(&peer("[fd00::2]:9")).await.unwrap();
+        assert_eq!(addrs, vec!["[fd00::2]:9".parse::<SocketAddr>().unwrap()]);
+        // An interface name becomes its index, on any IPv6 address.
+        if let Some(lo) = index_of("lo") {
+            for p in ["[fe80::1%lo]:9", "[::1%lo]:9"] {
+                let addrs = resolve_static(&peer(p)).await.unwrap();
+                assert_eq!(
+                    addrs.iter().map(|a| scope_of(*a)).collect::<Vec<_>>(),
+                    [lo],
+                    "{p}"
+                );
+            }
+        }
+        assert!(
+            resolve_static(&peer("[fe80::1%nosuchif0]:9"))
+                .await
+                .is_err()
+        );
+    }
+
+    /// Serves node info (`id`, named "far") on `listener` until dropped.
+    fn serve_node_info(
+        listener: tokio::net::TcpListener,
+        id: NodeId,
+    ) -> tokio::task::JoinHandle<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        tokio::spawn(async move {
+            let body = serde_json::json!({ "id": id, "name": "far" }).to_string();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => req.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(resp.as_bytes()).await;
+                });
+            }
+        })
+    }
+
+    /// Runs discovery with `peer` (written with `{port}` for the port
+    /// `bind` got) as its only static peer, and returns what it found.
+    async fn found_through_static_probe(bind: SocketAddr, peer: &str) -> Option<PeerView> {
+        let listener = match tokio::net::TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(err) => {
+                eprintln!("skipped: cannot listen on {bind}: {err}");
+                return None;
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        let far = NodeId::from_u128(0xfa2);
+        let server = serve_node_info(listener, far);
+        let mut config =
+            DiscoveryConfig::new(NodeId::from_u128(1), "near", 1, Interfaces::LoopbackOnly);
+        config.mdns = false;
+        config.advertise = false;
+        config.static_interval = Duration::from_millis(100);
+        config.probe_timeout = Duration::from_secs(2);
+        config.static_peers = vec![peer.replace("{port}", &port.to_string()).parse().unwrap()];
+        let discovery = Discovery::start(config, CancellationToken::new())
+            .await
+            .unwrap();
+        let mut peers = discovery.peers();
+        let found = tokio::time::timeout(
+            Duration::from_secs(10),
+            peers.wait_for(|s| {
+                s.get(far)
+                    .is_some_and(|p| p.state == crate::PeerState::Alive)
+            }),
+        )
+        .await
+        .expect("the static peer was not found in time")
+        .unwrap()
+        .get(far)
+        .cloned();
+        discovery.shutdown().await;
+        server.abort();
+        found
+    }
+
+    #[tokio::test]
+    async fn a_zoned_static_peer_is_probed_and_dialled_through_its_interface() {
+        // Loopback takes (and ignores) a scope id: the test is that the
+        // zone makes it through the probe into the entry.
+        let Some(lo) = index_of("lo") else {
+            eprintln!("skipped: no interface named lo");
+            return;
+        };
+        let bind: SocketAddr = "[::1]:0".parse().unwrap();
+        let Some(p) = found_through_static_probe(bind, &format!("[::1%{lo}]:{{port}}")).await
+        else {
+            return;
+        };
+        assert!(p.via_static);
+        assert_eq!(p.addrs, vec![IpAddr::from(Ipv6Addr::LOCALHOST)]);
+        let dial = p.socket_addrs().next().unwrap();
+        assert_eq!((dial.ip(), scope_of(dial)), (p.addrs[0], lo));
+        // By name, as people write it.
+        let p = found_through_static_probe(bind, "[::1%lo]:{port}")
+            .await
+            .unwrap();
+        assert_eq!(scope_of(p.socket_addrs().next().unwrap()), lo);
+    }
+
+    #[tokio::test]
+    async fn a_link_local_static_peer_is_reached_on_its_link() {
+        // A real link-local address needs its scope id to be dialled at all
+        // (connect fails without one). Only where some interface has one.
+        let link_local = if_addrs::get_if_addrs().ok().and_then(|ifs| {
+            ifs.into_iter().find_map(|i| match (i.ip(), i.index) {
+                (IpAddr::V6(ip), Some(index)) if crate::addrs::is_link_local(IpAddr::V6(ip)) => {
+                    Some((ip, index, i.name))
+                }
+                _ => None,
+            })
+        });
+        let Some((ip, index, name)) = link_local else {
+            eprintln!("skipped: no link-local IPv6 address here");
+            return;
+        };
+        let bind = SocketAddr::V6(SocketAddrV6::new(ip, 0, 0, index));
+        let Some(p) = found_through_static_probe(bind, &format!("[{ip}%{name}]:{{port}}")).await
+        else {
+            return;
+        };
+        assert_eq!(p.addrs, vec![IpAddr::V6(ip)]);
+        assert_eq!(scope_of(p.socket_addrs().next().unwrap()), index);
     }
 }

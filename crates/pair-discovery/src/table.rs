@@ -19,9 +19,15 @@
 //! - if every verified peer (two or more) is failing at the moment one would
 //!   be evicted, our own network is the likelier culprit: evictions wait for
 //!   `outage_grace` or for any probe to succeed.
+//!
+//! Addresses are `IpAddr`, which has no room for an IPv6 scope id, so each
+//! peer keeps the scope id (interface index) of its scoped IPv6 addresses
+//! beside them: a link-local static peer (`[fe80::1%eth0]:port`) is only
+//! reachable through its interface, and every dial (probes, the cluster's
+//! links through [`PeerView::socket_addrs`]) gets it back.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
 use pair_core::{Liveness, NodeId, NodeInfo};
@@ -96,8 +102,9 @@ pub struct ProbeOk {
     pub id: NodeId,
     /// The node's display name from node info.
     pub name: String,
-    /// The address that answered.
-    pub addr: IpAddr,
+    /// The address that answered, with its scope id when it had one.
+    pub addr: SocketAddr,
+    /// `addr`'s port: the peer's cluster port.
     pub port: u16,
     /// TCP connect time, microseconds.
     pub rtt_us: u32,
@@ -119,8 +126,10 @@ pub enum ProbeFailure {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeRequest {
     pub id: NodeId,
-    /// Addresses to try, best first.
-    pub addrs: Vec<IpAddr>,
+    /// Addresses to try, best first: the peer's addresses on `port`, each
+    /// scoped IPv6 one with its scope id.
+    pub addrs: Vec<SocketAddr>,
+    /// The peer's cluster port.
     pub port: u16,
 }
 
@@ -130,8 +139,14 @@ pub struct PeerView {
     pub id: NodeId,
     /// Display name from node info (`None` until verified).
     pub name: Option<String>,
-    /// Best first; the address that last answered a probe leads.
+    /// Best first; the address that last answered a probe leads. Dial
+    /// [`PeerView::socket_addrs`], which adds the scope ids.
     pub addrs: Vec<IpAddr>,
+    /// The scope id (interface index) of each IPv6 address in `addrs` that
+    /// has one: a link-local address is ambiguous without it. Only static
+    /// peers given with a zone (`[fe80::1%eth0]:port`) have any.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scope_ids: BTreeMap<Ipv6Addr, u32>,
     pub cluster_port: u16,
     pub state: PeerState,
     /// Routing view of `state` (unverified counts as not routable).
@@ -147,6 +162,30 @@ pub struct PeerView {
     /// most one probe period old while the peer is alive). Its
     /// `taken_at_ms` is on the peer's clock.
     pub info: Option<Box<NodeInfo>>,
+}
+
+impl PeerView {
+    /// `ip` on the peer's cluster port, with its scope id when it has one.
+    pub fn socket_addr(&self, ip: IpAddr) -> SocketAddr {
+        scoped(ip, self.cluster_port, &self.scope_ids)
+    }
+
+    /// The addresses to dial, best first: [`PeerView::addrs`] on the
+    /// cluster port, scoped where they need it.
+    pub fn socket_addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.addrs.iter().map(|ip| self.socket_addr(*ip))
+    }
+}
+
+/// `ip` on `port`, with the scope id `scope_ids` has for it.
+fn scoped(ip: IpAddr, port: u16, scope_ids: &BTreeMap<Ipv6Addr, u32>) -> SocketAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let scope_id = scope_ids.get(&v6).copied().unwrap_or(0);
+            SocketAddr::V6(SocketAddrV6::new(v6, port, 0, scope_id))
+        }
+        IpAddr::V4(_) => SocketAddr::new(ip, port),
+    }
 }
 
 /// The published table: every known peer, sorted by id.
@@ -177,6 +216,8 @@ impl PeerSet {
 struct Peer {
     name: Option<String>,
     addrs: Vec<IpAddr>,
+    /// Scope ids of the IPv6 addresses in `addrs` that have one.
+    scope_ids: BTreeMap<Ipv6Addr, u32>,
     port: u16,
     state: PeerState,
     /// mDNS instance name, when announced (goodbyes name the instance).
@@ -193,6 +234,22 @@ struct Peer {
     /// the period.
     probe_started: Duration,
     next_probe: Duration,
+}
+
+impl Peer {
+    fn socket_addrs(&self) -> Vec<SocketAddr> {
+        self.addrs
+            .iter()
+            .map(|ip| scoped(*ip, self.port, &self.scope_ids))
+            .collect()
+    }
+
+    /// Drops the scope ids of addresses no longer in `addrs`.
+    fn forget_stale_scopes(&mut self) {
+        let addrs = &self.addrs;
+        self.scope_ids
+            .retain(|ip, _| addrs.contains(&IpAddr::V6(*ip)));
+    }
 }
 
 /// The peer table of one node.
@@ -244,6 +301,7 @@ impl PeerTable {
         let peer = self.peers.entry(record.id).or_insert_with(|| Peer {
             name: None,
             addrs: Vec::new(),
+            scope_ids: BTreeMap::new(),
             port: record.cluster_port,
             state: PeerState::Unverified,
             instance: None,
@@ -261,6 +319,7 @@ impl PeerTable {
         peer.port = record.cluster_port;
         if !addrs.is_empty() {
             peer.addrs = addrs;
+            peer.forget_stale_scopes();
         }
         peer.last_seen = now;
         // A fresh announcement from a failing or evicted peer (say, it
@@ -303,6 +362,7 @@ impl PeerTable {
         let peer = self.peers.entry(ok.id).or_insert_with(|| Peer {
             name: None,
             addrs: Vec::new(),
+            scope_ids: BTreeMap::new(),
             port: ok.port,
             state: PeerState::Unverified,
             instance: None,
@@ -317,14 +377,17 @@ impl PeerTable {
             next_probe: now,
         });
         peer.via_static = true;
-        if peer.port == ok.port && !peer.addrs.contains(&ok.addr) {
-            peer.addrs.push(ok.addr);
+        let ip = ok.addr.ip();
+        if peer.port == ok.port && !peer.addrs.contains(&ip) {
+            peer.addrs.push(ip);
         }
         if peer.addrs.is_empty() || peer.port != ok.port {
             // The static address is the only one we know that works.
-            peer.addrs = vec![ok.addr];
+            peer.addrs = vec![ip];
             peer.port = ok.port;
+            peer.forget_stale_scopes();
         }
+        // (`apply_ok` records the scope id of the address that answered.)
         let in_flight = peer.in_flight;
         self.apply_ok(now, ok);
         if let Some(p) = self.peers.get_mut(&ok.id) {
@@ -395,7 +458,7 @@ impl PeerTable {
                 p.probe_started = now;
                 due.push(ProbeRequest {
                     id: *id,
-                    addrs: p.addrs.clone(),
+                    addrs: p.socket_addrs(),
                     port: p.port,
                 });
             }
@@ -435,6 +498,7 @@ impl PeerTable {
                         id: *id,
                         name: p.name.clone(),
                         addrs: p.addrs.clone(),
+                        scope_ids: p.scope_ids.clone(),
                         cluster_port: p.port,
                         state: p.state,
                         liveness: p.state.liveness(),
@@ -464,10 +528,16 @@ impl PeerTable {
             peer.info = ok.info.clone();
         }
         // The address that answered goes first (PAIR ranks addresses a peer
-        // actually reached first too).
-        if let Some(i) = peer.addrs.iter().position(|a| *a == ok.addr) {
+        // actually reached first too), with the scope id it answered on.
+        if let Some(i) = peer.addrs.iter().position(|a| *a == ok.addr.ip()) {
             let a = peer.addrs.remove(i);
             peer.addrs.insert(0, a);
+            if let SocketAddr::V6(v6) = ok.addr {
+                match v6.scope_id() {
+                    0 => peer.scope_ids.remove(v6.ip()),
+                    scope_id => peer.scope_ids.insert(*v6.ip(), scope_id),
+                };
+            }
         }
         peer.next_probe = peer.probe_started.max(now.saturating_sub(interval)) + interval;
     }

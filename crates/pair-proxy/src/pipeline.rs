@@ -492,6 +492,8 @@ pub async fn execute(
     }
 }
 
+/// A stall timer that fires this late means the node itself was stopped.
+const FROZEN: Duration = Duration::from_secs(1);
 /// How often a request that came in while the node was starting looks
 /// again for a node that serves its model.
 const WARM_UP_POLL: Duration = Duration::from_millis(100);
@@ -577,10 +579,12 @@ fn targets(
 /// Whether any node the snapshot holds lists the model, on a healthy
 /// engine or not, routable or not: it has owners, down for now.
 fn owned(cluster: &ClusterSnapshot, profile: &RequestProfile, flavor: ApiFlavor) -> bool {
-    cluster
-        .nodes()
-        .iter()
-        .any(|n| n.find_model(&profile.model, flavor).is_some())
+    cluster.nodes().iter().flat_map(|n| &n.engines).any(|e| {
+        e.kind.serves(flavor)
+            && e.models
+                .iter()
+                .any(|m| m.name.matches(&profile.model, e.kind))
+    })
 }
 
 /// Whether this node holds the model on a healthy engine.
@@ -756,8 +760,17 @@ async fn stalled(
 ) {
     let mut from = from;
     loop {
-        timer.as_mut().reset(from + allowance);
+        let due = from + allowance;
+        timer.as_mut().reset(due);
         timer.as_mut().await;
+        if due.elapsed() > FROZEN {
+            // The timer fired this late: this process was stopped (or the
+            // machine suspended), not the engine. Look again shortly,
+            // after what came in meanwhile has been read.
+            let again = Instant::now() + FROZEN;
+            from = again.checked_sub(allowance).unwrap_or(from);
+            continue;
+        }
         match watch {
             Watch::Engine(p) => {
                 let last = p.last();

@@ -96,15 +96,19 @@ pub struct ProxyState {
     pub load: Arc<LocalLoad>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
-    /// When the node started: until [`WARM_UP`] after it, the node may not
-    /// yet know its own engine's models nor its peers'.
-    started: std::time::Instant,
+    /// When the node started, or came back from a pause (a snapshot after
+    /// a long gap: a stopped process, a suspended machine): until
+    /// [`WARM_UP`] after it, the node may not yet know its own engine's
+    /// models nor its peers'. And when the last snapshot came.
+    warm: Mutex<(std::time::Instant, std::time::Instant)>,
 }
 
 /// How long after start a request for a model no node is known to serve
 /// waits for the first engine polls and peer reports instead of failing
 /// at once.
 pub const WARM_UP: std::time::Duration = std::time::Duration::from_secs(5);
+/// A gap this long between two snapshots means the node was stopped.
+const PAUSED_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How to build a [`ProxyState`].
 #[derive(Clone, Debug)]
@@ -133,12 +137,14 @@ pub struct ProxyConfig {
 impl ProxyState {
     /// Time left of the node's [`WARM_UP`] (zero once over).
     pub fn warming_up(&self) -> std::time::Duration {
-        WARM_UP.saturating_sub(self.started.elapsed())
+        self.warm.lock().map_or(std::time::Duration::ZERO, |w| {
+            WARM_UP.saturating_sub(w.0.elapsed())
+        })
     }
 
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
         Arc::new(Self {
-            started: std::time::Instant::now(),
+            warm: Mutex::new((std::time::Instant::now(), std::time::Instant::now())),
             receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
                 .map(|_| LocalPool::with_stack(config.timeouts, config.http_stack))
@@ -197,6 +203,15 @@ impl ProxyState {
 
     /// Publishes a new snapshot; reservations it covers are dropped.
     pub fn publish(&self, snapshot: ClusterSnapshot) {
+        if let Ok(mut w) = self.warm.lock() {
+            let at = std::time::Instant::now();
+            if at.duration_since(w.1) > PAUSED_AFTER {
+                // Everything this node knew went stale while it was
+                // stopped: warm up again.
+                w.0 = at;
+            }
+            w.1 = at;
+        }
         let now = now_ms();
         if let Some(me) = snapshot.node(self.node.id) {
             self.metrics.pressure.set(i64::from(me.pressure.band()));

@@ -17,6 +17,11 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// `ip` on the cluster port of these tests.
+fn sa(s: &str) -> SocketAddr {
+    SocketAddr::new(ip(s), 14318)
+}
+
 fn rec(n: u128, addr: &str) -> TxtRecord {
     TxtRecord {
         id: id(n),
@@ -33,7 +38,7 @@ fn ok(n: u128, addr: &str) -> Result<ProbeOk, ProbeFailure> {
     Ok(ProbeOk {
         id: id(n),
         name: format!("node{n}"),
-        addr: ip(addr),
+        addr: sa(addr),
         port: 14318,
         rtt_us: 250,
         info: None,
@@ -96,12 +101,12 @@ fn announced_peer_is_routable_only_after_its_identity_probe() {
         vec![
             ProbeRequest {
                 id: id(1),
-                addrs: vec![ip("10.0.0.1"), ip("10.0.0.9")],
+                addrs: vec![sa("10.0.0.1"), sa("10.0.0.9")],
                 port: 14318
             },
             ProbeRequest {
                 id: id(5),
-                addrs: vec![ip("10.0.0.5")],
+                addrs: vec![sa("10.0.0.5")],
                 port: 14318
             }
         ]
@@ -503,4 +508,97 @@ proptest! {
             }
         }
     }
+}
+
+/// `[fe80::1%scope_id]:14318`.
+fn link_local(scope_id: u32) -> SocketAddr {
+    SocketAddr::V6(SocketAddrV6::new(ip6("fe80::1"), 14318, 0, scope_id))
+}
+
+fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn a_link_local_static_peer_keeps_its_interface() {
+    let mut t = table();
+    let found = ProbeOk {
+        addr: link_local(7),
+        ..ok(1, "10.0.0.1").unwrap()
+    };
+    t.on_static_found(Duration::ZERO, &found);
+    let v = t.view(Duration::ZERO, 0);
+    let p = v.get(id(1)).unwrap();
+    assert_eq!(p.addrs, vec![ip("fe80::1")]);
+    assert_eq!(p.scope_ids, BTreeMap::from([(ip6("fe80::1"), 7)]));
+    // What the cluster's links dial: the address with its interface.
+    let dial: Vec<SocketAddr> = p.socket_addrs().collect();
+    assert_eq!(dial, vec![link_local(7)]);
+    assert!(matches!(dial[0], SocketAddr::V6(a) if a.scope_id() == 7));
+    assert_eq!(p.socket_addr(ip("fe80::1")), link_local(7));
+
+    // Its liveness probes dial it through the interface too.
+    let later = LivenessConfig::default().probe_interval;
+    let due = t.tick(later);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].addrs, vec![link_local(7)]);
+    t.on_probe_result(later, id(1), Ok(found.clone()));
+    let v = t.view(later, 0);
+    assert_eq!(
+        v.get(id(1)).unwrap().scope_ids.get(&ip6("fe80::1")),
+        Some(&7)
+    );
+}
+
+#[test]
+fn scoped_and_plain_addresses_mix_and_stale_scopes_go() {
+    let mut t = table();
+    t.on_announce(Duration::ZERO, &inst(1), &rec(1, "10.0.0.1"), &[]);
+    let found = ProbeOk {
+        addr: link_local(3),
+        ..ok(1, "10.0.0.1").unwrap()
+    };
+    t.on_static_found(MS, &found);
+    let v = t.view(MS, 0);
+    let p = v.get(id(1)).unwrap();
+    assert_eq!(p.addrs, vec![ip("fe80::1"), ip("10.0.0.1")]);
+    assert_eq!(
+        p.socket_addrs().collect::<Vec<_>>(),
+        vec![link_local(3), sa("10.0.0.1")]
+    );
+    // A global IPv6 address without a scope dials as before.
+    assert_eq!(p.socket_addr(ip("fd00::2")), sa("fd00::2"));
+    // A new announcement replaces the addresses: the scope of the one that
+    // left goes with it.
+    t.on_announce(2 * MS, &inst(1), &rec(1, "10.0.0.2"), &[]);
+    let v = t.view(2 * MS, 0);
+    let p = v.get(id(1)).unwrap();
+    assert_eq!(p.addrs, vec![ip("10.0.0.2")]);
+    assert!(p.scope_ids.is_empty());
+}
+
+#[test]
+fn scope_ids_survive_json_and_old_documents_still_read() {
+    let mut t = table();
+    let found = ProbeOk {
+        addr: link_local(5),
+        ..ok(1, "10.0.0.1").unwrap()
+    };
+    t.on_static_found(Duration::ZERO, &found);
+    let set = t.view(Duration::ZERO, 0);
+    let json = serde_json::to_string(&set).unwrap();
+    assert!(json.contains(r#""scope_ids":{"fe80::1":5}"#), "{json}");
+    let back: PeerSet = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, set);
+    assert_eq!(
+        back.get(id(1)).unwrap().socket_addrs().next(),
+        Some(link_local(5))
+    );
+    // Unscoped peers write no field, and a document without it reads.
+    join(&mut t, Duration::ZERO, 2, "10.0.0.2");
+    let set = t.view(Duration::ZERO, 0);
+    let json = serde_json::to_value(set.get(id(2)).unwrap()).unwrap();
+    assert!(json.get("scope_ids").is_none(), "{json}");
+    let back: PeerView = serde_json::from_value(json).unwrap();
+    assert!(back.scope_ids.is_empty());
 }
