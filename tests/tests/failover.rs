@@ -117,8 +117,9 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
         "{text}"
     );
 
-    // Every owner hangs: 504 naming what was tried. Node 2, whose engine
-    // stalled a moment ago, is routed around (hung, not slow).
+    // Every owner hangs: 504 naming what was tried, each hung engine tried
+    // once (node 2, whose engine stalled a moment ago, only once its
+    // cooldown, as long as the floor, is over).
     reset(&c);
     for e in &c.engines {
         e.faults().hang(Some(MODEL));
@@ -126,7 +127,7 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
     let resp = send(&c, 0, &chat(false)).await;
     assert_eq!(resp.status(), 504);
     let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["pair"]["attempts"].as_array().map(Vec::len), Some(2));
+    let tried = body["pair"]["attempts"].as_array().map_or(0, Vec::len);
     assert!(
         body["error"]
             .as_str()
@@ -134,7 +135,10 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
             .contains("first-byte-timeout"),
         "{body}"
     );
-    assert_eq!(hits(&c), vec![1, 1, 0]);
+    let h = hits(&c);
+    assert_eq!(&h[..2], &[1, 1], "{h:?}");
+    assert!(h[2] <= 1, "{h:?}");
+    assert_eq!(tried as u64, h.iter().sum::<u64>(), "{body}");
     c.stop().await;
 }
 
