@@ -29,7 +29,7 @@ use crate::config::GossipConfig;
 use crate::links::Peers;
 use crate::now_ms;
 use crate::reports::PeerReports;
-use crate::routes::{JOBS_PATH, REPORT_PATH};
+use crate::routes::{JOBS_PATH, REPLICATE_MAX, REPORT_PATH};
 use crate::snapshot::{LocalReport, PeerStatus, assemble};
 
 /// What gossip reads and where it publishes.
@@ -52,11 +52,6 @@ impl std::fmt::Debug for Gossip {
             .finish_non_exhaustive()
     }
 }
-
-/// Most job records sent to one peer per tick (about 200 KiB of JSON, half
-/// what a peer takes in one post): a peer that fell behind catches up this
-/// many at a time.
-pub const REPLICATE_MAX: usize = 512;
 
 /// Where one peer is in this node's job log.
 #[derive(Debug)]

@@ -18,9 +18,12 @@ use crate::reports::PeerReports;
 pub const REPORT_PATH: &str = "/pair/v1/report";
 pub const JOBS_PATH: &str = "/pair/v1/jobs";
 
-/// Most records one post may carry (a sender sends at most
-/// [`crate::gossip::REPLICATE_MAX`]).
-const JOBS_PER_POST: usize = 2 * crate::gossip::REPLICATE_MAX;
+/// Most records one post may carry.
+const JOBS_PER_POST: usize = 2 * REPLICATE_MAX;
+/// Most job records a node sends a peer in one post (about 200 KiB of
+/// JSON, half what a peer takes): a peer that fell behind catches up this
+/// many per gossip tick.
+pub const REPLICATE_MAX: usize = 512;
 
 #[derive(Clone)]
 struct Inbox {
