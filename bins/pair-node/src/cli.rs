@@ -126,13 +126,19 @@ pub fn print_peers(rows: &[PeerRow]) {
             "{:<24} {:<10} {:<8} {:<22} {:>7} {:>4} {:>6.1}ms  {}",
             r.name,
             r.id.short(),
-            format!("{:?}", r.role).to_lowercase(),
+            match r.vouched_by {
+                Some(_) => format!("{:?}*", r.role).to_lowercase(),
+                None => format!("{:?}", r.role).to_lowercase(),
+            },
             r.addr.as_deref().unwrap_or("-"),
             r.liveness,
             r.pending,
             f64::from(r.rtt_us) / 1000.0,
             r.models.join(", ")
         );
+    }
+    if rows.iter().any(|r| r.vouched_by.is_some()) {
+        println!("* paired on another node of the cluster, which vouches for it");
     }
 }
 

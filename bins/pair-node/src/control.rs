@@ -140,6 +140,9 @@ pub struct PeerRow {
     pub role: Role,
     pub fingerprint: String,
     pub paired_at: u64,
+    /// The paired node that vouched for this client (`None`: paired here).
+    #[serde(default)]
+    pub vouched_by: Option<NodeId>,
     /// Cluster address in use, if linked.
     pub addr: Option<String>,
     /// Routing state from the current snapshot (`absent` if not in it).
@@ -165,6 +168,7 @@ async fn peers(State(c): State<Control>) -> Json<Vec<PeerRow>> {
                 role: p.role,
                 fingerprint: p.fingerprint.grouped(),
                 paired_at: p.paired_at,
+                vouched_by: p.vouched_by,
                 addr: links
                     .get(&p.id)
                     .and_then(|l| l.base.authority().map(|a| a.to_string())),
@@ -309,7 +313,16 @@ async fn unpair(State(c): State<Control>, Json(req): Json<UnpairRequest>) -> Res
             if let Ok(mut book) = c.addrbook.lock() {
                 book.remove(&id);
             }
-            Json(json!({ "removed": rec.id, "name": rec.name })).into_response()
+            let mut answer = json!({ "removed": rec.id, "name": rec.name });
+            if let Some(voucher) = rec.vouched_by {
+                // Pinned because a peer vouches for it: that peer's next
+                // list pins it again unless it is unpaired there.
+                answer["note"] = json!(format!(
+                    "{} was paired on node {voucher}, which vouches for it to the cluster; unpair it there to revoke it everywhere",
+                    rec.name
+                ));
+            }
+            Json(answer).into_response()
         }
         Ok(None) => err(StatusCode::NOT_FOUND, format!("{id} is not paired")),
         Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e),

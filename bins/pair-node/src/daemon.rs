@@ -253,7 +253,9 @@ pub async fn start(
     let port = ClusterPort {
         plain: Router::new().merge(pairing.router()).merge(node_info),
         secure: pair_cluster::routes::router(Arc::clone(&reports), Arc::clone(&jobs))
-            .merge(relay::router(Arc::clone(&st))),
+            .merge(relay::router(Arc::clone(&st)))
+            .merge(pair_proxy::probe::router(Arc::clone(&st)))
+            .merge(pair_cluster::edge::router(trust.clone(), Arc::clone(&peers))),
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
         loops,
@@ -284,6 +286,12 @@ pub async fn start(
         shutdown.clone(),
     ));
 
+    tasks.spawn(pair_cluster::edge::sync_vouched(
+        trust.clone(),
+        Arc::clone(&reports),
+        Arc::clone(&peers),
+        shutdown.clone(),
+    ));
     let mut gossip_cfg = extras.gossip.unwrap_or_default();
     gossip_cfg.cluster_port = cluster_addr.port();
     let local = LocalReport {
@@ -296,6 +304,7 @@ pub async fn start(
         load,
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs))),
         boot: boot_id(),
+        trust: trust.clone(),
     };
     let statuses = {
         let (trust, peers) = (trust.clone(), Arc::clone(&peers));

@@ -296,6 +296,9 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 println!("unpaired {}", v["name"].as_str().unwrap_or(&node));
+                if let Some(note) = v["note"].as_str() {
+                    println!("note: {note}");
+                }
             }
             Ok(())
         }

@@ -518,6 +518,7 @@ fn a_lost_identity_with_paired_peers_is_named_at_start() {
             cert_der: peer.cert_der().to_vec(),
             fingerprint: peer.fingerprint(),
             paired_at: 0,
+            vouched_by: None,
         })
         .unwrap();
     drop(trust);

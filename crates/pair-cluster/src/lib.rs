@@ -5,6 +5,8 @@
 //!   [`routes`]: what peers post there (reports, job records). The relay
 //!   route (a peer's request run here) is the request path's, mounted by
 //!   the daemon.
+//! - [`edge`]: the probe answer and members list for edge clients, and
+//!   the clients a peer vouches for, kept pinned here.
 //! - [`link`]: the mTLS client to one peer (relay, reports, replication;
 //!   the edge SDK's way to a node); [`links`]: one per paired peer whose
 //!   address is known, kept current.
@@ -17,6 +19,7 @@
 //!   anywhere (a stalled one leaves routing for a while).
 
 pub mod config;
+pub mod edge;
 pub mod gossip;
 pub mod learning;
 pub mod link;

@@ -79,6 +79,9 @@ pub struct LocalReport {
     pub learner: Arc<SpeedLearner>,
     /// This process's boot id ([`NodeSnapshot::boot`]).
     pub boot: u64,
+    /// The node's pins; the report carries a digest of the clients it
+    /// vouches for ([`NodeSnapshot::vouches`]).
+    pub trust: TrustStore,
 }
 
 impl LocalReport {
@@ -117,6 +120,7 @@ impl LocalReport {
         n.workload = self.load.workload(n.slots());
         n.reported_at_ms = now;
         n.boot = self.boot;
+        n.vouches = self.trust.vouch_digest(Role::Client);
         n.base_perf = self.base_perf;
         n
     }

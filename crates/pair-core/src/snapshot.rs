@@ -207,6 +207,10 @@ pub struct NodeSnapshot {
     /// peers can tell a restart from a pause.
     #[serde(default)]
     pub boot: u64,
+    /// A digest of the clients this node paired and vouches for to its
+    /// peers (0: none); peers fetch the list again when it changes.
+    #[serde(default)]
+    pub vouches: u64,
 }
 
 impl NodeSnapshot {
@@ -224,6 +228,7 @@ impl NodeSnapshot {
             reported_at_ms: 0,
             base_perf: None,
             boot: 0,
+            vouches: 0,
         }
     }
 

@@ -24,6 +24,7 @@ fn record_of(identity: &Identity) -> PeerRecord {
         cert_der: identity.cert_der().to_vec(),
         fingerprint: identity.fingerprint(),
         paired_at: 0,
+        vouched_by: None,
     }
 }
 
@@ -73,6 +74,7 @@ fn pinning(c: &mut Criterion) {
                 fingerprint: Fingerprint::of(&cert),
                 cert_der: cert,
                 paired_at: 0,
+                vouched_by: None,
             })
             .expect("insert");
     }

@@ -481,6 +481,7 @@ impl Inviter {
             cert_der: session.joiner.cert.as_slice().to_vec(),
             fingerprint: session.joiner_fp,
             paired_at: unix(now),
+            vouched_by: None,
         };
         tracing::info!(peer = %record.id, name = %record.name, fingerprint = %record.fingerprint, "paired");
         Ok((
@@ -587,6 +588,7 @@ impl Joiner {
             cert_der: reply.inviter.cert.as_slice().to_vec(),
             fingerprint: inviter_fp,
             paired_at: unix(now),
+            vouched_by: None,
         };
         let confirm = JoinerConfirm {
             session: reply.session,

@@ -34,6 +34,11 @@ pub struct PeerRecord {
     pub fingerprint: Fingerprint,
     /// Seconds since the Unix epoch.
     pub paired_at: u64,
+    /// `None`: paired here, with a PIN. `Some(node)`: pinned because that
+    /// paired node vouched for it (a client it paired, or, on a client, a
+    /// node of its cluster); it goes when the voucher stops vouching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vouched_by: Option<NodeId>,
 }
 
 impl PeerRecord {
@@ -151,6 +156,76 @@ impl TrustStore {
             Some(TrustEvent::Added(record.clone()))
         })
         .map(|_| ())
+    }
+
+    /// Makes the pins `voucher` vouches for with `role` exactly `records`
+    /// (as the voucher listed them): new ones are added, changed ones
+    /// replaced, those it no longer lists removed. A pin made here with a
+    /// PIN is never replaced or removed by a voucher, nor is the
+    /// voucher's own. Returns how many pins changed.
+    pub fn reconcile_vouched(
+        &self,
+        voucher: NodeId,
+        role: Role,
+        records: &[PeerRecord],
+    ) -> Result<usize> {
+        let mut wanted: BTreeMap<NodeId, PeerRecord> = BTreeMap::new();
+        for r in records {
+            if r.role == role && r.id != voucher && Fingerprint::of(&r.cert_der) == r.fingerprint {
+                let mut r = r.clone();
+                r.vouched_by = Some(voucher);
+                wanted.insert(r.id, r);
+            }
+        }
+        let mut changed = Vec::new();
+        self.update(|peers| {
+            let stale: Vec<NodeId> = peers
+                .values()
+                .filter(|p| p.vouched_by == Some(voucher) && !wanted.contains_key(&p.id))
+                .map(|p| p.id)
+                .collect();
+            for id in stale {
+                peers.remove(&id);
+                changed.push(TrustEvent::Removed(id));
+            }
+            for (id, r) in &wanted {
+                match peers.get(id) {
+                    // Pinned here, or by another voucher with the same cert.
+                    Some(p) if p.vouched_by.is_none() || p.cert_der == r.cert_der => {}
+                    _ => {
+                        peers.insert(*id, r.clone());
+                        changed.push(TrustEvent::Added(r.clone()));
+                    }
+                }
+            }
+            changed.first().cloned()
+        })?;
+        // The first change went out with the update; the rest follow.
+        for event in changed.iter().skip(1) {
+            let _ = self.inner.events.send(event.clone());
+        }
+        Ok(changed.len())
+    }
+
+    /// A digest of the pins made here with a PIN for `role` (ids and
+    /// fingerprints), so peers can tell when what this node vouches for
+    /// changed; 0 when there are none.
+    pub fn vouch_digest(&self, role: Role) -> u64 {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut any = false;
+        for r in self.snapshot().values() {
+            if r.role == role && r.vouched_by.is_none() {
+                any = true;
+                h.update(r.id.as_uuid().as_bytes());
+                h.update(r.fingerprint.as_bytes());
+            }
+        }
+        if !any {
+            return 0;
+        }
+        let d = h.finalize();
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]) | 1
     }
 
     /// Removes a peer's pin, durably, then tells subscribers. Returns the
@@ -280,7 +355,54 @@ mod tests {
             fingerprint: Fingerprint::of(&cert),
             cert_der: cert,
             paired_at: 1_700_000_000,
+            vouched_by: None,
         }
+    }
+
+    fn client(n: u128) -> PeerRecord {
+        PeerRecord {
+            role: Role::Client,
+            ..record(n)
+        }
+    }
+
+    #[test]
+    fn a_voucher_sets_exactly_its_own_vouched_pins() {
+        let store = TrustStore::in_memory();
+        let voucher = NodeId::from_u128(1);
+        store.insert(record(1)).unwrap();
+        store.insert(client(2)).unwrap(); // paired here with a PIN
+        let mut events = store.subscribe();
+        let listed = [client(2), client(3), client(4), record(5)];
+        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &listed).unwrap(), 2);
+        assert_eq!(events.try_recv().unwrap(), TrustEvent::Added(PeerRecord { vouched_by: Some(voucher), ..client(3) }));
+        assert_eq!(store.get(NodeId::from_u128(2)).unwrap().vouched_by, None, "a PIN pairing stays");
+        assert_eq!(store.get(NodeId::from_u128(3)).unwrap().vouched_by, Some(voucher));
+        assert!(store.get(NodeId::from_u128(5)).is_none(), "only the role asked for");
+        // Listed again: nothing changes; one dropped: it goes.
+        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &listed).unwrap(), 0);
+        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &[client(3)]).unwrap(), 1);
+        assert!(store.get(NodeId::from_u128(4)).is_none());
+        assert!(store.get(NodeId::from_u128(2)).is_some());
+        // A forged record (fingerprint not its cert's) is not taken.
+        let mut forged = client(6);
+        forged.fingerprint = Fingerprint::of(b"other");
+        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &[client(3), forged]).unwrap(), 0);
+    }
+
+    #[test]
+    fn the_vouch_digest_follows_pin_pairings_of_one_role() {
+        let store = TrustStore::in_memory();
+        assert_eq!(store.vouch_digest(Role::Client), 0);
+        store.insert(record(1)).unwrap();
+        assert_eq!(store.vouch_digest(Role::Client), 0);
+        store.insert(client(2)).unwrap();
+        let one = store.vouch_digest(Role::Client);
+        assert_ne!(one, 0);
+        store.reconcile_vouched(NodeId::from_u128(1), Role::Client, &[client(3)]).unwrap();
+        assert_eq!(store.vouch_digest(Role::Client), one, "vouched pins are not vouched on");
+        store.insert(client(4)).unwrap();
+        assert_ne!(store.vouch_digest(Role::Client), one);
     }
 
     #[test]

@@ -27,6 +27,7 @@ fn record_of(identity: &Identity, name: &str) -> PeerRecord {
         cert_der: identity.cert_der().to_vec(),
         fingerprint: identity.fingerprint(),
         paired_at: 0,
+        vouched_by: None,
     }
 }
 

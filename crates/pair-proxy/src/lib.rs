@@ -11,7 +11,7 @@
 //! streamed back ([`stream`]) with its receipt ([`receipt`]), and the job
 //! record and metrics ([`job`], [`metrics`]). Listings are merged across
 //! the cluster ([`listing`]); what no route claims goes to the local engine
-//! ([`passthrough`]).
+//! ([`passthrough`]). Edge clients rank this node by its [`probe`].
 //!
 //! Only this crate knows inference routes.
 
@@ -25,6 +25,7 @@ pub mod listing;
 pub mod metrics;
 pub mod passthrough;
 pub mod pipeline;
+pub mod probe;
 pub mod receipt;
 pub mod relay;
 pub mod route;
