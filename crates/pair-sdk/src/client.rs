@@ -1,0 +1,1087 @@
+//! The client: candidates, probe rounds, the cached ranking, and requests
+//! sent straight to a node's cluster port with failover by the nodes' own
+//! rules ([`pair_scheduler::Failover`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method};
+use http_body_util::{BodyExt, Full};
+use pair_cluster::PeerLink;
+use pair_cluster::edge;
+use pair_core::{ApiFlavor, NodeId, RequestProfile, RetryAdvice, SessionKey};
+use pair_discovery::Discovery;
+use pair_core::Role;
+use pair_identity::{Identity, PeerRecord, TrustStore};
+use pair_scheduler::{
+    Decision, Failover, GiveUp, Outcome, Ranking, Reservations, Scheduler, SchedulerConfig, Step,
+    Target,
+};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, Mdns};
+use crate::error::{Attempts, Error, Result, Tried};
+use crate::probe::{ProbeFailure, Probed, Prober};
+use crate::response::Response;
+use crate::view::{NodeView, View};
+
+/// A request as it goes to a node: an inference route of either API, or
+/// any other route a node's relay takes (listings).
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub method: Method,
+    /// The route as a client calls it on a face: `/v1/chat/completions`,
+    /// `/api/generate`, `/api/tags`.
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The model, for ranking (`None` for routes without one).
+    pub model: Option<String>,
+    pub flavor: ApiFlavor,
+    /// The caller wants a stream (it feels the first token, not the whole).
+    pub streaming: bool,
+    /// Keeps a conversation on the node that served it while that node is
+    /// healthy (its prompt cache is warm).
+    pub session: Option<String>,
+}
+
+impl Request {
+    /// A JSON POST to `path`; model and stream flag are read from `body`.
+    pub fn json(path: &str, body: Bytes) -> Result<Self> {
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| Error::InvalidRequest(format!("body is not JSON: {e}")))?;
+        let model = v.get("model").and_then(|m| m.as_str()).map(str::to_owned);
+        let flavor = if path.starts_with("/api/") {
+            ApiFlavor::Ollama
+        } else {
+            ApiFlavor::OpenAi
+        };
+        // Ollama streams unless told not to; OpenAI only when asked.
+        let streaming = match (flavor, v.get("stream").and_then(serde_json::Value::as_bool)) {
+            (_, Some(s)) => s,
+            (ApiFlavor::Ollama, None) => !path.starts_with("/api/embed"),
+            (_, None) => false,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(Self {
+            method: Method::POST,
+            path: path.to_owned(),
+            headers,
+            body,
+            model,
+            flavor,
+            streaming,
+            session: None,
+        })
+    }
+
+    /// A GET of `path` (a listing: `/v1/models`, `/api/tags`).
+    pub fn get(path: &str) -> Self {
+        Self {
+            method: Method::GET,
+            path: path.to_owned(),
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            model: None,
+            flavor: if path.starts_with("/api/") {
+                ApiFlavor::Ollama
+            } else {
+                ApiFlavor::OpenAi
+            },
+            streaming: false,
+            session: None,
+        }
+    }
+
+    /// The same request in a session (see [`Request::session`]).
+    pub fn in_session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    fn profile(&self) -> Option<RequestProfile> {
+        let model = self.model.as_deref()?;
+        let mut p = RequestProfile::new(model, self.flavor);
+        p.streaming = self.streaming;
+        p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(self.body.len());
+        p.session = self.session.as_deref().map(session_key);
+        Some(p)
+    }
+}
+
+/// FNV-1a of the session name: stable across processes.
+fn session_key(s: &str) -> SessionKey {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    SessionKey(h)
+}
+
+/// Counters, for `pair-client probe` and for tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Probe rounds run (the whole cluster probed).
+    pub rounds: u64,
+    /// Single nodes probed again after they failed a request.
+    pub reprobes: u64,
+}
+
+/// A probe round's result, for display.
+#[derive(Clone, Debug)]
+pub struct Survey {
+    /// Every node that answered, best first for `model` when one was
+    /// given (by id otherwise), with the scheduler's reason.
+    pub nodes: Vec<(NodeView, Option<String>)>,
+    pub failures: Vec<ProbeFailure>,
+    /// How old the ranking is (zero: just probed).
+    pub age: Duration,
+}
+
+/// An edge client of a pair cluster. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: Config,
+    identity: Arc<Identity>,
+    trust: TrustStore,
+    prober: Prober,
+    view: Mutex<Option<View>>,
+    /// One probe round at a time.
+    probing: tokio::sync::Mutex<()>,
+    links: Mutex<HashMap<NodeId, PeerLink>>,
+    sched: Mutex<Sched>,
+    rounds: AtomicU64,
+    reprobes: AtomicU64,
+    discovery: tokio::sync::Mutex<Option<Discovery>>,
+    discovered: Option<tokio::sync::watch::Receiver<pair_discovery::PeerSet>>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.identity.id())
+            .field("state_dir", &self.cfg.state_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Sched {
+    scheduler: Scheduler,
+    reservations: Reservations,
+    ranking: Ranking,
+    rng: SmallRng,
+}
+
+impl Client {
+    /// Opens the client's state (its identity is made on first use) and
+    /// starts browsing when mDNS is on. Nothing is probed yet.
+    pub async fn open(cfg: Config) -> Result<Self> {
+        pair_identity::install_crypto_provider();
+        let dir = &cfg.state_dir;
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            what: format!("cannot create state directory {}", dir.display()),
+            source,
+        })?;
+        let identity = Arc::new(Identity::load_or_create(dir, Role::Client)?);
+        let trust = TrustStore::open(TrustStore::default_path(dir))?;
+        let prober = Prober {
+            tls: crate::probe::connector(&identity, &trust)?,
+            trust: trust.clone(),
+            connect_timeout: cfg.connect_timeout,
+            probe_timeout: cfg.probe_timeout,
+        };
+        let stop = CancellationToken::new();
+        let discovery = match cfg.mdns {
+            Mdns::Off => None,
+            Mdns::Loopback { .. } | Mdns::Lan => {
+                let interfaces = match cfg.mdns {
+                    Mdns::Lan => pair_discovery::Interfaces::AllExceptVirtual,
+                    _ => pair_discovery::Interfaces::LoopbackOnly,
+                };
+                let mut d = pair_discovery::DiscoveryConfig::new(
+                    identity.id(),
+                    cfg.name.clone(),
+                    0,
+                    interfaces,
+                );
+                d.advertise = false;
+                if let Mdns::Loopback { port } = cfg.mdns {
+                    d.mdns_port = port;
+                }
+                match Discovery::start(d, stop.clone()).await {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "mDNS browse unavailable; using seeds and the cache");
+                        None
+                    }
+                }
+            }
+        };
+        let discovered = discovery.as_ref().map(Discovery::peers);
+        let view = View::load(&cfg.cache_path());
+        let sched = Sched {
+            scheduler: Scheduler::new(SchedulerConfig::new(cfg.policy)),
+            reservations: Reservations::new(),
+            ranking: Ranking::new(),
+            rng: SmallRng::from_rng(&mut rand::rng()),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                identity,
+                trust,
+                prober,
+                view: Mutex::new(view),
+                probing: tokio::sync::Mutex::new(()),
+                links: Mutex::new(HashMap::new()),
+                sched: Mutex::new(sched),
+                rounds: AtomicU64::new(0),
+                reprobes: AtomicU64::new(0),
+                discovery: tokio::sync::Mutex::new(discovery),
+                discovered,
+                stop,
+                tasks: TaskTracker::new(),
+            }),
+        })
+    }
+
+    /// This client's id (what the nodes list it as).
+    pub fn id(&self) -> NodeId {
+        self.inner.identity.id()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            rounds: self.inner.rounds.load(Ordering::Relaxed),
+            reprobes: self.inner.reprobes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The nodes this client has pinned.
+    pub fn pinned_nodes(&self) -> Vec<PeerRecord> {
+        self.inner
+            .trust
+            .peers()
+            .into_iter()
+            .filter(|r| r.role == Role::Node)
+            .collect()
+    }
+
+    /// Pairs this client with the node at `addr` (`host:port` of its
+    /// cluster port) with the PIN its owner got from `pair-node pair
+    /// invite`, then pins the rest of the cluster through it.
+    pub async fn join(&self, addr: &str, pin: &str) -> Result<PeerRecord> {
+        let pin: pair_identity::Pin = pin
+            .parse()
+            .map_err(|e| Error::InvalidRequest(format!("PIN: {e}")))?;
+        let record = pair_identity::join(
+            addr,
+            &pin,
+            &self.inner.identity,
+            &self.inner.trust,
+            &self.inner.cfg.name,
+        )
+        .await?;
+        if let Some(sa) = pair_identity::PeerAddr::parse(addr)
+            .ok()
+            .and_then(|a| a.socket_addr())
+        {
+            self.remember(record.id, sa);
+        } else if let Ok(mut found) = tokio::net::lookup_host(addr).await
+            && let Some(sa) = found.next()
+        {
+            self.remember(record.id, sa);
+        }
+        if let Some(sa) = self.known_addr(record.id) {
+            self.learn_members(record.id, sa).await;
+        }
+        Ok(record)
+    }
+
+    /// Shuts down the background work (re-probes, mDNS) and waits for it.
+    pub async fn close(&self) {
+        self.inner.stop.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        if let Some(d) = self.inner.discovery.lock().await.take() {
+            d.shutdown().await;
+        }
+    }
+
+    // ---- the ranking ------------------------------------------------------
+
+    /// The current view, probing first when there is none or it is older
+    /// than the cache TTL. A stale view in a long-lived client is refreshed
+    /// in the background while requests keep using it; with none to use,
+    /// the round runs inline.
+    async fn view(&self) -> Result<View> {
+        let cached = self.current_view();
+        match cached {
+            Some(v) if v.is_fresh(self.inner.cfg.cache_ttl) && !v.nodes.is_empty() => Ok(v),
+            _ => {
+                self.refresh().await?;
+                self.current_view().ok_or_else(|| Error::NoNodes {
+                    detail: "no probe round completed".into(),
+                })
+            }
+        }
+    }
+
+    fn current_view(&self) -> Option<View> {
+        self.inner.view.lock().ok().and_then(|v| v.clone())
+    }
+
+    /// Probes every candidate now and replaces the ranking. Candidates:
+    /// the seeds (each address a name resolves to), what mDNS found, every
+    /// address the cache and earlier answers gave, and then the members
+    /// the answering nodes list.
+    pub async fn refresh(&self) -> Result<Survey> {
+        let _one = self.inner.probing.lock().await;
+        if let Some(v) = self.current_view()
+            && v.is_fresh(self.inner.cfg.cache_ttl)
+            && !v.nodes.is_empty()
+            && v.age() < Duration::from_millis(50)
+        {
+            // Another caller's round just ended.
+            return Ok(self.survey(&v, None, Vec::new()));
+        }
+        if self.pinned_nodes().is_empty() {
+            return Err(Error::NotPaired {
+                state_dir: self.inner.cfg.state_dir.display().to_string(),
+            });
+        }
+        self.inner.rounds.fetch_add(1, Ordering::Relaxed);
+        let mut targets = self.candidates().await;
+        if targets.is_empty() && self.inner.discovered.is_some() {
+            self.wait_for_browse().await;
+            targets = self.candidates().await;
+        }
+        let mut probed: BTreeMap<NodeId, Probed> = BTreeMap::new();
+        let mut failures = Vec::new();
+        let mut tried: std::collections::HashSet<(SocketAddr, Option<NodeId>)> =
+            std::collections::HashSet::new();
+        // Members listed by the answers are probed in a second wave (and a
+        // third, for a cluster learned one node at a time).
+        for _wave in 0..3 {
+            targets.retain(|t| tried.insert(*t));
+            targets.retain(|(_, id)| id.is_none_or(|id| !probed.contains_key(&id)));
+            if targets.is_empty() {
+                break;
+            }
+            let results = self.inner.prober.round(std::mem::take(&mut targets)).await;
+            for r in results {
+                match r {
+                    Ok(p) => {
+                        let better = probed.get(&p.id).is_none_or(|have| p.rtt < have.rtt);
+                        if better {
+                            probed.insert(p.id, p);
+                        }
+                    }
+                    Err(f) => failures.push(f),
+                }
+            }
+            for p in probed.values() {
+                for m in &p.answer.members {
+                    if probed.contains_key(&m.id) {
+                        continue;
+                    }
+                    if self.inner.trust.get(m.id).is_none() {
+                        // A node we have not pinned: its pin comes from the
+                        // node that lists it.
+                        self.learn_members(p.id, p.addr).await;
+                    }
+                    if let Some(addr) = m.addr
+                        && self.inner.trust.get(m.id).is_some()
+                    {
+                        targets.push((addr, Some(m.id)));
+                    }
+                }
+            }
+        }
+        failures.retain(|f| f.expected.is_none_or(|id| !probed.contains_key(&id)));
+        let mut known = self
+            .current_view()
+            .map(|v| v.known)
+            .unwrap_or_default();
+        let nodes: BTreeMap<NodeId, NodeView> = probed
+            .into_values()
+            .map(|p| {
+                known.insert(p.id, p.addr);
+                (p.id, node_view(p))
+            })
+            .collect();
+        if nodes.is_empty() {
+            let detail = failures
+                .iter()
+                .map(|f| format!("{}: {}", f.addr, f.why))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(Error::NoNodes {
+                detail: if detail.is_empty() {
+                    "no address known: give a seed (--seed HOST:PORT) or turn on mDNS".into()
+                } else {
+                    detail
+                },
+            });
+        }
+        let generation = self.current_view().map_or(0, |v| v.generation());
+        let view = View::new(nodes, known, generation);
+        if let Err(e) = view.save(&self.inner.cfg.cache_path()) {
+            tracing::warn!(error = %e, "cannot save the ranking cache");
+        }
+        self.sync_reservations(&view);
+        let survey = self.survey(&view, None, failures);
+        if let Ok(mut slot) = self.inner.view.lock() {
+            *slot = Some(view);
+        }
+        Ok(survey)
+    }
+
+    /// The nodes in the order the client would use for `model` (probing
+    /// when the ranking is stale), with what failed to answer.
+    pub async fn survey_for(&self, model: Option<&str>, force: bool) -> Result<Survey> {
+        let failures = if force {
+            self.refresh().await?.failures
+        } else {
+            self.view().await?;
+            Vec::new()
+        };
+        let view = self.current_view().ok_or_else(|| Error::NoNodes {
+            detail: "no probe round completed".into(),
+        })?;
+        Ok(self.survey(&view, model, failures))
+    }
+
+    fn survey(&self, view: &View, model: Option<&str>, failures: Vec<ProbeFailure>) -> Survey {
+        let mut nodes: Vec<(NodeView, Option<String>)> = Vec::new();
+        if let Some(model) = model {
+            let mut p = RequestProfile::new(model, ApiFlavor::OpenAi);
+            p.streaming = true;
+            p.prompt_tokens = 64;
+            for (target, reason) in self.rank(view, &p) {
+                if let Some(n) = view.nodes.get(&target.node) {
+                    nodes.push((n.clone(), Some(reason)));
+                }
+            }
+        } else {
+            let mut all: Vec<_> = view.nodes.values().cloned().collect();
+            all.sort_by_key(|n| n.rtt_us);
+            nodes = all.into_iter().map(|n| (n, None)).collect();
+        }
+        Survey {
+            nodes,
+            failures,
+            age: view.age(),
+        }
+    }
+
+    async fn candidates(&self) -> Vec<(SocketAddr, Option<NodeId>)> {
+        let mut out: Vec<(SocketAddr, Option<NodeId>)> = Vec::new();
+        for seed in &self.inner.cfg.seeds {
+            match resolve(seed).await {
+                Ok(addrs) => out.extend(addrs.into_iter().map(|a| (a, None))),
+                Err(e) => tracing::warn!(seed, error = %e, "seed did not resolve"),
+            }
+        }
+        if let Some(rx) = &self.inner.discovered {
+            for p in &rx.borrow().peers {
+                if self.inner.trust.get(p.id).is_some_and(|r| r.role == Role::Node) {
+                    out.extend(p.socket_addrs().map(|a| (a, Some(p.id))));
+                }
+            }
+        }
+        if let Some(v) = self.current_view() {
+            for (id, addr) in &v.known {
+                if self.inner.trust.get(*id).is_some() {
+                    out.push((*addr, Some(*id)));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    async fn wait_for_browse(&self) {
+        let Some(mut rx) = self.inner.discovered.clone() else {
+            return;
+        };
+        let _ = tokio::time::timeout(self.inner.cfg.browse_wait, async {
+            while rx.borrow().peers.is_empty() {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Pins the nodes `voucher` (reached at `addr`) vouches for.
+    async fn learn_members(&self, voucher: NodeId, addr: SocketAddr) {
+        let Some(link) = self.link_at(voucher, addr) else {
+            return;
+        };
+        match edge::fetch_members(&link, self.inner.cfg.probe_timeout).await {
+            Ok(pins) => {
+                let records: Vec<PeerRecord> = pins.iter().map(|p| p.record.clone()).collect();
+                if let Err(e) = self
+                    .inner
+                    .trust
+                    .reconcile_vouched(voucher, Role::Node, &records)
+                {
+                    tracing::warn!(error = %e, "cannot pin the cluster's nodes");
+                }
+                for p in pins {
+                    if let Some(a) = p.addr {
+                        self.remember(p.record.id, a);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(node = %voucher, error = %e, "cannot read the cluster's members"),
+        }
+    }
+
+    fn remember(&self, id: NodeId, addr: SocketAddr) {
+        if let Ok(mut slot) = self.inner.view.lock() {
+            let v = slot.get_or_insert_with(|| {
+                let mut v = View::new(BTreeMap::new(), BTreeMap::new(), 0);
+                // Nothing probed yet: never fresh.
+                v.taken_at = Instant::now()
+                    .checked_sub(self.inner.cfg.cache_ttl)
+                    .unwrap_or_else(Instant::now);
+                v
+            });
+            v.known.entry(id).or_insert(addr);
+        }
+    }
+
+    fn known_addr(&self, id: NodeId) -> Option<SocketAddr> {
+        self.current_view().and_then(|v| v.known.get(&id).copied())
+    }
+
+    fn sync_reservations(&self, view: &View) {
+        if let Ok(mut s) = self.inner.sched.lock() {
+            s.reservations.sync(&view.cluster);
+        }
+    }
+
+    /// The view's nodes for `profile`, best first, with the scheduler's
+    /// reason.
+    fn rank(&self, view: &View, profile: &RequestProfile) -> Vec<(Target, String)> {
+        let Ok(mut guard) = self.inner.sched.lock() else {
+            return Vec::new();
+        };
+        let s = &mut *guard;
+        s.scheduler.rank_into(
+            &mut s.ranking,
+            &view.cluster,
+            profile,
+            &s.reservations,
+            unix_ms(),
+            &mut s.rng,
+        );
+        s.ranking
+            .candidates()
+            .iter()
+            .map(|c| {
+                (
+                    Target {
+                        node: c.node,
+                        predicted: c.score.prediction().map(|p| {
+                            Duration::from_millis(u64::from(
+                                p.queue_ms
+                                    .saturating_add(p.load_ms)
+                                    .saturating_add(p.prefill_ms),
+                            ))
+                        }),
+                    },
+                    c.to_string(),
+                )
+            })
+            .collect()
+    }
+
+    // ---- links and failures -------------------------------------------
+
+    fn link(&self, id: NodeId) -> Option<PeerLink> {
+        let addr = self.current_view().and_then(|v| {
+            v.nodes
+                .get(&id)
+                .map(|n| n.addr)
+                .or_else(|| v.known.get(&id).copied())
+        })?;
+        self.link_at(id, addr)
+    }
+
+    /// A pooled mTLS link to node `id` at `addr` (kept while the address
+    /// holds).
+    fn link_at(&self, id: NodeId, addr: SocketAddr) -> Option<PeerLink> {
+        let mut links = self.inner.links.lock().ok()?;
+        if let Some(l) = links.get(&id)
+            && l.addr() == Some(addr)
+        {
+            return Some(l.clone());
+        }
+        let tls = pair_identity::tls::client_config(
+            &self.inner.identity,
+            &self.inner.trust,
+            pair_identity::tls::Expect::Peer(id),
+        )
+        .ok()?;
+        let link = PeerLink::new(
+            id,
+            addr,
+            Arc::new(tls),
+            pair_http::Timeouts {
+                connect: self.inner.cfg.connect_timeout,
+                first_byte: self.inner.cfg.failover.stall_floor,
+            },
+        )
+        .ok()?;
+        links.insert(id, link.clone());
+        Some(link)
+    }
+
+    /// A node failed a request: out of the ranking now, probed again in the
+    /// background (not on the request path); back when it answers.
+    fn node_failed(&self, id: NodeId) {
+        let changed = self
+            .inner
+            .view
+            .lock()
+            .ok()
+            .and_then(|mut v| v.as_mut().map(|v| v.mark_down(id)))
+            .unwrap_or(false);
+        if !changed || self.inner.stop.is_cancelled() {
+            return;
+        }
+        if let Ok(mut links) = self.inner.links.lock() {
+            links.remove(&id);
+        }
+        let Some(addr) = self.known_addr(id) else {
+            return;
+        };
+        let me = self.clone();
+        self.inner.tasks.spawn(async move {
+            // Soon, then less often, for as long as the ranking lasts.
+            let mut wait = Duration::from_millis(200);
+            let until = Instant::now() + me.inner.cfg.cache_ttl;
+            while Instant::now() < until {
+                tokio::select! {
+                    () = me.inner.stop.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                me.inner.reprobes.fetch_add(1, Ordering::Relaxed);
+                if let Ok(p) = me.inner.prober.probe(addr, Some(id)).await {
+                    let node = node_view(p);
+                    if let Ok(mut slot) = me.inner.view.lock()
+                        && let Some(v) = slot.as_mut()
+                    {
+                        v.restore(node);
+                        if let Err(e) = v.save(&me.inner.cfg.cache_path()) {
+                            tracing::debug!(error = %e, "cannot save the ranking cache");
+                        }
+                    }
+                    return;
+                }
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+        });
+    }
+
+    // ---- requests ---------------------------------------------------------
+
+    /// Sends `req` to the best node for it and fails over by the nodes'
+    /// rules: connect refused, timeouts, a 404 for the model and 5xx before
+    /// the first byte move to the next node of the cached ranking (no new
+    /// probe round); other 4xx come back as they are. The answer is the
+    /// node's, whatever its status, once its first byte is read.
+    pub async fn send(&self, req: Request) -> Result<Response> {
+        let started = Instant::now();
+        let view = self.view().await?;
+        let Some(profile) = req.profile() else {
+            return self.send_listing(req, &view).await;
+        };
+        let model = profile.model.clone();
+        if self.rank(&view, &profile).is_empty() {
+            return Err(Error::NoNodeServes {
+                model,
+                probed: view.nodes.len(),
+            });
+        }
+        let mut failover = Failover::new(self.inner.cfg.failover);
+        // The last answer every attempt got, for the error when all fail.
+        let mut last_answer: Option<(NodeId, u16, Bytes)> = None;
+        loop {
+            let view = self.current_view().unwrap_or(view.clone());
+            let targets: Vec<Target> = self.rank(&view, &profile).into_iter().map(|(t, _)| t).collect();
+            match failover.next_step(started.elapsed(), &targets) {
+                Step::Wait(d) => tokio::time::sleep(d).await,
+                Step::GiveUp(why) => {
+                    return Err(self.give_up(why, &model, &failover, last_answer));
+                }
+                Step::Dispatch { node, stall_after } => {
+                    let Some(link) = self.link(node) else {
+                        failover.report(
+                            started.elapsed(),
+                            Outcome::Failed {
+                                class: "no-link",
+                                advice: RetryAdvice::BeforeFirstByte,
+                                transient: false,
+                            },
+                        );
+                        self.node_failed(node);
+                        continue;
+                    };
+                    let reservation = self.reserve(node, &profile);
+                    let sent = Instant::now();
+                    let attempt = tokio::time::timeout(stall_after, link.send(relay_request(&link, &req)?)).await;
+                    let resp = match attempt {
+                        Err(_) => {
+                            self.release(reservation);
+                            failover.report(started.elapsed(), Outcome::Stalled);
+                            self.node_failed(node);
+                            continue;
+                        }
+                        Ok(Err(e)) => {
+                            self.release(reservation);
+                            let (class, transient) = classify(&e);
+                            failover.report(
+                                started.elapsed(),
+                                Outcome::Failed {
+                                    class,
+                                    advice: RetryAdvice::BeforeFirstByte,
+                                    transient,
+                                },
+                            );
+                            if !transient {
+                                self.node_failed(node);
+                            }
+                            continue;
+                        }
+                        Ok(Ok(resp)) => resp,
+                    };
+                    let status = resp.status().as_u16();
+                    let retry_after = resp
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|s| s.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    match failover.report(started.elapsed(), Outcome::Head { status, retry_after }) {
+                        Decision::Commit => {
+                            self.release(reservation);
+                            return Ok(self.answer(node, resp, None, sent, &failover));
+                        }
+                        Decision::Next => {
+                            self.release(reservation);
+                            let body = read_short(resp).await;
+                            if status >= 500 && status != 503 {
+                                self.node_failed(node);
+                            }
+                            last_answer = Some((node, status, body));
+                        }
+                        Decision::AwaitFirstByte => {
+                            let (parts, mut body) = resp.into_parts();
+                            let first = tokio::time::timeout(stall_after, next_data(&mut body)).await;
+                            self.release(reservation);
+                            match first {
+                                Ok(Ok(first)) => {
+                                    failover.report(started.elapsed(), Outcome::FirstByte);
+                                    if let Some(session) = profile.session
+                                        && let Ok(mut s) = self.inner.sched.lock()
+                                    {
+                                        s.scheduler.bind_session(session, node, unix_ms());
+                                    }
+                                    let resp = http::Response::from_parts(parts, body);
+                                    return Ok(self.answer(node, resp, first, sent, &failover));
+                                }
+                                Ok(Err(())) => {
+                                    failover.report(
+                                        started.elapsed(),
+                                        Outcome::Failed {
+                                            class: "body",
+                                            advice: RetryAdvice::BeforeFirstByte,
+                                            transient: false,
+                                        },
+                                    );
+                                    self.node_failed(node);
+                                }
+                                Err(_) => {
+                                    failover.report(started.elapsed(), Outcome::Stalled);
+                                    self.node_failed(node);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A route without a model (a listing): the nearest node that answers.
+    async fn send_listing(&self, req: Request, view: &View) -> Result<Response> {
+        let mut nodes: Vec<&NodeView> = view
+            .nodes
+            .values()
+            .filter(|n| !view.down.contains(&n.id))
+            .collect();
+        nodes.sort_by_key(|n| n.rtt_us);
+        let mut tried = Vec::new();
+        for n in nodes.into_iter().take(pair_scheduler::MAX_DISPATCHES) {
+            let Some(link) = self.link(n.id) else { continue };
+            let sent = Instant::now();
+            match tokio::time::timeout(
+                self.inner.cfg.failover.stall_floor,
+                link.send(relay_request(&link, &req)?),
+            )
+            .await
+            {
+                Ok(Ok(resp)) if !resp.status().is_server_error() => {
+                    let failover = Failover::new(self.inner.cfg.failover);
+                    return Ok(self.answer(n.id, resp, None, sent, &failover));
+                }
+                Ok(Ok(resp)) => tried.push(Tried {
+                    node: n.id,
+                    name: n.name.clone(),
+                    what: resp.status().as_u16().to_string(),
+                }),
+                Ok(Err(e)) => {
+                    tried.push(Tried {
+                        node: n.id,
+                        name: n.name.clone(),
+                        what: classify(&e).0.into(),
+                    });
+                    self.node_failed(n.id);
+                }
+                Err(_) => tried.push(Tried {
+                    node: n.id,
+                    name: n.name.clone(),
+                    what: "timeout".into(),
+                }),
+            }
+        }
+        Err(Error::Exhausted {
+            model: "-".into(),
+            attempts: Attempts(tried),
+        })
+    }
+
+    fn answer(
+        &self,
+        node: NodeId,
+        resp: http::Response<hyper::body::Incoming>,
+        first: Option<Bytes>,
+        sent: Instant,
+        failover: &Failover,
+    ) -> Response {
+        let name = self.node_name(node);
+        Response::new(resp, first, node, name, failover.dispatched(), sent.elapsed())
+    }
+
+    fn node_name(&self, id: NodeId) -> String {
+        self.current_view()
+            .and_then(|v| v.nodes.get(&id).map(|n| n.name.clone()))
+            .or_else(|| self.inner.trust.get(id).map(|r| r.name))
+            .unwrap_or_else(|| id.short())
+    }
+
+    fn give_up(
+        &self,
+        why: GiveUp,
+        model: &str,
+        failover: &Failover,
+        last_answer: Option<(NodeId, u16, Bytes)>,
+    ) -> Error {
+        let attempts = Attempts(
+            failover
+                .failed()
+                .iter()
+                .map(|f| Tried {
+                    node: f.node,
+                    name: self.node_name(f.node),
+                    what: f.outcome.label().into_owned(),
+                })
+                .collect(),
+        );
+        match (why, last_answer) {
+            (GiveUp::OwnersGone, _) => Error::OwnersGone {
+                model: model.to_owned(),
+                attempts,
+            },
+            (_, Some((node, status, body))) => Error::Status {
+                model: model.to_owned(),
+                node: self.node_name(node),
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+                attempts,
+            },
+            (GiveUp::NoCandidate, None) => Error::NoNodeServes {
+                model: model.to_owned(),
+                probed: self.current_view().map_or(0, |v| v.nodes.len()),
+            },
+            (GiveUp::Exhausted { .. }, None) => Error::Exhausted {
+                model: model.to_owned(),
+                attempts,
+            },
+        }
+    }
+
+    fn reserve(&self, node: NodeId, profile: &RequestProfile) -> Option<pair_scheduler::ReservationId> {
+        let mut s = self.inner.sched.lock().ok()?;
+        Some(s.reservations.reserve(node, profile, unix_ms()))
+    }
+
+    fn release(&self, id: Option<pair_scheduler::ReservationId>) {
+        if let Some(id) = id
+            && let Ok(mut s) = self.inner.sched.lock()
+        {
+            s.reservations.release(id, unix_ms());
+        }
+    }
+
+    /// The links to every node of the current ranking (for `serve`, which
+    /// routes through the node's own pipeline over them).
+    pub fn links(&self) -> HashMap<NodeId, PeerLink> {
+        let ids: Vec<NodeId> = self
+            .current_view()
+            .map(|v| v.nodes.keys().copied().collect())
+            .unwrap_or_default();
+        ids.into_iter()
+            .filter_map(|id| self.link(id).map(|l| (id, l)))
+            .collect()
+    }
+
+    /// The ranked cluster as of the current view (probing when stale).
+    pub async fn cluster(&self) -> Result<Arc<pair_core::ClusterSnapshot>> {
+        Ok(self.view().await?.cluster)
+    }
+
+    /// The current view without probing.
+    pub fn cached_cluster(&self) -> Option<Arc<pair_core::ClusterSnapshot>> {
+        self.current_view().map(|v| v.cluster)
+    }
+
+    /// Tells the client a node failed a request made outside [`Client::send`]
+    /// (by `serve`'s pipeline): re-probed in the background.
+    pub fn report_failure(&self, id: NodeId) {
+        self.node_failed(id);
+    }
+}
+
+fn node_view(p: Probed) -> NodeView {
+    let rtt_us = u32::try_from(p.rtt.as_micros()).unwrap_or(u32::MAX).max(1);
+    NodeView {
+        id: p.id,
+        name: p.answer.node.name.clone(),
+        addr: p.addr,
+        rtt_us,
+        snapshot: p.answer.node,
+        models: p.answer.data,
+    }
+}
+
+/// `host:port`, an IP literal (v6 in brackets, with a zone) or a DNS name
+/// that may resolve to several addresses.
+async fn resolve(seed: &str) -> std::io::Result<Vec<SocketAddr>> {
+    if let Ok(a) = pair_identity::PeerAddr::parse(seed)
+        && let Some(sa) = a.socket_addr()
+    {
+        return Ok(vec![sa]);
+    }
+    let mut v: Vec<SocketAddr> = tokio::net::lookup_host(seed).await?.collect();
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+/// The request as the node's relay takes it.
+fn relay_request(link: &PeerLink, req: &Request) -> Result<http::Request<Full<Bytes>>> {
+    let uri = link
+        .relay_uri(&req.path)
+        .map_err(|e| Error::InvalidRequest(format!("path {:?}: {e}", req.path)))?;
+    let mut b = http::Request::builder().method(req.method.clone()).uri(uri);
+    if let Some(h) = b.headers_mut() {
+        h.extend(req.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    b.body(Full::new(req.body.clone()))
+        .map_err(|e| Error::InvalidRequest(e.to_string()))
+}
+
+/// A transport failure's label, and whether the node only refused for now
+/// (refused or reset: the process is up, or restarting).
+fn classify(e: &pair_cluster::ClusterError) -> (&'static str, bool) {
+    use std::error::Error as _;
+    let mut src: Option<&(dyn std::error::Error + 'static)> = e.source();
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => ("connect", false),
+                std::io::ErrorKind::ConnectionReset => ("reset", true),
+                std::io::ErrorKind::TimedOut => ("connect-timeout", false),
+                _ => ("transport", false),
+            };
+        }
+        src = s.source();
+    }
+    if let pair_cluster::ClusterError::Transport { source } = e
+        && source.is_connect()
+    {
+        return ("connect", false);
+    }
+    ("transport", false)
+}
+
+/// The next data frame of a body: `Ok` with the bytes (empty at a clean end
+/// with no data), `Err` when the body fails first.
+async fn next_data(body: &mut hyper::body::Incoming) -> std::result::Result<Option<Bytes>, ()> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(_)) => return Err(()),
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data()
+                    && !d.is_empty()
+                {
+                    return Ok(Some(d));
+                }
+            }
+        }
+    }
+}
+
+/// Up to 64 KiB of an answer that will not be used, for error messages.
+async fn read_short(resp: http::Response<hyper::body::Incoming>) -> Bytes {
+    let limited = http_body_util::Limited::new(resp.into_body(), 64 * 1024);
+    match tokio::time::timeout(Duration::from_secs(5), limited.collect()).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => Bytes::new(),
+    }
+}
+
+fn unix_ms() -> u64 {
+    pair_core::unix_ms(std::time::SystemTime::now())
+}

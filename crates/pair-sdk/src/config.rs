@@ -1,0 +1,95 @@
+//! How an edge client is set up: where it keeps its identity and cache,
+//! where it looks for nodes, how long a ranking lasts, how patient it is.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pair_scheduler::{FailoverConfig, Policy};
+
+/// Where the client looks for nodes besides what it already knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mdns {
+    /// No multicast: seeds, the cache and the cluster's members only.
+    Off,
+    /// Browse on loopback only, on this UDP port (tests, one-machine demos).
+    Loopback { port: u16 },
+    /// Browse on the machine's LAN interfaces, on the standard port.
+    Lan,
+}
+
+/// Everything an edge client needs; see [`crate::ClientBuilder`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Identity, pins and the ranking cache.
+    pub state_dir: PathBuf,
+    /// The name a node records when this client pairs.
+    pub name: String,
+    /// `host:port` of cluster ports: IP literals or DNS names; a name that
+    /// resolves to several addresses gives a candidate for each.
+    pub seeds: Vec<String>,
+    pub mdns: Mdns,
+    /// How long a ranking is used before it is probed again.
+    pub cache_ttl: Duration,
+    /// TCP and TLS connect to a node.
+    pub connect_timeout: Duration,
+    /// One probe, connect included.
+    pub probe_timeout: Duration,
+    /// How long an mDNS browse may take on a probe round that has nothing
+    /// else to go on.
+    pub browse_wait: Duration,
+    /// The ranking policy (the nodes' default: predicted latency).
+    pub policy: Policy,
+    /// Attempts, stall allowance, back-off and patience per request (the
+    /// nodes' rules).
+    pub failover: FailoverConfig,
+}
+
+impl Config {
+    /// The defaults, with state kept in `state_dir`.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            name: default_name(),
+            seeds: Vec::new(),
+            mdns: Mdns::Off,
+            cache_ttl: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(2),
+            probe_timeout: Duration::from_millis(1500),
+            browse_wait: Duration::from_millis(1500),
+            policy: Policy::PredictedLatency,
+            failover: FailoverConfig {
+                patience: Duration::from_secs(60),
+                ..FailoverConfig::default()
+            },
+        }
+    }
+
+    /// The ranking cache's file.
+    pub fn cache_path(&self) -> PathBuf {
+        cache_path(&self.state_dir)
+    }
+}
+
+/// `STATE_DIR/edge-cache.json`.
+pub fn cache_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("edge-cache.json")
+}
+
+/// `$XDG_STATE_HOME/pair-client`, else `~/.local/state/pair-client`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("pair-client");
+    }
+    std::env::var_os("HOME")
+        .map_or_else(|| PathBuf::from("."), PathBuf::from)
+        .join(".local/state/pair-client")
+}
+
+/// The host name, for the node's peer list.
+fn default_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "pair-client".to_owned())
+}

@@ -1,0 +1,168 @@
+//! Probing a node: a fresh mTLS connection to its cluster port (the node
+//! must be one this client pinned, and the one expected when an id is
+//! known), then `GET /pair/v1/probe`. The round trip is measured here, on
+//! the client, from the request's first byte sent to the answer's head.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use pair_cluster::edge::{PROBE_PATH, ProbeAnswer};
+use pair_core::NodeId;
+use pair_identity::TrustStore;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Largest probe answer read.
+const PROBE_MAX_BYTES: usize = 4 << 20;
+
+/// A node that answered its probe.
+#[derive(Clone, Debug)]
+pub struct Probed {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    pub rtt: Duration,
+    pub answer: ProbeAnswer,
+}
+
+/// Why a probe failed, in a few words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeFailure {
+    pub addr: SocketAddr,
+    pub expected: Option<NodeId>,
+    pub why: String,
+}
+
+/// What one probe needs.
+#[derive(Clone)]
+pub struct Prober {
+    /// Accepts any pinned node; the answer says which one it was.
+    pub tls: tokio_rustls::TlsConnector,
+    pub trust: TrustStore,
+    pub connect_timeout: Duration,
+    pub probe_timeout: Duration,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("probe_timeout", &self.probe_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prober {
+    /// Probes `addr`, expecting node `expected` when it is known.
+    pub async fn probe(
+        &self,
+        addr: SocketAddr,
+        expected: Option<NodeId>,
+    ) -> Result<Probed, ProbeFailure> {
+        let fail = |why: String| ProbeFailure {
+            addr,
+            expected,
+            why,
+        };
+        match tokio::time::timeout(self.probe_timeout, self.exchange(addr, expected)).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(why)) => Err(fail(why)),
+            Err(_) => Err(fail(format!(
+                "no answer within {} ms",
+                self.probe_timeout.as_millis()
+            ))),
+        }
+    }
+
+    async fn exchange(&self, addr: SocketAddr, expected: Option<NodeId>) -> Result<Probed, String> {
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| "connect timed out".to_owned())?
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        let tls = self
+            .tls
+            .connect(pair_identity::tls::server_name(), tcp)
+            .await
+            .map_err(|e| format!("TLS: {e} (is this client paired with the cluster?)"))?;
+        let record = pair_identity::tls::peer_of_client_conn(&tls, &self.trust)
+            .map_err(|e| format!("TLS: {e}"))?;
+        if let Some(want) = expected
+            && record.id != want
+        {
+            return Err(format!("answers as node {}, not {want}", record.id));
+        }
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("HTTP: {e}"))?;
+        let req = http::Request::get(PROBE_PATH)
+            .header(http::header::HOST, "pair")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let sent = Instant::now();
+            let resp = send
+                .send_request(req)
+                .await
+                .map_err(|e| format!("probe: {e}"))?;
+            let rtt = sent.elapsed();
+            if !resp.status().is_success() {
+                return Err(format!("probe answered {}", resp.status()));
+            }
+            let body = Limited::new(resp.into_body(), PROBE_MAX_BYTES)
+                .collect()
+                .await
+                .map_err(|e| format!("probe body: {e}"))?
+                .to_bytes();
+            let answer: ProbeAnswer =
+                serde_json::from_slice(&body).map_err(|e| format!("probe answer: {e}"))?;
+            Ok((rtt, answer))
+        };
+        let conn = std::pin::pin!(conn);
+        let (rtt, answer) = tokio::select! {
+            r = exchange => r?,
+            r = conn => return Err(match r {
+                Ok(()) => "connection closed".to_owned(),
+                Err(e) => format!("connection: {e}"),
+            }),
+        };
+        if answer.node.id != record.id {
+            return Err(format!(
+                "node {} reports for {}",
+                record.id, answer.node.id
+            ));
+        }
+        Ok(Probed {
+            id: record.id,
+            addr,
+            rtt,
+            answer,
+        })
+    }
+
+    /// Probes every target at once.
+    pub async fn round(
+        &self,
+        targets: Vec<(SocketAddr, Option<NodeId>)>,
+    ) -> Vec<Result<Probed, ProbeFailure>> {
+        futures_util::future::join_all(
+            targets
+                .into_iter()
+                .map(|(addr, expected)| self.probe(addr, expected)),
+        )
+        .await
+    }
+}
+
+/// The prober's TLS: this identity, any pinned node.
+pub fn connector(
+    identity: &pair_identity::Identity,
+    trust: &TrustStore,
+) -> Result<tokio_rustls::TlsConnector, pair_identity::Error> {
+    let config =
+        pair_identity::tls::client_config(identity, trust, pair_identity::tls::Expect::AnyNode)?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
