@@ -11,19 +11,28 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::StreamExt;
 use pair_client::serve::{self, Faces};
+use pair_scheduler::Policy;
 use pair_sdk::api::{ollama, openai};
 use pair_sdk::{Client, Config, Mdns};
-use pair_scheduler::Policy;
 
 #[derive(Parser, Debug)]
-#[command(name = "pair-client", version, about = "Use a pair cluster from a machine without an engine")]
+#[command(
+    name = "pair-client",
+    version,
+    about = "Use a pair cluster from a machine without an engine"
+)]
 struct Cli {
     /// Identity, pins and the ranking cache. Default: $XDG_STATE_HOME/pair-client.
     #[arg(long, global = true, env = "PAIR_CLIENT_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// A node's cluster port, HOST:PORT (repeat; a DNS name that resolves
     /// to several addresses gives each).
-    #[arg(long = "seed", global = true, env = "PAIR_CLIENT_SEEDS", value_delimiter = ',')]
+    #[arg(
+        long = "seed",
+        global = true,
+        env = "PAIR_CLIENT_SEEDS",
+        value_delimiter = ','
+    )]
     seeds: Vec<String>,
     /// Find nodes by mDNS: off, loopback (tests, demos) or lan.
     #[arg(long, global = true, default_value = "off", env = "PAIR_CLIENT_MDNS")]
@@ -85,9 +94,17 @@ enum Command {
     },
     /// Local Ollama and OpenAI faces backed by the cluster, for unmodified apps.
     Serve {
-        #[arg(long, default_value = "127.0.0.1:11434", env = "PAIR_CLIENT_OLLAMA_FACE")]
+        #[arg(
+            long,
+            default_value = "127.0.0.1:11434",
+            env = "PAIR_CLIENT_OLLAMA_FACE"
+        )]
         ollama_face: SocketAddr,
-        #[arg(long, default_value = "127.0.0.1:1234", env = "PAIR_CLIENT_OPENAI_FACE")]
+        #[arg(
+            long,
+            default_value = "127.0.0.1:1234",
+            env = "PAIR_CLIENT_OPENAI_FACE"
+        )]
         openai_face: SocketAddr,
         /// Extra Host names the faces accept (behind your own reverse proxy).
         #[arg(long = "allowed-host", value_delimiter = ',')]
@@ -338,7 +355,12 @@ fn print_survey(survey: &pair_sdk::Survey, model: Option<&str>) {
     if let Some(m) = model {
         println!("order for {m}:");
         for (i, (n, reason)) in survey.nodes.iter().enumerate() {
-            println!("  {}. {}  {}", i + 1, n.name, reason.as_deref().unwrap_or(""));
+            println!(
+                "  {}. {}  {}",
+                i + 1,
+                n.name,
+                reason.as_deref().unwrap_or("")
+            );
         }
         if survey.nodes.is_empty() {
             println!("  no reachable node holds {m}");

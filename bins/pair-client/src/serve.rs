@@ -48,7 +48,8 @@ impl Serving {
     pub async fn stop(self) {
         self.stop.cancel();
         self.tasks.close();
-        let _ = tokio::time::timeout(pair_http::hyper_conn::SHUTDOWN_GRACE, self.tasks.wait()).await;
+        let _ =
+            tokio::time::timeout(pair_http::hyper_conn::SHUTDOWN_GRACE, self.tasks.wait()).await;
         self.state.loops.shutdown(Duration::from_secs(2)).await;
     }
 }

@@ -255,7 +255,10 @@ pub async fn start(
         secure: pair_cluster::routes::router(Arc::clone(&reports), Arc::clone(&jobs))
             .merge(relay::router(Arc::clone(&st)))
             .merge(pair_proxy::probe::router(Arc::clone(&st)))
-            .merge(pair_cluster::edge::router(trust.clone(), Arc::clone(&peers))),
+            .merge(pair_cluster::edge::router(
+                trust.clone(),
+                Arc::clone(&peers),
+            )),
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
         loops,

@@ -178,8 +178,7 @@ pub async fn sync_vouched(
         }
         for (report, _) in reports.ages() {
             let (id, want) = (report.id, report.vouches);
-            if synced.get(&id) == Some(&want)
-                || pins.get(&id).is_none_or(|r| r.role != Role::Node)
+            if synced.get(&id) == Some(&want) || pins.get(&id).is_none_or(|r| r.role != Role::Node)
             {
                 continue;
             }
@@ -202,7 +201,9 @@ pub async fn sync_vouched(
                     }
                     synced.insert(id, want);
                 }
-                Err(e) => tracing::warn!(peer = %id, error = %e, "cannot pin the clients a peer vouches for"),
+                Err(e) => {
+                    tracing::warn!(peer = %id, error = %e, "cannot pin the clients a peer vouches for")
+                }
             }
         }
     }

@@ -374,20 +374,56 @@ mod tests {
         store.insert(client(2)).unwrap(); // paired here with a PIN
         let mut events = store.subscribe();
         let listed = [client(2), client(3), client(4), record(5)];
-        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &listed).unwrap(), 2);
-        assert_eq!(events.try_recv().unwrap(), TrustEvent::Added(PeerRecord { vouched_by: Some(voucher), ..client(3) }));
-        assert_eq!(store.get(NodeId::from_u128(2)).unwrap().vouched_by, None, "a PIN pairing stays");
-        assert_eq!(store.get(NodeId::from_u128(3)).unwrap().vouched_by, Some(voucher));
-        assert!(store.get(NodeId::from_u128(5)).is_none(), "only the role asked for");
+        assert_eq!(
+            store
+                .reconcile_vouched(voucher, Role::Client, &listed)
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            events.try_recv().unwrap(),
+            TrustEvent::Added(PeerRecord {
+                vouched_by: Some(voucher),
+                ..client(3)
+            })
+        );
+        assert_eq!(
+            store.get(NodeId::from_u128(2)).unwrap().vouched_by,
+            None,
+            "a PIN pairing stays"
+        );
+        assert_eq!(
+            store.get(NodeId::from_u128(3)).unwrap().vouched_by,
+            Some(voucher)
+        );
+        assert!(
+            store.get(NodeId::from_u128(5)).is_none(),
+            "only the role asked for"
+        );
         // Listed again: nothing changes; one dropped: it goes.
-        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &listed).unwrap(), 0);
-        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &[client(3)]).unwrap(), 1);
+        assert_eq!(
+            store
+                .reconcile_vouched(voucher, Role::Client, &listed)
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            store
+                .reconcile_vouched(voucher, Role::Client, &[client(3)])
+                .unwrap(),
+            1
+        );
         assert!(store.get(NodeId::from_u128(4)).is_none());
         assert!(store.get(NodeId::from_u128(2)).is_some());
         // A forged record (fingerprint not its cert's) is not taken.
         let mut forged = client(6);
         forged.fingerprint = Fingerprint::of(b"other");
-        assert_eq!(store.reconcile_vouched(voucher, Role::Client, &[client(3), forged]).unwrap(), 0);
+        assert_eq!(
+            store
+                .reconcile_vouched(voucher, Role::Client, &[client(3), forged])
+                .unwrap(),
+            0
+        );
     }
 
     #[test]
@@ -399,8 +435,14 @@ mod tests {
         store.insert(client(2)).unwrap();
         let one = store.vouch_digest(Role::Client);
         assert_ne!(one, 0);
-        store.reconcile_vouched(NodeId::from_u128(1), Role::Client, &[client(3)]).unwrap();
-        assert_eq!(store.vouch_digest(Role::Client), one, "vouched pins are not vouched on");
+        store
+            .reconcile_vouched(NodeId::from_u128(1), Role::Client, &[client(3)])
+            .unwrap();
+        assert_eq!(
+            store.vouch_digest(Role::Client),
+            one,
+            "vouched pins are not vouched on"
+        );
         store.insert(client(4)).unwrap();
         assert_ne!(store.vouch_digest(Role::Client), one);
     }

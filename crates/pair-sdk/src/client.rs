@@ -13,9 +13,9 @@ use http::{HeaderMap, HeaderValue, Method};
 use http_body_util::{BodyExt, Full};
 use pair_cluster::PeerLink;
 use pair_cluster::edge;
+use pair_core::Role;
 use pair_core::{ApiFlavor, NodeId, RequestProfile, RetryAdvice, SessionKey};
 use pair_discovery::Discovery;
-use pair_core::Role;
 use pair_identity::{Identity, PeerRecord, TrustStore};
 use pair_scheduler::{
     Decision, Failover, GiveUp, Outcome, Ranking, Reservations, Scheduler, SchedulerConfig, Step,
@@ -374,58 +374,51 @@ impl Client {
             });
         }
         self.inner.rounds.fetch_add(1, Ordering::Relaxed);
-        let mut targets = self.candidates().await;
-        if targets.is_empty() && self.inner.discovered.is_some() {
+        // First the ways in this client was given (seeds, mDNS); then, for
+        // nodes not reached that way, every address it learned (the cache,
+        // the members the answers list), wave by wave.
+        let mut targets = self.entry_points().await;
+        if targets.is_empty() && self.known_targets(&BTreeMap::new()).is_empty() {
             self.wait_for_browse().await;
-            targets = self.candidates().await;
+            targets = self.entry_points().await;
         }
         let mut probed: BTreeMap<NodeId, Probed> = BTreeMap::new();
         let mut failures = Vec::new();
         let mut tried: std::collections::HashSet<(SocketAddr, Option<NodeId>)> =
             std::collections::HashSet::new();
-        // Members listed by the answers are probed in a second wave (and a
-        // third, for a cluster learned one node at a time).
-        for _wave in 0..3 {
+        for _wave in 0..4 {
             targets.retain(|t| tried.insert(*t));
-            targets.retain(|(_, id)| id.is_none_or(|id| !probed.contains_key(&id)));
             if targets.is_empty() {
                 break;
             }
-            let results = self.inner.prober.round(std::mem::take(&mut targets)).await;
-            for r in results {
+            for r in self.inner.prober.round(std::mem::take(&mut targets)).await {
                 match r {
                     Ok(p) => {
-                        let better = probed.get(&p.id).is_none_or(|have| p.rtt < have.rtt);
-                        if better {
+                        if probed.get(&p.id).is_none_or(|have| p.rtt < have.rtt) {
                             probed.insert(p.id, p);
                         }
                     }
                     Err(f) => failures.push(f),
                 }
             }
-            for p in probed.values() {
-                for m in &p.answer.members {
-                    if probed.contains_key(&m.id) {
-                        continue;
-                    }
-                    if self.inner.trust.get(m.id).is_none() {
-                        // A node we have not pinned: its pin comes from the
-                        // node that lists it.
-                        self.learn_members(p.id, p.addr).await;
-                    }
-                    if let Some(addr) = m.addr
-                        && self.inner.trust.get(m.id).is_some()
-                    {
-                        targets.push((addr, Some(m.id)));
-                    }
+            // Members not pinned yet get their pins from the node that
+            // lists them; every member's address is remembered.
+            let listed: Vec<(NodeId, SocketAddr, pair_cluster::edge::Member)> = probed
+                .values()
+                .flat_map(|p| p.answer.members.iter().map(|m| (p.id, p.addr, m.clone())))
+                .collect();
+            for (voucher, voucher_addr, m) in listed {
+                if self.inner.trust.get(m.id).is_none() {
+                    self.learn_members(voucher, voucher_addr).await;
+                }
+                if let Some(addr) = m.addr {
+                    self.remember(m.id, addr);
                 }
             }
+            targets = self.known_targets(&probed);
         }
         failures.retain(|f| f.expected.is_none_or(|id| !probed.contains_key(&id)));
-        let mut known = self
-            .current_view()
-            .map(|v| v.known)
-            .unwrap_or_default();
+        let mut known = self.current_view().map(|v| v.known).unwrap_or_default();
         let nodes: BTreeMap<NodeId, NodeView> = probed
             .into_values()
             .map(|p| {
@@ -498,7 +491,8 @@ impl Client {
         }
     }
 
-    async fn candidates(&self) -> Vec<(SocketAddr, Option<NodeId>)> {
+    /// The seeds (each address a name resolves to) and what mDNS found.
+    async fn entry_points(&self) -> Vec<(SocketAddr, Option<NodeId>)> {
         let mut out: Vec<(SocketAddr, Option<NodeId>)> = Vec::new();
         for seed in &self.inner.cfg.seeds {
             match resolve(seed).await {
@@ -508,21 +502,40 @@ impl Client {
         }
         if let Some(rx) = &self.inner.discovered {
             for p in &rx.borrow().peers {
-                if self.inner.trust.get(p.id).is_some_and(|r| r.role == Role::Node) {
+                if self
+                    .inner
+                    .trust
+                    .get(p.id)
+                    .is_some_and(|r| r.role == Role::Node)
+                {
                     out.extend(p.socket_addrs().map(|a| (a, Some(p.id))));
-                }
-            }
-        }
-        if let Some(v) = self.current_view() {
-            for (id, addr) in &v.known {
-                if self.inner.trust.get(*id).is_some() {
-                    out.push((*addr, Some(*id)));
                 }
             }
         }
         out.sort();
         out.dedup();
         out
+    }
+
+    /// The learned address of every pinned node not in `probed`.
+    fn known_targets(
+        &self,
+        probed: &BTreeMap<NodeId, Probed>,
+    ) -> Vec<(SocketAddr, Option<NodeId>)> {
+        let Some(v) = self.current_view() else {
+            return Vec::new();
+        };
+        v.known
+            .iter()
+            .filter(|(id, _)| !probed.contains_key(id))
+            .filter(|(id, _)| {
+                self.inner
+                    .trust
+                    .get(**id)
+                    .is_some_and(|r| r.role == Role::Node)
+            })
+            .map(|(id, addr)| (*addr, Some(*id)))
+            .collect()
     }
 
     async fn wait_for_browse(&self) {
@@ -560,7 +573,9 @@ impl Client {
                     }
                 }
             }
-            Err(e) => tracing::debug!(node = %voucher, error = %e, "cannot read the cluster's members"),
+            Err(e) => {
+                tracing::debug!(node = %voucher, error = %e, "cannot read the cluster's members")
+            }
         }
     }
 
@@ -737,7 +752,11 @@ impl Client {
         let mut last_answer: Option<(NodeId, u16, Bytes)> = None;
         loop {
             let view = self.current_view().unwrap_or(view.clone());
-            let targets: Vec<Target> = self.rank(&view, &profile).into_iter().map(|(t, _)| t).collect();
+            let targets: Vec<Target> = self
+                .rank(&view, &profile)
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect();
             match failover.next_step(started.elapsed(), &targets) {
                 Step::Wait(d) => tokio::time::sleep(d).await,
                 Step::GiveUp(why) => {
@@ -758,7 +777,9 @@ impl Client {
                     };
                     let reservation = self.reserve(node, &profile);
                     let sent = Instant::now();
-                    let attempt = tokio::time::timeout(stall_after, link.send(relay_request(&link, &req)?)).await;
+                    let attempt =
+                        tokio::time::timeout(stall_after, link.send(relay_request(&link, &req)?))
+                            .await;
                     let resp = match attempt {
                         Err(_) => {
                             self.release(reservation);
@@ -777,7 +798,10 @@ impl Client {
                                     transient,
                                 },
                             );
-                            if !transient {
+                            // A node that refused this client is up: it
+                            // stays ranked (another request may be let in
+                            // once vouching reaches it).
+                            if !transient && class != TLS_REFUSED {
                                 self.node_failed(node);
                             }
                             continue;
@@ -791,7 +815,13 @@ impl Client {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|s| s.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
-                    match failover.report(started.elapsed(), Outcome::Head { status, retry_after }) {
+                    match failover.report(
+                        started.elapsed(),
+                        Outcome::Head {
+                            status,
+                            retry_after,
+                        },
+                    ) {
                         Decision::Commit => {
                             self.release(reservation);
                             return Ok(self.answer(node, resp, None, sent, &failover));
@@ -806,7 +836,8 @@ impl Client {
                         }
                         Decision::AwaitFirstByte => {
                             let (parts, mut body) = resp.into_parts();
-                            let first = tokio::time::timeout(stall_after, next_data(&mut body)).await;
+                            let first =
+                                tokio::time::timeout(stall_after, next_data(&mut body)).await;
                             self.release(reservation);
                             match first {
                                 Ok(Ok(first)) => {
@@ -852,7 +883,9 @@ impl Client {
         nodes.sort_by_key(|n| n.rtt_us);
         let mut tried = Vec::new();
         for n in nodes.into_iter().take(pair_scheduler::MAX_DISPATCHES) {
-            let Some(link) = self.link(n.id) else { continue };
+            let Some(link) = self.link(n.id) else {
+                continue;
+            };
             let sent = Instant::now();
             match tokio::time::timeout(
                 self.inner.cfg.failover.stall_floor,
@@ -899,7 +932,14 @@ impl Client {
         failover: &Failover,
     ) -> Response {
         let name = self.node_name(node);
-        Response::new(resp, first, node, name, failover.dispatched(), sent.elapsed())
+        Response::new(
+            resp,
+            first,
+            node,
+            name,
+            failover.dispatched(),
+            sent.elapsed(),
+        )
     }
 
     fn node_name(&self, id: NodeId) -> String {
@@ -950,7 +990,11 @@ impl Client {
         }
     }
 
-    fn reserve(&self, node: NodeId, profile: &RequestProfile) -> Option<pair_scheduler::ReservationId> {
+    fn reserve(
+        &self,
+        node: NodeId,
+        profile: &RequestProfile,
+    ) -> Option<pair_scheduler::ReservationId> {
         let mut s = self.inner.sched.lock().ok()?;
         Some(s.reservations.reserve(node, profile, unix_ms()))
     }
@@ -1031,12 +1075,24 @@ fn relay_request(link: &PeerLink, req: &Request) -> Result<http::Request<Full<By
         .map_err(|e| Error::InvalidRequest(e.to_string()))
 }
 
+/// The failure label of a refused TLS handshake.
+const TLS_REFUSED: &str = "tls-refused";
+
 /// A transport failure's label, and whether the node only refused for now
 /// (refused or reset: the process is up, or restarting).
 fn classify(e: &pair_cluster::ClusterError) -> (&'static str, bool) {
     use std::error::Error as _;
     let mut src: Option<&(dyn std::error::Error + 'static)> = e.source();
     while let Some(s) = src {
+        let tls = s.downcast_ref::<rustls::Error>().is_some()
+            || s.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        if tls {
+            // The node refused this client's certificate (or the node's
+            // certificate is not the one pinned): not a node failure.
+            return (TLS_REFUSED, false);
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             return match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => ("connect", false),

@@ -44,7 +44,9 @@ impl fmt::Display for Attempts {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// This machine has not paired with any node yet.
-    #[error("this client is not paired with any node: run `pair-client pair join HOST:PORT --pin PIN` (state in {state_dir})")]
+    #[error(
+        "this client is not paired with any node: run `pair-client pair join HOST:PORT --pin PIN` (state in {state_dir})"
+    )]
     NotPaired { state_dir: String },
     /// No node could be probed: none known, none reachable.
     #[error("no node of the cluster answered a probe ({detail})")]

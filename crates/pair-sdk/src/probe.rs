@@ -104,10 +104,7 @@ impl Prober {
             .map_err(|e| e.to_string())?;
         let exchange = async {
             let sent = Instant::now();
-            let resp = send
-                .send_request(req)
-                .await
-                .map_err(|e| format!("probe: {e}"))?;
+            let resp = send.send_request(req).await.map_err(|e| describe(&e))?;
             let rtt = sent.elapsed();
             if !resp.status().is_success() {
                 return Err(format!("probe answered {}", resp.status()));
@@ -126,14 +123,11 @@ impl Prober {
             r = exchange => r?,
             r = conn => return Err(match r {
                 Ok(()) => "connection closed".to_owned(),
-                Err(e) => format!("connection: {e}"),
+                Err(e) => describe(&e),
             }),
         };
         if answer.node.id != record.id {
-            return Err(format!(
-                "node {} reports for {}",
-                record.id, answer.node.id
-            ));
+            return Err(format!("node {} reports for {}", record.id, answer.node.id));
         }
         Ok(Probed {
             id: record.id,
@@ -155,6 +149,33 @@ impl Prober {
         )
         .await
     }
+}
+
+/// A failed exchange in a few words. In TLS 1.3 a server refuses a client
+/// certificate after the client's side of the handshake is done, so the
+/// refusal shows up as an alert on the first request.
+fn describe(e: &hyper::Error) -> String {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(tls) = s.downcast_ref::<rustls::Error>() {
+            return match tls {
+                rustls::Error::AlertReceived(alert) => format!(
+                    "TLS: the node refused this client ({alert:?}): not paired with it, or unpaired"
+                ),
+                other => format!("TLS: {other}"),
+            };
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+        {
+            return format!(
+                "TLS: the node refused this client ({tls}): not paired with it, or unpaired"
+            );
+        }
+        src = s.source();
+    }
+    format!("probe: {e}")
 }
 
 /// The prober's TLS: this identity, any pinned node.

@@ -104,8 +104,12 @@ impl Response {
                 self.first.as_deref().unwrap_or_default(),
             ));
         }
-        let (node, node_name, first_byte, attempts) =
-            (self.node, self.node_name.clone(), self.first_byte, self.attempts);
+        let (node, node_name, first_byte, attempts) = (
+            self.node,
+            self.node_name.clone(),
+            self.first_byte,
+            self.attempts,
+        );
         Ok(Chunks {
             node,
             node_name,
@@ -345,7 +349,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// Splits `stream` at `cuts` and runs it through the chunker.
-    fn parse(stream: &[u8], cuts: &[usize], framing: Framing) -> Vec<std::result::Result<serde_json::Value, String>> {
+    fn parse(
+        stream: &[u8],
+        cuts: &[usize],
+        framing: Framing,
+    ) -> Vec<std::result::Result<serde_json::Value, String>> {
         let mut c: Chunks<serde_json::Value> = Chunks {
             node: NodeId::from_u128(1),
             node_name: "n".into(),
@@ -385,7 +393,8 @@ mod tests {
         out
     }
 
-    const SSE: &[u8] = b"data: {\"a\":1}\n\n: keep-alive\n\ndata: {\"a\":2}\r\n\r\ndata: [DONE]\n\n";
+    const SSE: &[u8] =
+        b"data: {\"a\":1}\n\n: keep-alive\n\ndata: {\"a\":2}\r\n\r\ndata: [DONE]\n\n";
     const LINES: &[u8] = b"{\"a\":1}\n{\"a\":2}\n\n{\"a\":3}";
 
     #[test]
@@ -400,7 +409,13 @@ mod tests {
             &[],
             Framing::JsonLines,
         );
-        assert!(cut[1].as_ref().unwrap_err().contains("broke after it began"), "{cut:?}");
+        assert!(
+            cut[1]
+                .as_ref()
+                .unwrap_err()
+                .contains("broke after it began"),
+            "{cut:?}"
+        );
     }
 
     proptest! {

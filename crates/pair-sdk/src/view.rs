@@ -248,7 +248,10 @@ mod tests {
     #[test]
     fn a_node_marked_down_leaves_the_ranked_cluster_until_restored() {
         let mut v = View::new(
-            [node(1, 300), node(2, 900)].into_iter().map(|n| (n.id, n)).collect(),
+            [node(1, 300), node(2, 900)]
+                .into_iter()
+                .map(|n| (n.id, n))
+                .collect(),
             BTreeMap::new(),
             0,
         );
