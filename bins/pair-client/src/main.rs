@@ -200,6 +200,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let survey = client.survey_for(model.as_deref(), fresh).await?;
             if json {
                 let v = serde_json::json!({
+                    "probed": client.stats().rounds > 0,
                     "age_ms": survey.age.as_millis() as u64,
                     "nodes": survey.nodes.iter().map(|(n, reason)| serde_json::json!({
                         "id": n.id, "name": n.name, "addr": n.addr, "rtt_us": n.rtt_us,
@@ -213,7 +214,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 });
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                print_survey(&survey, model.as_deref());
+                print_survey(&survey, model.as_deref(), client.stats().rounds > 0);
             }
             ExitCode::SUCCESS
         }
@@ -313,10 +314,10 @@ async fn chat(
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_survey(survey: &pair_sdk::Survey, model: Option<&str>) {
+fn print_survey(survey: &pair_sdk::Survey, model: Option<&str>, probed: bool) {
     println!(
         "ranking {} ({} node(s))",
-        if survey.age < Duration::from_secs(1) {
+        if probed {
             "probed now".to_owned()
         } else {
             format!("cached, {} s old", survey.age.as_secs())

@@ -318,6 +318,12 @@ impl Client {
         if let Some(sa) = self.known_addr(record.id) {
             self.learn_members(record.id, sa).await;
         }
+        // Where the cluster is, for the next process (nothing probed yet).
+        if let Some(v) = self.current_view()
+            && let Err(e) = v.save(&self.inner.cfg.cache_path())
+        {
+            tracing::warn!(error = %e, "cannot save the cluster's addresses");
+        }
         Ok(record)
     }
 
@@ -378,7 +384,10 @@ impl Client {
         // nodes not reached that way, every address it learned (the cache,
         // the members the answers list), wave by wave.
         let mut targets = self.entry_points().await;
-        if targets.is_empty() && self.known_targets(&BTreeMap::new()).is_empty() {
+        if targets.is_empty() {
+            targets = self.known_targets(&BTreeMap::new());
+        }
+        if targets.is_empty() {
             self.wait_for_browse().await;
             targets = self.entry_points().await;
         }

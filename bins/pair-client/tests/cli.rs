@@ -1,0 +1,173 @@
+//! `pair-client` as a user runs it (the real binary) against a loopback
+//! cluster of real nodes: `pair join` with a PIN, `probe`, `chat`, and
+//! `serve`, driven by the real `openai` and `ollama` Python SDKs (the same
+//! checks as against a node's own faces).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use pair_node::harness::{ClusterSpec, KillOnDrop, LocalCluster, wait_for_output};
+
+fn pair_client(state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pair-client"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        .env("PAIR_LOG", "warn")
+        .output()
+        .expect("run pair-client")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn join_probe_chat_and_serve_unmodified_sdks() {
+    pair_identity::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = rt.block_on(async {
+        let mut spec = ClusterSpec::new(3);
+        spec.time_scale = 0.05;
+        let c = LocalCluster::start(spec).await.unwrap();
+        c.wait_converged(Duration::from_secs(20)).await.unwrap();
+        c
+    });
+    let state = tempfile::tempdir().unwrap();
+
+    // Join node 0 with a PIN it invited.
+    let pin = c.nodes[0].pairing.open_invite(SystemTime::now()).unwrap();
+    let addr = c.nodes[0].cluster_addr.to_string();
+    let out = pair_client(
+        state.path(),
+        &["pair", "join", &addr, "--pin", pin.reveal()],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let said = text(&out.stdout);
+    assert!(
+        said.contains(&format!("paired with {}", c.nodes[0].name)),
+        "{said}"
+    );
+    assert!(
+        said.contains("2 more node(s)"),
+        "the rest of the cluster pinned: {said}"
+    );
+    let client_id: pair_core::NodeId = said
+        .split("as client ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("client id");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.nodes.iter().all(|n| n.trust.get(client_id).is_some()) {
+        assert!(Instant::now() < deadline, "every node lets the client in");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Probe: every node, with models and the order for one.
+    let out = pair_client(state.path(), &["probe", "--json", "-m", "qwen2.5:7b"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let probe: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = probe["nodes"].as_array().unwrap();
+    assert_eq!(
+        nodes.len(),
+        2,
+        "the two nodes holding qwen, in order: {probe}"
+    );
+    assert!(nodes.iter().all(|n| n["rtt_us"].as_u64().unwrap() > 0));
+    assert!(
+        nodes[0]["reason"].as_str().unwrap().contains("predicted"),
+        "{probe}"
+    );
+    let out = pair_client(state.path(), &["probe"]);
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("cached"),
+        "a second call within the TTL uses the cache: {table}"
+    );
+    for n in &c.nodes {
+        assert!(table.contains(&n.name), "{table}");
+    }
+
+    // Chat: streamed text, then who served it.
+    let out = pair_client(
+        state.path(),
+        &["chat", "-m", "llama3.2:3b", "--max-tokens", "12", "hello"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).trim().is_empty());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("served by node-") && err.contains("first token after"),
+        "{err}"
+    );
+    let out = pair_client(
+        state.path(),
+        &["chat", "--api", "ollama", "-m", "qwen2.5:7b", "hi"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = pair_client(state.path(), &["chat", "-m", "no-such-model", "hi"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no reachable node serves model 'no-such-model'"));
+
+    // Serve: local faces for unmodified apps.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pair-client"))
+        .arg("--state-dir")
+        .arg(state.path())
+        .args([
+            "serve",
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+        ])
+        .env("PAIR_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pair-client serve");
+    let stderr = child.stderr.take().unwrap();
+    let serve = KillOnDrop(child);
+    let mut faces = None;
+    wait_for_output(stderr, Duration::from_secs(30), |line| {
+        let urls: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .collect();
+        if line.starts_with("pair-client serving") && urls.len() == 2 {
+            faces = Some((urls[0].to_owned(), urls[1].to_owned()));
+        }
+        faces.is_some()
+    })
+    .expect("serve did not start");
+    let (ollama, openai) = faces.unwrap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pair-node/tests/sdk/clients.py");
+    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(py)
+        .arg(script)
+        .args([&ollama, &openai])
+        .output()
+        .expect("run python");
+    let said = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "SDK checks failed:\n{said}\n{}",
+        text(&out.stderr)
+    );
+    assert!(said.trim_end().ends_with("checks"), "{said}");
+    drop(serve);
+    rt.block_on(c.stop());
+}
