@@ -282,8 +282,11 @@ async fn the_ranking_is_kept_for_its_ttl_across_processes_then_probed_again() {
         rt.block_on(async move {
             let mut rounds = Vec::new();
             let client = Client::open(cfg.clone()).await.unwrap();
+            // Rounds after a request, and after a moment for a background
+            // round to start.
             let ask = |client: Client| async move {
                 client.complete(chat("llama3.2:3b", 4)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 client.stats().rounds
             };
             rounds.push(ask(client.clone()).await);
@@ -293,6 +296,7 @@ async fn the_ranking_is_kept_for_its_ttl_across_processes_then_probed_again() {
                 tokio::time::resume();
                 rounds.push(ask(client.clone()).await);
             }
+            // The stale ranking served that request; the round ran beside it.
             client.close().await;
             // Another process a moment later: the cache file is fresh.
             let again = Client::open(cfg.clone()).await.unwrap();
@@ -310,7 +314,8 @@ async fn the_ranking_is_kept_for_its_ttl_across_processes_then_probed_again() {
     .await
     .unwrap();
     // First call probes; 4 min later (TTL 5 min) it does not; at 6 min it
-    // does; a new process within the TTL does not; a damaged file does.
+    // does, in the background; a new process within the TTL does not; a
+    // damaged file does.
     assert_eq!(rounds, vec![1, 1, 2, 0, 1]);
     c.stop().await;
 }
@@ -464,6 +469,35 @@ async fn an_unpaired_client_is_refused_at_the_handshake_and_unpairing_closes_its
             && refused.to_string().contains("tls-refused"),
         "every node refuses the handshake: {refused}"
     );
+    client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_no_address_finds_the_nodes_by_mdns() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), &[]);
+    {
+        let client = Client::open(cfg.clone()).await.unwrap();
+        join(&c, 0, &client).await;
+        client.close().await;
+    }
+    // Forget every address the join taught it: only multicast is left.
+    std::fs::remove_file(cfg.cache_path()).unwrap();
+    cfg.mdns = pair_sdk::Mdns::Loopback {
+        port: c.spec.mdns_port,
+    };
+    cfg.browse_wait = Duration::from_secs(10);
+    let client = Client::open(cfg).await.unwrap();
+    let survey = client.survey_for(None, true).await.unwrap();
+    let mut found: Vec<NodeId> = survey.nodes.iter().map(|(n, _)| n.id).collect();
+    found.sort();
+    let mut all: Vec<NodeId> = c.nodes.iter().map(|n| n.id).collect();
+    all.sort();
+    assert_eq!(found, all, "{survey:?}");
+    let r = client.complete(chat("llama3.2:3b", 4)).await.unwrap();
+    assert!(!r.choices.is_empty());
     client.close().await;
     c.stop().await;
 }

@@ -169,5 +169,71 @@ fn join_probe_chat_and_serve_unmodified_sdks() {
     );
     assert!(said.trim_end().ends_with("checks"), "{said}");
     drop(serve);
+
+    // A name that resolves to several addresses (a site's "cluster" name):
+    // each address is a candidate. The name lives in a hosts file mounted
+    // over /etc/hosts for the client alone (a mount namespace); the nodes
+    // behind it are reached through forwarders on those addresses.
+    let port = rt.block_on(async {
+        let probe = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+        probe.local_addr().unwrap().port()
+    });
+    for (ip, node) in [("127.0.0.2", 1), ("127.0.0.3", 2)] {
+        let upstream = c.nodes[node].cluster_addr;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind((ip, port)))
+            .expect("forwarder address");
+        rt.spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+    }
+    let hosts = state.path().join("hosts");
+    std::fs::write(
+        &hosts,
+        "127.0.0.1 localhost\n127.0.0.2 cluster.test\n127.0.0.3 cluster.test\n",
+    )
+    .unwrap();
+    std::fs::remove_file(state.path().join("edge-cache.json")).unwrap();
+    let seed = format!("cluster.test:{port}");
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "sh",
+            "-c",
+            r#"mount --bind "$0" /etc/hosts && exec "$@""#,
+        ])
+        .arg(&hosts)
+        .arg(env!("CARGO_BIN_EXE_pair-client"))
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--seed", &seed, "probe", "--json", "--fresh"])
+        .env("PAIR_LOG", "warn")
+        .output()
+        .expect("unshare (util-linux) runs the client in a mount namespace; needs root");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let probe: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let addrs: Vec<&str> = probe["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["addr"].as_str().unwrap())
+        .collect();
+    for want in [format!("127.0.0.2:{port}"), format!("127.0.0.3:{port}")] {
+        assert!(
+            addrs.contains(&want.as_str()),
+            "{want} from the name's addresses: {probe}"
+        );
+    }
+    assert_eq!(
+        addrs.len(),
+        3,
+        "the third node through the members: {probe}"
+    );
     rt.block_on(c.stop());
 }

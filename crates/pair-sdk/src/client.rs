@@ -169,6 +169,8 @@ struct Inner {
     sched: Mutex<Sched>,
     rounds: AtomicU64,
     reprobes: AtomicU64,
+    /// A background probe round is running.
+    refreshing: std::sync::atomic::AtomicBool,
     discovery: tokio::sync::Mutex<Option<Discovery>>,
     discovered: Option<tokio::sync::watch::Receiver<pair_discovery::PeerSet>>,
     stop: CancellationToken,
@@ -256,12 +258,18 @@ impl Client {
                 sched: Mutex::new(sched),
                 rounds: AtomicU64::new(0),
                 reprobes: AtomicU64::new(0),
+                refreshing: std::sync::atomic::AtomicBool::new(false),
                 discovery: tokio::sync::Mutex::new(discovery),
                 discovered,
                 stop,
                 tasks: TaskTracker::new(),
             }),
         })
+    }
+
+    /// A builder over [`Config`]'s defaults, state in `state_dir`.
+    pub fn builder(state_dir: impl Into<std::path::PathBuf>) -> crate::config::ClientBuilder {
+        crate::config::ClientBuilder::new(state_dir)
     }
 
     /// This client's id (what the nodes list it as).
@@ -339,14 +347,17 @@ impl Client {
 
     // ---- the ranking ------------------------------------------------------
 
-    /// The current view, probing first when there is none or it is older
-    /// than the cache TTL. A stale view in a long-lived client is refreshed
-    /// in the background while requests keep using it; with none to use,
-    /// the round runs inline.
+    /// The current view. One older than the cache TTL is still used while
+    /// a probe round refreshes it in the background; with none to use (or
+    /// one from a clock set back), the round runs inline.
     async fn view(&self) -> Result<View> {
         let cached = self.current_view();
         match cached {
             Some(v) if v.is_fresh(self.inner.cfg.cache_ttl) && !v.nodes.is_empty() => Ok(v),
+            Some(v) if !v.nodes.is_empty() && !v.stale_file() => {
+                self.refresh_in_background();
+                Ok(v)
+            }
             _ => {
                 self.refresh().await?;
                 self.current_view().ok_or_else(|| Error::NoNodes {
@@ -354,6 +365,27 @@ impl Client {
                 })
             }
         }
+    }
+
+    /// Starts a probe round unless one is running; requests go on with the
+    /// ranking they have. [`Client::close`] waits for it.
+    fn refresh_in_background(&self) {
+        if self.inner.stop.is_cancelled() || self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(e) = me.refresh().await {
+                tracing::warn!(error = %e, "background probe round failed; keeping the last ranking");
+                // Tried: the stale ranking is used until the next TTL.
+                if let Ok(mut slot) = me.inner.view.lock()
+                    && let Some(v) = slot.as_mut()
+                {
+                    v.taken_at = Instant::now();
+                }
+            }
+            me.inner.refreshing.store(false, Ordering::Release);
+        });
     }
 
     fn current_view(&self) -> Option<View> {

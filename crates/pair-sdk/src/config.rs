@@ -93,3 +93,67 @@ fn default_name() -> String {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "pair-client".to_owned())
 }
+
+/// Builds a [`crate::Client`]: `Client::builder(dir).seed("gpu.lan:14318").build().await`.
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    cfg: Config,
+}
+
+impl ClientBuilder {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            cfg: Config::new(state_dir),
+        }
+    }
+
+    /// A node's cluster port, `host:port` (repeatable).
+    pub fn seed(mut self, seed: impl Into<String>) -> Self {
+        self.cfg.seeds.push(seed.into());
+        self
+    }
+
+    pub fn mdns(mut self, mdns: Mdns) -> Self {
+        self.cfg.mdns = mdns;
+        self
+    }
+
+    pub fn cache_ttl(mut self, ttl: Duration) -> Self {
+        self.cfg.cache_ttl = ttl;
+        self
+    }
+
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.connect_timeout = timeout;
+        self
+    }
+
+    pub fn probe_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.probe_timeout = timeout;
+        self
+    }
+
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.cfg.policy = policy;
+        self
+    }
+
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.cfg.name = name.into();
+        self
+    }
+
+    pub fn failover(mut self, failover: FailoverConfig) -> Self {
+        self.cfg.failover = failover;
+        self
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Opens the client (see [`crate::Client::open`]).
+    pub async fn build(self) -> crate::Result<crate::Client> {
+        crate::Client::open(self.cfg).await
+    }
+}

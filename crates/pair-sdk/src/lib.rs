@@ -17,13 +17,14 @@
 //! ([`pair_scheduler::Failover`]); after the first byte nothing is resent.
 //!
 //! ```no_run
-//! use pair_sdk::{Client, Config, api::openai};
+//! use pair_sdk::{Client, api::openai};
 //! use futures_util::StreamExt;
 //!
 //! # async fn run() -> pair_sdk::Result<()> {
-//! let mut cfg = Config::new(pair_sdk::config::default_state_dir());
-//! cfg.seeds.push("gpu-box.lan:14318".into());
-//! let client = Client::open(cfg).await?;
+//! let client = Client::builder(pair_sdk::config::default_state_dir())
+//!     .seed("gpu-box.lan:14318")
+//!     .build()
+//!     .await?;
 //! // Once: client.join("gpu-box.lan:14318", "123456").await?;
 //!
 //! let chat = openai::ChatRequest::new("qwen2.5:7b", vec![openai::Message::user("hi")]);
@@ -47,6 +48,6 @@ pub mod response;
 pub mod view;
 
 pub use client::{Client, Request, Stats, Survey};
-pub use config::{Config, Mdns};
+pub use config::{ClientBuilder, Config, Mdns};
 pub use error::{Attempts, Error, Result, Tried};
 pub use response::{BodyStream, Chunks, Framing, Response};
