@@ -114,10 +114,19 @@ async fn connection(
         )
         .await;
     }
-    let tls = tokio::time::timeout(HANDSHAKE_DEADLINE, port.acceptor.accept(tcp))
-        .await
-        .map_err(|_| "tls handshake timed out")?
-        .map_err(|_| "tls handshake refused (unpaired or bad certificate)")?;
+    let tls = match tokio::time::timeout(
+        HANDSHAKE_DEADLINE,
+        port.acceptor.accept(tcp).into_fallible(),
+    )
+    .await
+    {
+        Err(_) => return Err("tls handshake timed out"),
+        Ok(Err((_, tcp))) => {
+            close_gently(tcp).await;
+            return Err("tls handshake refused (unpaired or bad certificate)");
+        }
+        Ok(Ok(tls)) => tls,
+    };
     let record = pair_identity::tls::peer_of_server_conn(&tls, &port.trust)
         .map_err(|_| "peer not pinned")?;
     let peer = PeerIdentity {
@@ -138,6 +147,26 @@ async fn connection(
         Some(Box::pin(revoked)),
     )
     .await
+}
+
+/// Closes a refused connection so the peer reads why: the TLS alert is
+/// already written; what the client sent after its side of the handshake
+/// (in TLS 1.3 it may already be sending its request) is drained first, or
+/// closing with it unread would reset the connection and lose the alert.
+async fn close_gently(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut left = 256 * 1024usize;
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 || n >= left {
+                return;
+            }
+            left -= n;
+        }
+    })
+    .await;
 }
 
 /// A request head must arrive within this on the cluster port (slowloris

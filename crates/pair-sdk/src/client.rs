@@ -162,13 +162,16 @@ struct Inner {
     identity: Arc<Identity>,
     trust: TrustStore,
     prober: Prober,
-    view: Mutex<Option<View>>,
+    view: Mutex<Option<Arc<View>>>,
     /// One probe round at a time.
     probing: tokio::sync::Mutex<()>,
     links: Mutex<HashMap<NodeId, PeerLink>>,
     sched: Mutex<Sched>,
     rounds: AtomicU64,
     reprobes: AtomicU64,
+    /// Nodes that refused this client's certificate on their last probe
+    /// (up, but it is not, or no longer, paired with them).
+    refused: Mutex<std::collections::BTreeSet<NodeId>>,
     /// A background probe round is running.
     refreshing: std::sync::atomic::AtomicBool,
     discovery: tokio::sync::Mutex<Option<Discovery>>,
@@ -239,7 +242,7 @@ impl Client {
             }
         };
         let discovered = discovery.as_ref().map(Discovery::peers);
-        let view = View::load(&cfg.cache_path());
+        let view = View::load(&cfg.cache_path()).map(Arc::new);
         let sched = Sched {
             scheduler: Scheduler::new(SchedulerConfig::new(cfg.policy)),
             reservations: Reservations::new(),
@@ -259,6 +262,7 @@ impl Client {
                 rounds: AtomicU64::new(0),
                 reprobes: AtomicU64::new(0),
                 refreshing: std::sync::atomic::AtomicBool::new(false),
+                refused: Mutex::new(std::collections::BTreeSet::new()),
                 discovery: tokio::sync::Mutex::new(discovery),
                 discovered,
                 stop,
@@ -350,7 +354,7 @@ impl Client {
     /// The current view. One older than the cache TTL is still used while
     /// a probe round refreshes it in the background; with none to use (or
     /// one from a clock set back), the round runs inline.
-    async fn view(&self) -> Result<View> {
+    async fn view(&self) -> Result<Arc<View>> {
         let cached = self.current_view();
         match cached {
             Some(v) if v.is_fresh(self.inner.cfg.cache_ttl) && !v.nodes.is_empty() => Ok(v),
@@ -381,14 +385,15 @@ impl Client {
                 if let Ok(mut slot) = me.inner.view.lock()
                     && let Some(v) = slot.as_mut()
                 {
-                    v.taken_at = Instant::now();
+                    Arc::make_mut(v).taken_at = Instant::now();
                 }
             }
             me.inner.refreshing.store(false, Ordering::Release);
         });
     }
 
-    fn current_view(&self) -> Option<View> {
+    /// The current view: shared, copied only when it changes.
+    fn current_view(&self) -> Option<Arc<View>> {
         self.inner.view.lock().ok().and_then(|v| v.clone())
     }
 
@@ -459,7 +464,10 @@ impl Client {
             targets = self.known_targets(&probed);
         }
         failures.retain(|f| f.expected.is_none_or(|id| !probed.contains_key(&id)));
-        let mut known = self.current_view().map(|v| v.known).unwrap_or_default();
+        let mut known = self
+            .current_view()
+            .map(|v| v.known.clone())
+            .unwrap_or_default();
         let nodes: BTreeMap<NodeId, NodeView> = probed
             .into_values()
             .map(|p| {
@@ -489,7 +497,7 @@ impl Client {
         self.sync_reservations(&view);
         let survey = self.survey(&view, None, failures);
         if let Ok(mut slot) = self.inner.view.lock() {
-            *slot = Some(view);
+            *slot = Some(Arc::new(view));
         }
         Ok(survey)
     }
@@ -579,12 +587,14 @@ impl Client {
             .collect()
     }
 
+    /// Waits (up to the browse wait) for mDNS to find a pinned node.
     async fn wait_for_browse(&self) {
         let Some(mut rx) = self.inner.discovered.clone() else {
             return;
         };
+        // Until a pinned node shows up with an address to dial.
         let _ = tokio::time::timeout(self.inner.cfg.browse_wait, async {
-            while rx.borrow().peers.is_empty() {
+            while self.entry_points().await.is_empty() {
                 if rx.changed().await.is_err() {
                     return;
                 }
@@ -628,9 +638,11 @@ impl Client {
                 v.taken_at = Instant::now()
                     .checked_sub(self.inner.cfg.cache_ttl)
                     .unwrap_or_else(Instant::now);
-                v
+                Arc::new(v)
             });
-            v.known.entry(id).or_insert(addr);
+            if !v.known.contains_key(&id) {
+                Arc::make_mut(v).known.insert(id, addr);
+            }
         }
     }
 
@@ -729,7 +741,11 @@ impl Client {
             .view
             .lock()
             .ok()
-            .and_then(|mut v| v.as_mut().map(|v| v.mark_down(id)))
+            .and_then(|mut v| {
+                v.as_mut()
+                    .filter(|v| !v.down.contains(&id))
+                    .map(|v| Arc::make_mut(v).mark_down(id))
+            })
             .unwrap_or(false);
         if !changed || self.inner.stop.is_cancelled() {
             return;
@@ -742,8 +758,8 @@ impl Client {
         };
         let me = self.clone();
         self.inner.tasks.spawn(async move {
-            // Soon, then less often, for as long as the ranking lasts.
-            let mut wait = Duration::from_millis(200);
+            // At once, then less often, for as long as the ranking lasts.
+            let mut wait = Duration::ZERO;
             let until = Instant::now() + me.inner.cfg.cache_ttl;
             while Instant::now() < until {
                 tokio::select! {
@@ -751,11 +767,17 @@ impl Client {
                     () = tokio::time::sleep(wait) => {}
                 }
                 me.inner.reprobes.fetch_add(1, Ordering::Relaxed);
-                if let Ok(p) = me.inner.prober.probe(addr, Some(id)).await {
+                let probed = me.inner.prober.probe(addr, Some(id)).await;
+                me.set_refused(
+                    id,
+                    probed.as_ref().err().is_some_and(ProbeFailure::is_refusal),
+                );
+                if let Ok(p) = probed {
                     let node = node_view(p);
                     if let Ok(mut slot) = me.inner.view.lock()
                         && let Some(v) = slot.as_mut()
                     {
+                        let v = Arc::make_mut(v);
                         v.restore(node);
                         if let Err(e) = v.save(&me.inner.cfg.cache_path()) {
                             tracing::debug!(error = %e, "cannot save the ranking cache");
@@ -763,9 +785,36 @@ impl Client {
                     }
                     return;
                 }
-                wait = (wait * 2).min(Duration::from_secs(10));
+                wait = (wait * 2).clamp(Duration::from_millis(200), Duration::from_secs(10));
             }
         });
+    }
+
+    fn set_refused(&self, id: NodeId, refused: bool) {
+        if let Ok(mut r) = self.inner.refused.lock() {
+            if refused {
+                r.insert(id);
+            } else {
+                r.remove(&id);
+            }
+        }
+    }
+
+    /// Every node of the last round that holds the model refuses this
+    /// client's certificate.
+    fn all_owners_refuse(&self, view: &View, profile: &RequestProfile) -> Option<Vec<String>> {
+        let refused = self.inner.refused.lock().ok()?;
+        let owners: Vec<&NodeView> = view
+            .nodes
+            .values()
+            .filter(|n| {
+                n.snapshot
+                    .find_model(&profile.model, profile.flavor)
+                    .is_some()
+            })
+            .collect();
+        (!owners.is_empty() && owners.iter().all(|n| refused.contains(&n.id)))
+            .then(|| owners.iter().map(|n| n.name.clone()).collect())
     }
 
     // ---- requests ---------------------------------------------------------
@@ -782,7 +831,7 @@ impl Client {
             return self.send_listing(req, &view).await;
         };
         let model = profile.model.clone();
-        if self.rank(&view, &profile).is_empty() {
+        if !view.holds(&model, profile.flavor) {
             return Err(Error::NoNodeServes {
                 model,
                 probed: view.nodes.len(),
@@ -792,12 +841,20 @@ impl Client {
         // The last answer every attempt got, for the error when all fail.
         let mut last_answer: Option<(NodeId, u16, Bytes)> = None;
         loop {
-            let view = self.current_view().unwrap_or(view.clone());
+            let view = self.current_view().unwrap_or_else(|| Arc::clone(&view));
             let targets: Vec<Target> = self
                 .rank(&view, &profile)
                 .into_iter()
                 .map(|(t, _)| t)
                 .collect();
+            if targets.is_empty() {
+                if let Some(nodes) = self.all_owners_refuse(&view, &profile) {
+                    return Err(Error::Refused { model, nodes });
+                }
+                // Its owners failed and are being probed again: wait for
+                // one (within the request's patience) rather than give up.
+                failover.owners_down();
+            }
             match failover.next_step(started.elapsed(), &targets) {
                 Step::Wait(d) => tokio::time::sleep(d).await,
                 Step::GiveUp(why) => {
@@ -842,7 +899,9 @@ impl Client {
                             // A node that refused this client is up: it
                             // stays ranked (another request may be let in
                             // once vouching reaches it).
-                            if !transient && class != TLS_REFUSED {
+                            if class == TLS_REFUSED {
+                                self.set_refused(node, true);
+                            } else if !transient {
                                 self.node_failed(node);
                             }
                             continue;
@@ -1008,6 +1067,14 @@ impl Client {
                 })
                 .collect(),
         );
+        if !attempts.0.is_empty() && attempts.0.iter().all(|t| t.what == TLS_REFUSED) {
+            let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
+            nodes.dedup();
+            return Error::Refused {
+                model: model.to_owned(),
+                nodes,
+            };
+        }
         match (why, last_answer) {
             (GiveUp::OwnersGone, _) => Error::OwnersGone {
                 model: model.to_owned(),
@@ -1062,12 +1129,12 @@ impl Client {
 
     /// The ranked cluster as of the current view (probing when stale).
     pub async fn cluster(&self) -> Result<Arc<pair_core::ClusterSnapshot>> {
-        Ok(self.view().await?.cluster)
+        Ok(Arc::clone(&self.view().await?.cluster))
     }
 
     /// The current view without probing.
     pub fn cached_cluster(&self) -> Option<Arc<pair_core::ClusterSnapshot>> {
-        self.current_view().map(|v| v.cluster)
+        self.current_view().map(|v| Arc::clone(&v.cluster))
     }
 
     /// Tells the client a node failed a request made outside [`Client::send`]

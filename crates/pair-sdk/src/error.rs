@@ -54,6 +54,10 @@ pub enum Error {
     /// No reachable node holds the model.
     #[error("no reachable node serves model '{model}' (nodes probed: {probed})")]
     NoNodeServes { model: String, probed: usize },
+    /// Every node holding the model is up but refuses this client's
+    /// certificate: it is not, or no longer, paired with the cluster.
+    #[error("every node that holds model '{model}' ({}) refuses this client: it is not paired with the cluster, or was unpaired (pair-client pair join HOST:PORT --pin PIN)", nodes.join(", "))]
+    Refused { model: String, nodes: Vec<String> },
     /// Every attempt failed before an answer could be used.
     #[error("model '{model}': every attempt failed: {attempts}")]
     Exhausted { model: String, attempts: Attempts },
@@ -104,6 +108,7 @@ impl Error {
             Error::Identity(e) => e.refusal().is_some_and(pair_identity::Refusal::may_retry),
             Error::Io { .. } => true,
             Error::NotPaired { .. }
+            | Error::Refused { .. }
             | Error::NoNodeServes { .. }
             | Error::BadAnswer { .. }
             | Error::InvalidRequest(_) => false,

@@ -46,6 +46,13 @@ pub struct Prober {
     pub probe_timeout: Duration,
 }
 
+impl ProbeFailure {
+    /// The node is up but refused this client's certificate.
+    pub fn is_refusal(&self) -> bool {
+        self.why.starts_with("TLS: the node refused")
+    }
+}
+
 impl std::fmt::Debug for Prober {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prober")
@@ -95,7 +102,12 @@ impl Prober {
         {
             return Err(format!("answers as node {}, not {want}", record.id));
         }
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        let read_error = Arc::new(std::sync::Mutex::new(None));
+        let io = ReadWatch {
+            inner: tls,
+            error: Arc::clone(&read_error),
+        };
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| format!("HTTP: {e}"))?;
         let req = http::Request::get(PROBE_PATH)
@@ -119,13 +131,26 @@ impl Prober {
             Ok((rtt, answer))
         };
         let conn = std::pin::pin!(conn);
-        let (rtt, answer) = tokio::select! {
-            r = exchange => r?,
-            r = conn => return Err(match r {
+        // The request first: hyper's connection ends quietly on a read
+        // error while it is idle, and a refused certificate shows up as
+        // an alert on the first read.
+        let result = tokio::select! {
+            biased;
+            r = exchange => r,
+            r = conn => Err(match r {
                 Ok(()) => "connection closed".to_owned(),
                 Err(e) => describe(&e),
             }),
         };
+        let (rtt, answer) = result.map_err(|why| {
+            // hyper ends an idle connection quietly on a read error: the
+            // refusal may be known only here.
+            read_error
+                .lock()
+                .ok()
+                .and_then(|e| e.clone())
+                .unwrap_or(why)
+        })?;
         if answer.node.id != record.id {
             return Err(format!("node {} reports for {}", record.id, answer.node.id));
         }
@@ -148,6 +173,65 @@ impl Prober {
                 .map(|(addr, expected)| self.probe(addr, expected)),
         )
         .await
+    }
+}
+
+/// The TLS stream, remembering the first read error (a refused
+/// certificate's alert) in words.
+struct ReadWatch<T> {
+    inner: T,
+    error: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ReadWatch<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &r
+            && let Ok(mut slot) = self.error.lock()
+            && slot.is_none()
+        {
+            *slot = Some(describe_io(e));
+        }
+        r
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ReadWatch<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn describe_io(e: &std::io::Error) -> String {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::AlertReceived(alert)) => format!(
+            "TLS: the node refused this client ({alert:?}): not paired with it, or unpaired"
+        ),
+        Some(tls) => format!("TLS: {tls}"),
+        None => format!("connection: {e}"),
     }
 }
 

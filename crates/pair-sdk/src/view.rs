@@ -104,6 +104,13 @@ impl View {
         self.rebuild();
     }
 
+    /// Whether any node of the last round holds `model` (down or not).
+    pub fn holds(&self, model: &str, flavor: pair_core::ApiFlavor) -> bool {
+        self.nodes
+            .values()
+            .any(|n| n.snapshot.find_model(model, flavor).is_some())
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation
     }
