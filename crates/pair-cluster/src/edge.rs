@@ -198,6 +198,10 @@ pub async fn sync_vouched(
                 Ok(changed) => {
                     if changed > 0 {
                         tracing::info!(peer = %id, changed, "clients vouched for by a peer updated");
+                        // A client two peers vouch for is pinned under one
+                        // of them; when that one drops it, the others' lists
+                        // must be read again to keep it.
+                        synced.clear();
                     }
                     synced.insert(id, want);
                 }
