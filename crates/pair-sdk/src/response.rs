@@ -116,8 +116,8 @@ impl Response {
             first_byte,
             attempts,
             body: self.into_stream(),
-            framing,
-            buf: BytesMut::new(),
+            splitter: Splitter::new(framing),
+            events: Vec::new(),
             ready: VecDeque::new(),
             ended: false,
             _t: PhantomData,
@@ -192,50 +192,92 @@ pub enum Framing {
     JsonLines,
 }
 
-/// Typed chunks of a streamed answer, with who served it.
-#[derive(Debug)]
-pub struct Chunks<T> {
-    pub node: NodeId,
-    pub node_name: String,
-    pub first_byte: Duration,
-    pub attempts: usize,
-    body: BodyStream,
-    framing: Framing,
-    buf: BytesMut,
-    ready: VecDeque<Result<T>>,
-    ended: bool,
-    _t: PhantomData<fn() -> T>,
+/// One event of a streamed answer, as framed on the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A chunk's JSON (not yet parsed).
+    Json(Vec<u8>),
+    /// The stream said it is complete (`data: [DONE]`).
+    Done,
+    /// The bytes ended before the stream said it was complete.
+    Truncated,
+    /// One event grew past [`Splitter::MAX_EVENT`] bytes.
+    TooLarge,
 }
 
-impl<T: DeserializeOwned> Chunks<T> {
-    /// Moves every complete event in the buffer to `ready`.
-    fn split(&mut self, at_end: bool) {
-        loop {
-            let (end, skip) = match self.framing {
-                Framing::JsonLines => match memchr_nl(&self.buf) {
-                    Some(i) => (i, 1),
-                    None => break,
-                },
-                Framing::Sse => match find_event_end(&self.buf) {
-                    Some(x) => x,
-                    None => break,
-                },
-            };
-            let event = self.buf.split_to(end + skip);
-            self.event(&event[..end]);
-            if self.ended {
-                return;
-            }
+/// Cuts a streamed body into events, whatever pieces it arrives in: the
+/// same events for any split of the same bytes. Pure (no I/O), so it is
+/// property-tested and fuzzed.
+#[derive(Debug)]
+pub struct Splitter {
+    framing: Framing,
+    buf: BytesMut,
+    /// How far `buf` was searched for an event's end.
+    scanned: usize,
+    over: bool,
+}
+
+impl Splitter {
+    /// The largest single event taken.
+    pub const MAX_EVENT: usize = 16 << 20;
+
+    pub fn new(framing: Framing) -> Self {
+        Self {
+            framing,
+            buf: BytesMut::new(),
+            scanned: 0,
+            over: false,
         }
-        if at_end {
-            let rest = std::mem::take(&mut self.buf);
-            if !rest.iter().all(u8::is_ascii_whitespace) {
-                self.event(&rest);
+    }
+
+    /// Takes the next bytes; complete events go to `out`.
+    pub fn push(&mut self, bytes: &[u8], out: &mut Vec<Event>) {
+        if self.over {
+            return;
+        }
+        self.buf.extend_from_slice(bytes);
+        loop {
+            let from = self.scanned.saturating_sub(3);
+            let found = match self.framing {
+                Framing::JsonLines => self.buf[from..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map(|i| (from + i, 1)),
+                Framing::Sse => find_event_end(&self.buf[from..]).map(|(i, n)| (from + i, n)),
+            };
+            let Some((end, sep)) = found else {
+                self.scanned = self.buf.len();
+                if self.buf.len() > Self::MAX_EVENT {
+                    self.over = true;
+                    out.push(Event::TooLarge);
+                }
+                return;
+            };
+            let raw = self.buf.split_to(end + sep);
+            self.scanned = 0;
+            self.event(&raw[..end], out);
+            if self.over {
+                return;
             }
         }
     }
 
-    fn event(&mut self, raw: &[u8]) {
+    /// The body ended: what is left is the last event.
+    pub fn finish(&mut self, out: &mut Vec<Event>) {
+        if self.over {
+            return;
+        }
+        let rest = std::mem::take(&mut self.buf);
+        if !rest.iter().all(u8::is_ascii_whitespace) {
+            self.event(&rest, out);
+        }
+        if !self.over && self.framing == Framing::Sse {
+            out.push(Event::Truncated);
+        }
+        self.over = true;
+    }
+
+    fn event(&mut self, raw: &[u8], out: &mut Vec<Event>) {
         let payload: Vec<u8> = match self.framing {
             Framing::JsonLines => raw.to_vec(),
             Framing::Sse => {
@@ -250,16 +292,69 @@ impl<T: DeserializeOwned> Chunks<T> {
                 }
                 let joined = data.join("\n");
                 if joined.trim() == "[DONE]" {
-                    self.ended = true;
+                    self.over = true;
+                    out.push(Event::Done);
                     return;
                 }
                 joined.into_bytes()
             }
         };
-        if payload.iter().all(u8::is_ascii_whitespace) {
-            return;
+        if !payload.iter().all(u8::is_ascii_whitespace) {
+            out.push(Event::Json(payload));
         }
-        let item = match serde_json::from_slice::<serde_json::Value>(&payload) {
+    }
+}
+
+/// Typed chunks of a streamed answer, with who served it.
+#[derive(Debug)]
+pub struct Chunks<T> {
+    pub node: NodeId,
+    pub node_name: String,
+    pub first_byte: Duration,
+    pub attempts: usize,
+    body: BodyStream,
+    splitter: Splitter,
+    events: Vec<Event>,
+    ready: VecDeque<Result<T>>,
+    ended: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Chunks<T> {
+    /// Turns the splitter's events into chunks (or the error that ends
+    /// the stream).
+    fn take_events(&mut self) {
+        for event in std::mem::take(&mut self.events) {
+            if self.ended {
+                break;
+            }
+            let item = match event {
+                Event::Done => {
+                    self.ended = true;
+                    continue;
+                }
+                Event::Truncated => {
+                    self.ended = true;
+                    Err(Error::Interrupted {
+                        node: self.node_name.clone(),
+                        detail: "the stream ended before it said it was complete".into(),
+                    })
+                }
+                Event::TooLarge => {
+                    self.ended = true;
+                    Err(Error::BadAnswer {
+                        node: self.node_name.clone(),
+                        detail: format!("a chunk over {} bytes", Splitter::MAX_EVENT),
+                    })
+                }
+                Event::Json(payload) => self.chunk(&payload),
+            };
+            self.ready.push_back(item);
+        }
+    }
+
+    fn chunk(&mut self, payload: &[u8]) -> Result<T> {
+        match serde_json::from_slice::<serde_json::Value>(payload) {
             Err(e) => Err(Error::BadAnswer {
                 node: self.node_name.clone(),
                 detail: format!("chunk is not JSON: {e}"),
@@ -283,8 +378,7 @@ impl<T: DeserializeOwned> Chunks<T> {
                 node: self.node_name.clone(),
                 detail: format!("unexpected chunk: {e}"),
             }),
-        };
-        self.ready.push_back(item);
+        }
     }
 }
 
@@ -302,34 +396,24 @@ impl<T: DeserializeOwned> Stream for Chunks<T> {
             if self.ended {
                 return Poll::Ready(None);
             }
-            match Pin::new(&mut self.body).poll_next(cx) {
+            let this = &mut *self;
+            match Pin::new(&mut this.body).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(data))) => {
-                    self.buf.extend_from_slice(&data);
-                    self.split(false);
-                }
+                Poll::Ready(Some(Ok(data))) => this.splitter.push(&data, &mut this.events),
                 Poll::Ready(Some(Err(e))) => {
-                    self.ended = true;
+                    this.ended = true;
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
-                    self.split(true);
-                    let truncated = self.framing == Framing::Sse && !self.ended;
-                    self.ended = true;
-                    if truncated && self.ready.is_empty() {
-                        return Poll::Ready(Some(Err(Error::Interrupted {
-                            node: self.node_name.clone(),
-                            detail: "the stream ended without [DONE]".into(),
-                        })));
-                    }
+                    this.splitter.finish(&mut this.events);
+                    this.take_events();
+                    this.ended = true;
+                    continue;
                 }
             }
+            this.take_events();
         }
     }
-}
-
-fn memchr_nl(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
 }
 
 /// The end of the first server-sent event in `b` and its separator's
@@ -348,49 +432,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Splits `stream` at `cuts` and runs it through the chunker.
-    fn parse(
-        stream: &[u8],
-        cuts: &[usize],
-        framing: Framing,
-    ) -> Vec<std::result::Result<serde_json::Value, String>> {
-        let mut c: Chunks<serde_json::Value> = Chunks {
-            node: NodeId::from_u128(1),
-            node_name: "n".into(),
-            first_byte: Duration::ZERO,
-            attempts: 1,
-            body: BodyStream {
-                first: None,
-                body: None,
-                node: "n".into(),
-                done: true,
-            },
-            framing,
-            buf: BytesMut::new(),
-            ready: VecDeque::new(),
-            ended: false,
-            _t: PhantomData,
-        };
-        let mut at = 0;
-        let mut out = Vec::new();
+    /// The events of `stream` cut at `cuts`.
+    fn split(stream: &[u8], cuts: &[usize], framing: Framing) -> Vec<Event> {
         let mut points: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
         points.sort_unstable();
         points.push(stream.len());
+        let (mut sp, mut out, mut at) = (Splitter::new(framing), Vec::new(), 0);
         for p in points {
-            if c.ended {
-                break;
-            }
-            c.buf.extend_from_slice(&stream[at..p.max(at)]);
-            at = p.max(at);
-            c.split(false);
+            sp.push(&stream[at..p], &mut out);
+            at = p;
         }
-        if !c.ended {
-            c.split(true);
-        }
-        while let Some(i) = c.ready.pop_front() {
-            out.push(i.map_err(|e| e.to_string()));
-        }
+        sp.finish(&mut out);
         out
+    }
+
+    fn json(s: &str) -> Event {
+        Event::Json(s.as_bytes().to_vec())
     }
 
     const SSE: &[u8] =
@@ -398,31 +455,33 @@ mod tests {
     const LINES: &[u8] = b"{\"a\":1}\n{\"a\":2}\n\n{\"a\":3}";
 
     #[test]
-    fn events_and_lines_parse_and_the_stream_error_is_an_interruption() {
-        let sse = parse(SSE, &[], Framing::Sse);
-        assert_eq!(sse.len(), 2);
-        assert_eq!(sse[1].as_ref().unwrap()["a"], 2);
-        let lines = parse(LINES, &[], Framing::JsonLines);
-        assert_eq!(lines.len(), 3);
-        let cut = parse(
-            b"{\"a\":1}\n{\"error\":\"pair: the serving node failed mid-stream\"}\n",
-            &[],
-            Framing::JsonLines,
+    fn events_lines_and_the_end_of_a_stream() {
+        assert_eq!(
+            split(SSE, &[], Framing::Sse),
+            vec![json(r#"{"a":1}"#), json(r#"{"a":2}"#), Event::Done]
         );
-        assert!(
-            cut[1]
-                .as_ref()
-                .unwrap_err()
-                .contains("broke after it began"),
-            "{cut:?}"
+        assert_eq!(
+            split(LINES, &[], Framing::JsonLines),
+            vec![json(r#"{"a":1}"#), json(r#"{"a":2}"#), json(r#"{"a":3}"#)]
+        );
+        assert_eq!(
+            split(b"data: {\"a\":1}\n\ndata: {\"a\"", &[], Framing::Sse),
+            vec![json(r#"{"a":1}"#), json(r#"{"a""#), Event::Truncated],
+            "an SSE stream cut before [DONE] says so"
         );
     }
 
     proptest! {
         #[test]
-        fn a_stream_in_any_pieces_parses_as_it_does_whole(cuts in prop::collection::vec(0usize..200, 0..12)) {
-            prop_assert_eq!(parse(SSE, &cuts, Framing::Sse), parse(SSE, &[], Framing::Sse));
-            prop_assert_eq!(parse(LINES, &cuts, Framing::JsonLines), parse(LINES, &[], Framing::JsonLines));
+        fn a_stream_in_any_pieces_splits_as_it_does_whole(
+            cuts in prop::collection::vec(0usize..200, 0..12),
+            body in prop::collection::vec(prop::sample::select(b"data: {}[DONE]\r\n:x".to_vec()), 0..120),
+        ) {
+            for framing in [Framing::Sse, Framing::JsonLines] {
+                prop_assert_eq!(split(SSE, &cuts, framing), split(SSE, &[], framing));
+                prop_assert_eq!(split(LINES, &cuts, framing), split(LINES, &[], framing));
+                prop_assert_eq!(split(&body, &cuts, framing), split(&body, &[], framing));
+            }
         }
     }
 }

@@ -1,0 +1,38 @@
+//! Fuzz target: the edge SDK's stream splitter
+//! (`pair_sdk::response::Splitter`), which cuts a node's streamed answer
+//! (server-sent events or JSON lines) into events. Never panics, and the
+//! events do not depend on how the bytes were cut: the input split at two
+//! points derived from its first bytes gives the same events as whole.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pair_sdk::response::{Event, Framing, Splitter};
+
+fn events(framing: Framing, pieces: &[&[u8]]) -> Vec<Event> {
+    let mut s = Splitter::new(framing);
+    let mut out = Vec::new();
+    for p in pieces {
+        s.push(p, &mut out);
+    }
+    s.finish(&mut out);
+    out
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&cut, body)) = data.split_first() else {
+        return;
+    };
+    let a = usize::from(cut) % (body.len() + 1);
+    let b = a + (body.len() - a) / 2;
+    for framing in [Framing::Sse, Framing::JsonLines] {
+        let whole = events(framing, &[body]);
+        let cut = events(framing, &[&body[..a], &body[a..b], &body[b..]]);
+        assert_eq!(whole, cut, "{framing:?} split at {a} and {b}");
+        if framing == Framing::Sse {
+            assert!(
+                matches!(whole.last(), Some(Event::Done | Event::Truncated | Event::TooLarge)),
+                "an SSE stream always ends with how it ended"
+            );
+        }
+    }
+});
