@@ -1,0 +1,225 @@
+//! API translation, with no I/O: a request in the shape a client speaks
+//! (Ollama's `/api/*`, Anthropic's `/v1/messages`) becomes the OpenAI
+//! request every engine kind takes, and the engine's answer (whole, or its
+//! server-sent events chunk by chunk) becomes the client's shape again.
+//!
+//! One module owns each mapping: [`ollama`] (Ollama client, OpenAI engine)
+//! and [`anthropic`] (Anthropic client, OpenAI engine); [`frame`] cuts a
+//! stream into events. What cannot be mapped is a [`TranslateError`]
+//! naming the field (a 400 for the client), never a silent drop of
+//! something that changes the answer. Clocks are arguments: durations and
+//! timestamps come from the caller.
+
+pub mod anthropic;
+pub mod frame;
+pub mod ollama;
+
+use serde_json::Value;
+
+/// A client request that cannot be put in the engine's shape.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct TranslateError {
+    /// The request field at fault (`options.mirostat`, `messages[2].content`).
+    pub field: String,
+    pub reason: String,
+}
+
+impl TranslateError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Which translation a request takes, from the route the client called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Ollama `/api/chat`.
+    OllamaChat,
+    /// Ollama `/api/generate`.
+    OllamaGenerate,
+    /// Ollama `/api/embed`.
+    OllamaEmbed,
+    /// Ollama's legacy `/api/embeddings`.
+    OllamaEmbeddings,
+    /// Anthropic `/v1/messages`.
+    AnthropicMessages,
+}
+
+impl Route {
+    /// The route a client path takes, when it is one that is translated.
+    pub fn of(path: &str) -> Option<Self> {
+        Some(match path {
+            "/api/chat" => Route::OllamaChat,
+            "/api/generate" => Route::OllamaGenerate,
+            "/api/embed" => Route::OllamaEmbed,
+            "/api/embeddings" => Route::OllamaEmbeddings,
+            "/v1/messages" => Route::AnthropicMessages,
+            _ => return None,
+        })
+    }
+
+    /// The receipt's name for it (`x-pair-translated`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::AnthropicMessages => "anthropic->openai",
+            _ => "ollama->openai",
+        }
+    }
+}
+
+/// A translated request: where it goes on the engine and its body, and how
+/// to translate what comes back.
+#[derive(Debug)]
+pub struct Translated {
+    /// The engine's OpenAI route (`/v1/chat/completions`, ...).
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub answer: Answer,
+}
+
+/// Translates a client's request body for `route` (see [`Translated`]).
+/// `created_at` is the node's clock when the request came (RFC 3339), for
+/// the answer's timestamps.
+pub fn request(route: Route, body: &[u8], created_at: &str) -> Result<Translated, TranslateError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| TranslateError::new("body", format!("not JSON: {e}")))?;
+    let Value::Object(req) = v else {
+        return Err(TranslateError::new("body", "not a JSON object"));
+    };
+    match route {
+        Route::AnthropicMessages => anthropic::request(req, created_at),
+        _ => ollama::request(route, req, created_at),
+    }
+}
+
+/// What the node measured of one answer (pure code has no clock).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// From the request's arrival to the end of the answer.
+    pub total_ns: u64,
+    /// From the request's arrival to its first token.
+    pub first_token_ns: u64,
+}
+
+/// Turns the engine's OpenAI answer into the client's shape.
+#[derive(Debug)]
+pub struct Answer {
+    inner: AnswerKind,
+}
+
+#[derive(Debug)]
+enum AnswerKind {
+    Ollama(ollama::Answer),
+    Anthropic(anthropic::Answer),
+}
+
+impl Answer {
+    /// The client's content type for this answer (streamed or whole).
+    pub fn content_type(&self) -> &'static str {
+        match &self.inner {
+            AnswerKind::Ollama(a) => a.content_type(),
+            AnswerKind::Anthropic(a) => a.content_type(),
+        }
+    }
+
+    /// Whether the client asked for a stream.
+    pub fn streaming(&self) -> bool {
+        match &self.inner {
+            AnswerKind::Ollama(a) => a.streaming(),
+            AnswerKind::Anthropic(a) => a.streaming(),
+        }
+    }
+
+    /// A whole answer (or any error answer) with its status, in the
+    /// client's shape.
+    pub fn whole(&self, status: u16, body: &[u8], timing: Timing) -> Vec<u8> {
+        match &self.inner {
+            AnswerKind::Ollama(a) => a.whole(status, body, timing),
+            AnswerKind::Anthropic(a) => a.whole(status, body),
+        }
+    }
+
+    /// The next bytes of the engine's event stream; what the client gets
+    /// for them is appended to `out`.
+    pub fn push(&mut self, bytes: &[u8], timing: Timing, out: &mut Vec<u8>) {
+        match &mut self.inner {
+            AnswerKind::Ollama(a) => a.push(bytes, timing, out),
+            AnswerKind::Anthropic(a) => a.push(bytes, out),
+        }
+    }
+
+    /// The engine's stream ended cleanly: the client's closing events (or,
+    /// if the engine stopped before saying it was done, an error event).
+    pub fn finish(&mut self, timing: Timing, out: &mut Vec<u8>) {
+        match &mut self.inner {
+            AnswerKind::Ollama(a) => a.finish(timing, out),
+            AnswerKind::Anthropic(a) => a.finish(out),
+        }
+    }
+
+    /// Whether the client's stream is complete (its last event went out).
+    pub fn done(&self) -> bool {
+        match &self.inner {
+            AnswerKind::Ollama(a) => a.done(),
+            AnswerKind::Anthropic(a) => a.done(),
+        }
+    }
+
+    /// The error event that ends the client's stream when the engine's
+    /// breaks.
+    pub fn error_event(&self, message: &str) -> Vec<u8> {
+        match &self.inner {
+            AnswerKind::Ollama(_) => ollama::error_line(message),
+            AnswerKind::Anthropic(_) => anthropic::error_event(message),
+        }
+    }
+}
+
+impl From<ollama::Answer> for Answer {
+    fn from(a: ollama::Answer) -> Self {
+        Answer {
+            inner: AnswerKind::Ollama(a),
+        }
+    }
+}
+
+impl From<anthropic::Answer> for Answer {
+    fn from(a: anthropic::Answer) -> Self {
+        Answer {
+            inner: AnswerKind::Anthropic(a),
+        }
+    }
+}
+
+/// The message of an OpenAI-shaped error body (`{"error": {"message"}}`,
+/// `{"error": "..."}`, `{"message"}`), else the body as text.
+pub fn error_message(body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let from_json = parsed.as_ref().and_then(|v| {
+        v.get("error")
+            .and_then(|e| {
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .or_else(|| e.as_str())
+            })
+            .or_else(|| v.get("message").and_then(Value::as_str))
+            .map(str::to_owned)
+    });
+    from_json.unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned())
+}
+
+/// `{"a": {"b": x}}`'s `x` as a string for messages.
+pub(crate) fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
