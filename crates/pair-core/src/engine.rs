@@ -32,16 +32,21 @@ impl EngineKind {
         }
     }
 
-    /// Whether this engine answers requests of `flavor`. Ollama serves its
-    /// native API plus OpenAI and Anthropic compatible routes; LM Studio
-    /// serves OpenAI and Anthropic routes; plain OpenAI servers only OpenAI.
-    pub fn serves(self, flavor: ApiFlavor) -> bool {
+    /// Whether this engine answers requests of `flavor` itself: every kind
+    /// speaks OpenAI's API; Ollama also its own. Anthropic's Messages API
+    /// is always translated (not every engine version has it).
+    pub fn speaks(self, flavor: ApiFlavor) -> bool {
         matches!(
             (self, flavor),
-            (_, ApiFlavor::OpenAi)
-                | (EngineKind::Ollama, _)
-                | (EngineKind::LmStudio, ApiFlavor::Anthropic)
+            (_, ApiFlavor::OpenAi) | (EngineKind::Ollama, ApiFlavor::Ollama)
         )
+    }
+
+    /// Whether this engine can serve requests of `flavor`: itself, or
+    /// through the node's translation into OpenAI's API, which every
+    /// kind speaks. A model is eligible wherever an engine holds it.
+    pub fn serves(self, flavor: ApiFlavor) -> bool {
+        self.speaks(flavor) || flavor.translates_to_openai()
     }
 
     /// Ollama resolves an untagged model name to `:latest`; other engines
@@ -96,6 +101,12 @@ pub enum ApiFlavor {
 }
 
 impl ApiFlavor {
+    /// Requests of this flavour can be put in OpenAI's shape for an engine
+    /// that does not speak it (see `pair-translate`).
+    pub fn translates_to_openai(self) -> bool {
+        matches!(self, ApiFlavor::Ollama | ApiFlavor::Anthropic)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ApiFlavor::Ollama => "ollama",
@@ -129,10 +140,18 @@ mod tests {
 
     #[test]
     fn flavour_compatibility() {
-        assert!(EngineKind::Ollama.serves(ApiFlavor::Ollama));
-        assert!(EngineKind::Ollama.serves(ApiFlavor::OpenAi));
-        assert!(!EngineKind::OpenAiCompat.serves(ApiFlavor::Ollama));
-        assert!(!EngineKind::LmStudio.serves(ApiFlavor::Ollama));
-        assert!(EngineKind::LmStudio.serves(ApiFlavor::OpenAi));
+        assert!(EngineKind::Ollama.speaks(ApiFlavor::Ollama));
+        assert!(EngineKind::Ollama.speaks(ApiFlavor::OpenAi));
+        assert!(!EngineKind::OpenAiCompat.speaks(ApiFlavor::Ollama));
+        assert!(!EngineKind::LmStudio.speaks(ApiFlavor::Anthropic));
+        assert!(EngineKind::LmStudio.speaks(ApiFlavor::OpenAi));
+        for kind in EngineKind::ALL {
+            for flavor in [ApiFlavor::Ollama, ApiFlavor::OpenAi, ApiFlavor::Anthropic] {
+                assert!(
+                    kind.serves(flavor),
+                    "{kind} serves {flavor:?} through translation"
+                );
+            }
+        }
     }
 }

@@ -394,7 +394,9 @@ mod tests {
 
         let o = node(2, &[("smollm2", true)], EngineKind::OpenAiCompat);
         assert!(o.is_eligible("smollm2", ApiFlavor::OpenAi));
-        assert!(!o.is_eligible("smollm2", ApiFlavor::Ollama));
+        // Whatever API the client speaks: the node translates.
+        assert!(o.is_eligible("smollm2", ApiFlavor::Ollama));
+        assert!(o.is_eligible("smollm2", ApiFlavor::Anthropic));
     }
 
     #[test]

@@ -228,6 +228,10 @@ pub enum UpBody {
     Engine(EngineBody),
     /// Relayed by a peer over its mTLS connection.
     Peer(Incoming),
+    /// A local engine's answer in the client's API shape.
+    Translated(Box<crate::translate::TranslatedBody>),
+    /// An answer this node made itself (taken once).
+    Fixed(Option<Bytes>),
 }
 
 /// How an answer's body failed.
@@ -266,6 +270,10 @@ impl http_body::Body for UpBody {
             UpBody::Peer(b) => std::pin::Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
+            UpBody::Translated(b) => std::pin::Pin::new(b.as_mut()).poll_frame(cx),
+            UpBody::Fixed(b) => {
+                std::task::Poll::Ready(b.take().map(|d| Ok(http_body::Frame::data(d))))
+            }
         }
     }
 
@@ -273,6 +281,8 @@ impl http_body::Body for UpBody {
         match self {
             UpBody::Engine(b) => b.is_end_stream(),
             UpBody::Peer(b) => b.is_end_stream(),
+            UpBody::Translated(b) => b.is_end_stream(),
+            UpBody::Fixed(b) => b.is_none(),
         }
     }
 
@@ -280,6 +290,10 @@ impl http_body::Body for UpBody {
         match self {
             UpBody::Engine(b) => b.size_hint(),
             UpBody::Peer(b) => b.size_hint(),
+            UpBody::Translated(_) => http_body::SizeHint::default(),
+            UpBody::Fixed(b) => {
+                http_body::SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64))
+            }
         }
     }
 }

@@ -16,16 +16,7 @@ pub fn json_error(
     message: &str,
     extra: Option<Value>,
 ) -> Response<Body> {
-    let mut v = match flavor {
-        ApiFlavor::Ollama => json!({ "error": message }),
-        ApiFlavor::OpenAi => json!({
-            "error": { "message": message, "type": error_type(status), "code": code }
-        }),
-        ApiFlavor::Anthropic => json!({
-            "type": "error",
-            "error": { "type": error_type(status), "message": message }
-        }),
-    };
+    let mut v = error_value(status, flavor, code, message);
     if let (Some(extra), Some(obj)) = (extra, v.as_object_mut()) {
         obj.insert("pair".into(), extra);
     }
@@ -36,6 +27,34 @@ pub fn json_error(
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// The error body alone, with its content type.
+pub fn error_body(
+    status: StatusCode,
+    flavor: ApiFlavor,
+    code: &str,
+    message: &str,
+) -> (&'static str, bytes::Bytes) {
+    (
+        "application/json",
+        error_value(status, flavor, code, message)
+            .to_string()
+            .into(),
+    )
+}
+
+fn error_value(status: StatusCode, flavor: ApiFlavor, code: &str, message: &str) -> Value {
+    match flavor {
+        ApiFlavor::Ollama => json!({ "error": message }),
+        ApiFlavor::OpenAi => json!({
+            "error": { "message": message, "type": error_type(status), "code": code }
+        }),
+        ApiFlavor::Anthropic => json!({
+            "type": "error",
+            "error": { "type": error_type(status), "message": message }
+        }),
+    }
 }
 
 fn error_type(status: StatusCode) -> &'static str {

@@ -31,3 +31,4 @@ pub mod relay;
 pub mod route;
 pub mod state;
 pub mod stream;
+pub mod translate;

@@ -126,7 +126,10 @@ pub fn answer(kind: Listing, answers: &Answers) -> Reply {
     json_reply(&merge(kind, &answers.docs))
 }
 
-/// This node's own listing: one answer per engine that serves `kind`.
+/// This node's own listing: one answer per engine. An engine with no
+/// listing of `kind`'s own (Ollama's, from an OpenAI-compatible engine) is
+/// listed in that shape from what this node knows of it, since its
+/// models are served in that API too (through translation).
 pub async fn own(st: &ProxyState, kind: Listing) -> Answers {
     let engines = st.engines();
     let calls = engines
@@ -138,7 +141,30 @@ pub async fn own(st: &ProxyState, kind: Listing) -> Answers {
         });
     let mut answers = Answers::default();
     answers.extend(join_all(calls).await);
+    let cluster = st.cluster();
+    if let Some(me) = cluster.node(st.node.id) {
+        for e in engines.iter().filter(|e| !engine_answers(kind, e.kind)) {
+            if let Some(snap) = me.engines.iter().find(|s| s.kind == e.kind && s.healthy) {
+                answers.add(Some(translated_listing(kind, snap)));
+            }
+        }
+    }
     answers
+}
+
+/// An Ollama listing of an engine that has none (`/api/ps`: its loaded
+/// models).
+fn translated_listing(kind: Listing, engine: &pair_core::EngineSnapshot) -> Value {
+    let running = kind == Listing::OllamaPs;
+    let models = engine
+        .models
+        .iter()
+        .filter(|m| !running || m.loaded)
+        .map(|m| pair_translate::ollama::listing_entry(m.name.as_str(), m.size_bytes, running))
+        .collect();
+    let mut doc = Map::new();
+    doc.insert("models".into(), Value::Array(models));
+    Value::Object(doc)
 }
 
 /// The cluster's listing: this node's and every routable peer's, merged.

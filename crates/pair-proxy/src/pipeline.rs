@@ -54,6 +54,7 @@ use crate::receipt::{self, Receipt};
 use crate::route::{self, Face, RouteClass, Work};
 use crate::state::{MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
 use crate::stream::{AnswerBody, Framing, OnCut};
+use crate::translate;
 
 /// A request at any door, read whole (the body is kept for replay).
 #[derive(Debug)]
@@ -622,6 +623,32 @@ async fn attempt(
             return Attempted::Failed(None);
         }
     };
+    // An engine that does not speak the client's API gets it translated;
+    // a request that cannot be is the client's 400, never retried.
+    let translation = match translate::needed(&hop, req.flavor, req.head.path_and_query.path()) {
+        None => None,
+        Some(route) => match translate::request(route, &req.head, &req.body) {
+            Ok((head, body, answer)) => Some((route, head, body, answer)),
+            Err(e) => {
+                let decision = failover.report(
+                    t0.elapsed(),
+                    Outcome::Head {
+                        status: 400,
+                        retry_after: None,
+                    },
+                );
+                debug_assert_eq!(decision, Decision::Commit);
+                return Attempted::Committed(Committed {
+                    node,
+                    up: translate::refused(&e, req.flavor),
+                    first: None,
+                    guard: None,
+                    reservation: None,
+                    engine: None,
+                });
+            }
+        },
+    };
     let sent = Instant::now();
     // A local dispatch is counted by its load guard, which ranking reads
     // live for this node (it ignores reservations there); a peer's by a
@@ -639,23 +666,22 @@ async fn attempt(
         Hop::Peer(_) => Watch::Peer(node),
     };
     let job_header = matches!(plan, Plan::Cluster).then_some(job);
-    let head = async {
-        dispatch::request(
-            st.local_pool(),
-            &hop,
-            &req.head,
-            req.body.clone(),
-            job_header,
-        )?
-        .await
+    let (out_head, out_body) = match &translation {
+        Some((_, head, body, _)) => (head, body.clone()),
+        None => (&req.head, req.body.clone()),
     };
+    let head =
+        async { dispatch::request(st.local_pool(), &hop, out_head, out_body, job_header)?.await };
     let head = tokio::select! {
         biased;
         r = head => Some(r),
         () = stalled(st, &watch, sent, stall_after, deadline.as_mut()) => None,
     };
     let mut up = match head {
-        Some(Ok(up)) => up,
+        Some(Ok(up)) => match translation {
+            Some((route, _, _, answer)) => translate::answer(up, answer, route, t0),
+            None => up,
+        },
         Some(Err(e)) => {
             tracing::debug!(%node, error = %e, "attempt failed");
             failover.report(t0.elapsed(), failed(&e));

@@ -138,6 +138,7 @@ pub(crate) fn request(
     let body = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| TranslateError::new("body", e.to_string()))?;
     Ok(Translated {
+        method: "POST",
         path: "/v1/chat/completions",
         body,
         answer: Answer::new(model, streaming, created_at).into(),

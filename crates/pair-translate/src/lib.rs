@@ -45,6 +45,8 @@ pub enum Route {
     OllamaEmbed,
     /// Ollama's legacy `/api/embeddings`.
     OllamaEmbeddings,
+    /// Ollama `/api/show` (answered from the engine's `/v1/models`).
+    OllamaShow,
     /// Anthropic `/v1/messages`.
     AnthropicMessages,
 }
@@ -57,6 +59,7 @@ impl Route {
             "/api/generate" => Route::OllamaGenerate,
             "/api/embed" => Route::OllamaEmbed,
             "/api/embeddings" => Route::OllamaEmbeddings,
+            "/api/show" => Route::OllamaShow,
             "/v1/messages" => Route::AnthropicMessages,
             _ => return None,
         })
@@ -75,6 +78,8 @@ impl Route {
 /// to translate what comes back.
 #[derive(Debug)]
 pub struct Translated {
+    /// `POST`, or `GET` for a route answered from a listing.
+    pub method: &'static str,
     /// The engine's OpenAI route (`/v1/chat/completions`, ...).
     pub path: &'static str,
     pub body: Vec<u8>,

@@ -52,12 +52,20 @@ pub(crate) fn request(
         _ => return Err(TranslateError::new("model", "a model name is required")),
     };
     let streaming = match route {
-        Route::OllamaEmbed | Route::OllamaEmbeddings => false,
+        Route::OllamaEmbed | Route::OllamaEmbeddings | Route::OllamaShow => false,
         _ => req.get("stream").and_then(Value::as_bool).unwrap_or(true),
     };
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.clone()));
     let path = match route {
+        Route::OllamaShow => {
+            return Ok(Translated {
+                method: "GET",
+                path: "/v1/models",
+                body: Vec::new(),
+                answer: Answer::new(route, model, false, false, created_at).into(),
+            });
+        }
         Route::OllamaEmbed => {
             let input = req
                 .remove("input")
@@ -160,6 +168,7 @@ pub(crate) fn request(
     let body = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| TranslateError::new("body", e.to_string()))?;
     Ok(Translated {
+        method: "POST",
         path,
         body,
         answer: Answer::new(
@@ -454,6 +463,7 @@ impl Answer {
             Route::OllamaEmbeddings => json!({
                 "embedding": embeddings(&v).into_iter().next().unwrap_or_default(),
             }),
+            Route::OllamaShow => show(&self.model, &self.created_at),
             _ => {
                 let choice = &v["choices"][0];
                 let finish = choice["finish_reason"].as_str();
@@ -633,6 +643,41 @@ impl Answer {
         );
         write_line(&line, out);
     }
+}
+
+/// Ollama's `/api/show` for a model an OpenAI-compatible engine holds:
+/// what such an engine can say of it (not its Modelfile or template).
+fn show(model: &str, at: &str) -> Value {
+    json!({
+        "modelfile": format!("# {model}: served by an OpenAI-compatible engine (through pair)"),
+        "parameters": "",
+        "template": "",
+        "details": details(),
+        "model_info": {},
+        "capabilities": ["completion"],
+        "modified_at": at,
+    })
+}
+
+fn details() -> Value {
+    json!({"parent_model": "", "format": "gguf", "family": "", "families": null,
+           "parameter_size": "", "quantization_level": ""})
+}
+
+/// One model in Ollama's `/api/tags` (or, `running`, `/api/ps`) shape, for
+/// an engine with no Ollama listing of its own.
+pub fn listing_entry(name: &str, size: Option<u64>, running: bool) -> Value {
+    let mut e = json!({
+        "name": name,
+        "model": name,
+        "size": size.unwrap_or(0),
+        "digest": "",
+        "details": details(),
+    });
+    if running {
+        e["size_vram"] = size.unwrap_or(0).into();
+    }
+    e
 }
 
 /// An OpenAI tool call as Ollama's: arguments as a JSON object.

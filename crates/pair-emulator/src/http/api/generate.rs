@@ -152,6 +152,7 @@ async fn generate(
         prompt_tokens,
         output_tokens,
         limited: limit.is_some(),
+        tool_call: if chat { tool_to_call(&req) } else { None },
         load_us,
     });
     let mut guard = match app.core.submit(model_ix, prompt_tokens, output_tokens) {
@@ -264,4 +265,20 @@ mod tests {
         assert_eq!(tokens, 2 + 4 + 3 + 4);
         assert!(text.contains("user:hello there"));
     }
+}
+
+/// A chat offered tools whose last message is the user's: the emulated
+/// model calls the first tool offered, once (after a tool's answer it
+/// answers in text).
+fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let first = req.get("tools")?.as_array()?.first()?;
+    let last_role = req
+        .get("messages")?
+        .as_array()?
+        .last()?
+        .get("role")?
+        .as_str()?;
+    (last_role == "user")
+        .then(|| first.pointer("/function/name")?.as_str().map(str::to_owned))
+        .flatten()
 }

@@ -36,12 +36,29 @@ pub(super) struct Gen {
     pub(super) output_tokens: u32,
     /// The client set a limit: the answer ends "length", not "stop".
     pub(super) limited: bool,
+    /// A tool the answer calls (chat offered tools, see `tool_to_call`).
+    pub(super) tool_call: Option<String>,
     pub(super) load_us: u64,
 }
 
 impl Gen {
     fn finish_reason(&self) -> &'static str {
-        if self.limited { "length" } else { "stop" }
+        match (&self.tool_call, self.api) {
+            (Some(_), Api::OpenAiChat { .. }) => "tool_calls",
+            _ if self.limited => "length",
+            _ => "stop",
+        }
+    }
+
+    /// The call in OpenAI's shape (arguments as JSON text) or Ollama's.
+    fn tool_calls(&self, openai: bool) -> Option<Value> {
+        let name = self.tool_call.as_ref()?;
+        Some(if openai {
+            json!([{ "id": format!("call_{}", self.id), "type": "function",
+                     "function": { "name": name, "arguments": "{}" } }])
+        } else {
+            json!([{ "function": { "name": name, "arguments": {} } }])
+        })
     }
 
     fn token_chunk(&self, i: u32) -> Bytes {
@@ -116,10 +133,11 @@ impl Gen {
                 m.insert("model".into(), self.model.clone().into());
                 m.insert("created_at".into(), rfc3339_now().into());
                 if self.api == Api::OllamaChat {
-                    m.insert(
-                        "message".into(),
-                        json!({ "role": "assistant", "content": "" }),
-                    );
+                    let mut message = json!({ "role": "assistant", "content": "" });
+                    if let Some(calls) = self.tool_calls(false) {
+                        message["tool_calls"] = calls;
+                    }
+                    m.insert("message".into(), message);
                 } else {
                     m.insert("response".into(), "".into());
                 }
@@ -138,10 +156,20 @@ impl Gen {
                 } else {
                     json!({ "text": "", "index": 0, "logprobs": null, "finish_reason": self.finish_reason() })
                 };
-                let mut out = vec![sse(&json!({
+                let mut out = Vec::new();
+                if let Some(calls) = self.tool_calls(true).filter(|_| chat) {
+                    let mut calls = calls;
+                    calls[0]["index"] = 0.into();
+                    out.push(sse(&json!({
+                        "id": self.id, "object": object, "created": self.created, "model": self.model,
+                        "system_fingerprint": "fp_pair_emulator",
+                        "choices": [{ "index": 0, "delta": { "tool_calls": calls }, "logprobs": null, "finish_reason": null }]
+                    })));
+                }
+                out.push(sse(&json!({
                     "id": self.id, "object": object, "created": self.created, "model": self.model,
                     "system_fingerprint": "fp_pair_emulator", "choices": [choice]
-                }))];
+                })));
                 if include_usage {
                     out.push(sse(&json!({
                         "id": self.id, "object": object, "created": self.created, "model": self.model,
@@ -162,25 +190,32 @@ impl Gen {
                 m.insert("model".into(), self.model.clone().into());
                 m.insert("created_at".into(), rfc3339_now().into());
                 if self.api == Api::OllamaChat {
-                    m.insert(
-                        "message".into(),
-                        json!({ "role": "assistant", "content": text }),
-                    );
+                    let mut message = json!({ "role": "assistant", "content": text });
+                    if let Some(calls) = self.tool_calls(false) {
+                        message["tool_calls"] = calls;
+                    }
+                    m.insert("message".into(), message);
                 } else {
                     m.insert("response".into(), text.into());
                 }
                 m.extend(self.ollama_stats(t));
                 Value::Object(m)
             }
-            Api::OpenAiChat { .. } => json!({
-                "id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.model, "system_fingerprint": "fp_pair_emulator",
-                "choices": [{
-                    "index": 0, "message": { "role": "assistant", "content": text },
-                    "logprobs": null, "finish_reason": self.finish_reason()
-                }],
-                "usage": self.usage(),
-            }),
+            Api::OpenAiChat { .. } => {
+                let mut message = json!({ "role": "assistant", "content": text });
+                if let Some(calls) = self.tool_calls(true) {
+                    message["tool_calls"] = calls;
+                }
+                json!({
+                    "id": self.id, "object": "chat.completion", "created": self.created,
+                    "model": self.model, "system_fingerprint": "fp_pair_emulator",
+                    "choices": [{
+                        "index": 0, "message": message,
+                        "logprobs": null, "finish_reason": self.finish_reason()
+                    }],
+                    "usage": self.usage(),
+                })
+            }
             Api::OpenAiCompletion { .. } => json!({
                 "id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "system_fingerprint": "fp_pair_emulator",

@@ -1,0 +1,227 @@
+//! The last hop in another API's shape: when this node's engine does not
+//! speak the client's API (an Ollama or Anthropic client, an
+//! OpenAI-compatible engine), the request goes to it translated
+//! ([`pair_translate`]) and its answer comes back translated, chunk by
+//! chunk as it arrives. A peer's request is translated where it runs, so
+//! a relay carries the client's own shape.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, Method, StatusCode};
+use http_body::{Body, Frame};
+use pair_core::ApiFlavor;
+use pair_http::h1::Headers;
+use pair_http::request::RequestHead;
+use pair_translate::{Answer, Route, Timing, TranslateError};
+use tokio::time::Instant;
+
+use crate::dispatch::{Hop, UpBody, UpBodyError, Upstream};
+
+/// `x-pair-translated: ollama->openai`, on answers that were translated.
+pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-translated");
+
+/// The translation `hop` needs for a request of `flavor` to `path`: only a
+/// local engine that does not speak the client's API, on a route that
+/// translates.
+pub(crate) fn needed(hop: &Hop, flavor: ApiFlavor, path: &str) -> Option<Route> {
+    match hop {
+        Hop::Local(engine) if !engine.kind.speaks(flavor) => Route::of(path),
+        _ => None,
+    }
+}
+
+/// The request in the engine's shape, and what turns its answer back.
+pub(crate) fn request(
+    route: Route,
+    head: &RequestHead,
+    body: &[u8],
+) -> Result<(RequestHead, Bytes, Answer), TranslateError> {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let created_at = pair_core::rfc3339(now.as_secs(), now.subsec_nanos());
+    let t = pair_translate::request(route, body, &created_at)?;
+    let mut headers = head.headers.clone().into_map(2);
+    if t.method == "GET" {
+        headers.remove(CONTENT_LENGTH);
+        headers.remove(CONTENT_TYPE);
+    } else {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(t.body.len()));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    let head = RequestHead {
+        method: if t.method == "GET" {
+            Method::GET
+        } else {
+            Method::POST
+        },
+        path_and_query: http::uri::PathAndQuery::from_static(t.path),
+        headers: Headers::Map(headers),
+    };
+    Ok((head, Bytes::from(t.body), t.answer))
+}
+
+/// The engine's answer in the client's shape: a stream of server-sent
+/// events is translated as it arrives; anything else (a whole answer, an
+/// error) is read whole and translated at its end.
+pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Instant) -> Upstream {
+    let streamed = up.status.is_success()
+        && up
+            .headers
+            .get(&CONTENT_TYPE)
+            .is_some_and(|ct| ct.starts_with(b"text/event-stream"));
+    let mut headers = up.headers.into_map(2);
+    headers.remove(CONTENT_LENGTH);
+    let content_type = if streamed {
+        answer.content_type()
+    } else if matches!(route, Route::AnthropicMessages) {
+        "application/json"
+    } else {
+        "application/json; charset=utf-8"
+    };
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(TRANSLATED_HEADER, HeaderValue::from_static(route.label()));
+    Upstream {
+        status: up.status,
+        headers: Headers::Map(headers),
+        body: UpBody::Translated(Box::new(TranslatedBody {
+            inner: up.body,
+            answer,
+            status: up.status,
+            streamed,
+            received,
+            first_token: None,
+            whole: BytesMut::new(),
+            ready: VecDeque::new(),
+            ended: false,
+        })),
+    }
+}
+
+/// A 400 for a request that cannot be put in the engine's shape, in the
+/// client's own error format, as if the engine had answered it (it is the
+/// client's fault: never retried).
+pub(crate) fn refused(e: &TranslateError, flavor: ApiFlavor) -> Upstream {
+    let message = format!("pair cannot translate this request for the engine: {e}");
+    let (ct, body) =
+        crate::error::error_body(StatusCode::BAD_REQUEST, flavor, "invalid_request", &message);
+    let mut headers = http::HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+    Upstream {
+        status: StatusCode::BAD_REQUEST,
+        headers: Headers::Map(headers),
+        body: UpBody::Fixed(Some(body)),
+    }
+}
+
+/// An answer being translated.
+#[derive(Debug)]
+pub struct TranslatedBody {
+    inner: UpBody,
+    answer: Answer,
+    status: StatusCode,
+    streamed: bool,
+    received: Instant,
+    first_token: Option<Instant>,
+    /// A whole answer, read to its end before it is translated.
+    whole: BytesMut,
+    ready: VecDeque<Bytes>,
+    ended: bool,
+}
+
+impl TranslatedBody {
+    fn timing(&self) -> Timing {
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let total = self.received.elapsed();
+        let first = self
+            .first_token
+            .map_or(total, |t| t.saturating_duration_since(self.received));
+        Timing {
+            total_ns: ns(total),
+            first_token_ns: ns(first),
+        }
+    }
+
+    /// Most bytes of a whole answer read before translating it.
+    const WHOLE_CAP: usize = 64 << 20;
+}
+
+impl Body for TranslatedBody {
+    type Data = Bytes;
+    type Error = UpBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpBodyError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(b) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    this.first_token.get_or_insert_with(Instant::now);
+                    if this.streamed {
+                        let mut out = Vec::new();
+                        let timing = this.timing();
+                        this.answer.push(&data, timing, &mut out);
+                        if !out.is_empty() {
+                            this.ready.push_back(out.into());
+                        }
+                        if this.answer.done() {
+                            this.ended = true;
+                        }
+                    } else if this.whole.len() + data.len() > Self::WHOLE_CAP {
+                        this.ended = true;
+                        let message = "the engine's answer is too large to translate";
+                        this.ready.push_back(
+                            this.answer
+                                .whole(502, message.as_bytes(), this.timing())
+                                .into(),
+                        );
+                    } else {
+                        this.whole.extend_from_slice(&data);
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    let timing = this.timing();
+                    let out = if this.streamed {
+                        let mut out = Vec::new();
+                        this.answer.finish(timing, &mut out);
+                        out
+                    } else {
+                        this.answer.whole(this.status.as_u16(), &this.whole, timing)
+                    };
+                    if !out.is_empty() {
+                        this.ready.push_back(out.into());
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.ready.is_empty()
+    }
+}
