@@ -155,8 +155,12 @@ async fn lmstudio_native_listing_gives_sizes_and_loaded_state() {
     );
     assert!(!m.loaded);
     assert!(
-        r.snapshot.find("qwen2.5:0.5b", ApiFlavor::Ollama).is_none(),
+        !r.snapshot.kind.speaks(ApiFlavor::Ollama),
         "LM Studio speaks no Ollama"
+    );
+    assert!(
+        r.snapshot.find("qwen2.5:0.5b", ApiFlavor::Ollama).is_some(),
+        "its models are served to Ollama clients through translation"
     );
 
     use_model(&engine, "qwen2.5:0.5b").await;

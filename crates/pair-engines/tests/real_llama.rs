@@ -67,7 +67,11 @@ async fn openai_adapter_reads_llama_cpp_python_and_sees_it_die() -> anyhow::Resu
         "llama-cpp-python runs one request at a time"
     );
     assert!(up.snapshot.find("smollm2", ApiFlavor::OpenAi).is_some());
-    assert!(up.snapshot.find("smollm2", ApiFlavor::Ollama).is_none());
+    assert!(!up.snapshot.kind.speaks(ApiFlavor::Ollama));
+    assert!(
+        up.snapshot.find("smollm2", ApiFlavor::Ollama).is_some(),
+        "served to Ollama clients through translation"
+    );
     assert!(up.last_ok_ms.is_some());
 
     // A crash: the poller notices within a couple of intervals, keeps the

@@ -229,9 +229,20 @@ pub enum UpBody {
     /// Relayed by a peer over its mTLS connection.
     Peer(Incoming),
     /// A local engine's answer in the client's API shape.
-    Translated(Box<crate::translate::TranslatedBody>),
+    Translated(BoxedBody),
     /// An answer this node made itself (taken once).
     Fixed(Option<Bytes>),
+}
+
+/// A body that wraps another answer's (a translated one).
+pub struct BoxedBody(
+    pub std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = UpBodyError> + Send>>,
+);
+
+impl std::fmt::Debug for BoxedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BoxedBody")
+    }
 }
 
 /// How an answer's body failed.
@@ -270,7 +281,7 @@ impl http_body::Body for UpBody {
             UpBody::Peer(b) => std::pin::Pin::new(b)
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
-            UpBody::Translated(b) => std::pin::Pin::new(b.as_mut()).poll_frame(cx),
+            UpBody::Translated(b) => b.0.as_mut().poll_frame(cx),
             UpBody::Fixed(b) => {
                 std::task::Poll::Ready(b.take().map(|d| Ok(http_body::Frame::data(d))))
             }
@@ -281,7 +292,7 @@ impl http_body::Body for UpBody {
         match self {
             UpBody::Engine(b) => b.is_end_stream(),
             UpBody::Peer(b) => b.is_end_stream(),
-            UpBody::Translated(b) => b.is_end_stream(),
+            UpBody::Translated(b) => b.0.is_end_stream(),
             UpBody::Fixed(b) => b.is_none(),
         }
     }

@@ -17,10 +17,10 @@ use http_body::{Body, Frame};
 use pair_core::ApiFlavor;
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
-use pair_translate::{Answer, Route, Timing, TranslateError};
+use pair_translate::{Answer, Route, Target, Timing, TranslateError};
 use tokio::time::Instant;
 
-use crate::dispatch::{Hop, UpBody, UpBodyError, Upstream};
+use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 
 /// `x-pair-translated: ollama->openai`, on answers that were translated.
 pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-translated");
@@ -30,8 +30,31 @@ pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x
 /// translates.
 pub(crate) fn needed(hop: &Hop, flavor: ApiFlavor, path: &str) -> Option<Route> {
     match hop {
-        Hop::Local(engine) if !engine.kind.speaks(flavor) => Route::of(path),
+        Hop::Local(engine) if !engine.kind.speaks(flavor) => route_of(path),
         _ => None,
+    }
+}
+
+/// The translated route a client path takes.
+fn route_of(path: &str) -> Option<Route> {
+    Some(match path {
+        "/api/chat" => Route::OllamaChat,
+        "/api/generate" => Route::OllamaGenerate,
+        "/api/embed" => Route::OllamaEmbed,
+        "/api/embeddings" => Route::OllamaEmbeddings,
+        "/api/show" => Route::OllamaShow,
+        "/v1/messages" => Route::AnthropicMessages,
+        _ => return None,
+    })
+}
+
+/// The engine's route for a translated request, and its method.
+fn target(t: Target) -> (Method, &'static str) {
+    match t {
+        Target::Chat => (Method::POST, "/v1/chat/completions"),
+        Target::Completion => (Method::POST, "/v1/completions"),
+        Target::Embeddings => (Method::POST, "/v1/embeddings"),
+        Target::Models => (Method::GET, "/v1/models"),
     }
 }
 
@@ -46,8 +69,9 @@ pub(crate) fn request(
         .unwrap_or_default();
     let created_at = pair_core::rfc3339(now.as_secs(), now.subsec_nanos());
     let t = pair_translate::request(route, body, &created_at)?;
+    let (method, path) = target(t.target);
     let mut headers = head.headers.clone().into_map(2);
-    if t.method == "GET" {
+    if method == Method::GET {
         headers.remove(CONTENT_LENGTH);
         headers.remove(CONTENT_TYPE);
     } else {
@@ -55,12 +79,8 @@ pub(crate) fn request(
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     let head = RequestHead {
-        method: if t.method == "GET" {
-            Method::GET
-        } else {
-            Method::POST
-        },
-        path_and_query: http::uri::PathAndQuery::from_static(t.path),
+        method,
+        path_and_query: http::uri::PathAndQuery::from_static(path),
         headers: Headers::Map(headers),
     };
     Ok((head, Bytes::from(t.body), t.answer))
@@ -89,7 +109,7 @@ pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Insta
     Upstream {
         status: up.status,
         headers: Headers::Map(headers),
-        body: UpBody::Translated(Box::new(TranslatedBody {
+        body: UpBody::Translated(BoxedBody(Box::pin(TranslatedBody {
             inner: up.body,
             answer,
             status: up.status,
@@ -99,7 +119,7 @@ pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Insta
             whole: BytesMut::new(),
             ready: VecDeque::new(),
             ended: false,
-        })),
+        }))),
     }
 }
 

@@ -1,5 +1,5 @@
-//! Anthropic's Messages API (`/v1/messages`, what Claude Code and the
-//! `anthropic` SDK speak) on an OpenAI-shaped engine: the system prompt,
+//! Anthropic's Messages API (what Claude Code and the `anthropic` SDK
+//! speak) on an OpenAI-shaped engine: the system prompt,
 //! content blocks (text, images, `tool_use`, `tool_result`), `max_tokens`,
 //! `stop_sequences` and tools become a chat completion; the answer comes
 //! back as a message with content blocks and usage, a stream as
@@ -8,7 +8,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::frame::{Event, Framing, Splitter};
-use crate::{TranslateError, Translated, kind_of};
+use crate::{Target, TranslateError, Translated, kind_of};
 
 /// Fields that change nothing an OpenAI engine does.
 const DROPPED: &[&str] = &[
@@ -138,8 +138,7 @@ pub(crate) fn request(
     let body = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| TranslateError::new("body", e.to_string()))?;
     Ok(Translated {
-        method: "POST",
-        path: "/v1/chat/completions",
+        target: Target::Chat,
         body,
         answer: Answer::new(model, streaming, created_at).into(),
     })

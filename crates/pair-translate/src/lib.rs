@@ -1,5 +1,5 @@
 //! API translation, with no I/O: a request in the shape a client speaks
-//! (Ollama's `/api/*`, Anthropic's `/v1/messages`) becomes the OpenAI
+//! (Ollama's native API, Anthropic's Messages API) becomes the OpenAI
 //! request every engine kind takes, and the engine's answer (whole, or its
 //! server-sent events chunk by chunk) becomes the client's shape again.
 //!
@@ -37,34 +37,21 @@ impl TranslateError {
 /// Which translation a request takes, from the route the client called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// Ollama `/api/chat`.
+    /// Ollama chat.
     OllamaChat,
-    /// Ollama `/api/generate`.
+    /// Ollama generate.
     OllamaGenerate,
-    /// Ollama `/api/embed`.
+    /// Ollama embed.
     OllamaEmbed,
-    /// Ollama's legacy `/api/embeddings`.
+    /// Ollama's legacy embeddings.
     OllamaEmbeddings,
-    /// Ollama `/api/show` (answered from the engine's `/v1/models`).
+    /// Ollama show (answered from the engine's model list).
     OllamaShow,
-    /// Anthropic `/v1/messages`.
+    /// Anthropic messages.
     AnthropicMessages,
 }
 
 impl Route {
-    /// The route a client path takes, when it is one that is translated.
-    pub fn of(path: &str) -> Option<Self> {
-        Some(match path {
-            "/api/chat" => Route::OllamaChat,
-            "/api/generate" => Route::OllamaGenerate,
-            "/api/embed" => Route::OllamaEmbed,
-            "/api/embeddings" => Route::OllamaEmbeddings,
-            "/api/show" => Route::OllamaShow,
-            "/v1/messages" => Route::AnthropicMessages,
-            _ => return None,
-        })
-    }
-
     /// The receipt's name for it (`x-pair-translated`).
     pub fn label(self) -> &'static str {
         match self {
@@ -74,14 +61,25 @@ impl Route {
     }
 }
 
+/// Which OpenAI endpoint of the engine a translated request goes to (the
+/// request path names the routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Chat completions (POST).
+    Chat,
+    /// Text completions (POST).
+    Completion,
+    /// Embeddings (POST).
+    Embeddings,
+    /// The model list (GET).
+    Models,
+}
+
 /// A translated request: where it goes on the engine and its body, and how
 /// to translate what comes back.
 #[derive(Debug)]
 pub struct Translated {
-    /// `POST`, or `GET` for a route answered from a listing.
-    pub method: &'static str,
-    /// The engine's OpenAI route (`/v1/chat/completions`, ...).
-    pub path: &'static str,
+    pub target: Target,
     pub body: Vec<u8>,
     pub answer: Answer,
 }

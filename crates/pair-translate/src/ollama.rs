@@ -1,14 +1,14 @@
-//! Ollama's API on an OpenAI-shaped engine: `/api/chat` and
-//! `/api/generate` become `/v1/chat/completions` (or `/v1/completions` for
-//! a raw prompt), `/api/embed` and `/api/embeddings` become
-//! `/v1/embeddings`; answers and streams come back as Ollama's JSON
+//! Ollama's API on an OpenAI-shaped engine: chat and generate
+//! become chat completions (text completions for a raw prompt), embed and
+//! the legacy embeddings become embeddings, show is read from the model
+//! list; answers and streams come back as Ollama's JSON
 //! (lines), with counts from the engine's `usage` and durations from the
 //! node's clock.
 
 use serde_json::{Map, Value, json};
 
 use crate::frame::{Event, Framing, Splitter};
-use crate::{Route, Timing, TranslateError, Translated, kind_of};
+use crate::{Route, Target, Timing, TranslateError, Translated, kind_of};
 
 /// `options` that map onto OpenAI fields, and their names there.
 const OPTIONS: &[(&str, &str)] = &[
@@ -57,11 +57,10 @@ pub(crate) fn request(
     };
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.clone()));
-    let path = match route {
+    let target = match route {
         Route::OllamaShow => {
             return Ok(Translated {
-                method: "GET",
-                path: "/v1/models",
+                target: Target::Models,
                 body: Vec::new(),
                 answer: Answer::new(route, model, false, false, created_at).into(),
             });
@@ -85,7 +84,7 @@ pub(crate) fn request(
             if let Some(d) = req.remove("dimensions") {
                 out.insert("dimensions".into(), d);
             }
-            "/v1/embeddings"
+            Target::Embeddings
         }
         Route::OllamaEmbeddings => {
             let prompt = req
@@ -93,7 +92,7 @@ pub(crate) fn request(
                 .ok_or_else(|| TranslateError::new("prompt", "required"))?;
             out.insert("input".into(), prompt);
             refuse_rest(&req, &["model", "prompt", "keep_alive", "options"])?;
-            "/v1/embeddings"
+            Target::Embeddings
         }
         Route::OllamaChat => {
             let messages = match req.remove("messages") {
@@ -112,7 +111,7 @@ pub(crate) fn request(
             }
             common(&mut req, &mut out)?;
             refuse_rest(&req, &["tools", "format"])?;
-            "/v1/chat/completions"
+            Target::Chat
         }
         Route::OllamaGenerate => {
             let prompt = match req.remove("prompt") {
@@ -146,7 +145,7 @@ pub(crate) fn request(
                     return Err(TranslateError::new("system", "not taken with raw: true"));
                 }
                 out.insert("prompt".into(), Value::String(prompt));
-                "/v1/completions"
+                Target::Completion
             } else {
                 let mut messages = Vec::new();
                 if let Some(s) = system.filter(|s| !s.is_null()) {
@@ -154,7 +153,7 @@ pub(crate) fn request(
                 }
                 messages.push(json!({"role": "user", "content": prompt}));
                 out.insert("messages".into(), Value::Array(messages));
-                "/v1/chat/completions"
+                Target::Chat
             }
         }
         Route::AnthropicMessages => unreachable_route()?,
@@ -162,27 +161,26 @@ pub(crate) fn request(
     if streaming {
         out.insert("stream".into(), Value::Bool(true));
         out.insert("stream_options".into(), json!({"include_usage": true}));
-    } else if path != "/v1/embeddings" {
+    } else if target != Target::Embeddings {
         out.insert("stream".into(), Value::Bool(false));
     }
     let body = serde_json::to_vec(&Value::Object(out))
         .map_err(|e| TranslateError::new("body", e.to_string()))?;
     Ok(Translated {
-        method: "POST",
-        path,
+        target,
         body,
         answer: Answer::new(
             route,
             model,
             streaming,
-            path == "/v1/completions",
+            target == Target::Completion,
             created_at,
         )
         .into(),
     })
 }
 
-fn unreachable_route() -> Result<&'static str, TranslateError> {
+fn unreachable_route() -> Result<Target, TranslateError> {
     Err(TranslateError::new("route", "not an Ollama route"))
 }
 
@@ -724,7 +722,7 @@ mod tests {
             AT,
         )
         .unwrap();
-        assert_eq!(t.path, "/v1/chat/completions");
+        assert_eq!(t.target, Target::Chat);
         let b = body(&t);
         assert_eq!(b["max_tokens"], 5);
         assert_eq!(b["top_k"], 3);
