@@ -41,8 +41,18 @@ struct Cli {
         value_parser = clap::value_parser!(u16).range(1..=512)
     )]
     threads: Option<u16>,
+    /// Log lines as text (coloured only on a terminal) or JSON, one object
+    /// a line, for log shippers.
+    #[arg(long, global = true, env = "PAIR_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -144,13 +154,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // One crypto provider (ring) for every TLS user in the process.
     pair_identity::install_crypto_provider();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PAIR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PAIR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        // Colour codes only where a person reads them.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     // Each open connection costs a descriptor: take what the hard limit
     // allows (the connection cap is derived from it).
     match rlimit::increase_nofile_limit(u64::MAX) {

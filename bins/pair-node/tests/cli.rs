@@ -117,3 +117,55 @@ fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
     );
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
 }
+
+/// Starts `pair-node run` on free ports with `args`, returns the first log
+/// lines up to "pair-node running".
+fn started_logs(args: &[&str]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["run", "--mdns", "off", "--cluster", "127.0.0.1:0"])
+        .args([
+            "--openai-face",
+            "127.0.0.1:0",
+            "--ollama-face",
+            "127.0.0.1:0",
+        ])
+        .args(["--engine", "ollama=http://127.0.0.1:9"])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("PAIR_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let node = pair_node::harness::KillOnDrop(child);
+    let mut lines = Vec::new();
+    pair_node::harness::wait_for_output(stderr, std::time::Duration::from_secs(20), |l| {
+        lines.push(l.to_owned());
+        l.contains("pair-node running")
+    })
+    .expect("the node starts");
+    drop(node);
+    lines
+}
+
+#[test]
+fn logs_are_plain_text_off_a_terminal_and_json_when_asked() {
+    let text = started_logs(&[]);
+    assert!(
+        text.iter().all(|l| !l.contains('\u{1b}')),
+        "no colour codes when stderr is not a terminal: {text:?}"
+    );
+    let json = started_logs(&["--log-format", "json"]);
+    let running: serde_json::Value = serde_json::from_str(json.last().unwrap()).unwrap();
+    assert_eq!(
+        running["fields"]["message"], "pair-node running",
+        "{running}"
+    );
+    assert_eq!(running["level"], "INFO");
+    for line in &json {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("every line is JSON ({e}): {line}"));
+    }
+}
