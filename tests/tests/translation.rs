@@ -209,3 +209,31 @@ async fn a_mixed_cluster_serves_every_api_on_every_engine_kind() {
     c.engines[2].faults().clear();
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_the_moment_the_faces_open_is_served() {
+    // Started, not waited on: the engine's first poll has not come yet.
+    let mut spec = pair_node::harness::ClusterSpec::new(1);
+    spec.time_scale = 0.05;
+    spec.nodes[0].flavor = Flavor::OpenAi;
+    let c = LocalCluster::start(spec).await.unwrap();
+    let node = &c.nodes[0];
+    let (ollama, openai) = tokio::join!(
+        http()
+            .post(format!("{}/api/chat", node.ollama_url()))
+            .json(
+                &json!({"model": "llama3.2:3b", "stream": false, "options": {"num_predict": 3},
+                          "messages": [{"role": "user", "content": "hi"}]})
+            )
+            .send(),
+        http()
+            .post(format!("{}/v1/chat/completions", node.openai_url()))
+            .json(&json!({"model": "llama3.2:3b", "max_tokens": 3,
+                          "messages": [{"role": "user", "content": "hi"}]}))
+            .send(),
+    );
+    let (ollama, openai) = (ollama.unwrap(), openai.unwrap());
+    assert_eq!(ollama.status(), 200, "{:?}", ollama.text().await);
+    assert_eq!(openai.status(), 200, "{:?}", openai.text().await);
+    c.stop().await;
+}

@@ -858,6 +858,7 @@ impl Client {
             match failover.next_step(started.elapsed(), &targets) {
                 Step::Wait(d) => tokio::time::sleep(d).await,
                 Step::GiveUp(why) => {
+                    self.confirm_refusals(&failover).await;
                     return Err(self.give_up(why, &model, &failover, last_answer));
                 }
                 Step::Dispatch { node, stall_after } => {
@@ -1049,6 +1050,32 @@ impl Client {
             .unwrap_or_else(|| id.short())
     }
 
+    /// When some node refused this client's certificate, the others that
+    /// failed may have too, their alert lost with the connection (hyper
+    /// ends a refused connection quietly when it reads the alert first):
+    /// a probe of each says which. Only when the request gives up, so it
+    /// costs a failover nothing.
+    async fn confirm_refusals(&self, failover: &Failover) {
+        let failed = failover.failed();
+        let refused = |n: NodeId| self.inner.refused.lock().is_ok_and(|r| r.contains(&n));
+        if !failed.iter().any(|f| refused(f.node)) {
+            return;
+        }
+        let unsure: Vec<(SocketAddr, Option<NodeId>)> = failed
+            .iter()
+            .filter(|f| !refused(f.node))
+            .filter_map(|f| self.known_addr(f.node).map(|a| (a, Some(f.node))))
+            .collect();
+        for r in self.inner.prober.round(unsure).await {
+            if let Err(f) = r
+                && f.is_refusal()
+                && let Some(id) = f.expected
+            {
+                self.set_refused(id, true);
+            }
+        }
+    }
+
     fn give_up(
         &self,
         why: GiveUp,
@@ -1067,7 +1094,10 @@ impl Client {
                 })
                 .collect(),
         );
-        if !attempts.0.is_empty() && attempts.0.iter().all(|t| t.what == TLS_REFUSED) {
+        let refused = |t: &Tried| {
+            t.what == TLS_REFUSED || self.inner.refused.lock().is_ok_and(|r| r.contains(&t.node))
+        };
+        if !attempts.0.is_empty() && attempts.0.iter().all(refused) {
             let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
             nodes.dedup();
             return Error::Refused {

@@ -236,6 +236,22 @@ pub(crate) async fn openai_completions(State(app): State<App>, body: Bytes) -> R
     generate(app, "/v1/completions", body, api, false, false).await
 }
 
+/// A chat offered tools whose last message is the user's: the emulated
+/// model calls the first tool offered, once (after a tool's answer it
+/// answers in text).
+fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let first = req.get("tools")?.as_array()?.first()?;
+    let last_role = req
+        .get("messages")?
+        .as_array()?
+        .last()?
+        .get("role")?
+        .as_str()?;
+    (last_role == "user")
+        .then(|| first.pointer("/function/name")?.as_str().map(str::to_owned))
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,20 +281,4 @@ mod tests {
         assert_eq!(tokens, 2 + 4 + 3 + 4);
         assert!(text.contains("user:hello there"));
     }
-}
-
-/// A chat offered tools whose last message is the user's: the emulated
-/// model calls the first tool offered, once (after a tool's answer it
-/// answers in text).
-fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let first = req.get("tools")?.as_array()?.first()?;
-    let last_role = req
-        .get("messages")?
-        .as_array()?
-        .last()?
-        .get("role")?
-        .as_str()?;
-    (last_role == "user")
-        .then(|| first.pointer("/function/name")?.as_str().map(str::to_owned))
-        .flatten()
 }
