@@ -659,6 +659,20 @@ impl Client {
     /// The view's nodes for `profile`, best first, with the scheduler's
     /// reason.
     fn rank(&self, view: &View, profile: &RequestProfile) -> Vec<(Target, String)> {
+        self.rank_with(view, profile, |c| (target_of(c), c.to_string()))
+    }
+
+    /// The view's nodes for `profile`, best first (what a request tries).
+    fn targets(&self, view: &View, profile: &RequestProfile) -> Vec<Target> {
+        self.rank_with(view, profile, target_of)
+    }
+
+    fn rank_with<T>(
+        &self,
+        view: &View,
+        profile: &RequestProfile,
+        each: impl Fn(&pair_scheduler::Candidate) -> T,
+    ) -> Vec<T> {
         let Ok(mut guard) = self.inner.sched.lock() else {
             return Vec::new();
         };
@@ -671,25 +685,7 @@ impl Client {
             unix_ms(),
             &mut s.rng,
         );
-        s.ranking
-            .candidates()
-            .iter()
-            .map(|c| {
-                (
-                    Target {
-                        node: c.node,
-                        predicted: c.score.prediction().map(|p| {
-                            Duration::from_millis(u64::from(
-                                p.queue_ms
-                                    .saturating_add(p.load_ms)
-                                    .saturating_add(p.prefill_ms),
-                            ))
-                        }),
-                    },
-                    c.to_string(),
-                )
-            })
-            .collect()
+        s.ranking.candidates().iter().map(each).collect()
     }
 
     // ---- links and failures -------------------------------------------
@@ -842,11 +838,7 @@ impl Client {
         let mut last_answer: Option<(NodeId, u16, Bytes)> = None;
         loop {
             let view = self.current_view().unwrap_or_else(|| Arc::clone(&view));
-            let targets: Vec<Target> = self
-                .rank(&view, &profile)
-                .into_iter()
-                .map(|(t, _)| t)
-                .collect();
+            let targets = self.targets(&view, &profile);
             if targets.is_empty() {
                 if let Some(nodes) = self.all_owners_refuse(&view, &profile) {
                     return Err(Error::Refused { model, nodes });
@@ -1171,6 +1163,21 @@ impl Client {
     /// (by `serve`'s pipeline): re-probed in the background.
     pub fn report_failure(&self, id: NodeId) {
         self.node_failed(id);
+    }
+}
+
+/// What the failover core needs of a ranked candidate: the node, and the
+/// time to its first byte the scheduler predicts (queue, load, prefill).
+fn target_of(c: &pair_scheduler::Candidate) -> Target {
+    Target {
+        node: c.node,
+        predicted: c.score.prediction().map(|p| {
+            Duration::from_millis(u64::from(
+                p.queue_ms
+                    .saturating_add(p.load_ms)
+                    .saturating_add(p.prefill_ms),
+            ))
+        }),
     }
 }
 
