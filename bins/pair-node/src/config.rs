@@ -129,6 +129,7 @@ pub struct FileConfig {
     pub idle_timeout: Option<String>,
     pub head_timeout: Option<String>,
     pub body_timeout: Option<String>,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl FileConfig {
@@ -216,6 +217,11 @@ pub struct RunArgs {
     /// limit less a reserve for engines, peers and files.
     #[arg(long, env = "PAIR_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Also serve `GET /metrics` (Prometheus text, nothing else) on this
+    /// address, e.g. 0.0.0.0:9464, for a Prometheus on another machine.
+    /// Off by default: the faces serve `/metrics` on loopback only.
+    #[arg(long, env = "PAIR_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Close a face's keep-alive connection after this long without a
     /// request. Default 60s.
     #[arg(long, env = "PAIR_IDLE_TIMEOUT")]
@@ -266,6 +272,8 @@ pub struct NodeConfig {
     pub allowed_hosts: Vec<String>,
     /// Cap on open connections (`None`: from the open-file limit).
     pub max_connections: Option<usize>,
+    /// Where `/metrics` is served besides the faces (`--metrics-listen`).
+    pub metrics_listen: Option<SocketAddr>,
     /// How long a face's client may take.
     pub deadlines: ClientDeadlines,
     pub http_stack: HttpStack,
@@ -400,6 +408,7 @@ impl NodeConfig {
                 args.allowed_hosts
             },
             max_connections: args.max_connections.or(file.max_connections),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
             deadlines,
             http_stack: match args.http_stack {
                 Some(HttpStackArg::Hyper) => HttpStack::Hyper,

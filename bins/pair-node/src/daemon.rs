@@ -353,6 +353,18 @@ pub async fn start(
             }
         }
     });
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics served for scraping");
+        tasks.spawn(face::serve_metrics(
+            listener,
+            Arc::clone(&st),
+            shutdown.clone(),
+            tasks.clone(),
+        ));
+    }
     tasks.spawn(face::serve(
         listeners.ollama,
         Arc::clone(&st),

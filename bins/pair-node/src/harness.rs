@@ -182,6 +182,7 @@ impl LocalCluster {
                 max_connections: None,
                 deadlines: pair_http::conns::ClientDeadlines::default(),
                 http_stack: pair_http::HttpStack::default(),
+                metrics_listen: None,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

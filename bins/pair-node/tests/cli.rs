@@ -169,3 +169,68 @@ fn logs_are_plain_text_off_a_terminal_and_json_when_asked() {
             .unwrap_or_else(|e| panic!("every line is JSON ({e}): {line}"));
     }
 }
+
+#[test]
+fn metrics_can_be_served_for_a_scraper_on_another_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--mdns",
+            "off",
+            "--cluster",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--openai-face",
+            "127.0.0.1:0",
+            "--ollama-face",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--engine",
+            "ollama=http://127.0.0.1:9",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("PAIR_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _node = pair_node::harness::KillOnDrop(child);
+    let mut addr = None;
+    pair_node::harness::wait_for_output(stderr, Duration::from_secs(20), |l| {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(l)
+            && v["fields"]["message"] == "metrics served for scraping"
+        {
+            addr = v["fields"]["addr"].as_str().map(str::to_owned);
+        }
+        addr.is_some()
+    })
+    .expect("the metrics listener starts");
+    let addr = addr.unwrap();
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/stdout", "-w", "\n%{http_code}"])
+            .arg(format!("http://{addr}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let metrics = get("/metrics");
+    assert!(metrics.ends_with("\n200"), "{metrics}");
+    assert!(
+        metrics.contains("# TYPE pair_"),
+        "Prometheus text: {metrics}"
+    );
+    let other = get("/api/tags");
+    assert!(
+        other.ends_with("\n404"),
+        "nothing else is served there: {other}"
+    );
+}
