@@ -268,6 +268,43 @@ fn busy(face: Face) -> Response<Body> {
     resp
 }
 
+/// Serves `GET /metrics` alone on `listener` (`--metrics-listen`), for a
+/// Prometheus on another machine: any client may read it, nothing else is
+/// there; its connections count against the node's cap and have a head
+/// deadline.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    st: Arc<ProxyState>,
+    shutdown: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+) {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(st): State<Arc<ProxyState>>| async move { metrics_text(&st) }),
+        )
+        .with_state(Arc::clone(&st));
+    while let Some((tcp, remote)) =
+        pair_http::hyper_conn::accept(&listener, &shutdown, "metrics").await
+    {
+        let Some(slot) = st.conns.admit() else {
+            tracing::warn!(%remote, "connection cap reached: metrics connection refused");
+            continue;
+        };
+        let (app, shutdown) = (app.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            slot.busy();
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            let deadline = Some(std::time::Duration::from_secs(10));
+            if let Err(reason) =
+                pair_http::hyper_conn::serve_router(io, app, deadline, shutdown, None).await
+            {
+                tracing::debug!(%remote, reason, "metrics connection closed");
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,42 +397,5 @@ mod tests {
         let (s, v) = call([127, 0, 0, 1], Face::Ollama, post("/api/pull", "{}")).await;
         assert_eq!(s, StatusCode::BAD_GATEWAY);
         assert!(v["error"].as_str().unwrap().contains("/api/pull"));
-    }
-}
-
-/// Serves `GET /metrics` alone on `listener` (`--metrics-listen`), for a
-/// Prometheus on another machine: any client may read it, nothing else is
-/// there; its connections count against the node's cap and have a head
-/// deadline.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    st: Arc<ProxyState>,
-    shutdown: CancellationToken,
-    tasks: tokio_util::task::TaskTracker,
-) {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(st): State<Arc<ProxyState>>| async move { metrics_text(&st) }),
-        )
-        .with_state(Arc::clone(&st));
-    while let Some((tcp, remote)) =
-        pair_http::hyper_conn::accept(&listener, &shutdown, "metrics").await
-    {
-        let Some(slot) = st.conns.admit() else {
-            tracing::warn!(%remote, "connection cap reached: metrics connection refused");
-            continue;
-        };
-        let (app, shutdown) = (app.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            slot.busy();
-            let io = hyper_util::rt::TokioIo::new(tcp);
-            let deadline = Some(std::time::Duration::from_secs(10));
-            if let Err(reason) =
-                pair_http::hyper_conn::serve_router(io, app, deadline, shutdown, None).await
-            {
-                tracing::debug!(%remote, reason, "metrics connection closed");
-            }
-        });
     }
 }
