@@ -264,22 +264,12 @@ async fn chat(
     prompt: &str,
 ) -> Result<ExitCode> {
     let mut out = std::io::stdout();
-    let session = session.unwrap_or_default();
-    let calls = client.session(session.clone());
+    let session = session.as_deref();
     let (node, first_byte, attempts) = match api {
         ApiArg::Openai => {
             let mut req = openai::ChatRequest::new(model, vec![openai::Message::user(prompt)]);
             req.max_tokens = max_tokens;
-            let mut chunks = if session.is_empty() {
-                client.stream(req).await?
-            } else {
-                calls.stream(req).await?
-            };
-            while let Some(chunk) = chunks.next().await {
-                write!(out, "{}", chunk?.text())?;
-                out.flush()?;
-            }
-            (chunks.node_name, chunks.first_byte, chunks.attempts)
+            print_stream(client, session, req, &mut out).await?
         }
         ApiArg::Ollama => {
             let mut req = ollama::ChatRequest {
@@ -290,16 +280,7 @@ async fn chat(
             if let Some(n) = max_tokens {
                 req.options.insert("num_predict".into(), n.into());
             }
-            let mut chunks = if session.is_empty() {
-                client.stream(req).await?
-            } else {
-                calls.stream(req).await?
-            };
-            while let Some(chunk) = chunks.next().await {
-                write!(out, "{}", chunk?.text())?;
-                out.flush()?;
-            }
-            (chunks.node_name, chunks.first_byte, chunks.attempts)
+            print_stream(client, session, req, &mut out).await?
         }
     };
     writeln!(out)?;
@@ -313,6 +294,30 @@ async fn chat(
         }
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Streams `req`'s answer to `out`; who served it, how soon, in how many
+/// attempts.
+async fn print_stream<E>(
+    client: &Client,
+    session: Option<&str>,
+    req: E,
+    out: &mut impl std::io::Write,
+) -> Result<(String, Duration, usize)>
+where
+    E: pair_sdk::api::Endpoint,
+    E::Chunk: pair_sdk::api::ChunkText,
+{
+    use pair_sdk::api::ChunkText as _;
+    let mut chunks = match session {
+        Some(key) => client.session(key).stream(req).await?,
+        None => client.stream(req).await?,
+    };
+    while let Some(chunk) = chunks.next().await {
+        write!(out, "{}", chunk?.text())?;
+        out.flush()?;
+    }
+    Ok((chunks.node_name, chunks.first_byte, chunks.attempts))
 }
 
 fn print_survey(survey: &pair_sdk::Survey, model: Option<&str>, probed: bool) {

@@ -10,6 +10,18 @@ use crate::{ApiFlavor, NodeId};
 #[serde(transparent)]
 pub struct SessionKey(pub u64);
 
+impl SessionKey {
+    /// The key of a session name (an `x-pair-session` header, an edge
+    /// client's session): FNV-1a, stable across processes and versions
+    /// (unlike std's SipHash keys), so every node and client map a name to
+    /// the same key.
+    pub fn of(name: &[u8]) -> Self {
+        SessionKey(name.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        }))
+    }
+}
+
 /// The scheduler's view of one request. Built once by the proxy (or the
 /// simulator) from the route and the request body; never holds prompt text.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,5 +62,16 @@ impl RequestProfile {
     /// four bytes of English text per token, as BPE tokenizers give.
     pub fn estimate_tokens_from_bytes(body_bytes: usize) -> u32 {
         u32::try_from(body_bytes.div_ceil(4)).unwrap_or(u32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_keys_are_fnv1a() {
+        assert_eq!(SessionKey::of(b""), SessionKey(0xcbf2_9ce4_8422_2325));
+        assert_eq!(SessionKey::of(b"a"), SessionKey(0xaf63_dc4c_8601_ec8c));
     }
 }

@@ -1117,17 +1117,9 @@ fn profile_for(facts: RequestFacts, req: &Inference, cluster: &ClusterSnapshot) 
         });
     }
     if let Some(v) = headers.get(&SESSION_HEADER) {
-        p.session = Some(SessionKey(fnv1a(v)));
+        p.session = Some(SessionKey::of(v));
     }
     p
-}
-
-/// Stable across processes and versions (unlike std's SipHash keys), so
-/// every node maps a session header to the same key.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// The local engine that holds the model, or the peer's link.
@@ -1162,15 +1154,4 @@ fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
     cluster
         .node(node)
         .map_or_else(|| node.short(), |n| n.name.clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fnv_is_stable() {
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-    }
 }

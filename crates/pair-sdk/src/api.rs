@@ -32,6 +32,23 @@ pub trait Endpoint: Serialize {
     }
 }
 
+/// A chunk of a streamed chat: its new text, whatever the API.
+pub trait ChunkText {
+    fn text(&self) -> &str;
+}
+
+impl ChunkText for openai::ChatChunk {
+    fn text(&self) -> &str {
+        openai::ChatChunk::text(self)
+    }
+}
+
+impl ChunkText for ollama::ChatResponse {
+    fn text(&self) -> &str {
+        ollama::ChatResponse::text(self)
+    }
+}
+
 /// OpenAI's API shapes.
 pub mod openai {
     use super::*;

@@ -116,19 +116,12 @@ impl Request {
         let mut p = RequestProfile::new(model, self.flavor);
         p.streaming = self.streaming;
         p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(self.body.len());
-        p.session = self.session.as_deref().map(session_key);
+        p.session = self
+            .session
+            .as_deref()
+            .map(|s| SessionKey::of(s.as_bytes()));
         Some(p)
     }
-}
-
-/// FNV-1a of the session name: stable across processes.
-fn session_key(s: &str) -> SessionKey {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    SessionKey(h)
 }
 
 /// Counters, for `pair-client probe` and for tests.
@@ -1157,12 +1150,6 @@ impl Client {
     /// The current view without probing.
     pub fn cached_cluster(&self) -> Option<Arc<pair_core::ClusterSnapshot>> {
         self.current_view().map(|v| Arc::clone(&v.cluster))
-    }
-
-    /// Tells the client a node failed a request made outside [`Client::send`]
-    /// (by `serve`'s pipeline): re-probed in the background.
-    pub fn report_failure(&self, id: NodeId) {
-        self.node_failed(id);
     }
 }
 

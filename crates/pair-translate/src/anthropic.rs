@@ -698,15 +698,7 @@ data: [DONE]\n\n";
     proptest! {
         #[test]
         fn a_stream_translated_in_any_pieces_equals_it_translated_whole(cuts in prop::collection::vec(0usize..SSE.len(), 0..10)) {
-            let mut points = cuts.clone();
-            points.sort_unstable();
-            let mut pieces = Vec::new();
-            let mut at = 0;
-            for p in points {
-                pieces.push(&SSE[at..p]);
-                at = p;
-            }
-            pieces.push(&SSE[at..]);
+            let pieces = crate::frame::cut(SSE, &cuts);
             prop_assert_eq!(events(&pieces), events(&[SSE]));
         }
     }

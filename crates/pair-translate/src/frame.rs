@@ -137,6 +137,23 @@ fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
+/// `bytes` cut at `points` (sorted, each taken modulo the length + 1),
+/// for tests that feed a stream in arbitrary pieces.
+#[cfg(test)]
+pub(crate) fn cut<'a>(bytes: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = points.iter().map(|p| p % (bytes.len() + 1)).collect();
+    at.sort_unstable();
+    at.push(bytes.len());
+    let mut from = 0;
+    at.into_iter()
+        .map(|to| {
+            let piece = &bytes[from..to];
+            from = to;
+            piece
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,13 +161,9 @@ mod tests {
 
     /// The events of `stream` cut at `cuts`.
     fn split(stream: &[u8], cuts: &[usize], framing: Framing) -> Vec<Event> {
-        let mut points: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
-        points.sort_unstable();
-        points.push(stream.len());
-        let (mut sp, mut out, mut at) = (Splitter::new(framing), Vec::new(), 0);
-        for p in points {
-            sp.push(&stream[at..p], &mut out);
-            at = p;
+        let (mut sp, mut out) = (Splitter::new(framing), Vec::new());
+        for piece in cut(stream, cuts) {
+            sp.push(piece, &mut out);
         }
         sp.finish(&mut out);
         out
