@@ -180,4 +180,43 @@ pub fn print_status(s: &Status) {
     if s.invite_open {
         println!("invite      open");
     }
+    if s.engines.is_empty() {
+        println!("engines     none");
+    }
+    for (i, e) in s.engines.iter().enumerate() {
+        println!(
+            "{:<12}{}",
+            if i == 0 { "engines" } else { "" },
+            engine_line(e)
+        );
+    }
+}
+
+/// `ollama http://127.0.0.1:11435 up, 1 slot: llama3.2:3b (loaded), qwen2.5:7b`
+fn engine_line(e: &control::EngineStatus) -> String {
+    let health = match (&e.healthy, &e.failure) {
+        (true, _) => "up".to_owned(),
+        (false, Some(f)) => format!("down ({f})"),
+        (false, None) => "not polled yet".to_owned(),
+    };
+    let models = if e.models.is_empty() {
+        "no models".to_owned()
+    } else {
+        e.models
+            .iter()
+            .map(|m| {
+                if m.loaded {
+                    format!("{} (loaded)", m.name)
+                } else {
+                    m.name.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let slots = if e.slots == 1 { "slot" } else { "slots" };
+    format!(
+        "{} {} {health}, {} {slots}: {models}",
+        e.kind, e.url, e.slots
+    )
 }

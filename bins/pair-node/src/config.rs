@@ -32,7 +32,10 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
-    #[error("invalid engine {input:?}: expected KIND=URL, e.g. ollama=http://127.0.0.1:11435")]
+    #[error(
+        "invalid engine {input:?}: expected KIND=URL (ollama=http://127.0.0.1:11435) or KIND \
+         alone for its moved port (ollama, lm-studio, openai-compat)"
+    )]
     EngineSyntax { input: String },
     #[error("invalid engine {input:?}")]
     Engine {
@@ -94,6 +97,12 @@ pub enum ConfigError {
     /// the engine crate's message says how to move it.
     #[error(transparent)]
     EnginePorts(pair_engines::EngineError),
+    /// `--engine-cmd` starts one engine; several `--engine` leave open which.
+    #[error(
+        "--engine-cmd starts one engine, but {0} engines are named with --engine; \
+         name the one it starts (start the others yourself)"
+    )]
+    EngineCmdNeedsOneEngine(usize),
 }
 
 /// Where mDNS runs.
@@ -167,7 +176,9 @@ pub struct RunArgs {
     /// Cluster port for peers. Default 0.0.0.0:14318.
     #[arg(long, env = "PAIR_CLUSTER")]
     pub cluster: Option<SocketAddr>,
-    /// Local engine as KIND=URL (repeatable), e.g. ollama=http://127.0.0.1:11435.
+    /// Local engine as KIND=URL (repeatable), e.g. ollama=http://127.0.0.1:11435,
+    /// or KIND alone for the kind's moved port on loopback (11435, 1235).
+    /// Without it, engines are looked for on this machine's loopback.
     #[arg(long = "engine", env = "PAIR_ENGINES", value_delimiter = ',')]
     pub engines: Vec<String>,
     /// Accept an engine that is not on loopback (another machine, a LAN
@@ -197,11 +208,16 @@ pub struct RunArgs {
     /// an owner of its model to come back.
     #[arg(long, env = "PAIR_FIRST_BYTE_TIMEOUT")]
     pub first_byte_timeout: Option<String>,
-    /// Start the (default Ollama) engine on its moved port with this command
-    /// when nothing answers there, e.g. "ollama serve"; `{host}` and `{port}`
-    /// are replaced. The node stops the engine it started, and only that one.
+    /// Start the engine named with --engine (Ollama when none is) on its
+    /// port with this command when nothing answers there, e.g. "ollama
+    /// serve"; `{host}` and `{port}` are replaced. The node stops the engine
+    /// it started, and only that one.
     #[arg(long, env = "PAIR_ENGINE_CMD")]
     pub engine_cmd: Option<String>,
+    /// Tests only: the loopback ports engine detection looks at instead of
+    /// the well-known ones.
+    #[arg(long, env = "PAIR_DETECT_PORTS", value_delimiter = ',', hide = true)]
+    pub detect_ports: Vec<u16>,
     /// A host name the faces answer besides localhost, 127.0.0.0/8 and
     /// `[::1]` (repeatable), for a reverse proxy of your own in front of the
     /// node; any other `Host` gets 403 (DNS-rebinding guard).
@@ -261,10 +277,13 @@ pub struct NodeConfig {
     pub mdns: Mdns,
     pub mdns_port: u16,
     pub first_byte_timeout: Duration,
-    /// No `--engine` given: the default engine is found (or launched) by
-    /// port inversion.
+    /// No `--engine` given: engines are detected on loopback, or with
+    /// `--engine-cmd` the default Ollama is found or launched by port
+    /// inversion.
     pub default_engine: bool,
     pub engine_cmd: Option<pair_engines::EngineCommand>,
+    /// Loopback ports engine detection looks at.
+    pub detect_ports: Vec<u16>,
     /// Event loops serving connections (thread per core, see
     /// `pair_http::runtime`); set from `--threads`, 1 in `resolve`.
     pub event_loops: usize,
@@ -400,6 +419,11 @@ impl NodeConfig {
                         .map_err(|source| ConfigError::Engine { input: c, source })?,
                 ),
                 None => None,
+            },
+            detect_ports: if args.detect_ports.is_empty() {
+                pair_engines::detect::well_known_ports()
+            } else {
+                args.detect_ports
             },
             event_loops: 1,
             allowed_hosts: if args.allowed_hosts.is_empty() {
@@ -644,20 +668,28 @@ pub fn default_state_dir(
         .ok_or(ConfigError::NoStateDir)
 }
 
-/// `KIND=URL` (`ollama=http://127.0.0.1:11435`).
+/// `KIND=URL` (`ollama=http://127.0.0.1:11435`), or `KIND` for the kind's
+/// moved port on loopback.
 pub fn parse_engine(input: &str) -> Result<EngineConfig, ConfigError> {
-    let (kind, url) = input
-        .split_once('=')
-        .ok_or_else(|| ConfigError::EngineSyntax {
-            input: input.to_owned(),
-        })?;
-    let kind = kind
-        .trim()
-        .parse::<EngineKind>()
-        .map_err(|source| ConfigError::EngineKind {
-            input: input.to_owned(),
-            source,
-        })?;
+    let (kind, url) = match input.split_once('=') {
+        Some((kind, url)) => (kind, Some(url)),
+        None => (input, None),
+    };
+    let kind = kind.trim().parse::<EngineKind>().map_err(|source| {
+        if url.is_none() {
+            ConfigError::EngineSyntax {
+                input: input.to_owned(),
+            }
+        } else {
+            ConfigError::EngineKind {
+                input: input.to_owned(),
+                source,
+            }
+        }
+    })?;
+    let Some(url) = url else {
+        return Ok(EngineConfig::moved_default(kind));
+    };
     EngineConfig::new(kind, url.trim(), None).map_err(|source| ConfigError::Engine {
         input: input.to_owned(),
         source,
@@ -737,11 +769,18 @@ mod tests {
         );
         assert!(
             bad(RunArgs {
-                engines: vec!["ollama".into()],
+                engines: vec!["olama".into()],
                 ..RunArgs::default()
             })
             .contains("KIND=URL")
         );
+        let c = resolve(RunArgs {
+            engines: vec!["lm-studio".into()],
+            ..RunArgs::default()
+        })
+        .unwrap();
+        assert_eq!(c.engines[0].kind, EngineKind::LmStudio);
+        assert_eq!(c.engines[0].base_url.to_string(), "http://127.0.0.1:1235");
         assert!(
             bad(RunArgs {
                 first_byte_timeout: Some("soon".into()),

@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use pair_cluster::{AddrBook, PeerReports};
 use pair_core::{NodeId, Role};
+use pair_engines::EngineHandle;
 use pair_identity::{ControlToken, Identity, PairingService, Pin, TrustStore};
 use pair_proxy::state::ProxyState;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,8 @@ pub struct Control {
     pub name: String,
     /// What the calls that change the node must present.
     pub token: ControlToken,
+    /// This node's engines, as their pollers last saw them.
+    pub engines: Vec<EngineHandle>,
 }
 
 impl std::fmt::Debug for Control {
@@ -110,6 +113,52 @@ pub struct Status {
     pub served: u64,
     pub jobs_logged: usize,
     pub invite_open: bool,
+    #[serde(default)]
+    pub engines: Vec<EngineStatus>,
+}
+
+/// One engine of the node, as its poller last saw it.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct EngineStatus {
+    /// As `--engine` names it: ollama, lm-studio, openai-compat.
+    pub kind: String,
+    pub url: String,
+    pub healthy: bool,
+    /// Requests it runs at once (configured, reported, or 1).
+    pub slots: u16,
+    pub models: Vec<EngineModel>,
+    /// Why the last poll failed, while it is down.
+    pub failure: Option<String>,
+    pub version: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct EngineModel {
+    pub name: String,
+    pub loaded: bool,
+}
+
+impl EngineStatus {
+    fn of(handle: &EngineHandle) -> Self {
+        let r = handle.report();
+        Self {
+            kind: r.snapshot.kind.to_string(),
+            url: handle.config().base_url.to_string(),
+            healthy: r.snapshot.healthy,
+            slots: r.snapshot.slots,
+            models: r
+                .snapshot
+                .models
+                .iter()
+                .map(|m| EngineModel {
+                    name: m.name.as_str().to_owned(),
+                    loaded: m.loaded,
+                })
+                .collect(),
+            failure: r.last_failure.map(|f| format!("{f:?}")),
+            version: r.version,
+        }
+    }
 }
 
 async fn status(State(c): State<Control>) -> Json<Status> {
@@ -130,6 +179,7 @@ async fn status(State(c): State<Control>) -> Json<Status> {
         served: c.st.load.served(),
         jobs_logged: c.st.jobs.len(),
         invite_open: c.pairing.invite_status(SystemTime::now()).is_some(),
+        engines: c.engines.iter().map(EngineStatus::of).collect(),
     })
 }
 

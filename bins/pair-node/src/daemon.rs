@@ -297,6 +297,7 @@ pub async fn start(
     ));
     let mut gossip_cfg = extras.gossip.unwrap_or_default();
     gossip_cfg.cluster_port = cluster_addr.port();
+    let engine_handles = engines.clone();
     let local = LocalReport {
         id,
         name: cfg.name.clone(),
@@ -341,6 +342,7 @@ pub async fn start(
         cluster_addr,
         name: cfg.name.clone(),
         token: control_token.clone(),
+        engines: engine_handles,
     });
     let sweep_state = Arc::clone(&st);
     let sweep_stop = shutdown.clone();

@@ -177,6 +177,7 @@ impl LocalCluster {
                 first_byte_timeout: spec.first_byte_timeout,
                 default_engine: false,
                 engine_cmd: None,
+                detect_ports: Vec::new(),
                 event_loops: spec.event_loops,
                 allowed_hosts: Vec::new(),
                 max_connections: None,

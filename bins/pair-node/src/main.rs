@@ -219,22 +219,9 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             )?;
             let mut cfg = cfg;
             cfg.event_loops = threads;
-            // Port inversion: with no explicit engine, find the engine on its
-            // moved port, launch it there (--engine-cmd), or explain how to
-            // move it if it still holds the port the face needs.
-            let supervisor = if cfg.default_engine {
-                let kind = pair_core::EngineKind::Ollama;
-                let mut sc = pair_engines::SupervisorConfig::new(kind);
-                sc.ports.usual = cfg.ollama_face.port();
-                sc.command = cfg.engine_cmd.clone();
-                let sup = pair_engines::EngineSupervisor::start(sc)
-                    .await
-                    .map_err(ConfigError::EnginePorts)?;
-                cfg.engines = vec![sup.engine().clone()];
-                Some(sup)
-            } else {
-                None
-            };
+            let setup = pair_node::engines::set_up(&cfg).await?;
+            cfg.engines = setup.engines;
+            let supervisor = setup.supervisor;
             let listeners = Listeners::bind(&cfg).await?;
             let shutdown = CancellationToken::new();
             let on_signal = shutdown.clone();

@@ -100,6 +100,8 @@ fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
         .args(["--openai-face", "127.0.0.1:0"])
         .arg("--ollama-face")
         .arg(format!("127.0.0.1:{port}"))
+        // Only the face's port: never the machine's well-known ones.
+        .args(["--detect-ports", &support::closed_port().to_string()])
         .arg("--state-dir")
         .arg(dir.path())
         .env("PAIR_LOG", "error")

@@ -14,7 +14,7 @@ use pair_node::harness::{KillOnDrop, wait_for_output};
 use serde_json::Value;
 
 mod support;
-use support::{BIN, Running, cli, engine, start, start_with, strip_ansi, wait_ready};
+use support::{BIN, Running, cli, closed_port, engine, start, start_with, strip_ansi, wait_ready};
 
 /// Runs `pair-node run` with `args` in a fresh state dir and expects a
 /// configuration refusal: exit code 64 and one line on stderr, which it
@@ -39,15 +39,6 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
         "{args:?} wrote to its state dir before refusing"
     );
     err
-}
-
-/// A port nothing listens on (bound by the system, then closed).
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `pair-node run` with `args` (faces, cluster and engines are the
@@ -123,28 +114,9 @@ fn host_port(url: &str) -> &str {
     url.trim_start_matches("http://")
 }
 
-/// An emulated Ollama engine holding `models`, on a free port, served by a
-/// small runtime on its own thread for the rest of the test process.
+/// An emulated Ollama engine holding `models`, on a free port.
 fn engine_holding(models: &'static [&'static str]) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let cfg = pair_emulator::EmulatorConfig::new(
-                pair_emulator::Flavor::Ollama,
-                models.iter().copied(),
-            );
-            let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    port
+    support::emulated(pair_emulator::Flavor::Ollama, models)
 }
 
 #[test]

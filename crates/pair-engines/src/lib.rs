@@ -6,6 +6,8 @@
 //! - [`state`]: how polls fold into a published [`EngineReport`] (health
 //!   with a failure threshold, last inventory kept while down).
 //! - [`ports`]: the start-up decision [`plan_ports`].
+//! - [`detect`]: which engines listen on loopback, named by their answers
+//!   (pure identification and plan, a scanning shell).
 //! - shells: [`probe`] (one HTTP poll), [`poller`] (the owned polling task,
 //!   `watch` publication), [`supervisor`] (adopt or launch the engine on the
 //!   moved port).
@@ -14,6 +16,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod config;
+pub mod detect;
 pub mod error;
 pub mod inventory;
 pub mod poller;

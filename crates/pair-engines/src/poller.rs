@@ -85,6 +85,7 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(poll.interval);
+    let mut first = true;
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -99,21 +100,32 @@ async fn run(
         };
         let was_healthy = state.is_healthy();
         let changed = state.apply(obs, now_ms());
-        if was_healthy != state.is_healthy() {
-            let r = state.report();
-            tracing::info!(
-                engine = %probe.config().kind,
-                url = %probe.config().base_url,
-                healthy = r.snapshot.healthy,
-                failure = ?r.last_failure,
-                models = r.snapshot.models.len(),
-                "engine health changed"
-            );
-        }
+        log_health(probe.config(), state.report(), was_healthy, first);
+        first = false;
         tx.send_if_modified(|current| {
             *current = state.report().clone();
             changed
         });
+    }
+}
+
+/// One line when the engine comes up or goes down, and one after the first
+/// poll if it is not there yet (it is awaited, not reported ready).
+fn log_health(config: &EngineConfig, r: &EngineReport, was_healthy: bool, first: bool) {
+    let (kind, url) = (config.kind, &config.base_url);
+    let healthy = r.snapshot.healthy;
+    if healthy && !was_healthy {
+        let models: Vec<&str> = r.snapshot.models.iter().map(|m| m.name.as_str()).collect();
+        tracing::info!(engine = %kind, %url, models = %models.join(", "), "engine up: {kind} at {url}");
+    } else if !healthy && was_healthy {
+        tracing::warn!(engine = %kind, %url, failure = ?r.last_failure, "engine down: {kind} at {url}");
+    } else if !healthy && first {
+        tracing::info!(
+            engine = %kind,
+            %url,
+            failure = ?r.last_failure,
+            "waiting for {kind} at {url}: not answering yet; it is used as soon as it answers"
+        );
     }
 }
 

@@ -196,7 +196,22 @@ impl EngineSupervisor {
             (PortPlan::Launch, Some(cmd)) => launch(&cfg, cmd).await?,
             _ => None,
         };
-        tracing::info!(engine = %cfg.kind, url = %engine.base_url, ?plan, pid = child.as_ref().map(|c| c.pid), "engine ready behind the proxy");
+        let (kind, url) = (cfg.kind, &engine.base_url);
+        match (plan, &child) {
+            (PortPlan::Launch, Some(c)) => {
+                tracing::info!(engine = %kind, %url, pid = c.pid, "started {kind} at {url}");
+            }
+            (PortPlan::Launch, None) => tracing::info!(
+                engine = %kind,
+                %url,
+                "started {kind} at {url}; its command handed it to a daemon of its own, which pair leaves running"
+            ),
+            (PortPlan::Adopt, _) => {
+                tracing::info!(engine = %kind, %url, "{kind} already runs at {url}: using it");
+            }
+            // The poller says when it comes up.
+            (PortPlan::Await, _) => {}
+        }
         Ok(Self {
             engine,
             plan,

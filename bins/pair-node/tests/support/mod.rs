@@ -222,7 +222,25 @@ pub fn cli_output(node: &Running, args: &[&str]) -> std::process::Output {
 /// An emulated Ollama engine on a free port, served by a small runtime on
 /// its own thread for the rest of the test process.
 pub fn engine() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    emulated(pair_emulator::Flavor::Ollama, &["llama3.2:3b"])
+}
+
+/// An emulated engine of `flavor` holding `models`, on a free port.
+pub fn emulated(flavor: pair_emulator::Flavor, models: &'static [&'static str]) -> u16 {
+    emulated_on(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        flavor,
+        models,
+    )
+}
+
+/// An emulated engine of `flavor` holding `models` on `listener`, served
+/// by a small runtime on its own thread for the rest of the test process.
+pub fn emulated_on(
+    listener: std::net::TcpListener,
+    flavor: pair_emulator::Flavor,
+    models: &'static [&'static str],
+) -> u16 {
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
@@ -232,11 +250,19 @@ pub fn engine() -> u16 {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let cfg =
-                pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"]);
+            let cfg = pair_emulator::EmulatorConfig::new(flavor, models.iter().copied());
             let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
             std::future::pending::<()>().await;
         });
     });
     port
+}
+
+/// A port nothing listens on (bound by the system, then closed).
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
