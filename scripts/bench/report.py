@@ -119,6 +119,17 @@ if "ttfb" in sections:
         w(f"| {v} | {p50:.0f} | {med('ttfb', v, 1, 'p90_us'):.0f} | {med('ttfb', v, 1, 'p99_us'):.0f} | {add} |")
     tt = med("ttfb", "pair", 1, "p50_us") - tb
     targets.append(f"| streaming added TTFB < 200 µs (p50) | {tt:.0f} µs | {verdict(tt < 200)} |")
+    if rows.get(("ttfb", "pair-ollama", 1)):
+        w("")
+        w("Translated by the same node (client API → the engine's OpenAI API):")
+        w("")
+        w("| client | p50 µs | p90 µs | p99 µs | added p50 µs over untranslated (pair) |")
+        w("|---|---|---|---|---|")
+        tp = med("ttfb", "pair", 1, "p50_us")
+        for v, name in (("pair-ollama", "Ollama /api/chat"), ("pair-anthropic", "Anthropic /v1/messages")):
+            p50 = med("ttfb", v, 1, "p50_us")
+            w(f"| {name} | {p50:.0f} | {med('ttfb', v, 1, 'p90_us'):.0f} | {med('ttfb', v, 1, 'p99_us'):.0f} | {p50 - tp:.0f} |")
+            targets.append(f"| translated TTFB ({name}) < 50 µs over untranslated (p50) | {p50 - tp:.0f} µs | {verdict(p50 - tp < 50)} |")
 mb = lambda k: float(env[k]) / 1024
 if "mem" in sections:
     w("")

@@ -3,6 +3,7 @@ HTTP/1.1 connection (raw sockets, so the client adds almost nothing).
 
 Used by scripts/bench/proxy.sh:
     python3 ttfb.py HOST:PORT PATH N [Header: value ...]
+PATH is /v1/chat/completions, /api/chat or /v1/messages (the body follows).
 Prints one line: RESULT p50_us=.. p90_us=.. p99_us=.. n=..
 Each sample is the time from sending the request to receiving the first
 byte of the response body; the rest of the answer is then read to the end
@@ -14,10 +15,23 @@ import statistics
 import sys
 import time
 
-BODY = (
-    b'{"model":"bench","messages":[{"role":"user","content":"Say hello."}],'
-    b'"max_tokens":16,"stream":true}'
-)
+# The same streamed chat in each client API, picked by the path: OpenAI's
+# (untranslated), Ollama's and Anthropic's (translated by the node when its
+# engine speaks OpenAI).
+BODIES = {
+    "/v1/chat/completions": (
+        b'{"model":"bench","messages":[{"role":"user","content":"Say hello."}],'
+        b'"max_tokens":16,"stream":true}'
+    ),
+    "/api/chat": (
+        b'{"model":"bench","messages":[{"role":"user","content":"Say hello."}],'
+        b'"options":{"num_predict":16},"stream":true}'
+    ),
+    "/v1/messages": (
+        b'{"model":"bench","messages":[{"role":"user","content":"Say hello."}],'
+        b'"max_tokens":16,"stream":true}'
+    ),
+}
 
 
 def read_head(sock, buf):
@@ -76,12 +90,13 @@ def one(sock, request):
 
 def main():
     addr, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    body = BODIES[path]
     extra = "".join(f"{h}\r\n" for h in sys.argv[4:])
     host, port = addr.rsplit(":", 1)
     request = (
         f"POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(BODY)}\r\n{extra}\r\n"
-    ).encode() + BODY
+        f"Content-Length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for _ in range(max(10, n // 10)):
