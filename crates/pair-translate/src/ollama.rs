@@ -5,6 +5,8 @@
 //! (lines), with counts from the engine's `usage` and durations from the
 //! node's clock.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use crate::frame::{Event, Framing, Splitter};
@@ -559,57 +561,65 @@ impl Answer {
         }
     }
 
+    /// One SSE event of the engine's stream: a line of text, if it carries
+    /// any. Read into borrowed types, the common case copies nothing.
     fn chunk(&mut self, raw: &[u8], out: &mut Vec<u8>) {
-        let Ok(v) = serde_json::from_slice::<Value>(raw) else {
+        let Ok(c) = serde_json::from_slice::<SseChunk<'_>>(raw) else {
             return;
         };
-        if v.get("error").is_some() {
+        if c.error.is_some() {
             self.done = true;
             out.extend(error_line(&crate::error_message(raw)));
             return;
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.prompt_tokens = u["prompt_tokens"].as_u64().or(self.prompt_tokens);
-            self.completion_tokens = u["completion_tokens"].as_u64().or(self.completion_tokens);
+        if let Some(u) = c.usage {
+            self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
+            self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
         }
-        let Some(choice) = v["choices"].get(0) else {
+        let Some(choice) = c.choices.unwrap_or_default().into_iter().next() else {
             return;
         };
-        if let Some(f) = choice["finish_reason"].as_str() {
-            self.finish_reason = Some(f.to_owned());
+        if let Some(f) = choice.finish_reason {
+            self.finish_reason = Some(f.into_owned());
         }
-        let text = if self.completion {
-            choice["text"].as_str()
-        } else {
-            choice["delta"]["content"].as_str()
-        };
-        if let Some(calls) = choice["delta"]["tool_calls"].as_array() {
-            for c in calls {
-                let idx = usize::try_from(c["index"].as_u64().unwrap_or(0)).unwrap_or(0);
-                while self.tool_calls.len() <= idx {
-                    self.tool_calls.push((String::new(), String::new()));
-                }
-                let slot = &mut self.tool_calls[idx];
-                if let Some(n) = c["function"]["name"].as_str() {
-                    slot.0.push_str(n);
-                }
-                if let Some(a) = c["function"]["arguments"].as_str() {
-                    slot.1.push_str(a);
-                }
+        let delta = choice.delta.unwrap_or_default();
+        for call in delta.tool_calls.unwrap_or_default() {
+            let idx = usize::try_from(call.index.unwrap_or(0)).unwrap_or(0);
+            while self.tool_calls.len() <= idx {
+                self.tool_calls.push((String::new(), String::new()));
+            }
+            let slot = &mut self.tool_calls[idx];
+            let f = call.function.unwrap_or_default();
+            if let Some(n) = f.name {
+                slot.0.push_str(&n);
+            }
+            if let Some(a) = f.arguments {
+                slot.1.push_str(&a);
             }
         }
+        let text = if self.completion {
+            choice.text
+        } else {
+            delta.content
+        };
         let Some(text) = text.filter(|t| !t.is_empty()) else {
             return;
         };
         self.chunks += 1;
-        let mut line = self.head();
-        if self.route == Route::OllamaChat {
-            line["message"] = json!({"role": "assistant", "content": text});
-        } else {
-            line["response"] = Value::String(text.to_owned());
+        let chat = self.route == Route::OllamaChat;
+        let line = StreamLine {
+            model: &self.model,
+            created_at: &self.created_at,
+            message: chat.then_some(StreamMessage {
+                role: "assistant",
+                content: &text,
+            }),
+            response: (!chat).then_some(&*text),
+            done: false,
+        };
+        if serde_json::to_writer(&mut *out, &line).is_ok() {
+            out.push(b'\n');
         }
-        line["done"] = Value::Bool(false);
-        write_line(&line, out);
     }
 
     fn close(&mut self, timing: Timing, out: &mut Vec<u8>) {
@@ -718,6 +728,77 @@ fn pooled(e: &Value) -> Value {
     }
     let n = f64::from(n.max(1));
     Value::Array(sum.into_iter().map(|s| json!(s / n)).collect())
+}
+
+/// An OpenAI stream chunk, as far as Ollama's lines need it.
+#[derive(serde::Deserialize)]
+struct SseChunk<'a> {
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    usage: Option<SseUsage>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<SseChoice<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct SseUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct SseChoice<'a> {
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<SseDelta<'a>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SseDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<SseToolCall<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct SseToolCall<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    function: Option<SseFunction<'a>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct SseFunction<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// A line of an Ollama stream before its last.
+#[derive(serde::Serialize)]
+struct StreamLine<'a> {
+    model: &'a str,
+    created_at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<StreamMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response: Option<&'a str>,
+    done: bool,
+}
+
+#[derive(serde::Serialize)]
+struct StreamMessage<'a> {
+    role: &'static str,
+    content: &'a str,
 }
 
 fn write_line(v: &Value, out: &mut Vec<u8>) {
