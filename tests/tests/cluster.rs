@@ -611,3 +611,53 @@ async fn a_peer_whose_address_answers_as_another_node_is_not_routed_to() {
     }
     c.stop().await;
 }
+
+/// An Ollama engine says nothing of its parallelism: the node starts by
+/// pricing it as one slot, and advertises more once it has seen its engine
+/// stream that many answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_an_engine_does_not_report_are_learned_from_overlapping_answers() {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.2;
+        s.nodes[0].profile = "rtx4090".into();
+        s.nodes[0].slots = Some(3);
+    })
+    .await
+    .unwrap();
+    let slots = || {
+        c.nodes[0]
+            .state
+            .cluster()
+            .node(c.nodes[0].id)
+            .map(|n| n.engines[0].slots)
+    };
+    assert_eq!(slots(), Some(1), "nothing seen yet: one slot");
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let asks = (0..3).map(|i| {
+        let url = url.clone();
+        async move {
+            let r = http()
+                .post(url)
+                .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
+                              "stream": true, "options": {"num_predict": 400}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            // Streamed: the first token and the end are seen apart (a whole
+            // answer arrives at once and shows no overlap).
+            assert!(r.text().await.unwrap().contains("\"done\":true"));
+        }
+    });
+    futures_util::future::join_all(asks).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slots() != Some(3) {
+        assert!(
+            Instant::now() < deadline,
+            "slots never learned: {:?}",
+            slots()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.stop().await;
+}

@@ -97,6 +97,11 @@ pub enum ConfigError {
     /// the engine crate's message says how to move it.
     #[error(transparent)]
     EnginePorts(pair_engines::EngineError),
+    #[error(
+        "invalid engine {input:?}: after `?` only slots=N (N at least 1) is understood, \
+         e.g. ollama=http://127.0.0.1:11435?slots=4"
+    )]
+    EngineSlots { input: String },
     /// `--engine-cmd` starts one engine; several `--engine` leave open which.
     #[error(
         "--engine-cmd starts one engine, but {0} engines are named with --engine; \
@@ -177,7 +182,9 @@ pub struct RunArgs {
     #[arg(long, env = "PAIR_CLUSTER")]
     pub cluster: Option<SocketAddr>,
     /// Local engine as KIND=URL (repeatable), e.g. ollama=http://127.0.0.1:11435,
-    /// or KIND alone for the kind's moved port on loopback (11435, 1235).
+    /// or KIND alone for the kind's moved port on loopback (11435, 1235);
+    /// `?slots=N` after either says how many requests it runs at once
+    /// (Ollama's OLLAMA_NUM_PARALLEL), else it is read or learned.
     /// Without it, engines are looked for on this machine's loopback.
     #[arg(long = "engine", env = "PAIR_ENGINES", value_delimiter = ',')]
     pub engines: Vec<String>,
@@ -669,11 +676,32 @@ pub fn default_state_dir(
 }
 
 /// `KIND=URL` (`ollama=http://127.0.0.1:11435`), or `KIND` for the kind's
-/// moved port on loopback.
+/// moved port on loopback; either may end in `?slots=N`, the requests the
+/// engine runs at once (Ollama's `OLLAMA_NUM_PARALLEL`), where the engine
+/// does not say so itself.
 pub fn parse_engine(input: &str) -> Result<EngineConfig, ConfigError> {
-    let (kind, url) = match input.split_once('=') {
-        Some((kind, url)) => (kind, Some(url)),
+    let (spec, slots) = match input.split_once('?') {
+        Some((spec, query)) => {
+            let n = query
+                .strip_prefix("slots=")
+                .and_then(|n| n.trim().parse::<u16>().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| ConfigError::EngineSlots {
+                    input: input.to_owned(),
+                })?;
+            (spec, Some(n))
+        }
         None => (input, None),
+    };
+    let mut engine = parse_engine_url(input, spec)?;
+    engine.slots = slots.and_then(std::num::NonZeroU16::new);
+    Ok(engine)
+}
+
+fn parse_engine_url(input: &str, spec: &str) -> Result<EngineConfig, ConfigError> {
+    let (kind, url) = match spec.split_once('=') {
+        Some((kind, url)) => (kind, Some(url)),
+        None => (spec, None),
     };
     let kind = kind.trim().parse::<EngineKind>().map_err(|source| {
         if url.is_none() {
@@ -781,6 +809,31 @@ mod tests {
         .unwrap();
         assert_eq!(c.engines[0].kind, EngineKind::LmStudio);
         assert_eq!(c.engines[0].base_url.to_string(), "http://127.0.0.1:1235");
+        let c = resolve(RunArgs {
+            engines: vec![
+                "ollama=http://127.0.0.1:11435?slots=4".into(),
+                "lm-studio?slots=2".into(),
+            ],
+            ..RunArgs::default()
+        })
+        .unwrap();
+        let slots: Vec<_> = c.engines.iter().map(|e| e.slots.map(|n| n.get())).collect();
+        assert_eq!(slots, [Some(4), Some(2)]);
+        assert_eq!(c.engines[0].base_url.to_string(), "http://127.0.0.1:11435");
+        for bad_slots in [
+            "ollama?slots=0",
+            "ollama?slot=2",
+            "ollama=http://127.0.0.1:11435?x",
+        ] {
+            assert!(
+                bad(RunArgs {
+                    engines: vec![bad_slots.into()],
+                    ..RunArgs::default()
+                })
+                .contains("slots=N"),
+                "{bad_slots}"
+            );
+        }
         assert!(
             bad(RunArgs {
                 first_byte_timeout: Some("soon".into()),

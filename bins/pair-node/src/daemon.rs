@@ -306,7 +306,7 @@ pub async fn start(
         telemetry: sampler.subscribe(),
         base_perf: extras.base_perf,
         load,
-        learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs))),
+        learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs), id)),
         boot: boot_id(),
         trust: trust.clone(),
     };

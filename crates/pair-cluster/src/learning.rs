@@ -1,22 +1,27 @@
-//! What the node learns of engines' speeds from finished jobs, its own and
-//! its peers' (replicated), read from the job log off the request path.
+//! What the node learns of engines from finished jobs, read from the job
+//! log off the request path: speeds of every node (its own jobs and its
+//! peers', replicated) and how many requests its own engines run at once.
 
 use std::sync::{Arc, Mutex};
 
 use pair_core::{ModelPerf, NodeId};
 use pair_jobs::JobLog;
-use pair_scheduler::{Observation, PerfLearner};
+use pair_scheduler::{Observation, PerfLearner, SlotLearner, Streamed};
 
-/// Learned prefill and decode speeds per node and model.
+/// Learned prefill and decode speeds per node and model, and this node's
+/// slots per model.
 #[derive(Debug)]
 pub struct SpeedLearner {
     jobs: Arc<JobLog>,
+    /// This node: slots are learned from the jobs it ran, timed on its clock.
+    me: NodeId,
     inner: Mutex<Learning>,
 }
 
 #[derive(Debug)]
 struct Learning {
     learner: PerfLearner,
+    slots: SlotLearner,
     /// The job log's cursor: jobs past it are not learned from yet.
     seen: usize,
 }
@@ -24,12 +29,14 @@ struct Learning {
 impl SpeedLearner {
     /// Learns from what `jobs` gets from now on (what it held at start was
     /// learned from before).
-    pub fn new(jobs: Arc<JobLog>) -> Self {
+    pub fn new(jobs: Arc<JobLog>, me: NodeId) -> Self {
         let seen = jobs.end();
         Self {
             jobs,
+            me,
             inner: Mutex::new(Learning {
                 learner: PerfLearner::new(),
+                slots: SlotLearner::new(),
                 seen,
             }),
         }
@@ -41,20 +48,49 @@ impl SpeedLearner {
     /// peer, is not new).
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
         let mut l = self.inner.lock().ok()?;
-        let Learning { learner, seen } = &mut *l;
-        let (new, next) = self.jobs.after(*seen, pair_jobs::KEEP_RECORDS);
-        *seen = next;
-        // One observation per job: its origin's record (the node that ran
-        // it records it too, and that record is superseded).
-        for rec in new
-            .iter()
-            .filter(|r| r.recorded_by.is_none_or(|by| by == r.origin))
-        {
-            if let Some(obs) = Observation::from_job(rec) {
-                learner.observe(&obs);
+        self.catch_up(&mut l);
+        l.learner.rates(node, model).map(|r| r.over(seed))
+    }
+
+    /// Requests this node's engine was seen running at once for `model`
+    /// (see [`SlotLearner`]), if it ran any.
+    pub fn slots(&self, model: &str) -> Option<u16> {
+        let mut l = self.inner.lock().ok()?;
+        self.catch_up(&mut l);
+        l.slots.slots(self.me, model)
+    }
+
+    /// Learns from the jobs added to the log since the last call, each once.
+    fn catch_up(&self, l: &mut Learning) {
+        let (new, next) = self.jobs.after(l.seen, pair_jobs::KEEP_RECORDS);
+        l.seen = next;
+        for rec in &new {
+            // Speeds: one observation per job, its origin's record (the
+            // node that ran it records it too, and that record is
+            // superseded).
+            if rec.recorded_by.is_none_or(|by| by == rec.origin)
+                && let Some(obs) = Observation::from_job(rec)
+            {
+                l.learner.observe(&obs);
+            }
+            // Slots: the records timed on this node's clock of the jobs its
+            // engines ran (its own requests and the ones it ran for peers).
+            let timed_here = rec.origin == self.me || rec.recorded_by == Some(self.me);
+            if rec.ran_on == Some(self.me)
+                && timed_here
+                && rec.status == pair_core::JobStatus::Completed
+                && let (Some(ttft), Some(total)) = (rec.ttft_ms, rec.duration_ms)
+            {
+                l.slots.observe(
+                    self.me,
+                    &rec.model,
+                    Streamed {
+                        first_token_ms: rec.created_at_ms + u64::from(ttft),
+                        end_ms: rec.created_at_ms + u64::from(total),
+                    },
+                );
             }
         }
-        learner.rates(node, model).map(|r| r.over(seed))
     }
 
     #[cfg(test)]
@@ -100,7 +136,7 @@ mod tests {
     fn learns_each_new_job_once_when_asked() {
         let jobs = Arc::new(JobLog::in_memory());
         jobs.record(job(1, 2));
-        let l = SpeedLearner::new(Arc::clone(&jobs));
+        let l = SpeedLearner::new(Arc::clone(&jobs), NodeId::from_u128(1));
         jobs.record(job(2, 2));
         jobs.merge(vec![job(3, 2), job(2, 2)]);
         let two = NodeId::from_u128(2);
@@ -112,5 +148,38 @@ mod tests {
         assert_eq!(l.samples(two), 2);
         assert!(l.learned(two, "m", ModelPerf::FALLBACK).is_some());
         assert_eq!(l.samples(two), 2, "asked again: nothing new");
+    }
+
+    /// Slots come from this node's own runs, timed on its clock: two of its
+    /// requests streaming at once prove two; overlaps on a peer's engine,
+    /// or in a record timed on another node's clock, prove nothing here.
+    #[test]
+    fn overlapping_runs_on_this_node_prove_its_slots() {
+        let me = NodeId::from_u128(1);
+        let jobs = Arc::new(JobLog::in_memory());
+        let l = SpeedLearner::new(Arc::clone(&jobs), me);
+        let at = |id: u128, ran_on: u128, origin: u128, created: u64| JobRecord {
+            origin: NodeId::from_u128(origin),
+            created_at_ms: created,
+            recorded_by: (origin != 1).then_some(NodeId::from_u128(1)),
+            ..job(id, ran_on)
+        };
+        // A peer's engine runs two at once: not this node's business.
+        jobs.record(at(1, 2, 1, 1_000));
+        jobs.record(at(2, 2, 1, 1_200));
+        assert_eq!(l.slots("m"), None);
+        // One at a time here.
+        jobs.record(at(3, 1, 1, 10_000));
+        jobs.record(at(4, 1, 1, 11_200));
+        assert_eq!(l.slots("m"), Some(1));
+        // A peer's request, run here and timed here, overlapping one of ours.
+        jobs.record(at(5, 1, 3, 20_000));
+        jobs.record(at(6, 1, 1, 20_300));
+        assert_eq!(l.slots("m"), Some(2));
+        // The peer's own record of a job run here is on its clock: ignored.
+        let mut theirs = at(7, 1, 3, 30_000);
+        theirs.recorded_by = None;
+        jobs.merge(vec![theirs, at(8, 1, 3, 30_100), at(9, 1, 1, 30_200)]);
+        assert_eq!(l.slots("m"), Some(2), "two of ours only overlap pairwise");
     }
 }

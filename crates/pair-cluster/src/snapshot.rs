@@ -94,6 +94,14 @@ impl LocalReport {
             e.healthy &= !p.stalled();
         }
         for e in &mut n.engines {
+            // Overlapping requests prove slots the engine does not report.
+            let learned = e
+                .models
+                .iter()
+                .filter_map(|m| self.learner.slots(m.name.as_str()))
+                .max()
+                .unwrap_or(1);
+            e.slots = e.slots.max(learned);
             for m in &mut e.models {
                 let seed = m.perf.or(self.base_perf).unwrap_or(ModelPerf::FALLBACK);
                 if let Some(learned) = self.learner.learned(self.id, m.name.as_str(), seed) {

@@ -118,6 +118,8 @@ pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Insta
             first_token: None,
             whole: BytesMut::new(),
             ready: VecDeque::new(),
+            held: None,
+            lined: false,
             ended: false,
         }))),
     }
@@ -151,6 +153,11 @@ pub struct TranslatedBody {
     /// A whole answer, read to its end before it is translated.
     whole: BytesMut,
     ready: VecDeque<Bytes>,
+    /// What followed the first event of the first piece of a stream,
+    /// translated once that event's line is out.
+    held: Option<Bytes>,
+    /// A line of the translated stream has been made.
+    lined: bool,
     ended: bool,
 }
 
@@ -164,6 +171,39 @@ impl TranslatedBody {
         Timing {
             total_ns: ns(total),
             first_token_ns: ns(first),
+        }
+    }
+
+    /// Translates a piece of the engine's stream into `ready`. Until the
+    /// client has its first line, the piece is taken one event at a time
+    /// and what follows the event that gave a line is held for the next
+    /// poll: that line goes out before the rest of a burst is translated.
+    fn translate(&mut self, mut data: Bytes) {
+        let mut out = Vec::new();
+        let timing = self.timing();
+        while !self.lined && !self.answer.done() {
+            match data.windows(2).position(|w| w == b"\n\n") {
+                Some(i) if i + 2 < data.len() => {
+                    let event = data.split_to(i + 2);
+                    self.answer.push(&event, timing, &mut out);
+                    self.lined = !out.is_empty();
+                }
+                _ => break,
+            }
+        }
+        if self.lined && !out.is_empty() {
+            if !data.is_empty() {
+                self.held = Some(data);
+            }
+        } else {
+            self.answer.push(&data, timing, &mut out);
+            self.lined |= !out.is_empty();
+        }
+        if !out.is_empty() {
+            self.ready.push_back(out.into());
+        }
+        if self.answer.done() {
+            self.ended = true;
         }
     }
 
@@ -187,6 +227,10 @@ impl Body for TranslatedBody {
             if this.ended {
                 return Poll::Ready(None);
             }
+            if let Some(rest) = this.held.take() {
+                this.translate(rest);
+                continue;
+            }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Err(e))) => {
@@ -202,15 +246,7 @@ impl Body for TranslatedBody {
                     }
                     this.first_token.get_or_insert_with(Instant::now);
                     if this.streamed {
-                        let mut out = Vec::new();
-                        let timing = this.timing();
-                        this.answer.push(&data, timing, &mut out);
-                        if !out.is_empty() {
-                            this.ready.push_back(out.into());
-                        }
-                        if this.answer.done() {
-                            this.ended = true;
-                        }
+                        this.translate(data);
                     } else if this.whole.len() + data.len() > Self::WHOLE_CAP {
                         this.ended = true;
                         let message = "the engine's answer is too large to translate";

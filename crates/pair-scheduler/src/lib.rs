@@ -103,6 +103,7 @@ pub mod predict;
 mod ranking;
 mod reservations;
 mod scheduler;
+mod slots;
 
 pub use pair_core;
 
@@ -117,3 +118,4 @@ pub use policy::Policy;
 pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
 pub use reservations::{ReservationId, Reservations, Reserved};
 pub use scheduler::{Scheduler, SchedulerConfig};
+pub use slots::{SlotLearner, Streamed};

@@ -710,7 +710,10 @@ fn embeddings(v: &Value) -> Vec<Value> {
 }
 
 fn pooled(e: &Value) -> Value {
-    let Some(rows) = e.as_array().filter(|r| r.first().is_some_and(Value::is_array)) else {
+    let Some(rows) = e
+        .as_array()
+        .filter(|r| r.first().is_some_and(Value::is_array))
+    else {
         return e.clone();
     };
     let mut sum: Vec<f64> = Vec::new();
