@@ -492,6 +492,58 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
     c.stop().await;
 }
 
+/// The same without any header, as an unmodified chat app sends it: every
+/// turn re-sends the conversation from its start, and a later turn goes
+/// where the first one ran; a new conversation is routed on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_sticks_to_its_node_without_a_header() {
+    let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
+    let url = format!("{}/api/chat", c.nodes[0].ollama_url());
+    let ask = |messages: Vec<Value>, pin: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut req = http().post(url).json(&json!({"model": "llama3.2:3b",
+                "messages": messages, "stream": false, "options": {"num_predict": 4}}));
+            if let Some(p) = pin {
+                req = req.header("x-pair-node-pin", p);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let node = served_by(&r).unwrap();
+            let v: Value = r.json().await.unwrap();
+            (node, v["message"].clone())
+        }
+    };
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let (usual, _) = ask(vec![user("where do requests go?")], None).await;
+    let elsewhere = c
+        .nodes
+        .iter()
+        .map(|n| n.id.to_string())
+        .find(|id| *id != usual)
+        .unwrap();
+    // The first turn of a chat runs elsewhere (pinned there).
+    let mut chat = vec![user("plan a trip to Oslo")];
+    let (first, answer) = ask(chat.clone(), Some(elsewhere.clone())).await;
+    assert_eq!(first, elsewhere);
+    chat.push(answer);
+    for turn in 0..4 {
+        chat.push(user(&format!("and day {turn}?")));
+        let (node, answer) = ask(chat.clone(), None).await;
+        assert_eq!(node, elsewhere, "turn {turn} left the conversation's node");
+        chat.push(answer);
+        wait_settled(&c, "llama3.2:3b").await;
+        // A new conversation is routed on its own.
+        let (node, _) = ask(vec![user(&format!("another chat {turn}"))], None).await;
+        assert_eq!(node, usual, "a new conversation followed the old one");
+        wait_settled(&c, "llama3.2:3b").await;
+    }
+    // Even one that opens with the same words: only later turns follow.
+    let (node, _) = ask(vec![user("plan a trip to Oslo")], None).await;
+    assert_eq!(node, usual, "a first turn followed another chat's binding");
+    c.stop().await;
+}
+
 /// A client that uploads a body over the 32 MiB cap, and reads only once
 /// it has sent it all (as the Python SDKs do), gets the 413 in the face's
 /// own error shape, not a reset: with a declared length (the face's own

@@ -1,7 +1,9 @@
 //! Criterion benchmarks of reading a request body's routing fields
 //! (`pair_proxy::body::extract`) against serde_json skipping the same
 //! document (`IgnoredAny`: the least a serde_json reading of it costs),
-//! for a small chat request, a multi-turn one and a long agent context.
+//! for a small chat request, a multi-turn one and a long agent context;
+//! and naming a chat's conversation (`pair_proxy::conversation::of`, read
+//! besides for a policy that keeps sessions).
 //! The figures and the command are in BENCHMARKS.md.
 
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -45,6 +47,9 @@ fn bodies(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_with_input(BenchmarkId::new("extract", name), body, |b, body| {
             b.iter(|| extract(black_box(body), ApiFlavor::OpenAi, Work::Generate).unwrap());
+        });
+        group.bench_with_input(BenchmarkId::new("conversation", name), body, |b, body| {
+            b.iter(|| pair_proxy::conversation::of(black_box(body)).unwrap());
         });
         group.bench_with_input(
             BenchmarkId::new("serde_json-skip", name),

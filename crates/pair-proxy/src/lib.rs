@@ -6,7 +6,8 @@
 //! request a paired peer sent here over mTLS). Each reads a request whole
 //! and hands it to [`pipeline::handle`], which reads top to bottom: the
 //! gate ([`gate`]), the route ([`route`]), and for inference the body's
-//! routing fields ([`body`]), the plan and the failover core, the attempts
+//! routing fields ([`body`]) and its conversation ([`conversation`]), the
+//! plan and the failover core, the attempts
 //! ([`dispatch`]: the local engine, or a peer's cluster port), the answer
 //! streamed back ([`stream`]) with its receipt ([`receipt`]), and the job
 //! record and metrics ([`job`], [`metrics`]). Listings are merged across
@@ -16,6 +17,7 @@
 //! Only this crate knows inference routes.
 
 pub mod body;
+pub mod conversation;
 pub mod dispatch;
 pub mod error;
 pub mod face;

@@ -272,7 +272,8 @@ pub async fn execute(
         Err(e) => return invalid_request(st, &req, plan, &e),
     };
     let mut cluster = st.cluster();
-    let mut profile = profile_for(facts, &req, &cluster);
+    let (mut profile, first_turn) =
+        profile_for(facts, &req, &cluster, st.policy().keeps_sessions());
     if let Plan::ThisNode { .. } = plan {
         if !holds(st, &cluster, &profile, req.flavor) {
             return model_not_here(st, &req, &profile);
@@ -446,7 +447,7 @@ pub async fn execute(
     // This node's own name is at hand; a peer's is copied out of the
     // snapshot for the metrics and the receipt.
     let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
-    st.bind_session(&profile, node);
+    st.bind_session(profile.session.or(first_turn), node);
     let slot = st.metrics.route_slot(req.route);
     if let Some(slot) = slot {
         st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
@@ -1101,7 +1102,16 @@ fn note_failed(st: &ProxyState, failover: &Failover) {
     }
 }
 
-fn profile_for(facts: RequestFacts, req: &Inference, cluster: &ClusterSnapshot) -> RequestProfile {
+/// The scheduler's view of the request, and the conversation a chat's
+/// first turn starts (bound to the node that serves it, not routed by).
+/// A chat's conversation is read from its body only for a policy that
+/// keeps sessions.
+fn profile_for(
+    facts: RequestFacts,
+    req: &Inference,
+    cluster: &ClusterSnapshot,
+    sessions: bool,
+) -> (RequestProfile, Option<SessionKey>) {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
     if let Some(v) = headers
@@ -1116,11 +1126,25 @@ fn profile_for(facts: RequestFacts, req: &Inference, cluster: &ClusterSnapshot) 
                 .map(|n| n.id)
         });
     }
+    let mut first_turn = None;
     if let Some(v) = headers.get(&SESSION_HEADER) {
         p.session = Some(SessionKey::of(v));
+    } else if sessions
+        && req.work == Work::Generate
+        && CHAT_ROUTES.contains(&req.route)
+        && let Some(c) = crate::conversation::of(&req.body)
+    {
+        if c.continues {
+            p.session = Some(c.key);
+        } else {
+            first_turn = Some(c.key);
+        }
     }
-    p
+    (p, first_turn)
 }
+
+/// The routes whose bodies are conversations (a `messages` list).
+const CHAT_ROUTES: [&str; 3] = ["/api/chat", "/v1/chat/completions", "/v1/messages"];
 
 /// The local engine that holds the model, or the peer's link.
 pub(crate) fn hop_for(

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use pair_core::{ClusterSnapshot, JobRecord, NodeId, RequestProfile};
+use pair_core::{ClusterSnapshot, JobRecord, NodeId, RequestProfile, SessionKey};
 use pair_scheduler::{
     Candidate, Policy, Ranking, ReservationId, Reservations, Scheduler, SchedulerConfig,
 };
@@ -292,9 +292,9 @@ impl ProxyState {
     }
 
     /// Remembers which node a session's request committed to.
-    pub fn bind_session(&self, request: &RequestProfile, node: NodeId) {
+    pub fn bind_session(&self, session: Option<SessionKey>, node: NodeId) {
         // The locks only for a request that has a session.
-        if let Some(session) = request.session {
+        if let Some(session) = session {
             let now = now_ms();
             self.each_sched(|s| s.scheduler.bind_session(session, node, now));
         }
@@ -469,7 +469,7 @@ pub(crate) mod tests {
                 let ids: Vec<ReservationId> = (0..100)
                     .filter_map(|k| st.reserve(peer, &request, 1_000 + k).keep())
                     .collect();
-                st.bind_session(&request, peer);
+                st.bind_session(request.session, peer);
                 ids
             })
         };

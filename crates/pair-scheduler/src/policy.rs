@@ -34,6 +34,11 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Whether the policy keeps a conversation on the node it ran on.
+    pub fn keeps_sessions(self) -> bool {
+        self == Policy::PredictedLatency
+    }
+
     /// Every policy, in the order help texts list them.
     pub const ALL: [Policy; 5] = [
         Policy::PredictedLatency,
