@@ -5,8 +5,11 @@
 //! back as a message with content blocks and usage, a stream as
 //! Anthropic's event sequence, errors in its error shape.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
+use crate::chunk::Chunk;
 use crate::frame::{Event, Framing, Splitter};
 use crate::{Target, TranslateError, Translated, kind_of};
 
@@ -285,12 +288,30 @@ pub fn error_event(message: &str) -> Vec<u8> {
     out
 }
 
-fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
+fn event(out: &mut Vec<u8>, name: &str, data: &impl serde::Serialize) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b"\ndata: ");
     let _ = serde_json::to_writer(&mut *out, data);
     out.extend_from_slice(b"\n\n");
+}
+
+/// A `content_block_delta` event's data.
+#[derive(serde::Serialize)]
+struct BlockDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    index: usize,
+    delta: DeltaBody<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(tag = "type")]
+enum DeltaBody<'a> {
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
 }
 
 /// What the stream has open.
@@ -484,60 +505,58 @@ impl Answer {
     }
 
     fn chunk(&mut self, raw: &[u8], out: &mut Vec<u8>) {
-        let Ok(v) = serde_json::from_slice::<Value>(raw) else {
+        let Ok(c) = serde_json::from_slice::<Chunk<'_>>(raw) else {
             return;
         };
-        if v.get("error").is_some() {
+        if c.error.is_some() {
             self.done = true;
             out.extend(error_event(&crate::error_message(raw)));
             return;
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.input_tokens = u["prompt_tokens"].as_u64().unwrap_or(self.input_tokens);
-            self.output_tokens = u["completion_tokens"]
-                .as_u64()
-                .unwrap_or(self.output_tokens);
+        if let Some(u) = c.usage {
+            self.input_tokens = u.prompt_tokens.unwrap_or(self.input_tokens);
+            self.output_tokens = u.completion_tokens.unwrap_or(self.output_tokens);
         }
-        let Some(choice) = v["choices"].get(0) else {
+        let Some(choice) = c.choices.unwrap_or_default().into_iter().next() else {
             return;
         };
         self.start(out);
-        if let Some(text) = choice["delta"]["content"]
-            .as_str()
-            .filter(|t| !t.is_empty())
-        {
+        let delta = choice.delta.unwrap_or_default();
+        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
             self.deltas += 1;
             let index = self.open(Block::Text, json!({"type": "text", "text": ""}), out);
             event(
                 out,
                 "content_block_delta",
-                &json!({"type": "content_block_delta", "index": index,
-                "delta": {"type": "text_delta", "text": text}}),
+                &BlockDelta {
+                    kind: "content_block_delta",
+                    index,
+                    delta: DeltaBody::Text { text: &text },
+                },
             );
         }
-        for call in choice["delta"]["tool_calls"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let k = call["index"].as_u64().unwrap_or(0);
-            let start = json!({"type": "tool_use", "id": call["id"].as_str().map_or_else(|| format!("toolu_{k}"), str::to_owned),
-                "name": call["function"]["name"], "input": {}});
+        for call in delta.tool_calls.unwrap_or_default() {
+            let k = call.index.unwrap_or(0);
+            let f = call.function.unwrap_or_default();
+            let start = json!({"type": "tool_use", "id": call.id.map_or_else(|| format!("toolu_{k}"), Cow::into_owned),
+                "name": f.name, "input": {}});
             let index = self.open(Block::Tool(k), start, out);
-            if let Some(args) = call["function"]["arguments"]
-                .as_str()
-                .filter(|a| !a.is_empty())
-            {
+            if let Some(args) = f.arguments.filter(|a| !a.is_empty()) {
                 event(
                     out,
                     "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": args}}),
+                    &BlockDelta {
+                        kind: "content_block_delta",
+                        index,
+                        delta: DeltaBody::InputJson {
+                            partial_json: &args,
+                        },
+                    },
                 );
             }
         }
-        if let Some(f) = choice["finish_reason"].as_str() {
-            self.finish_reason = Some(f.to_owned());
+        if let Some(f) = choice.finish_reason {
+            self.finish_reason = Some(f.into_owned());
         }
     }
 

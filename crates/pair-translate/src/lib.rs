@@ -11,6 +11,7 @@
 //! timestamps come from the caller.
 
 pub mod anthropic;
+mod chunk;
 pub mod frame;
 pub mod ollama;
 

@@ -5,10 +5,9 @@
 //! (lines), with counts from the engine's `usage` and durations from the
 //! node's clock.
 
-use std::borrow::Cow;
-
 use serde_json::{Map, Value, json};
 
+use crate::chunk::Chunk;
 use crate::frame::{Event, Framing, Splitter};
 use crate::{Route, Target, Timing, TranslateError, Translated, kind_of};
 
@@ -564,7 +563,7 @@ impl Answer {
     /// One SSE event of the engine's stream: a line of text, if it carries
     /// any. Read into borrowed types, the common case copies nothing.
     fn chunk(&mut self, raw: &[u8], out: &mut Vec<u8>) {
-        let Ok(c) = serde_json::from_slice::<SseChunk<'_>>(raw) else {
+        let Ok(c) = serde_json::from_slice::<Chunk<'_>>(raw) else {
             return;
         };
         if c.error.is_some() {
@@ -731,59 +730,6 @@ fn pooled(e: &Value) -> Value {
     }
     let n = f64::from(n.max(1));
     Value::Array(sum.into_iter().map(|s| json!(s / n)).collect())
-}
-
-/// An OpenAI stream chunk, as far as Ollama's lines need it.
-#[derive(serde::Deserialize)]
-struct SseChunk<'a> {
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    usage: Option<SseUsage>,
-    #[serde(default, borrow)]
-    choices: Option<Vec<SseChoice<'a>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct SseUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-#[derive(serde::Deserialize)]
-struct SseChoice<'a> {
-    #[serde(default, borrow)]
-    finish_reason: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    delta: Option<SseDelta<'a>>,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct SseDelta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<SseToolCall<'a>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct SseToolCall<'a> {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default, borrow)]
-    function: Option<SseFunction<'a>>,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct SseFunction<'a> {
-    #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    arguments: Option<Cow<'a, str>>,
 }
 
 /// A line of an Ollama stream before its last.

@@ -1,0 +1,62 @@
+//! One chunk of an OpenAI-compatible engine's stream (`data: {...}` of a
+//! chat or text completion), read into borrowed types: the one reading of
+//! it that Ollama's lines and Anthropic's events are made from. Every field
+//! may be absent or `null`; a chunk that does not fit is skipped.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+pub(crate) struct Chunk<'a> {
+    #[serde(default)]
+    pub(crate) error: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    pub(crate) usage: Option<Usage>,
+    #[serde(default, borrow)]
+    pub(crate) choices: Option<Vec<Choice<'a>>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Usage {
+    #[serde(default)]
+    pub(crate) prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Choice<'a> {
+    #[serde(default, borrow)]
+    pub(crate) finish_reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) delta: Option<Delta<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct Delta<'a> {
+    #[serde(default, borrow)]
+    pub(crate) content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ToolCall<'a> {
+    #[serde(default)]
+    pub(crate) index: Option<u64>,
+    #[serde(default, borrow)]
+    pub(crate) id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct Function<'a> {
+    #[serde(default, borrow)]
+    pub(crate) name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) arguments: Option<Cow<'a, str>>,
+}
