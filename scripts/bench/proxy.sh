@@ -303,21 +303,30 @@ fi
 if want ttfb; then
     log "3. time to first byte of a streamed answer"
     for ((r = 1; r <= RUNS; r++)); do
-        # pair-ollama, pair-anthropic: the same stream through the same
-        # node, translated (Ollama's /api/chat, Anthropic's /v1/messages).
-        for v in direct nginx pair pair-ollama pair-anthropic; do
-            path=/v1/chat/completions
+        for v in direct nginx pair; do
             case $v in
                 direct) addr="127.0.0.1:$P_ENGINE" ;;
                 nginx) addr="127.0.0.1:$P_NGX" ;;
                 pair) addr="127.0.0.1:${PORTS[4]}" ;;
-                pair-ollama) addr="127.0.0.1:${PORTS[3]}" path=/api/chat ;;
-                pair-anthropic) addr="127.0.0.1:${PORTS[4]}" path=/v1/messages ;;
             esac
-            out=$($PY "$HERE/ttfb.py" "$addr" "$path" "$TTFB_N" "x-bench: stream") ||
+            out=$($PY "$HERE/ttfb.py" "$addr" /v1/chat/completions "$TTFB_N" "x-bench: stream") ||
                 die "ttfb $v"
             log "ttfb $v run $r: $out"
             printf '%s\t%s\t%s\t%s\t%s\n' ttfb "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
+        done
+        # The same stream through the same node, translated (Ollama's
+        # /api/chat, Anthropic's /v1/messages), interleaved with the
+        # untranslated one request by request.
+        for v in ollama anthropic; do
+            case $v in
+                ollama) other="127.0.0.1:${PORTS[3]} /api/chat" ;;
+                anthropic) other="127.0.0.1:${PORTS[4]} /v1/messages" ;;
+            esac
+            # shellcheck disable=SC2086
+            out=$(cd "$HERE" && $PY ttfb_pair.py "127.0.0.1:${PORTS[4]}" /v1/chat/completions \
+                $other "$TTFB_N" "x-bench: stream") || die "ttfb translated $v"
+            log "ttfb translated $v run $r: $out"
+            printf '%s\t%s\t%s\t%s\t%s\n' translated "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
         done
     done
 fi

@@ -713,3 +713,49 @@ async fn slots_an_engine_does_not_report_are_learned_from_overlapping_answers() 
     }
     c.stop().await;
 }
+
+/// A fresh cluster of a fast and a slow node that know nothing of their
+/// speeds (no seed, no GPU telemetry here): whichever node the requests
+/// enter at, the fast one is found within two requests and then takes at
+/// least 9 of the next 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_fast_node_is_found_within_a_few_requests() {
+    for entry in [0, 1] {
+        let c = cluster(2, |s| {
+            s.seed_perf = false;
+            s.time_scale = 0.2;
+            s.nodes[0].profile = "rtx3060".into();
+            s.nodes[1].profile = "rtx4090".into();
+        })
+        .await
+        .unwrap();
+        let fast = c.nodes[1].id.to_string();
+        let url = format!("{}/api/generate", c.nodes[entry].ollama_url());
+        // A prompt long enough to teach prefill speed, streamed so decode
+        // speed is seen apart from it.
+        let prompt = "Tell me about the history of tea. ".repeat(40);
+        let mut ran_on = Vec::new();
+        for _ in 0..12 {
+            let r = http()
+                .post(&url)
+                .json(&json!({"model": "llama3.2:3b", "prompt": prompt, "stream": true,
+                              "options": {"num_predict": 24}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let node = served_by(&r).unwrap();
+            r.text().await.unwrap();
+            ran_on.push(node == fast);
+            // Sequential requests with gaps: what was learned reaches every
+            // node's view (reports every 200 ms) before the next one.
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let later = ran_on[2..].iter().filter(|f| **f).count();
+        assert!(
+            later >= 9,
+            "entering at node {entry}: on the fast node {ran_on:?}"
+        );
+        c.stop().await;
+    }
+}

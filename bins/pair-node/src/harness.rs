@@ -59,6 +59,9 @@ pub struct ClusterSpec {
     pub first_byte_timeout: Duration,
     /// Event loops per node (`pair-node --threads`).
     pub event_loops: usize,
+    /// Nodes advertise their profile's speed until jobs teach them theirs
+    /// (the demo); off, they start knowing nothing, as a real node does.
+    pub seed_perf: bool,
 }
 
 /// Hardware profiles the demo cycles through, fastest first.
@@ -104,6 +107,7 @@ impl ClusterSpec {
             // Two loops, so every cluster test also crosses threads the
             // way a node on a multi-core machine does.
             event_loops: 2,
+            seed_perf: true,
         }
     }
 }
@@ -192,7 +196,9 @@ impl LocalCluster {
                 ns.models.first().map_or("llama3.2:3b", String::as_str),
             );
             let extras = NodeExtras {
-                base_perf: Some(profile.rates(seed_model.size_bytes).to_perf()),
+                base_perf: spec
+                    .seed_perf
+                    .then(|| profile.rates(seed_model.size_bytes).to_perf()),
                 gossip: Some(spec.gossip),
             };
             nodes.push(daemon::start(cfg, listeners, extras, shutdown.clone()).await?);

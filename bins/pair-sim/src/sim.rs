@@ -697,7 +697,9 @@ impl<'a> Sim<'a> {
             if learned && let Some(engine) = v.engines.first_mut() {
                 for (k, entry) in engine.models.iter_mut().enumerate() {
                     let seed = plan.seed[k];
-                    entry.perf = match self.learner.rates(plan.id, entry.name.as_str()) {
+                    let rates = self.learner.rates(plan.id, entry.name.as_str());
+                    entry.learned = rates.is_some();
+                    entry.perf = match rates {
                         Some(r) => Some(r.over(seed.unwrap_or(ModelPerf::FALLBACK))),
                         None => seed,
                     };
@@ -770,6 +772,7 @@ fn initial_view(scn: &Scenario, plan: &NodePlan, engine: &EngineModel) -> NodeSn
             size_bytes: Some(m.spec.size_bytes),
             loaded: matches!(m.residency, Residency::Loaded),
             perf: plan.seed.get(m.index).copied().flatten(),
+            learned: false,
         })
         .collect();
     v.engines.push(EngineSnapshot {

@@ -106,6 +106,7 @@ impl LocalReport {
                 let seed = m.perf.or(self.base_perf).unwrap_or(ModelPerf::FALLBACK);
                 if let Some(learned) = self.learner.learned(self.id, m.name.as_str(), seed) {
                     m.perf = Some(learned);
+                    m.learned = true;
                 } else if m.perf.is_none() {
                     m.perf = self.base_perf;
                 }

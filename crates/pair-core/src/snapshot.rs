@@ -117,6 +117,10 @@ pub struct ModelEntry {
     pub loaded: bool,
     /// Learned or seeded speed for this model on this node.
     pub perf: Option<ModelPerf>,
+    /// `perf` was learned from this node's finished jobs (not a seed): a
+    /// node nothing was learned about yet is worth trying when idle.
+    #[serde(default)]
+    pub learned: bool,
 }
 
 /// One engine on a node.
@@ -358,6 +362,7 @@ mod tests {
                     size_bytes: None,
                     loaded: *loaded,
                     perf: None,
+                    learned: false,
                 })
                 .collect(),
         });

@@ -267,6 +267,7 @@ impl EngineModel {
                         size_bytes: Some(m.spec.size_bytes),
                         loaded: matches!(m.residency, Residency::Loaded),
                         perf: Some(m.rates.to_perf()),
+                        learned: false,
                     })
                 })
                 .collect(),

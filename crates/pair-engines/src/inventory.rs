@@ -52,6 +52,7 @@ fn entry(name: ModelName, size_bytes: Option<u64>, loaded: bool) -> ModelEntry {
         size_bytes,
         loaded,
         perf: None,
+        learned: false,
     }
 }
 

@@ -312,6 +312,7 @@ mod tests {
             size_bytes: Some(1),
             loaded: true,
             perf: None,
+            learned: false,
         }
     }
 

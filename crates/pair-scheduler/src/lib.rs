@@ -33,6 +33,7 @@
 //!             size_bytes: Some(4_900_000_000),
 //!             loaded: true,
 //!             perf: Some(ModelPerf { decode_tps, ..ModelPerf::FALLBACK }),
+//!             learned: false,
 //!         }],
 //!     });
 //!     n
@@ -100,6 +101,7 @@ mod learner;
 mod matcher;
 mod policy;
 pub mod predict;
+pub mod prior;
 mod ranking;
 mod reservations;
 mod scheduler;

@@ -91,6 +91,7 @@ mod tests {
                             size_bytes: None,
                             loaded,
                             perf: None,
+                            learned: false,
                         })
                     })
                     .collect(),

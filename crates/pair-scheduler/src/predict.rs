@@ -82,7 +82,10 @@ pub fn rates_for(node: &NodeSnapshot, entry: &ModelEntry) -> (ModelPerf, RateSou
     match (entry.perf, node.base_perf) {
         (Some(p), _) => (p, RateSource::Model),
         (None, Some(p)) => (p, RateSource::Node),
-        (None, None) => (ModelPerf::FALLBACK, RateSource::Fallback),
+        (None, None) => match crate::prior::from_hardware(&node.gpus, entry.size_bytes) {
+            Some(p) => (p, RateSource::Hardware),
+            None => (ModelPerf::FALLBACK, RateSource::Fallback),
+        },
     }
 }
 
@@ -167,6 +170,7 @@ pub fn predict(
         fits_vram: fits_vram(node, entry),
         suspect: node.liveness == Liveness::Suspect,
         rates,
+        learned: entry.learned && rates == RateSource::Model,
     };
     p.total_ms = [
         p.queue_ms,
@@ -212,6 +216,7 @@ mod tests {
                 size_bytes: Some(5_000_000_000),
                 loaded,
                 perf: Some(perf),
+                learned: false,
             }],
         });
         n

@@ -176,6 +176,9 @@ pub enum Reason {
     Affinity,
     /// Placed by the policy's order.
     Policy(Policy),
+    /// Nothing is learned about the model on this idle node yet: tried
+    /// ahead of the policy's pick (see `Scheduler::explore`).
+    Explore,
     /// Not ordered by the policy (p2c's unsampled nodes): stable node id order.
     Fallback,
 }
@@ -186,6 +189,7 @@ impl fmt::Display for Reason {
             Reason::Pinned => f.write_str("pinned"),
             Reason::Affinity => f.write_str("session affinity"),
             Reason::Policy(p) => write!(f, "{p}"),
+            Reason::Explore => f.write_str("exploring (nothing learned here yet)"),
             Reason::Fallback => f.write_str("fallback by node id"),
         }
     }
@@ -293,6 +297,8 @@ pub enum RateSource {
     Model,
     /// The node's base profile.
     Node,
+    /// The node's GPU, by the rule of thumb in `prior.rs`.
+    Hardware,
     /// Nothing known: [`pair_core::ModelPerf::FALLBACK`].
     Fallback,
 }
@@ -302,6 +308,7 @@ impl RateSource {
         match self {
             RateSource::Model => "model rates",
             RateSource::Node => "node base rates",
+            RateSource::Hardware => "rates from its GPU",
             RateSource::Fallback => "fallback rates",
         }
     }
@@ -332,6 +339,9 @@ pub struct Prediction {
     pub fits_vram: bool,
     pub suspect: bool,
     pub rates: RateSource,
+    /// The rates were learned from the node's jobs with this model.
+    #[serde(default)]
+    pub learned: bool,
 }
 
 impl fmt::Display for Prediction {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::affinity::AffinityTable;
 use crate::matcher::Wanted;
 use crate::predict::predict;
-use crate::ranking::{Candidate, Reason, Score, SortKey};
+use crate::ranking::{Candidate, RateSource, Reason, Score, SortKey};
 use crate::reservations::Reserved;
 use crate::{AffinityConfig, Policy, Ranking, Reservations};
 
@@ -113,7 +113,10 @@ impl Scheduler {
             Policy::RoundRobin => self.order_round_robin(c),
             Policy::P2c => order_p2c(c, rng),
             Policy::LeastPending | Policy::Pair => {}
-            Policy::PredictedLatency => self.apply_affinity(c, request, now_ms),
+            Policy::PredictedLatency => {
+                explore(c, request);
+                self.apply_affinity(c, request, now_ms);
+            }
         }
         if let Some(pinned) = request.pinned
             && let Ok(i) = c.binary_search_by_key(&pinned, |x| x.node)
@@ -373,6 +376,57 @@ fn index_below<R: RngCore + ?Sized>(rng: &mut R, n: usize) -> usize {
     usize::try_from(wide >> 64).unwrap_or(0)
 }
 
+/// How many times the policy's pick a node's GPU may predict it at and the
+/// node still be tried.
+pub const EXPLORE_MAX_RATIO: u32 = 3;
+
+/// Exploration, the rule and its reason: a node that has learned nothing
+/// about the model yet is priced from a prior (its GPU, a seed, or a
+/// fallback), and a prior that undersells it would keep it unused forever,
+/// since only jobs teach speeds. So when the policy's pick has learned
+/// rates and an eligible node has none and is idle (nothing running,
+/// queued or reserved there), that node goes first, unless its GPU is known
+/// and predicts it at more than [`EXPLORE_MAX_RATIO`] times the pick: a
+/// fast newcomer is found within a request or two, and a slow one costs a
+/// request it runs alone. Requests with a session or a pinned node are not
+/// used to explore.
+fn explore(c: &mut [Candidate], request: &RequestProfile) {
+    if request.session.is_some() || request.pinned.is_some() {
+        return;
+    }
+    let prediction = |x: &Candidate| match x.score {
+        Score::PredictedLatency(p) if x.key.tier == SortKey::POLICY && x.key.class == 0 => Some(p),
+        _ => None,
+    };
+    let Some(best) = c
+        .iter()
+        .filter_map(|x| prediction(x).map(|p| (x.key.pack(0), p)))
+        .min_by_key(|(k, _)| *k)
+        .map(|(_, p)| p)
+    else {
+        return;
+    };
+    if !best.learned {
+        return;
+    }
+    let limit = best.total_ms.max(1).saturating_mul(EXPLORE_MAX_RATIO);
+    let newcomer = c
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| prediction(x).map(|p| (i, p)))
+        .filter(|(_, p)| {
+            !p.learned
+                && p.jobs_ahead == 0
+                && (p.rates != RateSource::Hardware || p.total_ms <= limit)
+        })
+        .min_by_key(|(i, p)| (p.total_ms, *i))
+        .map(|(i, _)| i);
+    if let Some(i) = newcomer {
+        c[i].key.tier = SortKey::AFFINITY;
+        c[i].reason = Reason::Explore;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,6 +466,7 @@ mod tests {
                 size_bytes: Some(4_900_000_000),
                 loaded,
                 perf: Some(perf),
+                learned: false,
             }],
         });
         s
@@ -451,6 +506,69 @@ mod tests {
 
     fn order(r: &Ranking) -> Vec<NodeId> {
         r.nodes().collect()
+    }
+
+    /// A node that learned `perf` for the model from its jobs.
+    fn learned(n: u128, perf: ModelPerf) -> NodeSnapshot {
+        let mut s = node(n, 1, perf, true);
+        s.engines[0].models[0].learned = true;
+        s
+    }
+
+    /// A node nothing is learned about, on `gpu`, its model loaded.
+    fn newcomer(n: u128, gpu: &str) -> NodeSnapshot {
+        let mut s = node(n, 1, FAST, true);
+        s.engines[0].models[0].perf = None;
+        s.gpus.push(GpuDevice {
+            index: 0,
+            name: gpu.into(),
+            utilisation_pct: 0,
+            vram_used_bytes: 0,
+            vram_total_bytes: 24 << 30,
+        });
+        s
+    }
+
+    #[test]
+    fn an_idle_node_nothing_is_learned_about_is_tried_first() {
+        let mut s = Scheduler::new(SchedulerConfig::new(Policy::PredictedLatency));
+        let mid = ModelPerf {
+            prefill_tps: 1_500.0,
+            decode_tps: 50.0,
+            ..FAST
+        };
+        // A new 4090's prior already beats what the other node learned.
+        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "RTX 4090")], &req(true));
+        assert_eq!(order(&r), [id(2), id(1)]);
+        let Score::PredictedLatency(p) = r.candidates[0].score else {
+            panic!()
+        };
+        assert_eq!(p.rates, crate::RateSource::Hardware);
+        // An unknown GPU gets the fallback rates, which sell it short of
+        // the learned node; idle and within reach, it is tried first.
+        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "Some GPU")], &req(true));
+        assert_eq!(order(&r), [id(2), id(1)]);
+        assert_eq!(r.candidates[0].reason, Reason::Explore);
+        // Busy, it is not explored now.
+        let mut busy = newcomer(2, "Some GPU");
+        busy.workload = decoding(100);
+        let r = rank(&mut s, vec![learned(1, mid), busy], &req(true));
+        assert_eq!(r.candidates[0].node, id(1));
+        // A GPU known to be far slower than the learned pick is not worth
+        // a request; an unknown one is (nothing says it is slow).
+        let r = rank(&mut s, vec![learned(1, FAST), newcomer(2, "RTX 3060")], &req(true));
+        assert_eq!(r.candidates[0].node, id(1), "{r:?}");
+        let r = rank(&mut s, vec![learned(1, FAST), newcomer(2, "Some GPU")], &req(true));
+        assert_eq!(r.candidates[0].reason, Reason::Explore);
+        // A session's request or a pinned one does not explore.
+        let mut with_session = req(true);
+        with_session.session = Some(SessionKey(1));
+        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "Some GPU")], &with_session);
+        assert_eq!(r.candidates[0].node, id(1));
+        // Nothing learned anywhere: the policy's order stands.
+        let r = rank(&mut s, vec![newcomer(1, "RTX 3060"), newcomer(2, "RTX 4090")], &req(true));
+        assert!(r.candidates.iter().all(|c| c.reason != Reason::Explore));
+        assert_eq!(r.candidates[0].node, id(2), "the better prior wins");
     }
 
     #[test]

@@ -41,6 +41,7 @@ fn entry() -> impl Strategy<Value = ModelEntry> {
             size_bytes,
             loaded,
             perf,
+            learned: false,
         })
 }
 
@@ -391,6 +392,7 @@ proptest! {
                         size_bytes: None,
                         loaded,
                         perf: Some(p),
+                        learned: false,
                     }],
                 });
                 node

@@ -68,6 +68,7 @@ pub fn cluster(n: usize, seed: u64) -> ClusterSnapshot {
                         size_bytes: Some(4_000_000_000 + r() % 2_000_000_000),
                         loaded: r() % 3 != 0,
                         perf: (r() % 2 == 0).then_some(perf),
+                        learned: false,
                     })
                     .collect(),
             });
