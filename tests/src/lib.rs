@@ -1,5 +1,6 @@
 //! Shared helpers of the cross-crate tests: a started cluster with a plain
-//! HTTP client, and small assertions on route receipts.
+//! HTTP client, small assertions on route receipts, and the Python SDK
+//! checks of a node's translated faces.
 
 use std::time::Duration;
 
@@ -43,4 +44,39 @@ pub fn attempts(resp: &reqwest::Response) -> Option<u32> {
         .ok()?
         .parse()
         .ok()
+}
+
+/// Runs `tests/sdk/translated.py` (the real `ollama` and `anthropic` SDKs;
+/// see the script for `mode`) against node `i`'s faces: its last line
+/// ("N checks"), or what it said when a check failed.
+pub fn sdks(
+    c: &LocalCluster,
+    i: usize,
+    model: &str,
+    embed: &str,
+    mode: &str,
+) -> std::result::Result<String, String> {
+    let py = pair_testenv::sdk_python()?;
+    let node = c.nodes.get(i).ok_or("no such node")?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/translated.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .args([&node.ollama_url(), &node.openai_url(), model, embed, mode])
+        .output()
+        .map_err(|e| format!("cannot run python: {e}"))?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    let last = said
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    if out.status.success() && last.ends_with("checks") {
+        Ok(last)
+    } else {
+        Err(format!(
+            "SDK checks failed:\n{said}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }

@@ -104,6 +104,29 @@ async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
     wait_settled(c, model).await;
 }
 
+/// `n` streamed generate requests sent at once to node 0's face and read
+/// to their end; the node each ran on.
+async fn burst(c: &pair_node::harness::LocalCluster, n: usize, num_predict: u32) -> Vec<String> {
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let sends = (0..n).map(|i| {
+        let url = url.clone();
+        async move {
+            let r = http()
+                .post(url)
+                .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
+                              "stream": true, "options": {"num_predict": num_predict}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let who = served_by(&r).unwrap();
+            assert!(r.text().await.unwrap().contains("\"done\":true"));
+            who
+        }
+    });
+    futures_util::future::join_all(sends).await
+}
+
 /// Waits until node 0's cluster view (peer reports and its own snapshot
 /// arrive every gossip interval) shows `model` loaded and nothing running
 /// on every node.
@@ -134,23 +157,7 @@ async fn wait_settled(c: &pair_node::harness::LocalCluster, model: &str) {
 async fn a_burst_spreads_over_the_nodes() {
     // Real time, identical hardware: reservations must spread the burst.
     let c = identical_warm_cluster(3, 1.0).await;
-    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
-    let sends = (0..9).map(|i| {
-        let url = url.clone();
-        async move {
-            let r = http()
-                .post(url)
-                .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
-                              "stream": true, "options": {"num_predict": 64}}))
-                .send()
-                .await
-                .unwrap();
-            let who = served_by(&r).unwrap();
-            let _ = r.text().await.unwrap();
-            who
-        }
-    });
-    let served: Vec<String> = futures_util::future::join_all(sends).await;
+    let served = burst(&c, 9, 64).await;
     let mut per_node = std::collections::HashMap::new();
     for s in &served {
         *per_node.entry(s.clone()).or_insert(0) += 1;
@@ -684,24 +691,9 @@ async fn slots_an_engine_does_not_report_are_learned_from_overlapping_answers() 
             .map(|n| n.engines[0].slots)
     };
     assert_eq!(slots(), Some(1), "nothing seen yet: one slot");
-    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
-    let asks = (0..3).map(|i| {
-        let url = url.clone();
-        async move {
-            let r = http()
-                .post(url)
-                .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
-                              "stream": true, "options": {"num_predict": 400}}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            // Streamed: the first token and the end are seen apart (a whole
-            // answer arrives at once and shows no overlap).
-            assert!(r.text().await.unwrap().contains("\"done\":true"));
-        }
-    });
-    futures_util::future::join_all(asks).await;
+    // Streamed: the first token and the end are seen apart (a whole
+    // answer arrives at once and shows no overlap).
+    burst(&c, 3, 400).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while slots() != Some(3) {
         assert!(
@@ -738,8 +730,10 @@ async fn a_fresh_fast_node_is_found_within_a_few_requests() {
         for _ in 0..12 {
             let r = http()
                 .post(&url)
-                .json(&json!({"model": "llama3.2:3b", "prompt": prompt, "stream": true,
-                              "options": {"num_predict": 24}}))
+                .json(
+                    &json!({"model": "llama3.2:3b", "prompt": prompt, "stream": true,
+                              "options": {"num_predict": 24}}),
+                )
                 .send()
                 .await
                 .unwrap();

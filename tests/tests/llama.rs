@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use pair_node::harness::KillOnDrop;
 use std::time::{Duration, Instant};
 
-use pair_tests::{cluster, http};
+use pair_tests::{cluster, http, sdks};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
@@ -88,26 +88,8 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
 
     // Ollama's and Anthropic's SDKs on the node whose only engine is the
     // real OpenAI-compatible server.
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/translated.py");
-    let out = tokio::process::Command::new(py)
-        .arg(script)
-        .args([
-            &c.nodes[1].ollama_url(),
-            &c.nodes[1].openai_url(),
-            "smollm2",
-            "smollm2",
-            "both-basic",
-        ])
-        .output()
-        .await
-        .expect("run python");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{said}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(said.trim_end().ends_with("checks"), "{said}");
+    let said = sdks(&c, 1, "smollm2", "smollm2", "both-basic").unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("the real engine, translated: {said}");
     c.stop().await;
     drop(server);
 }

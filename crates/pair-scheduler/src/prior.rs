@@ -50,7 +50,9 @@ pub fn from_hardware(gpus: &[GpuDevice], size_bytes: Option<u64>) -> Option<Mode
     let bandwidth = gpus
         .iter()
         .filter_map(|g| bandwidth_of(&g.name))
-        .fold(None, |best: Option<f32>, b| Some(best.map_or(b, |x| x.max(b))))?;
+        .fold(None, |best: Option<f32>, b| {
+            Some(best.map_or(b, |x| x.max(b)))
+        })?;
     let weights = size_bytes
         .filter(|&b| b > 0)
         .unwrap_or(DEFAULT_WEIGHT_BYTES) as f32;

@@ -378,7 +378,7 @@ fn index_below<R: RngCore + ?Sized>(rng: &mut R, n: usize) -> usize {
 
 /// How many times the policy's pick a node's GPU may predict it at and the
 /// node still be tried.
-pub const EXPLORE_MAX_RATIO: u32 = 3;
+pub(crate) const EXPLORE_MAX_RATIO: u32 = 3;
 
 /// Exploration, the rule and its reason: a node that has learned nothing
 /// about the model yet is priced from a prior (its GPU, a seed, or a
@@ -538,7 +538,11 @@ mod tests {
             ..FAST
         };
         // A new 4090's prior already beats what the other node learned.
-        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "RTX 4090")], &req(true));
+        let r = rank(
+            &mut s,
+            vec![learned(1, mid), newcomer(2, "RTX 4090")],
+            &req(true),
+        );
         assert_eq!(order(&r), [id(2), id(1)]);
         let Score::PredictedLatency(p) = r.candidates[0].score else {
             panic!()
@@ -546,7 +550,11 @@ mod tests {
         assert_eq!(p.rates, crate::RateSource::Hardware);
         // An unknown GPU gets the fallback rates, which sell it short of
         // the learned node; idle and within reach, it is tried first.
-        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "Some GPU")], &req(true));
+        let r = rank(
+            &mut s,
+            vec![learned(1, mid), newcomer(2, "Some GPU")],
+            &req(true),
+        );
         assert_eq!(order(&r), [id(2), id(1)]);
         assert_eq!(r.candidates[0].reason, Reason::Explore);
         // Busy, it is not explored now.
@@ -556,17 +564,33 @@ mod tests {
         assert_eq!(r.candidates[0].node, id(1));
         // A GPU known to be far slower than the learned pick is not worth
         // a request; an unknown one is (nothing says it is slow).
-        let r = rank(&mut s, vec![learned(1, FAST), newcomer(2, "RTX 3060")], &req(true));
+        let r = rank(
+            &mut s,
+            vec![learned(1, FAST), newcomer(2, "RTX 3060")],
+            &req(true),
+        );
         assert_eq!(r.candidates[0].node, id(1), "{r:?}");
-        let r = rank(&mut s, vec![learned(1, FAST), newcomer(2, "Some GPU")], &req(true));
+        let r = rank(
+            &mut s,
+            vec![learned(1, FAST), newcomer(2, "Some GPU")],
+            &req(true),
+        );
         assert_eq!(r.candidates[0].reason, Reason::Explore);
         // A session's request or a pinned one does not explore.
         let mut with_session = req(true);
         with_session.session = Some(SessionKey(1));
-        let r = rank(&mut s, vec![learned(1, mid), newcomer(2, "Some GPU")], &with_session);
+        let r = rank(
+            &mut s,
+            vec![learned(1, mid), newcomer(2, "Some GPU")],
+            &with_session,
+        );
         assert_eq!(r.candidates[0].node, id(1));
         // Nothing learned anywhere: the policy's order stands.
-        let r = rank(&mut s, vec![newcomer(1, "RTX 3060"), newcomer(2, "RTX 4090")], &req(true));
+        let r = rank(
+            &mut s,
+            vec![newcomer(1, "RTX 3060"), newcomer(2, "RTX 4090")],
+            &req(true),
+        );
         assert!(r.candidates.iter().all(|c| c.reason != Reason::Explore));
         assert_eq!(r.candidates[0].node, id(2), "the better prior wins");
     }
