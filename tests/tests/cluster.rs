@@ -753,3 +753,36 @@ async fn a_fresh_fast_node_is_found_within_a_few_requests() {
         c.stop().await;
     }
 }
+
+/// The engine's own account of a job (Ollama's prompt and eval durations)
+/// goes into the job record and is what speeds are learned from: a request
+/// that queued behind another on a one-slot engine waited for its first
+/// token far longer than the engine spent on its prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_carry_the_engines_own_durations() {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.2;
+        s.nodes[0].slots = Some(1);
+    })
+    .await
+    .unwrap();
+    burst(&c, 2, 200).await;
+    let jobs = c.nodes[0].state.jobs.recent(2);
+    assert_eq!(jobs.len(), 2);
+    for j in &jobs {
+        let engine = j.engine.expect("the engine's durations are recorded");
+        assert!(
+            engine.prompt_ms.is_some() && engine.decode_ms.is_some(),
+            "{j:?}"
+        );
+        assert_eq!(j.output_tokens, Some(200), "the engine's count: {j:?}");
+    }
+    let queued = jobs.iter().max_by_key(|j| j.ttft_ms).unwrap();
+    let waited = queued.ttft_ms.unwrap();
+    let prompt = queued.engine.unwrap().prompt_ms.unwrap();
+    assert!(
+        waited > prompt + 100,
+        "queued {waited} ms for its first token, the engine spent {prompt} ms on the prompt"
+    );
+    c.stop().await;
+}

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
-
 use pair_emulator::Flavor;
 use pair_node::harness::LocalCluster;
 use pair_tests::{cluster, http, sdks, served_by};

@@ -245,6 +245,7 @@ mod tests {
             output_tokens: None,
             error: None,
             recorded_by: Some(NodeId::from_u128(by)),
+            engine: None,
         }
     }
 

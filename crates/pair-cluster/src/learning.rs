@@ -126,6 +126,7 @@ mod tests {
             output_tokens: Some(51),
             error: None,
             recorded_by: None,
+            engine: None,
         }
     }
 

@@ -57,6 +57,20 @@ pub struct JobRecord {
     /// relayed request (both record it, so a job survives either's crash).
     #[serde(default)]
     pub recorded_by: Option<NodeId>,
+    /// What the engine reported of its own work on the job, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineTiming>,
+}
+
+/// The engine's own account of a job (Ollama's `prompt_eval_duration` and
+/// `eval_duration`, llama.cpp's `timings`): its clock, without the time the
+/// job queued for a slot or crossed the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineTiming {
+    /// Processing the prompt, ms.
+    pub prompt_ms: Option<u32>,
+    /// Generating the answer, ms.
+    pub decode_ms: Option<u32>,
 }
 
 impl JobRecord {
@@ -125,6 +139,7 @@ mod tests {
             output_tokens: None,
             error: None,
             recorded_by: Some(NodeId::from_u128(by)),
+            engine: None,
         }
     }
 

@@ -22,7 +22,7 @@ pub mod snapshot;
 pub use engine::{ApiFlavor, EngineKind};
 pub use error::{CoreError, RetryAdvice};
 pub use id::{JobId, NodeId, Role};
-pub use job::{JobRecord, JobStatus};
+pub use job::{EngineTiming, JobRecord, JobStatus};
 pub use model::ModelName;
 pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};

@@ -429,6 +429,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         output_tokens,
         error,
         recorded_by,
+        engine,
     } = rec;
     buf.extend_from_slice(b"{\"id\":");
     json_uuid(buf, id.as_uuid());
@@ -468,6 +469,13 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     json_opt(buf, recorded_by.as_ref(), |buf, n| {
         json_uuid(buf, n.as_uuid())
     });
+    if let Some(e) = engine {
+        buf.extend_from_slice(b",\"engine\":{\"prompt_ms\":");
+        json_opt(buf, e.prompt_ms, json_int);
+        buf.extend_from_slice(b",\"decode_ms\":");
+        json_opt(buf, e.decode_ms, json_int);
+        buf.push(b'}');
+    }
     buf.extend_from_slice(b"}\n");
 }
 
@@ -620,6 +628,7 @@ mod tests {
             output_tokens: Some(3),
             error: None,
             recorded_by: Some(NodeId::from_u128(1)),
+            engine: None,
         }
     }
 
@@ -645,9 +654,13 @@ mod tests {
                 any::<u64>(),
                 any::<[Option<u32>; 4]>(),
             ),
-            (proptest::option::of(text()), any::<Option<u128>>()),
+            (
+                proptest::option::of(text()),
+                any::<Option<u128>>(),
+                any::<Option<(Option<u32>, Option<u32>)>>(),
+            ),
         )
-            .prop_map(|(a, b, c, (error, by))| JobRecord {
+            .prop_map(|(a, b, c, (error, by, engine))| JobRecord {
                 id: JobId::from_uuid(uuid::Uuid::from_u128(a.0)),
                 model: a.1,
                 flavor: a.2,
@@ -665,6 +678,10 @@ mod tests {
                 output_tokens: c.2[3],
                 error: error.map(Into::into),
                 recorded_by: by.map(NodeId::from_u128),
+                engine: engine.map(|(prompt_ms, decode_ms)| pair_core::EngineTiming {
+                    prompt_ms,
+                    decode_ms,
+                }),
             })
     }
 

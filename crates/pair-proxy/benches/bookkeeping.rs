@@ -49,6 +49,7 @@ fn record(n: u64) -> JobRecord {
         output_tokens: Some(5),
         error: None,
         recorded_by: Some(NodeId::from_u128(1)),
+        engine: None,
     }
 }
 

@@ -11,6 +11,7 @@ use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
 use pair_scheduler::ReservationId;
 use tokio::time::Instant;
 
+use crate::engine_report::Reported;
 use crate::metrics::RouteSlot;
 use crate::state::ProxyState;
 use crate::stream::{Ending, Watcher};
@@ -49,6 +50,7 @@ pub(crate) fn new_record(
         output_tokens: None,
         error: None,
         recorded_by: Some(recorded_by),
+        engine: None,
     }
 }
 
@@ -130,7 +132,7 @@ impl Watcher for JobWatcher {
         }
     }
 
-    fn finish(&mut self, ending: Ending, events: u32) {
+    fn finish(&mut self, ending: Ending, events: u32, reported: Option<Reported>) {
         let elapsed = self.t0.elapsed();
         let Some(mut rec) = self.record.take() else {
             self.guard.take();
@@ -138,6 +140,12 @@ impl Watcher for JobWatcher {
         };
         rec.duration_ms = Some(millis(elapsed));
         rec.output_tokens = (events > 0).then_some(events);
+        // The engine's own counts and durations beat the node's estimates.
+        if let Some(r) = reported {
+            rec.prompt_tokens = r.prompt_tokens.or(rec.prompt_tokens);
+            rec.output_tokens = r.output_tokens.or(rec.output_tokens);
+            rec.engine = r.timing;
+        }
         let ok = rec.http_status.is_some_and(|s| s < 400);
         rec.status = match ending {
             Ending::Completed if ok => JobStatus::Completed,

@@ -19,6 +19,7 @@
 pub mod body;
 pub mod conversation;
 pub mod dispatch;
+pub mod engine_report;
 pub mod error;
 pub mod face;
 pub mod gate;

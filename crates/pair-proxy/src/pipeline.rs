@@ -409,6 +409,8 @@ pub async fn execute(
     let status = up.status;
     let tries = failover.dispatched();
     let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
+    // A translated answer carries durations pair made, not the engine's.
+    let engine_made = !up.headers.contains(&crate::translate::TRANSLATED_HEADER);
     let ttft = t0.elapsed();
     let Some(mut record) = pending.take() else {
         unreachable!("the pending record is taken once")
@@ -434,13 +436,9 @@ pub async fn execute(
             status,
             headers: up.headers,
             extra: Extra::new(),
-            body: Body::new(AnswerBody::new(
-                first,
-                up.body,
-                framing,
-                req.flavor,
-                OnCut::Abort,
-                watcher,
+            body: Body::new(reading(
+                AnswerBody::new(first, up.body, framing, req.flavor, OnCut::Abort, watcher),
+                engine_made,
             )),
         };
     }
@@ -467,13 +465,16 @@ pub async fn execute(
         reservation,
         engine,
     };
-    let body = AnswerBody::new(
-        first,
-        up.body,
-        framing,
-        req.flavor,
-        OnCut::ErrorEvent,
-        watcher,
+    let body = reading(
+        AnswerBody::new(
+            first,
+            up.body,
+            framing,
+            req.flavor,
+            OnCut::ErrorEvent,
+            watcher,
+        ),
+        engine_made,
     );
     let node_receipt = match &peer_name {
         None => st.receipt_self(),
@@ -1099,6 +1100,16 @@ fn note_failed(st: &ProxyState, failover: &Failover) {
                 reason: last.outcome.label().into_owned(),
             })
             .inc();
+    }
+}
+
+/// The answer body, reading the engine's report at its end when the
+/// engine made the answer.
+fn reading(body: AnswerBody<JobWatcher>, engine_made: bool) -> AnswerBody<JobWatcher> {
+    if engine_made {
+        body.reading_report()
+    } else {
+        body
     }
 }
 

@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pair_core::ApiFlavor;
 
 use crate::dispatch::{UpBody, UpBodyError};
+use crate::engine_report::{Reported, read};
 
 /// How the answer is framed, from its content type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +95,9 @@ pub enum OnCut {
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
     fn progress(&mut self, events: u32);
-    fn finish(&mut self, ending: Ending, events: u32);
+    /// `reported`: what the engine said of its work at the answer's end
+    /// (completed answers read for it only).
+    fn finish(&mut self, ending: Ending, events: u32, reported: Option<Reported>);
 }
 
 /// The body handed to the client: an upstream body passed through.
@@ -106,6 +109,8 @@ pub struct AnswerBody<W: Watcher> {
     on_cut: OnCut,
     watcher: Option<W>,
     events: u32,
+    /// The answer's last event, kept to read the engine's report from.
+    last: Option<LastEvent>,
     /// How it ended, once known (nothing more is read after).
     ending: Option<Ending>,
 }
@@ -137,11 +142,24 @@ impl<W: Watcher> AnswerBody<W> {
             on_cut,
             watcher: Some(watcher),
             events: 0,
+            last: None,
             ending: None,
         }
     }
 
+    /// Keeps the answer's last event, to learn from what the engine
+    /// reports there (for answers straight from an engine, not ones pair
+    /// made, such as a translation).
+    #[must_use]
+    pub fn reading_report(mut self) -> Self {
+        self.last = Some(LastEvent::new(self.framing));
+        self
+    }
+
     fn count(&mut self, chunk: &[u8]) {
+        if let Some(l) = self.last.as_mut() {
+            l.push(chunk);
+        }
         let n = self.framing.events_in(chunk);
         self.events = self.events.saturating_add(n);
         if let Some(w) = self.watcher.as_mut() {
@@ -155,7 +173,11 @@ impl<W: Watcher> AnswerBody<W> {
     fn end(&mut self, ending: Ending) {
         self.ending.get_or_insert(ending);
         if let Some(mut w) = self.watcher.take() {
-            w.finish(ending, self.events);
+            let reported = match ending {
+                Ending::Completed => self.last.as_ref().and_then(LastEvent::reported),
+                _ => None,
+            };
+            w.finish(ending, self.events, reported);
         }
     }
 }
@@ -249,9 +271,114 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
     }
 }
 
+/// Most bytes kept of a whole (non-streamed) answer to read its counts
+/// from; a longer one is not read.
+const WHOLE_MAX: usize = 256 << 10;
+/// Most bytes of one unfinished line held; a longer line is skipped.
+const LINE_MAX: usize = 64 << 10;
+
+/// The last event of an answer going by: for a stream, its last complete
+/// JSON line (an SSE `data:` line other than `[DONE]`); for a whole
+/// answer, the answer.
+#[derive(Debug)]
+pub struct LastEvent {
+    framing: Framing,
+    /// The line still arriving.
+    pending: Vec<u8>,
+    last: Vec<u8>,
+    /// A whole answer too long to keep.
+    gave_up: bool,
+}
+
+impl LastEvent {
+    pub fn new(framing: Framing) -> Self {
+        Self {
+            framing,
+            pending: Vec::new(),
+            last: Vec::new(),
+            gave_up: false,
+        }
+    }
+
+    pub fn push(&mut self, chunk: &[u8]) {
+        if self.gave_up {
+            return;
+        }
+        if self.framing == Framing::Whole {
+            if self.last.len() + chunk.len() > WHOLE_MAX {
+                self.gave_up = true;
+                self.last = Vec::new();
+            } else {
+                self.last.extend_from_slice(chunk);
+            }
+            return;
+        }
+        let Some(end) = chunk.iter().rposition(|&b| b == b'\n') else {
+            if self.pending.len() + chunk.len() > LINE_MAX {
+                self.pending.clear();
+            } else {
+                self.pending.extend_from_slice(chunk);
+            }
+            return;
+        };
+        let (complete, rest) = (&chunk[..end], &chunk[end + 1..]);
+        // The lines this chunk completes, the last event among them: all
+        // but the first are whole in the chunk; the first began in
+        // `pending`.
+        let first_end = complete.iter().position(|&b| b == b'\n');
+        let later = first_end.map_or(&[][..], |i| &complete[i + 1..]);
+        let found = later
+            .rsplit(|&b| b == b'\n')
+            .find_map(|line| payload(self.framing, line));
+        if let Some(p) = found {
+            self.last = p.to_vec();
+        } else {
+            let first = &complete[..first_end.unwrap_or(complete.len())];
+            if self.pending.len() + first.len() <= LINE_MAX {
+                self.pending.extend_from_slice(first);
+                if let Some(p) = payload(self.framing, &self.pending) {
+                    self.last = p.to_vec();
+                }
+            }
+        }
+        self.pending.clear();
+        if rest.len() <= LINE_MAX {
+            self.pending.extend_from_slice(rest);
+        }
+    }
+
+    /// What the engine reported at the end of the answer.
+    pub fn reported(&self) -> Option<Reported> {
+        if self.gave_up || self.last.is_empty() {
+            return None;
+        }
+        read(&self.last)
+    }
+}
+
+/// An event's JSON in one line of a stream, if it holds one.
+fn payload(framing: Framing, line: &[u8]) -> Option<&[u8]> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let json = match framing {
+        Framing::Sse => {
+            let data = line.strip_prefix(b"data:")?;
+            let data = data.strip_prefix(b" ").unwrap_or(data);
+            if data == b"[DONE]" {
+                return None;
+            }
+            data
+        }
+        Framing::Ndjson | Framing::Whole => line,
+    };
+    json.iter()
+        .any(|b| !b.is_ascii_whitespace())
+        .then_some(json)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn counts_events_per_framing() {
@@ -289,5 +416,65 @@ mod tests {
             Framing::Ndjson
         );
         assert_eq!(Framing::from_content_type(None), Framing::Whole);
+    }
+
+    const OLLAMA: &[u8] = b"{\"model\":\"m\",\"response\":\"Hi\",\"done\":false}\n\
+{\"model\":\"m\",\"response\":\"\",\"done\":true,\"done_reason\":\"stop\",\"total_duration\":900000000,\
+\"prompt_eval_count\":26,\"prompt_eval_duration\":130000000,\"eval_count\":290,\"eval_duration\":4700000000}\n";
+
+    const LLAMA_CPP: &[u8] =
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\
+\"timings\":{\"prompt_n\":12,\"prompt_ms\":40.5,\"predicted_n\":33,\"predicted_ms\":410.2}}\n\n\
+data: [DONE]\n\n";
+
+    fn last(framing: Framing, pieces: &[&[u8]]) -> Option<Reported> {
+        let mut l = LastEvent::new(framing);
+        for p in pieces {
+            l.push(p);
+        }
+        l.reported()
+    }
+
+    #[test]
+    fn the_last_event_of_each_framing_is_read() {
+        let r = last(Framing::Ndjson, &[OLLAMA]).unwrap();
+        assert_eq!((r.prompt_tokens, r.output_tokens), (Some(26), Some(290)));
+        let r = last(Framing::Sse, &[LLAMA_CPP]).unwrap();
+        assert_eq!((r.prompt_tokens, r.output_tokens), (Some(12), Some(33)));
+        let whole = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#;
+        assert_eq!(
+            last(Framing::Whole, &[&whole[..9], &whole[9..]])
+                .unwrap()
+                .output_tokens,
+            Some(7)
+        );
+        // A stream whose last event reports nothing reports nothing.
+        assert_eq!(
+            last(Framing::Sse, &[b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"choices\":[]}\n\ndata: [DONE]\n\n"]),
+            None
+        );
+    }
+
+    proptest! {
+        /// However the answer is cut into pieces, the last event is found.
+        #[test]
+        fn any_cut_finds_the_same_last_event(
+            cuts in prop::collection::vec(0usize..LLAMA_CPP.len(), 0..8),
+            ndjson in any::<bool>(),
+        ) {
+            let (framing, body) = if ndjson { (Framing::Ndjson, OLLAMA) } else { (Framing::Sse, LLAMA_CPP) };
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % body.len()).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for c in cuts {
+                pieces.push(&body[at..c]);
+                at = c;
+            }
+            pieces.push(&body[at..]);
+            prop_assert_eq!(last(framing, &pieces), last(framing, &[body]));
+            prop_assert!(last(framing, &[body]).is_some());
+        }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use pair_core::{JobRecord, JobStatus, ModelPerf, NodeId};
+use pair_core::{EngineTiming, JobRecord, JobStatus, ModelPerf, NodeId};
 
 /// One finished job, as timed by the proxy (or, better, by the engine when
 /// it reports its own prompt-eval and eval durations).
@@ -21,18 +21,27 @@ pub struct Observation<'a> {
 }
 
 impl<'a> Observation<'a> {
-    /// The observation in a completed job record, if it carries timings.
+    /// The observation in a completed job record, if it carries timings:
+    /// the engine's own durations when it reported both (no queueing, no
+    /// network in them), else the node's clock.
     pub fn from_job(job: &'a JobRecord) -> Option<Self> {
         if job.status != JobStatus::Completed {
             return None;
         }
+        let (ttft_ms, duration_ms) = match job.engine {
+            Some(EngineTiming {
+                prompt_ms: Some(p),
+                decode_ms: Some(d),
+            }) => (p, p.saturating_add(d)),
+            _ => (job.ttft_ms?, job.duration_ms?),
+        };
         Some(Self {
             node: job.ran_on?,
             model: &job.model,
             prompt_tokens: job.prompt_tokens?,
-            ttft_ms: job.ttft_ms?,
+            ttft_ms,
             output_tokens: job.output_tokens.unwrap_or(0),
-            duration_ms: job.duration_ms?,
+            duration_ms,
         })
     }
 }
@@ -340,10 +349,25 @@ mod tests {
             output_tokens: Some(90),
             error: None,
             recorded_by: None,
+            engine: None,
         };
         let o = Observation::from_job(&job).unwrap();
         assert_eq!(o.node, NodeId::from_u128(2));
         assert_eq!(o.output_tokens, 90);
+        assert_eq!((o.ttft_ms, o.duration_ms), (100, 1000));
+        // The engine's own durations, when it gave both, replace the
+        // node's clock (which counted 60 ms of queueing here).
+        job.engine = Some(EngineTiming {
+            prompt_ms: Some(40),
+            decode_ms: Some(900),
+        });
+        let o = Observation::from_job(&job).unwrap();
+        assert_eq!((o.ttft_ms, o.duration_ms), (40, 940));
+        job.engine = Some(EngineTiming {
+            prompt_ms: None,
+            decode_ms: Some(900),
+        });
+        assert_eq!(Observation::from_job(&job).unwrap().ttft_ms, 100);
         job.status = JobStatus::Failed;
         assert!(Observation::from_job(&job).is_none());
     }
