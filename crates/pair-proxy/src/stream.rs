@@ -330,14 +330,18 @@ impl LastEvent {
         let found = later
             .rsplit(|&b| b == b'\n')
             .find_map(|line| payload(self.framing, line));
+        // Copied into buffers kept for the answer's life: no allocation per
+        // event once they have grown to an event's size.
         if let Some(p) = found {
-            self.last = p.to_vec();
+            self.last.clear();
+            self.last.extend_from_slice(p);
         } else {
             let first = &complete[..first_end.unwrap_or(complete.len())];
             if self.pending.len() + first.len() <= LINE_MAX {
                 self.pending.extend_from_slice(first);
                 if let Some(p) = payload(self.framing, &self.pending) {
-                    self.last = p.to_vec();
+                    self.last.clear();
+                    self.last.extend_from_slice(p);
                 }
             }
         }
