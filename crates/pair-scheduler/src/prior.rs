@@ -1,8 +1,8 @@
 //! What a node's hardware says about its speed on a model before any job
 //! has: decode is bound by memory bandwidth (about 0.6 x bandwidth / weight
 //! bytes for llama.cpp-family engines, batch 1) and prefill runs some 30x
-//! faster on a GPU. Figures and sources: `../shared/reference/
-//! engine-figures.md` ("Rule of thumb"). A prior only ranks a node nothing
+//! faster on a GPU. Figures and sources: `docs/engine-figures.md` ("Rule
+//! of thumb"). A prior only ranks a node nothing
 //! has been learned about yet; the first jobs replace it.
 
 use pair_core::{GpuDevice, ModelPerf};
