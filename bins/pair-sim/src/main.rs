@@ -48,6 +48,11 @@ enum Command {
         /// Override the scenario's seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Override the scenario's routing: `single` (one router sees
+        /// everything), `per-node` (each node routes its own clients, spread
+        /// over the nodes) or `per-node:NODE` (every client enters at NODE).
+        #[arg(long)]
+        routing: Option<String>,
         /// Skip the users-at-SLO search (one run per policy only).
         #[arg(long)]
         no_search: bool,
@@ -135,9 +140,18 @@ fn main() -> ExitCode {
             json,
             svg,
             seed,
+            routing,
             no_search,
             sequential,
-        } => run(scenarios, &policy, json, svg, seed, !no_search, !sequential),
+        } => run(
+            scenarios,
+            &policy,
+            json,
+            svg,
+            (seed, routing.as_deref()),
+            !no_search,
+            !sequential,
+        ),
         Command::Bench {
             requests,
             nodes,
@@ -170,7 +184,7 @@ fn run(
     policy: &str,
     json: Option<PathBuf>,
     svg: Option<PathBuf>,
-    seed: Option<u64>,
+    (seed, routing): (Option<u64>, Option<&str>),
     search: bool,
     parallel: bool,
 ) -> Result<(), Failure> {
@@ -185,6 +199,10 @@ fn run(
         })?;
         if let Some(seed) = seed {
             s.seed = seed;
+        }
+        if let Some(r) = routing {
+            s.routing = pair_sim::scenario::Routing::from_flag(r, &s.nodes)
+                .map_err(|e| Failure::Config(format!("--routing: {}", chain(&e))))?;
         }
         scenarios.push(s);
     }

@@ -38,6 +38,44 @@ pub struct Scenario {
     pub nodes: Vec<NodeSpec>,
     pub sources: Vec<Source>,
     pub search: SearchSpec,
+    pub routing: Routing,
+}
+
+/// Who routes the requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// One router sees every request and every reservation.
+    Single,
+    /// Every node routes the requests of the clients that entered at it,
+    /// with its own reservations and session table, as a live cluster does.
+    PerNode(Entry),
+}
+
+impl Routing {
+    /// `--routing`: `single`, `per-node`, or `per-node:NODE`.
+    pub fn from_flag(flag: &str, nodes: &[NodeSpec]) -> Result<Routing, SimError> {
+        let (mode, entry) = match flag.split_once(':') {
+            Some((m, e)) => (m, Some(e.to_owned())),
+            None => (flag, None),
+        };
+        parse_routing(
+            &RawRouting {
+                mode: Some(mode.to_owned()),
+                entry,
+            },
+            nodes,
+        )
+    }
+}
+
+/// Where the clients of a per-node cluster enter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// Spread over the nodes: a closed-loop user always at the same node
+    /// (user `u` at node `u mod n`), open-loop requests in turn.
+    Spread,
+    /// All at one node (an index into [`Scenario::nodes`]).
+    At(usize),
 }
 
 /// The service level the users-at-SLO search holds.
@@ -241,6 +279,49 @@ struct RawScenario {
     workload: Vec<RawSource>,
     #[serde(default)]
     search: RawSearch,
+    #[serde(default)]
+    routing: RawRouting,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    /// "single" (default) or "per-node".
+    #[serde(default)]
+    mode: Option<String>,
+    /// Per-node only: "spread" (default) or a node's name.
+    #[serde(default)]
+    entry: Option<String>,
+}
+
+/// `[routing]`: who routes, and where clients enter.
+fn parse_routing(raw: &RawRouting, nodes: &[NodeSpec]) -> Result<Routing, SimError> {
+    match raw.mode.as_deref() {
+        None | Some("single") => {
+            if raw.entry.is_some() {
+                return Err(SimError::invalid(
+                    "routing.entry",
+                    "only a per-node cluster has entry nodes",
+                ));
+            }
+            Ok(Routing::Single)
+        }
+        Some("per-node") => Ok(Routing::PerNode(match raw.entry.as_deref() {
+            None | Some("spread") => Entry::Spread,
+            Some(name) => Entry::At(nodes.iter().position(|n| n.name == name).ok_or_else(
+                || SimError::Unknown {
+                    field: "routing.entry".into(),
+                    what: "node",
+                    name: name.to_owned(),
+                },
+            )?),
+        })),
+        Some(other) => Err(SimError::Unknown {
+            field: "routing.mode".into(),
+            what: "mode (single, per-node)",
+            name: other.to_owned(),
+        }),
+    }
 }
 
 #[derive(Deserialize)]
@@ -475,6 +556,7 @@ impl RawScenario {
         let nodes = parse_nodes(&self.nodes, &models, &info)?;
         let sources = parse_workload(&self.workload, &models, &nodes)?;
         let search = parse_search(&self.search, &sources, duration, warmup)?;
+        let routing = parse_routing(&self.routing, &nodes)?;
         Ok(Scenario {
             name: self.name,
             description: self.description,
@@ -487,6 +569,7 @@ impl RawScenario {
             nodes,
             sources,
             search,
+            routing,
         })
     }
 }

@@ -40,7 +40,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::SimError;
 use crate::metrics::{Record, RunSummary, summarise};
 use crate::pressure::{PairPressure, pair_pressure_seen};
-use crate::scenario::{Micros, Scenario, SeedPerf, US_PER_MS};
+use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{Demand, SourceState, stream_seed};
 
 /// How often the router republishes its cluster snapshot.
@@ -205,7 +205,18 @@ struct InFlight {
     demand: Demand,
     arrival: Micros,
     node: u16,
+    /// The router that dispatched it, and its reservation there.
+    router: u16,
     reservation: ReservationId,
+}
+
+/// One router: the scheduler, its reservations and the snapshot it ranks.
+/// A single-router run has one; a per-node run one per node, each seeing
+/// the others through the same reports.
+struct Router {
+    snapshot: ClusterSnapshot,
+    scheduler: Scheduler,
+    reservations: Reservations,
 }
 
 /// Per-node state the simulation keeps beside the engine.
@@ -239,10 +250,10 @@ struct Sim<'a> {
     by_snapshot: Vec<usize>,
     /// The router's mirror of the cluster, id-sorted like the snapshot.
     view: Vec<NodeSnapshot>,
-    snapshot: ClusterSnapshot,
     generation: u64,
-    scheduler: Scheduler,
-    reservations: Reservations,
+    routers: Vec<Router>,
+    /// Open-loop requests dealt over the entry nodes in turn.
+    next_entry: usize,
     learner: PerfLearner,
     /// Learned something since the last publication.
     learner_dirty: bool,
@@ -309,11 +320,19 @@ impl<'a> Sim<'a> {
             plan,
             nodes,
             by_snapshot: order,
-            snapshot: ClusterSnapshot::new(0, 0, view.clone()),
+            routers: (0..match scn.routing {
+                Routing::Single => 1,
+                Routing::PerNode(_) => plan.nodes.len(),
+            })
+                .map(|_| Router {
+                    snapshot: ClusterSnapshot::new(0, 0, view.clone()),
+                    scheduler: Scheduler::with_policy(policy),
+                    reservations: Reservations::new(),
+                })
+                .collect(),
+            next_entry: 0,
             view,
             generation: 0,
-            scheduler: Scheduler::with_policy(policy),
-            reservations: Reservations::new(),
             learner: PerfLearner::new(),
             learner_dirty: false,
             rng: ChaCha8Rng::seed_from_u64(stream_seed(scn.seed, 0xD1CE, policy_index as u64)),
@@ -417,18 +436,21 @@ impl<'a> Sim<'a> {
         self.profile.prompt_tokens = d.prompt_tokens;
         self.profile.max_output_tokens = d.declared_output;
         self.profile.session = d.session;
-        self.scheduler.rank_into(
+        let r = self.entry(&d);
+        let router = &mut self.routers[r];
+        router.scheduler.rank_into(
             &mut self.ranking,
-            &self.snapshot,
+            &router.snapshot,
             &self.profile,
-            &self.reservations,
+            &router.reservations,
             now_ms,
             &mut self.rng,
         );
         // The first candidate, resolved to a node and its engine's model
         // index (both always exist: the snapshot is built from the plan).
+        let snapshot = &router.snapshot;
         let target = self.ranking.first().and_then(|c| {
-            let i = self.by_snapshot[self.snapshot.index_of(c.node)?];
+            let i = self.by_snapshot[snapshot.index_of(c.node)?];
             let local = self.plan.nodes[i].local[usize::from(d.model)]?;
             Some((c.node, i, local))
         });
@@ -448,9 +470,10 @@ impl<'a> Sim<'a> {
             self.user_done(now, d);
             return;
         };
-        let reservation = self.reservations.reserve(node_id, &self.profile, now_ms);
+        let router = &mut self.routers[r];
+        let reservation = router.reservations.reserve(node_id, &self.profile, now_ms);
         if let Some(session) = d.session {
-            self.scheduler.bind_session(session, node_id, now_ms);
+            router.scheduler.bind_session(session, node_id, now_ms);
         }
         let slot = match self.free.pop() {
             Some(k) => k,
@@ -463,6 +486,7 @@ impl<'a> Sim<'a> {
             demand: d,
             arrival: now,
             node: i as u16,
+            router: r as u16,
             reservation,
         });
         self.live += 1;
@@ -487,6 +511,21 @@ impl<'a> Sim<'a> {
             },
         );
         self.reschedule(i);
+    }
+
+    /// The router a request enters at.
+    fn entry(&mut self, d: &Demand) -> usize {
+        match self.scn.routing {
+            Routing::Single => 0,
+            Routing::PerNode(Entry::At(i)) => i,
+            Routing::PerNode(Entry::Spread) => match d.user {
+                Some(u) => u as usize % self.routers.len(),
+                None => {
+                    self.next_entry = (self.next_entry + 1) % self.routers.len();
+                    self.next_entry
+                }
+            },
+        }
     }
 
     fn reschedule(&mut self, i: usize) {
@@ -525,7 +564,8 @@ impl<'a> Sim<'a> {
         self.live -= 1;
         self.completed += 1;
         self.last_finish = self.last_finish.max(t.finished_us);
-        self.reservations
+        self.routers[usize::from(f.router)]
+            .reservations
             .release(f.reservation, t.finished_us / US_PER_MS);
         let plan = &self.plan.nodes[i];
         let rtt = plan.rtt;
@@ -710,9 +750,11 @@ impl<'a> Sim<'a> {
         // `Arc<ClusterSnapshot>` the same way).
         if changed {
             self.generation += 1;
-            self.snapshot =
-                ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
-            self.reservations.sync(&self.snapshot);
+            let snapshot = ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
+            for r in &mut self.routers {
+                r.snapshot = snapshot.clone();
+                r.reservations.sync(&r.snapshot);
+            }
         }
         if self.active(now) {
             self.push(now + PUBLISH_INTERVAL, Ev::Publish);
@@ -871,6 +913,26 @@ mod tests {
         );
     }
 
+    /// Per-node routing: every node routes its own clients with its own
+    /// reservations. All clients at one node is one router again; spread
+    /// over the nodes, each router sees only its own dispatches reserved,
+    /// and the same load ends up less well placed.
+    #[test]
+    fn per_node_routers_see_only_their_own_reservations() {
+        let mut scn = scenario(5, &["rtx4090", "rtx3060", "laptop"], 10, 0.2, 6, false, false);
+        let single = run(&scn, Policy::LeastPending);
+        scn.routing = Routing::from_flag("per-node:n0", &scn.nodes).unwrap();
+        let at_one = run(&scn, Policy::LeastPending);
+        assert_eq!(single.ttft_sorted, at_one.ttft_sorted);
+        scn.routing = Routing::from_flag("per-node", &scn.nodes).unwrap();
+        let spread = run(&scn, Policy::LeastPending);
+        assert_ne!(spread.ttft_sorted, single.ttft_sorted);
+        assert_eq!(spread.summary.generated, spread.summary.completed);
+        for bad in ["per-node:nowhere", "mesh", "single:n0"] {
+            assert!(Routing::from_flag(bad, &scn.nodes).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn heterogeneous_cluster_predicted_latency_avoids_the_laptop() {
         // The hint, as a check that the plumbing (profiles, reports,
@@ -933,10 +995,14 @@ mod tests {
             turns in any::<bool>(),
             two_models in any::<bool>(),
             policy in 0usize..5,
+            per_node in any::<bool>(),
         ) {
             let profiles = ["rtx4090", "rtx3060", "laptop", "m3-max", "cpu"];
             let nodes: Vec<&str> = kinds.iter().map(|&k| profiles[k]).collect();
-            let scn = scenario(seed, &nodes, users, rate, fan_out, turns, two_models);
+            let mut scn = scenario(seed, &nodes, users, rate, fan_out, turns, two_models);
+            if per_node {
+                scn.routing = Routing::PerNode(Entry::Spread);
+            }
             let out = run(&scn, Policy::ALL[policy]);
             let s = &out.summary;
             prop_assert_eq!(out.in_flight_at_end, 0);
