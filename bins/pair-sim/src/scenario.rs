@@ -308,13 +308,15 @@ fn parse_routing(raw: &RawRouting, nodes: &[NodeSpec]) -> Result<Routing, SimErr
         }
         Some("per-node") => Ok(Routing::PerNode(match raw.entry.as_deref() {
             None | Some("spread") => Entry::Spread,
-            Some(name) => Entry::At(nodes.iter().position(|n| n.name == name).ok_or_else(
-                || SimError::Unknown {
-                    field: "routing.entry".into(),
-                    what: "node",
-                    name: name.to_owned(),
-                },
-            )?),
+            Some(name) => {
+                Entry::At(nodes.iter().position(|n| n.name == name).ok_or_else(|| {
+                    SimError::Unknown {
+                        field: "routing.entry".into(),
+                        what: "node",
+                        name: name.to_owned(),
+                    }
+                })?)
+            }
         })),
         Some(other) => Err(SimError::Unknown {
             field: "routing.mode".into(),

@@ -750,7 +750,8 @@ impl<'a> Sim<'a> {
         // `Arc<ClusterSnapshot>` the same way).
         if changed {
             self.generation += 1;
-            let snapshot = ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
+            let snapshot =
+                ClusterSnapshot::new(self.generation, now / US_PER_MS, self.view.clone());
             for r in &mut self.routers {
                 r.snapshot = snapshot.clone();
                 r.reservations.sync(&r.snapshot);
@@ -919,7 +920,15 @@ mod tests {
     /// and the same load ends up less well placed.
     #[test]
     fn per_node_routers_see_only_their_own_reservations() {
-        let mut scn = scenario(5, &["rtx4090", "rtx3060", "laptop"], 10, 0.2, 6, false, false);
+        let mut scn = scenario(
+            5,
+            &["rtx4090", "rtx3060", "laptop"],
+            10,
+            0.2,
+            6,
+            false,
+            false,
+        );
         let single = run(&scn, Policy::LeastPending);
         scn.routing = Routing::from_flag("per-node:n0", &scn.nodes).unwrap();
         let at_one = run(&scn, Policy::LeastPending);

@@ -67,6 +67,21 @@ pub fn of(body: &[u8]) -> Option<Conversation> {
     })
 }
 
+/// [`of`] for the request path: bodies over
+/// [`crate::body::INLINE_SCAN_MAX`] are read on the blocking pool, as their
+/// routing fields are.
+pub async fn of_off_loop(body: &bytes::Bytes) -> Option<Conversation> {
+    if body.len() <= crate::body::INLINE_SCAN_MAX {
+        return of(body);
+    }
+    let b = body.clone();
+    match tokio::task::spawn_blocking(move || of(&b)).await {
+        Ok(c) => c,
+        // The blocking pool is gone (shutting down): read it here.
+        Err(_) => of(body),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

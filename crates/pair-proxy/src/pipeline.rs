@@ -272,8 +272,19 @@ pub async fn execute(
         Err(e) => return invalid_request(st, &req, plan, &e),
     };
     let mut cluster = st.cluster();
-    let (mut profile, first_turn) =
-        profile_for(facts, &req, &cluster, st.policy().keeps_sessions());
+    // A chat's conversation, read where the request is routed, for a
+    // policy that keeps sessions, when the client names none.
+    let conversation = if matches!(plan, Plan::Cluster)
+        && st.policy().keeps_sessions()
+        && !req.head.headers.contains(&SESSION_HEADER)
+        && req.work == Work::Generate
+        && CHAT_ROUTES.contains(&req.route)
+    {
+        crate::conversation::of_off_loop(&req.body).await
+    } else {
+        None
+    };
+    let (mut profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
     if let Plan::ThisNode { .. } = plan {
         if !holds(st, &cluster, &profile, req.flavor) {
             return model_not_here(st, &req, &profile);
@@ -1115,13 +1126,11 @@ fn reading(body: AnswerBody<JobWatcher>, engine_made: bool) -> AnswerBody<JobWat
 
 /// The scheduler's view of the request, and the conversation a chat's
 /// first turn starts (bound to the node that serves it, not routed by).
-/// A chat's conversation is read from its body only for a policy that
-/// keeps sessions.
 fn profile_for(
     facts: RequestFacts,
     req: &Inference,
     cluster: &ClusterSnapshot,
-    sessions: bool,
+    conversation: Option<crate::conversation::Conversation>,
 ) -> (RequestProfile, Option<SessionKey>) {
     let mut p = facts.profile(req.flavor, req.work, req.body.len());
     let headers = &req.head.headers;
@@ -1140,11 +1149,7 @@ fn profile_for(
     let mut first_turn = None;
     if let Some(v) = headers.get(&SESSION_HEADER) {
         p.session = Some(SessionKey::of(v));
-    } else if sessions
-        && req.work == Work::Generate
-        && CHAT_ROUTES.contains(&req.route)
-        && let Some(c) = crate::conversation::of(&req.body)
-    {
+    } else if let Some(c) = conversation {
         if c.continues {
             p.session = Some(c.key);
         } else {
