@@ -104,6 +104,37 @@ async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
     wait_settled(c, model).await;
 }
 
+/// The id of a node of `c` other than `id`.
+fn another_node(c: &pair_node::harness::LocalCluster, id: &str) -> String {
+    c.nodes
+        .iter()
+        .map(|n| n.id.to_string())
+        .find(|n| n != id)
+        .unwrap()
+}
+
+/// Waits until node 0's cluster view shows `model` learned on every node.
+async fn wait_learned(c: &pair_node::harness::LocalCluster, model: &str) {
+    let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
+    for _ in 0..100 {
+        let v = get_json(view.clone()).await;
+        let nodes = v["snapshot"]["nodes"].as_array().unwrap();
+        let learned = nodes.len() == c.nodes.len()
+            && nodes.iter().all(|n| {
+                n["engines"][0]["models"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m["name"] == model && m["learned"] == true)
+            });
+        if learned {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("node 0 never saw every node's speed learned");
+}
+
 /// `n` streamed generate requests sent at once to node 0's face and read
 /// to their end; the node each ran on.
 async fn burst(c: &pair_node::harness::LocalCluster, n: usize, num_predict: u32) -> Vec<String> {
@@ -411,6 +442,23 @@ async fn back_to_back_requests_stay_on_the_idle_fastest_peer() {
 
 async fn back_to_back(profiles: &[&str], fastest: usize) {
     let c = warm_cluster(profiles, 0.05).await;
+    // Every node learns its speed first (a node nothing is learned about
+    // is tried when idle: exploration, not what this test is about).
+    for node in &c.nodes {
+        let r = http()
+            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", node.id.to_string())
+            .json(
+                &json!({"model": "llama3.2:3b", "prompt": "teach me ".repeat(200),
+                          "stream": true, "options": {"num_predict": 16}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    wait_learned(&c, "llama3.2:3b").await;
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let fastest = c.nodes[fastest].id.to_string();
     let started = Instant::now();
@@ -469,12 +517,7 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
     // Where requests go on their own (the scheduler's pick on this idle
     // cluster), then a conversation whose first turn ran elsewhere.
     let usual = ask(None, None).await;
-    let elsewhere = c
-        .nodes
-        .iter()
-        .map(|n| n.id.to_string())
-        .find(|id| *id != usual)
-        .unwrap();
+    let elsewhere = another_node(&c, &usual);
     assert_eq!(
         ask(Some("conv-1"), Some(elsewhere.clone())).await,
         elsewhere
@@ -523,12 +566,7 @@ async fn a_conversation_sticks_to_its_node_without_a_header() {
     };
     let user = |text: &str| json!({"role": "user", "content": text});
     let (usual, _) = ask(vec![user("where do requests go?")], None).await;
-    let elsewhere = c
-        .nodes
-        .iter()
-        .map(|n| n.id.to_string())
-        .find(|id| *id != usual)
-        .unwrap();
+    let elsewhere = another_node(&c, &usual);
     // The first turn of a chat runs elsewhere (pinned there).
     let mut chat = vec![user("plan a trip to Oslo")];
     let (first, answer) = ask(chat.clone(), Some(elsewhere.clone())).await;
