@@ -195,6 +195,10 @@ impl EngineReport {
 pub struct EngineState {
     configured_slots: Option<u16>,
     reported_slots: Option<u16>,
+    /// The most requests the engine's own gauges (vLLM's
+    /// `num_requests_running`, llama.cpp's `requests_processing`) showed
+    /// running at once since it came up: it has at least that many slots.
+    most_running: u16,
     inventory_every: NonZeroU32,
     polls: u64,
     refresh_due: bool,
@@ -212,6 +216,7 @@ impl EngineState {
         Self {
             configured_slots,
             reported_slots: None,
+            most_running: 0,
             inventory_every,
             polls: 0,
             refresh_due: true,
@@ -262,6 +267,10 @@ impl EngineState {
                     self.reported_slots = obs.slots;
                 }
                 r.queue = obs.queue;
+                if let Some(q) = obs.queue {
+                    let running = u16::try_from(q.running).unwrap_or(u16::MAX);
+                    self.most_running = self.most_running.max(running);
+                }
                 if obs.version.is_some() {
                     r.version = obs.version;
                 }
@@ -272,6 +281,7 @@ impl EngineState {
                 // models and flags: read everything again when it is back.
                 self.refresh_due = true;
                 self.reported_slots = None;
+                self.most_running = 0;
                 r.queue = None;
             }
         }
@@ -283,6 +293,7 @@ impl EngineState {
             .configured_slots
             .or(self.reported_slots)
             .unwrap_or(1)
+            .max(self.most_running)
             .max(1);
         before.differs_materially(&self.report)
     }
@@ -329,6 +340,38 @@ mod tests {
     fn state(slots: Option<u16>) -> EngineState {
         let cfg = EngineConfig::new(EngineKind::OpenAiCompat, "127.0.0.1:1235", slots).unwrap();
         EngineState::new(&cfg, nz(2), nz(5))
+    }
+
+    /// vLLM says nothing of its slots but shows how many requests run: as
+    /// many as it was seen running at once, it has; until it restarts.
+    #[test]
+    fn requests_seen_running_at_once_are_slots() {
+        let mut s = state(None);
+        let running = |n: u32| Observation {
+            queue: Some(crate::QueueDepth {
+                running: n,
+                waiting: 0,
+            }),
+            ..ok(None)
+        };
+        s.apply(running(1), 1);
+        assert_eq!(s.report().snapshot.slots, 1);
+        s.apply(running(6), 2);
+        s.apply(running(2), 3);
+        assert_eq!(s.report().snapshot.slots, 6, "the most seen stays");
+        let mut failed = ok(None);
+        failed.health = Err(ProbeFailure::Refused);
+        s.apply(failed, 4);
+        s.apply(running(0), 5);
+        assert_eq!(
+            s.report().snapshot.slots,
+            1,
+            "a restarted engine starts over"
+        );
+        // A configured figure is a floor the gauges can only raise.
+        let mut s = state(Some(4));
+        s.apply(running(2), 1);
+        assert_eq!(s.report().snapshot.slots, 4);
     }
 
     #[test]
