@@ -117,6 +117,63 @@ pub struct RunSummary {
     pub simulated_s: f64,
     pub nodes: Vec<NodeSummary>,
     pub sources: Vec<SourceSummary>,
+    /// Agent jobs (a fan-out burst of sub-tasks) that started after the
+    /// warm-up, when a source has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOutSummary>,
+}
+
+/// How long agent jobs took from their start to their last sub-task's end
+/// (the makespan), against the capacity-weighted ideal: the job's work
+/// shared over every node that holds its model in proportion to speed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct FanOutSummary {
+    pub jobs: u64,
+    pub makespan_p50_ms: f64,
+    pub ideal_p50_ms: f64,
+    /// Makespan over ideal, per job: median and 95th percentile.
+    pub ratio_p50: f64,
+    pub ratio_p95: f64,
+}
+
+/// One finished agent job: makespan and ideal, µs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FanOut {
+    pub makespan: Micros,
+    pub ideal: f64,
+}
+
+/// The fan-out summary of `jobs`, if there are any.
+pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
+    if jobs.is_empty() {
+        return None;
+    }
+    let median = |mut v: Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        v[rank - 1]
+    };
+    let ms = |us: f64| us / 1000.0;
+    Some(FanOutSummary {
+        jobs: jobs.len() as u64,
+        makespan_p50_ms: ms(median(
+            jobs.iter().map(|j| j.makespan as f64).collect(),
+            0.5,
+        )),
+        ideal_p50_ms: ms(median(jobs.iter().map(|j| j.ideal).collect(), 0.5)),
+        ratio_p50: median(
+            jobs.iter()
+                .map(|j| j.makespan as f64 / j.ideal.max(1.0))
+                .collect(),
+            0.5,
+        ),
+        ratio_p95: median(
+            jobs.iter()
+                .map(|j| j.makespan as f64 / j.ideal.max(1.0))
+                .collect(),
+            0.95,
+        ),
+    })
 }
 
 /// Builds the summary, and the sorted TTFTs (for CDF plots) on request.
@@ -213,6 +270,7 @@ pub fn summarise(
                 e2e: Percentiles::of(e),
             })
             .collect(),
+        fan_out: None,
     };
     (summary, ttft)
 }

@@ -319,6 +319,31 @@ pub fn render_table(r: &ScenarioReport) -> String {
             out.push('\n');
         }
     }
+    if r.policies.iter().any(|p| p.run.fan_out.is_some()) {
+        let _ = writeln!(
+            out,
+            "agent jobs: makespan p50 / capacity-weighted ideal p50 (makespan / ideal, p50 and p95)"
+        );
+        let _ = write!(out, "{:<36}", "");
+        for p in &r.policies {
+            let _ = write!(out, " {:>26}", p.policy.as_str());
+        }
+        out.push('\n');
+        let _ = write!(out, "{:<36}", "agent jobs");
+        for p in &r.policies {
+            let cell = p.run.fan_out.map_or_else(String::new, |f| {
+                format!(
+                    "{} / {} ({:.2}x, {:.2}x)",
+                    fmt_ms(f.makespan_p50_ms),
+                    fmt_ms(f.ideal_p50_ms),
+                    f.ratio_p50,
+                    f.ratio_p95
+                )
+            });
+            let _ = write!(out, " {cell:>26}");
+        }
+        out.push('\n');
+    }
     let _ = writeln!(
         out,
         "per node: share of requests / share of SLO misses / utilisation"

@@ -38,7 +38,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::SimError;
-use crate::metrics::{Record, RunSummary, summarise};
+use crate::metrics::{FanOut, Record, RunSummary, summarise, summarise_fan_out};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{Demand, SourceState, stream_seed};
@@ -273,6 +273,18 @@ struct Sim<'a> {
     engine_events: Vec<EngineEvent>,
     events: u64,
     last_finish: Micros,
+    /// Agent jobs in flight, by (source, job): when they started, their
+    /// ideal makespan (µs), sub-tasks left, and the latest sub-task end.
+    jobs: std::collections::HashMap<(u16, u32), Job>,
+    fan_outs: Vec<FanOut>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    start: Micros,
+    ideal: f64,
+    left: u32,
+    end: Micros,
 }
 
 /// Runs one scenario under one policy.
@@ -351,6 +363,8 @@ impl<'a> Sim<'a> {
             engine_events: Vec::new(),
             events: 0,
             last_finish: 0,
+            jobs: std::collections::HashMap::new(),
+            fan_outs: Vec::new(),
         }
     }
 
@@ -405,6 +419,17 @@ impl<'a> Sim<'a> {
         let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
         self.sources[s].open_loop_batch(src, &mut batch);
+        if let Some(job) = batch.first().and_then(|d| d.burst) {
+            self.jobs.insert(
+                (s as u16, job),
+                Job {
+                    start: now,
+                    ideal: self.ideal_makespan(&batch),
+                    left: u32::try_from(batch.len()).unwrap_or(u32::MAX),
+                    end: now,
+                },
+            );
+        }
         for d in &batch {
             self.dispatch(now, *d);
         }
@@ -528,6 +553,58 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// One sub-task of an agent job answered at `at`; the job's makespan is
+    /// kept when its last one is, for jobs that started after the warm-up.
+    fn job_part_done(&mut self, key: (u16, u32), at: Micros) {
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        job.left = job.left.saturating_sub(1);
+        job.end = job.end.max(at);
+        if job.left == 0 {
+            let job = *job;
+            self.jobs.remove(&key);
+            if job.start >= self.scn.warmup && job.ideal.is_finite() {
+                self.fan_outs.push(FanOut {
+                    makespan: job.end - job.start,
+                    ideal: job.ideal,
+                });
+            }
+        }
+    }
+
+    /// The capacity-weighted ideal makespan of an agent job, µs: each node
+    /// that holds the job's models could run it alone in `T_i` (its
+    /// sub-tasks' prefill at the profile's rate, their decode at its rate
+    /// times the batching speedup of as many streams as it has slots, up to
+    /// the job's size); together, in `1 / sum(1 / T_i)`.
+    fn ideal_makespan(&self, tasks: &[Demand]) -> f64 {
+        let mut speed = 0.0;
+        for (i, plan) in self.plan.nodes.iter().enumerate() {
+            let mut t_i = 0.0;
+            for d in tasks {
+                if plan.local[usize::from(d.model)].is_none() {
+                    t_i = f64::INFINITY;
+                    break;
+                }
+                let size = self.scn.models[usize::from(d.model)].size_bytes;
+                let rates = plan.profile.rates(size).to_perf();
+                let streams = self.nodes[i].engine.slots().min(tasks.len() as u32).max(1);
+                let batched = f64::from(rates.decode_tps) * f64::from(streams).powf(0.7);
+                t_i += f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3)
+                    + f64::from(d.output_tokens) / batched.max(1e-3);
+            }
+            if t_i.is_finite() && t_i > 0.0 {
+                speed += 1.0 / t_i;
+            }
+        }
+        if speed > 0.0 {
+            1e6 / speed
+        } else {
+            f64::INFINITY
+        }
+    }
+
     fn reschedule(&mut self, i: usize) {
         let at = self.nodes[i].engine.next_event_at();
         if at != self.nodes[i].due {
@@ -567,8 +644,11 @@ impl<'a> Sim<'a> {
         self.routers[usize::from(f.router)]
             .reservations
             .release(f.reservation, t.finished_us / US_PER_MS);
+        let rtt = self.plan.nodes[i].rtt;
+        if let Some(job) = f.demand.burst {
+            self.job_part_done((f.demand.source, job), t.finished_us + rtt);
+        }
         let plan = &self.plan.nodes[i];
-        let rtt = plan.rtt;
         let node = &mut self.nodes[i];
         node.declared_out = node
             .declared_out
@@ -779,7 +859,7 @@ impl<'a> Sim<'a> {
             .collect();
         let records = std::mem::take(&mut self.records);
         let sources: Vec<String> = self.scn.sources.iter().map(|s| s.name.clone()).collect();
-        let (summary, ttft_sorted) = summarise(
+        let (mut summary, ttft_sorted) = summarise(
             &records,
             &names,
             &sources,
@@ -788,6 +868,7 @@ impl<'a> Sim<'a> {
             self.completed,
             (self.scn.warmup, self.scn.duration),
         );
+        summary.fan_out = summarise_fan_out(&self.fan_outs);
         RunOutput {
             policy,
             summary,
@@ -940,6 +1021,40 @@ mod tests {
         for bad in ["per-node:nowhere", "mesh", "single:n0"] {
             assert!(Routing::from_flag(bad, &scn.nodes).is_err(), "{bad}");
         }
+    }
+
+    /// An agent job's ideal makespan is its work shared over the nodes in
+    /// proportion to speed: two nodes like one halve it, and every job that
+    /// started after the warm-up is measured.
+    #[test]
+    fn agent_jobs_are_measured_against_their_capacity_weighted_ideal() {
+        let one = scenario(9, &["rtx4090"], 1, 0.2, 8, false, false);
+        let two = scenario(9, &["rtx4090", "rtx4090"], 1, 0.2, 8, false, false);
+        let tasks: Vec<Demand> = (0..6)
+            .map(|_| Demand {
+                source: 1,
+                model: 0,
+                prompt_tokens: 1000,
+                output_tokens: 200,
+                declared_output: 256,
+                streaming: false,
+                session: None,
+                user: None,
+                burst: Some(1),
+            })
+            .collect();
+        let (p1, p2) = (Cluster::build(&one).unwrap(), Cluster::build(&two).unwrap());
+        let i1 = Sim::new(&one, &p1, Policy::PredictedLatency).ideal_makespan(&tasks);
+        let i2 = Sim::new(&two, &p2, Policy::PredictedLatency).ideal_makespan(&tasks);
+        assert!(i1.is_finite() && i1 > 0.0);
+        assert!((i1 / i2 - 2.0).abs() < 1e-9, "{i1} {i2}");
+        let out = run(&two, Policy::PredictedLatency);
+        let f = out.summary.fan_out.expect("agent jobs measured");
+        assert!(
+            f.jobs > 0 && f.makespan_p50_ms > 0.0 && f.ideal_p50_ms > 0.0,
+            "{f:?}"
+        );
+        assert!(f.ratio_p50 <= f.ratio_p95);
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct Demand {
     pub session: Option<SessionKey>,
     /// The closed-loop user waiting for this answer.
     pub user: Option<u32>,
+    /// The agent job (one fan-out burst of its source) this sub-task is
+    /// part of.
+    pub burst: Option<u32>,
 }
 
 /// Mixes a seed with stream identifiers (SplitMix64 finaliser), so each
@@ -60,6 +63,8 @@ pub struct SourceState {
     bursting: bool,
     flip_at: Micros,
     users: Vec<User>,
+    /// Agent jobs started so far (their ids).
+    bursts: u32,
 }
 
 impl SourceState {
@@ -91,6 +96,7 @@ impl SourceState {
             bursting: false,
             flip_at,
             users,
+            bursts: 0,
         }
     }
 
@@ -147,8 +153,13 @@ impl SourceState {
             SourceKind::Agents { fan_out, .. } => fan_out.sample_count(&mut self.rng, 1),
             _ => 1,
         };
+        let burst = matches!(source.kind, SourceKind::Agents { .. }).then(|| {
+            self.bursts = self.bursts.wrapping_add(1);
+            self.bursts
+        });
         for _ in 0..n {
-            let d = draw(&mut self.rng, source, self.index, 0, None, None);
+            let mut d = draw(&mut self.rng, source, self.index, 0, None, None);
+            d.burst = burst;
             out.push(d);
         }
     }
@@ -262,6 +273,7 @@ fn draw<R: Rng + ?Sized>(
         streaming,
         session,
         user,
+        burst: None,
     }
 }
 
