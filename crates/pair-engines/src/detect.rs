@@ -14,6 +14,7 @@ use crate::inventory::{
     parse_lmstudio_v0, parse_lmstudio_v1, parse_ollama_tags, parse_ollama_version,
     parse_openai_models,
 };
+use crate::probe::get_body;
 use crate::{EngineConfig, EngineError, EngineUrl, ProbeFailure, http_client};
 
 /// The ports local engines take by default, with who usually holds each.
@@ -268,22 +269,7 @@ pub async fn scan(
 /// The identifying requests for one port, stopping as soon as the answer
 /// is known (a port that refuses the first connection is free).
 async fn ask(client: &reqwest::Client, base: &EngineUrl) -> Finding {
-    let get = |path: &'static str| {
-        let url = base.join(path);
-        async move {
-            let resp = client.get(url).send().await.map_err(|e| {
-                if e.is_connect() {
-                    ProbeFailure::Refused
-                } else {
-                    ProbeFailure::Transport
-                }
-            })?;
-            if !resp.status().is_success() {
-                return Err(ProbeFailure::Status(resp.status().as_u16()));
-            }
-            resp.bytes().await.map_err(|_| ProbeFailure::Transport)
-        }
-    };
+    let get = |path: &'static str| get_body(client, base.join(path));
     let pair_status = match get("/_pair/status").await {
         Err(ProbeFailure::Refused) => return Finding::Free,
         r => r.ok(),

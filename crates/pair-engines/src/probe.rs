@@ -146,24 +146,7 @@ impl EngineProbe {
     }
 
     async fn get(&self, path: &str) -> Result<bytes::Bytes, ProbeFailure> {
-        let resp = self
-            .client
-            .get(self.config.base_url.join(path))
-            .send()
-            .await
-            .map_err(classify)?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(ProbeFailure::Status(status.as_u16()));
-        }
-        if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
-            return Err(ProbeFailure::BadBody);
-        }
-        let body = resp.bytes().await.map_err(classify)?;
-        if body.len() > MAX_BODY {
-            return Err(ProbeFailure::BadBody);
-        }
-        Ok(body)
+        get_body(&self.client, self.config.base_url.join(path)).await
     }
 
     async fn poll_ollama(&mut self, inventory: InventoryRead) -> Observation {
@@ -293,6 +276,27 @@ impl EngineProbe {
         }
         obs
     }
+}
+
+/// `GET url` under the client's deadline: the body of a 2xx answer, at
+/// most [`MAX_BODY`] bytes, or why there is none.
+pub(crate) async fn get_body(
+    client: &reqwest::Client,
+    url: String,
+) -> Result<bytes::Bytes, ProbeFailure> {
+    let resp = client.get(url).send().await.map_err(classify)?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(ProbeFailure::Status(status.as_u16()));
+    }
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(ProbeFailure::BadBody);
+    }
+    let body = resp.bytes().await.map_err(classify)?;
+    if body.len() > MAX_BODY {
+        return Err(ProbeFailure::BadBody);
+    }
+    Ok(body)
 }
 
 fn lms_v1(b: &[u8]) -> bool {
