@@ -277,8 +277,7 @@ pub async fn execute(
     let conversation = if matches!(plan, Plan::Cluster)
         && st.policy().keeps_sessions()
         && !req.head.headers.contains(&SESSION_HEADER)
-        && req.work == Work::Generate
-        && CHAT_ROUTES.contains(&req.route)
+        && crate::route::is_chat(req.route)
     {
         crate::conversation::of_off_loop(&req.body).await
     } else {
@@ -1158,9 +1157,6 @@ fn profile_for(
     }
     (p, first_turn)
 }
-
-/// The routes whose bodies are conversations (a `messages` list).
-const CHAT_ROUTES: [&str; 3] = ["/api/chat", "/v1/chat/completions", "/v1/messages"];
 
 /// The local engine that holds the model, or the peer's link.
 pub(crate) fn hop_for(

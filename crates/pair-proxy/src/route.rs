@@ -102,6 +102,12 @@ pub const INFERENCE_ROUTES: [&str; 9] = {
     names
 };
 
+/// Whether an inference route's body is a conversation (a `messages`
+/// list re-sent from its start each turn).
+pub fn is_chat(route: &str) -> bool {
+    matches!(route, "/api/chat" | "/v1/chat/completions" | "/v1/messages")
+}
+
 /// Classifies a request by method and path (query string excluded).
 pub fn classify(method: &http::Method, path: &str) -> RouteClass {
     let path = path
@@ -143,6 +149,24 @@ mod tests {
                 RouteClass::Inference { route, .. } => assert_eq!(route, r),
                 other => panic!("{r}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn chat_routes_are_generation_routes_with_messages() {
+        let chats: Vec<&str> = INFERENCE_ROUTES
+            .into_iter()
+            .filter(|r| is_chat(r))
+            .collect();
+        assert_eq!(chats, ["/api/chat", "/v1/chat/completions", "/v1/messages"]);
+        for r in chats {
+            assert!(matches!(
+                classify(&http::Method::POST, r),
+                RouteClass::Inference {
+                    work: Work::Generate,
+                    ..
+                }
+            ));
         }
     }
 
