@@ -741,6 +741,9 @@ async fn slots_an_engine_does_not_report_are_learned_from_overlapping_answers() 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // `pair-node status` says what the cluster is told.
+    let status = get_json(format!("{}/_pair/status", c.nodes[0].ollama_url())).await;
+    assert_eq!(status["engines"][0]["slots"], 3, "{status}");
     c.stop().await;
 }
 

@@ -117,14 +117,16 @@ pub struct Status {
     pub engines: Vec<EngineStatus>,
 }
 
-/// One engine of the node, as its poller last saw it.
+/// One engine of the node, as the node reports it to the cluster (health
+/// with stalls counted, slots with learned ones), else as its poller last
+/// saw it.
 #[derive(Serialize, Deserialize, Debug)]
 pub struct EngineStatus {
     /// As `--engine` names it: ollama, lm-studio, openai-compat.
     pub kind: String,
     pub url: String,
     pub healthy: bool,
-    /// Requests it runs at once (configured, reported, or 1).
+    /// Requests it runs at once (configured, reported, learned, or 1).
     pub slots: u16,
     pub models: Vec<EngineModel>,
     /// Why the last poll failed, while it is down.
@@ -139,15 +141,15 @@ pub struct EngineModel {
 }
 
 impl EngineStatus {
-    fn of(handle: &EngineHandle) -> Self {
+    fn of(handle: &EngineHandle, reported: Option<&pair_core::EngineSnapshot>) -> Self {
         let r = handle.report();
+        let snap = reported.unwrap_or(&r.snapshot);
         Self {
-            kind: r.snapshot.kind.to_string(),
+            kind: snap.kind.to_string(),
             url: handle.config().base_url.to_string(),
-            healthy: r.snapshot.healthy,
-            slots: r.snapshot.slots,
-            models: r
-                .snapshot
+            healthy: snap.healthy,
+            slots: snap.slots,
+            models: snap
                 .models
                 .iter()
                 .map(|m| EngineModel {
@@ -163,6 +165,7 @@ impl EngineStatus {
 
 async fn status(State(c): State<Control>) -> Json<Status> {
     let cluster = c.st.cluster();
+    let own = cluster.node(c.st.node.id);
     Json(Status {
         id: c.st.node.id,
         name: c.name.clone(),
@@ -179,7 +182,13 @@ async fn status(State(c): State<Control>) -> Json<Status> {
         served: c.st.load.served(),
         jobs_logged: c.st.jobs.len(),
         invite_open: c.pairing.invite_status(SystemTime::now()).is_some(),
-        engines: c.engines.iter().map(EngineStatus::of).collect(),
+        // The node's own report lists its engines in the pollers' order.
+        engines: c
+            .engines
+            .iter()
+            .enumerate()
+            .map(|(i, h)| EngineStatus::of(h, own.and_then(|n| n.engines.get(i))))
+            .collect(),
     })
 }
 
