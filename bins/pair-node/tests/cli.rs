@@ -120,30 +120,26 @@ fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
 }
 
-/// Starts `pair-node run` on free ports with `args`, returns the first log
-/// lines up to "pair-node running".
-fn started_logs(args: &[&str]) -> Vec<String> {
+/// `pair-node run` on free ports with `extra` flags, in front of an engine
+/// port nothing answers on: the node, its stderr and its state dir.
+fn started(
+    extra: &[&str],
+) -> (
+    pair_node::harness::KillOnDrop,
+    std::process::ChildStderr,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(["run", "--mdns", "off", "--cluster", "127.0.0.1:0"])
-        .args([
-            "--openai-face",
-            "127.0.0.1:0",
-            "--ollama-face",
-            "127.0.0.1:0",
-        ])
-        .args(["--engine", "ollama=http://127.0.0.1:9"])
-        .arg("--state-dir")
-        .arg(dir.path())
-        .env("PAIR_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let node = pair_node::harness::KillOnDrop(child);
+    let (child, stderr) = support::spawn(dir.path(), "logs", 9, 1, extra, None);
+    (pair_node::harness::KillOnDrop(child), stderr, dir)
+}
+
+/// The first log lines of a node started with `extra`, up to "pair-node
+/// running".
+fn started_logs(extra: &[&str]) -> Vec<String> {
+    let (node, stderr, _dir) = started(extra);
     let mut lines = Vec::new();
-    pair_node::harness::wait_for_output(stderr, std::time::Duration::from_secs(20), |l| {
+    pair_node::harness::wait_for_output(stderr, Duration::from_secs(20), |l| {
         lines.push(l.to_owned());
         l.contains("pair-node running")
     })
@@ -174,37 +170,8 @@ fn logs_are_plain_text_off_a_terminal_and_json_when_asked() {
 
 #[test]
 fn metrics_can_be_served_for_a_scraper_on_another_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "run",
-            "--mdns",
-            "off",
-            "--cluster",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--openai-face",
-            "127.0.0.1:0",
-            "--ollama-face",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--engine",
-            "ollama=http://127.0.0.1:9",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--state-dir")
-        .arg(dir.path())
-        .env("PAIR_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let _node = pair_node::harness::KillOnDrop(child);
+    let (_node, stderr, _dir) =
+        started(&["--log-format", "json", "--metrics-listen", "127.0.0.1:0"]);
     let mut addr = None;
     pair_node::harness::wait_for_output(stderr, Duration::from_secs(20), |l| {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(l)

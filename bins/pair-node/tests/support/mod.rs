@@ -174,7 +174,9 @@ pub fn spawn(
     let mut child = cmd
         .env("PAIR_LOG", "info")
         .env("PAIR_THREADS", threads.to_string())
-        .env("NO_COLOR", "1")
+        // No NO_COLOR: stderr is a pipe, and the node must leave colour
+        // codes out on its own (tests/cli.rs checks it).
+        .env_remove("NO_COLOR")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
