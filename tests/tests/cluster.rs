@@ -115,24 +115,39 @@ fn another_node(c: &pair_node::harness::LocalCluster, id: &str) -> String {
 
 /// Waits until node 0's cluster view shows `model` learned on every node.
 async fn wait_learned(c: &pair_node::harness::LocalCluster, model: &str) {
+    wait_view(c, model, "every node's speed learned", |_, m| {
+        m["learned"] == true
+    })
+    .await;
+}
+
+/// Waits (10 s at most) until node 0's cluster view (peer reports and its
+/// own snapshot arrive every gossip interval) shows every node with an
+/// entry for `model` that `holds` accepts, given the node and the entry.
+async fn wait_view(
+    c: &pair_node::harness::LocalCluster,
+    model: &str,
+    what: &str,
+    holds: impl Fn(&Value, &Value) -> bool,
+) {
     let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
     for _ in 0..100 {
         let v = get_json(view.clone()).await;
         let nodes = v["snapshot"]["nodes"].as_array().unwrap();
-        let learned = nodes.len() == c.nodes.len()
+        let seen = nodes.len() == c.nodes.len()
             && nodes.iter().all(|n| {
                 n["engines"][0]["models"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .any(|m| m["name"] == model && m["learned"] == true)
+                    .any(|m| m["name"] == model && holds(n, m))
             });
-        if learned {
+        if seen {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("node 0 never saw every node's speed learned");
+    panic!("{what} never reached node 0's view");
 }
 
 /// `n` streamed generate requests sent at once to node 0's face and read
@@ -158,30 +173,13 @@ async fn burst(c: &pair_node::harness::LocalCluster, n: usize, num_predict: u32)
     futures_util::future::join_all(sends).await
 }
 
-/// Waits until node 0's cluster view (peer reports and its own snapshot
-/// arrive every gossip interval) shows `model` loaded and nothing running
-/// on every node.
+/// Waits until node 0's cluster view shows `model` loaded and nothing
+/// running on every node.
 async fn wait_settled(c: &pair_node::harness::LocalCluster, model: &str) {
-    let view = format!("{}/_pair/cluster", c.nodes[0].ollama_url());
-    let mut settled = false;
-    for _ in 0..100 {
-        let v = get_json(view.clone()).await;
-        let nodes = v["snapshot"]["nodes"].as_array().unwrap();
-        settled = nodes.len() == c.nodes.len()
-            && nodes.iter().all(|n| {
-                n["workload"]["running"] == 0
-                    && n["engines"][0]["models"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|m| m["name"] == model && m["loaded"] == true)
-            });
-        if settled {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(settled, "the warm, idle state never reached node 0's view");
+    wait_view(c, model, "the warm, idle state", |n, m| {
+        n["workload"]["running"] == 0 && m["loaded"] == true
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
