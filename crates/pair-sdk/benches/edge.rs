@@ -222,23 +222,13 @@ fn latency(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, n: usize) {
             .connect(pair_identity::tls::server_name(), tls)
             .await
             .unwrap();
-        let link = pair_cluster::PeerLink::new(
+        let link = peer_link(
+            &identity,
+            &trust,
             node.id,
             node.cluster_addr,
-            Arc::new(
-                pair_identity::tls::client_config(
-                    &identity,
-                    &trust,
-                    pair_identity::tls::Expect::Peer(node.id),
-                )
-                .unwrap(),
-            ),
-            pair_http::Timeouts {
-                connect: Duration::from_secs(2),
-                first_byte: Duration::from_secs(20),
-            },
-        )
-        .unwrap();
+            Duration::from_secs(2),
+        );
         let mut paths = Paths {
             engine: h1(plain(engine_addr).await).await,
             engine_host: engine_addr.to_string(),
@@ -352,6 +342,30 @@ async fn paired_with(cfg: Config, join: &[&Node]) -> Client {
             .unwrap();
     }
     client
+}
+
+/// A `PeerLink` to `node` at `addr`, pinned by `trust` (what the SDK
+/// sends with, used here bare), with `connect` as its connect timeout.
+fn peer_link(
+    identity: &Identity,
+    trust: &TrustStore,
+    node: NodeId,
+    addr: SocketAddr,
+    connect: Duration,
+) -> pair_cluster::PeerLink {
+    let tls =
+        pair_identity::tls::client_config(identity, trust, pair_identity::tls::Expect::Peer(node))
+            .unwrap();
+    pair_cluster::PeerLink::new(
+        node,
+        addr,
+        Arc::new(tls),
+        pair_http::Timeouts {
+            connect,
+            first_byte: Duration::from_secs(20),
+        },
+    )
+    .unwrap()
 }
 
 async fn plain(addr: SocketAddr) -> TcpStream {
@@ -728,23 +742,7 @@ fn failover(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, cycles: us
                     assert!(TcpStream::connect(gate.addr).await.is_err());
                     k.bare.push(t.elapsed());
                     let t = Instant::now();
-                    let link = pair_cluster::PeerLink::new(
-                        a.id,
-                        gate.addr,
-                        Arc::new(
-                            pair_identity::tls::client_config(
-                                &identity,
-                                &trust,
-                                pair_identity::tls::Expect::Peer(a.id),
-                            )
-                            .unwrap(),
-                        ),
-                        pair_http::Timeouts {
-                            connect: connect_timeout,
-                            first_byte: Duration::from_secs(20),
-                        },
-                    )
-                    .unwrap();
+                    let link = peer_link(&identity, &trust, a.id, gate.addr, connect_timeout);
                     let req = http::Request::post(link.relay_uri(ROUTE).unwrap())
                         .header(CONTENT_TYPE, "application/json")
                         .body(Full::new(Bytes::from_static(BODY.as_bytes())))
@@ -816,23 +814,7 @@ fn failover(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, cycles: us
         // bare PeerLink. A's port stays closed (A out of the ranking).
         gate.close().await;
         let _ = send(2).await;
-        let link_b = pair_cluster::PeerLink::new(
-            b.id,
-            b.cluster_addr,
-            Arc::new(
-                pair_identity::tls::client_config(
-                    &identity,
-                    &trust,
-                    pair_identity::tls::Expect::Peer(b.id),
-                )
-                .unwrap(),
-            ),
-            pair_http::Timeouts {
-                connect: connect_timeout,
-                first_byte: Duration::from_secs(20),
-            },
-        )
-        .unwrap();
+        let link_b = peer_link(&identity, &trust, b.id, b.cluster_addr, connect_timeout);
         let via_link = || {
             let link_b = link_b.clone();
             async move {
