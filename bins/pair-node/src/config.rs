@@ -51,6 +51,10 @@ pub enum ConfigError {
     },
     #[error("invalid policy {0:?} (expected one of: {names})", names = Policy::NAMES.join(", "))]
     Policy(String),
+    #[error("invalid emulated hardware")]
+    Emulated(#[source] pair_emulator::EmulatorError),
+    #[error("--emulated-speed-scale must be a positive number, not {0}")]
+    SpeedScale(f64),
     #[error("invalid static peer {input:?}")]
     Peer {
         input: String,
@@ -261,6 +265,24 @@ pub struct RunArgs {
     /// with hyper-util's client instead of the hand-framed HTTP/1.1.
     #[arg(long, value_enum, hide = true)]
     pub http_stack: Option<HttpStackArg>,
+    /// The engine is an emulated one of this hardware profile (`pair-sim
+    /// live`): the node reports a GPU of the profile's name, as NVML would.
+    #[arg(long, hide = true)]
+    pub emulated_hardware: Option<String>,
+    /// With `--emulated-hardware`: advertise the profile's speeds until jobs
+    /// teach the node its own, at this time scale (the emulated engine's
+    /// wall seconds per modelled second).
+    #[arg(long, hide = true, requires = "emulated_hardware")]
+    pub emulated_speed_scale: Option<f64>,
+}
+
+/// `--emulated-hardware`: what a node over an emulated engine says of its
+/// hardware.
+#[derive(Clone, Debug)]
+pub struct EmulatedHardware {
+    pub profile: pair_emulator::HardwareProfile,
+    /// Advertise the profile's speeds at this time scale; `None`: nothing.
+    pub speed_scale: Option<f64>,
 }
 
 /// `--http-stack`.
@@ -303,6 +325,7 @@ pub struct NodeConfig {
     /// How long a face's client may take.
     pub deadlines: ClientDeadlines,
     pub http_stack: HttpStack,
+    pub emulated: Option<EmulatedHardware>,
 }
 
 impl NodeConfig {
@@ -444,6 +467,19 @@ impl NodeConfig {
             http_stack: match args.http_stack {
                 Some(HttpStackArg::Hyper) => HttpStack::Hyper,
                 Some(HttpStackArg::Native) | None => HttpStack::Native,
+            },
+            emulated: match args.emulated_hardware {
+                Some(name) => Some(EmulatedHardware {
+                    profile: pair_emulator::HardwareProfile::by_name(&name)
+                        .map_err(ConfigError::Emulated)?,
+                    speed_scale: match args.emulated_speed_scale {
+                        Some(s) if !(s.is_finite() && s > 0.0) => {
+                            return Err(ConfigError::SpeedScale(s));
+                        }
+                        s => s,
+                    },
+                }),
+                None => None,
             },
         })
     }

@@ -13,9 +13,9 @@ use pair_cluster::learning::SpeedLearner;
 use pair_cluster::links::{self, LinkSources};
 use pair_cluster::{
     AddrBook, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers, Progress,
-    snapshot,
+    SeedBySize, snapshot,
 };
-use pair_core::{ModelPerf, NodeId, Role};
+use pair_core::{GpuDevice, ModelPerf, NodeId, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
 use pair_engines::{EngineHandle, PollConfig, spawn_poller};
 use pair_http::Timeouts;
@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Mdns, NodeConfig};
+use crate::config::{EmulatedHardware, Mdns, NodeConfig};
 use crate::control;
 
 /// The node's three sockets, bound before start so tests and the demo can
@@ -88,6 +88,43 @@ pub struct NodeExtras {
     pub base_perf: Option<ModelPerf>,
     /// Gossip timing (tests shorten it).
     pub gossip: Option<GossipConfig>,
+    /// Seed speed of a model by its size (an emulated hardware profile's).
+    pub seed_by_size: Option<SeedBySize>,
+    /// The GPU this node reports when telemetry finds none.
+    pub emulated_gpu: Option<GpuDevice>,
+}
+
+impl NodeExtras {
+    /// What a node over an emulated engine of `hw`'s profile says of its
+    /// hardware: a GPU of the profile's name and, when asked, the profile's
+    /// speeds (as the simulator's nodes do).
+    pub fn emulating(hw: &EmulatedHardware) -> Self {
+        let profile = hw.profile.clone();
+        let gpu = GpuDevice {
+            index: 0,
+            name: profile.name.clone(),
+            utilisation_pct: 0,
+            vram_used_bytes: 0,
+            vram_total_bytes: profile.memory_bytes,
+        };
+        let (base_perf, seed_by_size) = match hw.speed_scale {
+            Some(scale) => {
+                let base = profile
+                    .rates(profile.reference_model_bytes)
+                    .at_time_scale(scale)
+                    .to_perf();
+                let by_size = move |bytes: u64| profile.rates(bytes).at_time_scale(scale).to_perf();
+                (Some(base), Some(SeedBySize(Arc::new(by_size))))
+            }
+            None => (None, None),
+        };
+        Self {
+            base_perf,
+            gossip: None,
+            seed_by_size,
+            emulated_gpu: Some(gpu),
+        }
+    }
 }
 
 /// A running node.
@@ -127,7 +164,12 @@ impl std::fmt::Debug for Node {
 
 /// Runs a node until `shutdown` fires, then stops it gracefully.
 pub async fn run(cfg: NodeConfig, listeners: Listeners, shutdown: CancellationToken) -> Result<()> {
-    let node = start(cfg, listeners, NodeExtras::default(), shutdown.clone()).await?;
+    let extras = cfg
+        .emulated
+        .as_ref()
+        .map(NodeExtras::emulating)
+        .unwrap_or_default();
+    let node = start(cfg, listeners, extras, shutdown.clone()).await?;
     tracing::info!(
         id = %node.id, name = %node.name, ollama = %node.ollama_addr,
         openai = %node.openai_addr, cluster = %node.cluster_addr, "pair-node running"
@@ -305,6 +347,8 @@ pub async fn start(
         progress,
         telemetry: sampler.subscribe(),
         base_perf: extras.base_perf,
+        seed_by_size: extras.seed_by_size,
+        emulated_gpu: extras.emulated_gpu,
         load,
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs), id)),
         boot: boot_id(),

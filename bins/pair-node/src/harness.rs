@@ -188,6 +188,7 @@ impl LocalCluster {
                 deadlines: pair_http::conns::ClientDeadlines::default(),
                 http_stack: pair_http::HttpStack::default(),
                 metrics_listen: None,
+                emulated: None,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical
@@ -200,6 +201,7 @@ impl LocalCluster {
                     .seed_perf
                     .then(|| profile.rates(seed_model.size_bytes).to_perf()),
                 gossip: Some(spec.gossip),
+                ..NodeExtras::default()
             };
             nodes.push(daemon::start(cfg, listeners, extras, shutdown.clone()).await?);
             dirs.push(dir);

@@ -41,6 +41,13 @@ pub enum SimError {
         #[source]
         source: pair_emulator::EmulatorError,
     },
+    /// The live twin's cluster or clients failed.
+    #[error("live run: {context}")]
+    Live {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 impl SimError {
@@ -55,6 +62,23 @@ impl SimError {
                 | SimError::UnknownPolicy(_)
                 | SimError::Engine { .. }
         )
+    }
+
+    pub(crate) fn live(
+        context: &str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        SimError::Live {
+            context: context.to_owned(),
+            source: Some(source.into()),
+        }
+    }
+
+    pub(crate) fn live_msg(context: String) -> Self {
+        SimError::Live {
+            context,
+            source: None,
+        }
     }
 
     pub(crate) fn invalid(field: impl Into<String>, reason: &'static str) -> Self {

@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod dist;
 pub mod error;
+pub mod live;
 pub mod metrics;
 pub mod pressure;
 pub mod report;

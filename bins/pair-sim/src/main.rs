@@ -1,6 +1,7 @@
 //! pair-sim: emulated engines and the cluster simulator (thin CLI shell).
 //!
-//! `run` compares routing policies on scenario files, `bench` times the
+//! `run` compares routing policies on scenario files, `live` runs them on
+//! real `pair-node` processes beside the simulator, `bench` times the
 //! simulator, `engine` serves an emulated Ollama / OpenAI / LM Studio engine.
 //! Bad configuration exits with code 64 and a one-line reason.
 
@@ -59,6 +60,47 @@ enum Command {
         /// Run policies one after another instead of on threads.
         #[arg(long)]
         sequential: bool,
+    },
+    /// Run scenarios live: real `pair-node` processes on loopback in front
+    /// of emulated engines, the scenario's workload against their faces,
+    /// printed beside the simulator's run of the same scenario (a router
+    /// per node, as live).
+    Live {
+        /// Scenario files (TOML).
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// A policy name, a comma-separated list, or `all`.
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Wall seconds per modelled second (0.25: four times faster).
+        #[arg(long, default_value_t = 0.25)]
+        time_scale: f64,
+        /// Modelled seconds to run instead of the scenario's duration.
+        #[arg(long)]
+        duration: Option<u64>,
+        /// Closed-loop users instead of the scenario's (a target such as
+        /// "holds 23 users at the SLO" is this run passing the SLO).
+        #[arg(long)]
+        users: Option<u32>,
+        /// The pair-node binary (default: beside this one, else on PATH).
+        #[arg(long)]
+        pair_node: Option<PathBuf>,
+        /// Event loops per node.
+        #[arg(long, default_value_t = 1)]
+        threads: u16,
+        /// Fail (exit 1) if two policies the simulator ranks clearly apart
+        /// (p95 TTFT more than --margin times apart) come out in the other
+        /// order live.
+        #[arg(long)]
+        check_ranking: bool,
+        #[arg(long, default_value_t = 1.5)]
+        margin: f64,
+        /// Skip the simulator's users-at-SLO search.
+        #[arg(long)]
+        no_search: bool,
+        /// Write both reports as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Time the simulator on a synthetic open-loop cluster.
     Bench {
@@ -151,6 +193,32 @@ fn main() -> ExitCode {
             (seed, routing.as_deref()),
             !no_search,
             !sequential,
+        ),
+        Command::Live {
+            scenarios,
+            policy,
+            time_scale,
+            duration,
+            users,
+            pair_node,
+            threads,
+            check_ranking,
+            margin,
+            no_search,
+            json,
+        } => live(
+            scenarios,
+            &LiveArgs {
+                policy,
+                time_scale,
+                duration,
+                users,
+                pair_node,
+                threads,
+                check: check_ranking.then_some(margin),
+                search: !no_search,
+                json,
+            },
         ),
         Command::Bench {
             requests,
@@ -254,6 +322,96 @@ fn run(
         println!("plots written to {}", dir.display());
     }
     Ok(())
+}
+
+/// `pair-sim live`'s options.
+struct LiveArgs {
+    policy: String,
+    time_scale: f64,
+    duration: Option<u64>,
+    users: Option<u32>,
+    pair_node: Option<PathBuf>,
+    threads: u16,
+    /// The ranking check's margin, when asked for.
+    check: Option<f64>,
+    search: bool,
+    json: Option<PathBuf>,
+}
+
+fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
+    let policies = pair_sim::parse_policies(&args.policy)?;
+    let mut scenarios = Vec::with_capacity(paths.len());
+    for p in &paths {
+        let mut s = Scenario::load(p).map_err(|e| match e {
+            e if e.is_config() => Failure::Config(format!("{}: {}", p.display(), chain(&e))),
+            e => Failure::from(e),
+        })?;
+        if let Some(d) = args.duration {
+            s.duration = d.saturating_mul(1_000_000);
+            if s.warmup >= s.duration {
+                return Err(Failure::Config(format!(
+                    "--duration {d} leaves nothing after the scenario's warm-up"
+                )));
+            }
+        }
+        if let Some(u) = args.users {
+            s = s.with_users_kept_running(u);
+        }
+        scenarios.push(pair_sim::live::as_live(&s));
+    }
+    let opts = pair_sim::live::LiveOptions {
+        policies: policies.clone(),
+        pair_node: args
+            .pair_node
+            .clone()
+            .unwrap_or_else(pair_sim::live::default_pair_node),
+        time_scale: args.time_scale,
+        threads: args.threads,
+    };
+    let quiet = |_: &str| {};
+    let progress = |msg: &str| eprintln!("pair-sim live: {msg}");
+    let mut reports = Vec::new();
+    let mut differences = Vec::new();
+    for scn in &scenarios {
+        let sim = pair_sim::compare(
+            scn,
+            &CompareOptions {
+                policies: policies.clone(),
+                search: args.search,
+                parallel: true,
+            },
+            &quiet,
+        )?;
+        let live = pair_sim::live::compare_live(scn, &opts, &progress)?;
+        println!("live, time scale {}:", args.time_scale);
+        println!("{}", report::render_table(&live));
+        println!("{}", report::render_side_by_side(&sim, &live));
+        if let Some(margin) = args.check {
+            for d in pair_sim::live::ranking_differences(&sim, &live, margin) {
+                differences.push(format!("{}: {d}", scn.name));
+            }
+        }
+        reports.push(sim);
+        reports.push(live);
+    }
+    if let Some(path) = &args.json {
+        let text = report::to_json(&reports)?;
+        std::fs::write(path, text).map_err(|source| SimError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    if differences.is_empty() {
+        if args.check.is_some() {
+            println!("ranking of policies: live agrees with the simulator");
+        }
+        Ok(())
+    } else {
+        Err(Failure::Other(anyhow::anyhow!(
+            "the live ranking of policies differs from the simulator's:\n  {}",
+            differences.join("\n  ")
+        )))
+    }
 }
 
 fn bench(requests: u64, nodes: usize, policy: &str) -> Result<(), Failure> {

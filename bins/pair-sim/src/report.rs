@@ -371,6 +371,77 @@ pub fn render_table(r: &ScenarioReport) -> String {
     out
 }
 
+/// The simulator's and the live twin's runs of one scenario side by side:
+/// per policy, users at SLO where searched, TTFT p50 / p95, end-to-end p95
+/// and SLO misses as `sim / live`, and live p95 over the simulator's; then
+/// each node's share of requests.
+pub fn render_side_by_side(sim: &ScenarioReport, live: &ScenarioReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {}: simulator / live (SLO p95 TTFT {}){}",
+        sim.scenario,
+        fmt_ms(sim.slo_ttft_p95_ms),
+        sim.users.map_or(String::new(), |u| format!(", {u} users"))
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>11} {:>15} {:>15} {:>15} {:>13} {:>9}",
+        "policy", "users@SLO", "ttft p50", "ttft p95", "e2e p95", "misses", "live/sim"
+    );
+    let pct = |r: &crate::metrics::RunSummary| {
+        if r.requests == 0 {
+            0.0
+        } else {
+            r.slo_misses as f64 * 100.0 / r.requests as f64
+        }
+    };
+    let users = |p: &PolicyResult| {
+        p.search
+            .as_ref()
+            .map_or("-".to_owned(), |s| s.users_at_slo.to_string())
+    };
+    for s in &sim.policies {
+        let Some(l) = live.policies.iter().find(|l| l.policy == s.policy) else {
+            continue;
+        };
+        let pair = |a: f64, b: f64| format!("{} / {}", fmt_ms(a), fmt_ms(b));
+        let _ = writeln!(
+            out,
+            "{:<18} {:>11} {:>15} {:>15} {:>15} {:>13} {:>8.2}x",
+            s.policy.as_str(),
+            format!("{} / {}", users(s), users(l)),
+            pair(s.run.ttft.p50_ms, l.run.ttft.p50_ms),
+            pair(s.run.ttft.p95_ms, l.run.ttft.p95_ms),
+            pair(s.run.e2e.p95_ms, l.run.e2e.p95_ms),
+            format!("{:.1}% / {:.1}%", pct(&s.run), pct(&l.run)),
+            l.run.ttft.p95_ms / s.run.ttft.p95_ms.max(1e-9)
+        );
+    }
+    let _ = writeln!(out, "per node: share of requests, simulator / live");
+    let _ = write!(out, "{:<18}", "node");
+    for p in &sim.policies {
+        let _ = write!(out, " {:>18}", p.policy.as_str());
+    }
+    out.push('\n');
+    for (i, n) in sim.nodes.iter().enumerate() {
+        let _ = write!(out, "{:<18}", n.name);
+        for s in &sim.policies {
+            let share =
+                |r: &PolicyResult| r.run.nodes.get(i).map_or(0.0, |x| x.request_share * 100.0);
+            let live_share = live
+                .policies
+                .iter()
+                .find(|l| l.policy == s.policy)
+                .map_or(0.0, share);
+            let cell = format!("{:.0}% / {:.0}%", share(s), live_share);
+            let _ = write!(out, " {cell:>18}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// Writes the three plots for a scenario into `dir`; returns their paths.
 pub fn write_svgs(r: &ScenarioReport, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
     std::fs::create_dir_all(dir).map_err(|source| SimError::Write {

@@ -247,6 +247,15 @@ impl Scenario {
         s
     }
 
+    /// The same scenario with `users` closed-loop users in the searched
+    /// source, for its own duration.
+    pub fn with_users_kept_running(&self, users: u32) -> Scenario {
+        let mut s = self.with_users(users);
+        s.duration = self.duration;
+        s.warmup = self.warmup;
+        s
+    }
+
     /// Users in the searched source as written in the file.
     pub fn configured_users(&self) -> Option<u32> {
         let i = self.search.source?;

@@ -155,6 +155,38 @@ impl Cluster {
         self.nodes.is_empty()
     }
 
+    /// The capacity-weighted ideal makespan of an agent job, µs: each node
+    /// that holds the job's models could run it alone in `T_i` (its
+    /// sub-tasks' prefill at the profile's rate, their decode at its rate
+    /// times the batching speedup of as many streams as it has slots, up to
+    /// the job's size); together, in `1 / sum(1 / T_i)`.
+    pub fn ideal_makespan(&self, scn: &Scenario, tasks: &[Demand]) -> f64 {
+        let mut speed = 0.0;
+        for plan in &self.nodes {
+            let mut t_i = 0.0;
+            for d in tasks {
+                if plan.local[usize::from(d.model)].is_none() {
+                    t_i = f64::INFINITY;
+                    break;
+                }
+                let size = scn.models[usize::from(d.model)].size_bytes;
+                let rates = plan.profile.rates(size).to_perf();
+                let streams = plan.engine.slots().min(tasks.len() as u32).max(1);
+                let batched = f64::from(rates.decode_tps) * f64::from(streams).powf(0.7);
+                t_i += f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3)
+                    + f64::from(d.output_tokens) / batched.max(1e-3);
+            }
+            if t_i.is_finite() && t_i > 0.0 {
+                speed += 1.0 / t_i;
+            }
+        }
+        if speed > 0.0 {
+            1e6 / speed
+        } else {
+            f64::INFINITY
+        }
+    }
+
     /// (name, profile) per node, in scenario order.
     pub fn names(&self) -> Vec<(String, String)> {
         self.nodes
@@ -424,7 +456,7 @@ impl<'a> Sim<'a> {
                 (s as u16, job),
                 Job {
                     start: now,
-                    ideal: self.ideal_makespan(&batch),
+                    ideal: self.plan.ideal_makespan(self.scn, &batch),
                     left: u32::try_from(batch.len()).unwrap_or(u32::MAX),
                     end: now,
                 },
@@ -570,38 +602,6 @@ impl<'a> Sim<'a> {
                     ideal: job.ideal,
                 });
             }
-        }
-    }
-
-    /// The capacity-weighted ideal makespan of an agent job, µs: each node
-    /// that holds the job's models could run it alone in `T_i` (its
-    /// sub-tasks' prefill at the profile's rate, their decode at its rate
-    /// times the batching speedup of as many streams as it has slots, up to
-    /// the job's size); together, in `1 / sum(1 / T_i)`.
-    fn ideal_makespan(&self, tasks: &[Demand]) -> f64 {
-        let mut speed = 0.0;
-        for (i, plan) in self.plan.nodes.iter().enumerate() {
-            let mut t_i = 0.0;
-            for d in tasks {
-                if plan.local[usize::from(d.model)].is_none() {
-                    t_i = f64::INFINITY;
-                    break;
-                }
-                let size = self.scn.models[usize::from(d.model)].size_bytes;
-                let rates = plan.profile.rates(size).to_perf();
-                let streams = self.nodes[i].engine.slots().min(tasks.len() as u32).max(1);
-                let batched = f64::from(rates.decode_tps) * f64::from(streams).powf(0.7);
-                t_i += f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3)
-                    + f64::from(d.output_tokens) / batched.max(1e-3);
-            }
-            if t_i.is_finite() && t_i > 0.0 {
-                speed += 1.0 / t_i;
-            }
-        }
-        if speed > 0.0 {
-            1e6 / speed
-        } else {
-            f64::INFINITY
         }
     }
 
@@ -1044,8 +1044,8 @@ mod tests {
             })
             .collect();
         let (p1, p2) = (Cluster::build(&one).unwrap(), Cluster::build(&two).unwrap());
-        let i1 = Sim::new(&one, &p1, Policy::PredictedLatency).ideal_makespan(&tasks);
-        let i2 = Sim::new(&two, &p2, Policy::PredictedLatency).ideal_makespan(&tasks);
+        let i1 = p1.ideal_makespan(&one, &tasks);
+        let i2 = p2.ideal_makespan(&two, &tasks);
         assert!(i1.is_finite() && i1 > 0.0);
         assert!((i1 / i2 - 2.0).abs() < 1e-9, "{i1} {i2}");
         let out = run(&two, Policy::PredictedLatency);

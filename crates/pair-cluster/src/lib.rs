@@ -40,7 +40,7 @@ pub use load::{LoadGuard, LocalLoad};
 pub use port::{ClusterPort, PeerIdentity};
 pub use progress::Progress;
 pub use reports::PeerReports;
-pub use snapshot::{LocalReport, PeerStatus};
+pub use snapshot::{LocalReport, PeerStatus, SeedBySize};
 
 /// What goes wrong between nodes.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pair_core::{ClusterSnapshot, Liveness, ModelPerf, NodeId, NodeSnapshot, Role, Telemetry};
+use pair_core::{
+    ClusterSnapshot, GpuDevice, Liveness, ModelPerf, NodeId, NodeSnapshot, Role, Telemetry,
+};
 use pair_discovery::PeerSet;
 use pair_engines::EngineHandle;
 use pair_identity::TrustStore;
@@ -62,6 +64,16 @@ pub fn assemble(
     ClusterSnapshot::new(generation, now_ms, nodes)
 }
 
+/// A model's seed speed from its weight bytes.
+#[derive(Clone)]
+pub struct SeedBySize(pub Arc<dyn Fn(u64) -> ModelPerf + Send + Sync>);
+
+impl std::fmt::Debug for SeedBySize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SeedBySize(..)")
+    }
+}
+
 /// This node's own entry of the cluster snapshot, made from its live parts.
 #[derive(Debug)]
 pub struct LocalReport {
@@ -75,6 +87,11 @@ pub struct LocalReport {
     /// Seed speed for models not yet learned (the demo derives it from the
     /// emulated hardware profile).
     pub base_perf: Option<ModelPerf>,
+    /// Seed speed of a model by its weight bytes, ahead of `base_perf`
+    /// (an emulated engine's hardware profile).
+    pub seed_by_size: Option<SeedBySize>,
+    /// The GPU reported when telemetry finds none (an emulated engine's).
+    pub emulated_gpu: Option<GpuDevice>,
     pub load: Arc<LocalLoad>,
     pub learner: Arc<SpeedLearner>,
     /// This process's boot id ([`NodeSnapshot::boot`]).
@@ -103,17 +120,29 @@ impl LocalReport {
                 .unwrap_or(1);
             e.slots = e.slots.max(learned);
             for m in &mut e.models {
-                let seed = m.perf.or(self.base_perf).unwrap_or(ModelPerf::FALLBACK);
-                if let Some(learned) = self.learner.learned(self.id, m.name.as_str(), seed) {
+                let advertised = m.perf.or_else(|| {
+                    let by_size = self.seed_by_size.as_ref()?;
+                    Some((by_size.0)(m.size_bytes?))
+                });
+                let seed = advertised.or(self.base_perf);
+                if let Some(learned) = self.learner.learned(
+                    self.id,
+                    m.name.as_str(),
+                    seed.unwrap_or(ModelPerf::FALLBACK),
+                ) {
                     m.perf = Some(learned);
                     m.learned = true;
-                } else if m.perf.is_none() {
-                    m.perf = self.base_perf;
+                } else {
+                    m.perf = seed;
                 }
             }
         }
         let t = self.telemetry.borrow();
-        n.gpus = t.gpus.clone();
+        n.gpus = if t.gpus.is_empty() {
+            self.emulated_gpu.iter().cloned().collect()
+        } else {
+            t.gpus.clone()
+        };
         n.pressure = t.pressure_at(now);
         drop(t);
         // Work sent straight to an engine's own port (vLLM reports its

@@ -155,6 +155,23 @@ pub struct ModelRates {
 }
 
 impl ModelRates {
+    /// The rates an engine running at `time_scale` (wall seconds per
+    /// modelled second) shows on the wall clock.
+    #[must_use]
+    pub fn at_time_scale(&self, time_scale: f64) -> ModelRates {
+        let s = if time_scale.is_finite() && time_scale > 0.0 {
+            time_scale
+        } else {
+            1.0
+        };
+        ModelRates {
+            prefill_tps: self.prefill_tps / s,
+            decode_tps: self.decode_tps / s,
+            load_us: (self.load_us as f64 * s) as u64,
+            overhead_us: (self.overhead_us as f64 * s) as u64,
+        }
+    }
+
     /// The same figures in pair-core's vocabulary, to seed a scheduler.
     pub fn to_perf(&self) -> pair_core::ModelPerf {
         let ms = |us: u64| u32::try_from(us / 1_000).unwrap_or(u32::MAX);

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::{EmulatorError, EngineModel, HardwareProfile, ModelSpec, Residency};
+pub use api::ANSWER_TOKENS;
 use driver::Core;
 use faults::Hits;
 pub use faults::{FaultAction, FaultRule, Faults, HitCounts, RequestHits};
@@ -347,6 +348,11 @@ impl EmulatedEngine {
     /// Jobs and tokens the engine holds now.
     pub fn workload(&self) -> Workload {
         self.app.core.with_model(|m, now| m.workload(now))
+    }
+
+    /// Modelled microseconds the engine has spent prefilling or decoding.
+    pub fn busy_us(&self) -> u64 {
+        self.app.core.with_model(|m, now| m.busy_us(now))
     }
 
     /// Names (as listed) of the models in memory.

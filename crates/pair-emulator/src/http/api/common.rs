@@ -59,7 +59,8 @@ pub(super) async fn wait_done(app: &App, guard: &mut JobGuard) -> Option<JobTimi
     }
 }
 
-/// Ollama reports durations in nanoseconds; the model keeps microseconds.
-pub(super) fn ns(us: u64) -> u64 {
-    us.saturating_mul(1_000)
+/// Ollama reports durations in nanoseconds on its own clock; the model
+/// keeps modelled microseconds, which last `time_scale` as long on the wall.
+pub(super) fn wall_ns(us: u64, time_scale: f64) -> u64 {
+    (us as f64 * time_scale * 1_000.0) as u64
 }

@@ -7,7 +7,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::common::{model_of, ns, parse, wait_done};
+use super::common::{model_of, parse, wait_done, wall_ns};
 use super::errors::{refused, shutting_down};
 use crate::JobTiming;
 use crate::http::text::{count_tokens, embedding, request_seed};
@@ -81,7 +81,7 @@ pub(crate) async fn ollama_embed(State(app): State<App>, body: Bytes) -> Respons
             StatusCode::OK,
             &json!({
                 "model": e.model, "embeddings": e.vectors,
-                "total_duration": ns(e.timing.finished_us - e.timing.submitted_us),
+                "total_duration": wall_ns(e.timing.finished_us - e.timing.submitted_us, app.cfg.time_scale),
                 "load_duration": 0, "prompt_eval_count": e.tokens,
             }),
         ),

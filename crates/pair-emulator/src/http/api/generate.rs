@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
@@ -93,11 +93,38 @@ fn stream_of(req: &Map<String, Value>, default: bool) -> bool {
         .unwrap_or(default)
 }
 
+/// The length of the answer the emulated model "wants" to give: it stops
+/// there on its own (answer ends "stop") unless the request's limit cuts it
+/// first. Load generators (`pair-sim live`) set it so the engine generates
+/// a drawn length the router is not told, as a real model's answer is.
+pub const ANSWER_TOKENS: &str = "x-emulator-answer-tokens";
+
+fn answer_tokens(headers: &HeaderMap) -> Option<u32> {
+    headers
+        .get(ANSWER_TOKENS)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n > 0)
+}
+
+/// Tokens generated, and whether the request's own limit ended the answer.
+fn output_length(limit: Option<u32>, natural: Option<u32>, default: u32) -> (u32, bool) {
+    match (limit, natural) {
+        (Some(l), Some(n)) => (l.min(n).max(1), n >= l),
+        (None, Some(n)) => (n, false),
+        (Some(l), None) => (l.max(1), true),
+        (None, None) => (default.max(1), false),
+    }
+}
+
 /// Common path of every text generation route.
 async fn generate(
     app: App,
     path: &str,
-    body: Bytes,
+    (headers, body): (HeaderMap, Bytes),
     api: Api,
     chat: bool,
     stream_default: bool,
@@ -118,8 +145,11 @@ async fn generate(
     } else {
         prompt_of(&req)
     };
-    let limit = limit_of(&req);
-    let output_tokens = limit.unwrap_or(app.cfg.default_max_tokens).max(1);
+    let (output_tokens, limited) = output_length(
+        limit_of(&req),
+        answer_tokens(&headers),
+        app.cfg.default_max_tokens,
+    );
     let include_usage = req
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -151,9 +181,10 @@ async fn generate(
         seed,
         prompt_tokens,
         output_tokens,
-        limited: limit.is_some(),
+        limited,
         tool_call: if chat { tool_to_call(&req) } else { None },
         load_us,
+        time_scale: app.cfg.time_scale,
     });
     let mut guard = match app.core.submit(model_ix, prompt_tokens, output_tokens) {
         Ok(g) => g,
@@ -214,26 +245,66 @@ async fn load_only(app: &App, path: &str, model_ix: usize, chat: bool) -> Respon
     json_response(StatusCode::OK, &Value::Object(m))
 }
 
-pub(crate) async fn ollama_generate(State(app): State<App>, body: Bytes) -> Response {
-    generate(app, "/api/generate", body, Api::OllamaGenerate, false, true).await
+pub(crate) async fn ollama_generate(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(
+        app,
+        "/api/generate",
+        (headers, body),
+        Api::OllamaGenerate,
+        false,
+        true,
+    )
+    .await
 }
 
-pub(crate) async fn ollama_chat(State(app): State<App>, body: Bytes) -> Response {
-    generate(app, "/api/chat", body, Api::OllamaChat, true, true).await
+pub(crate) async fn ollama_chat(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(
+        app,
+        "/api/chat",
+        (headers, body),
+        Api::OllamaChat,
+        true,
+        true,
+    )
+    .await
 }
 
-pub(crate) async fn openai_chat(State(app): State<App>, body: Bytes) -> Response {
+pub(crate) async fn openai_chat(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let api = Api::OpenAiChat {
         include_usage: false,
     };
-    generate(app, "/v1/chat/completions", body, api, true, false).await
+    generate(
+        app,
+        "/v1/chat/completions",
+        (headers, body),
+        api,
+        true,
+        false,
+    )
+    .await
 }
 
-pub(crate) async fn openai_completions(State(app): State<App>, body: Bytes) -> Response {
+pub(crate) async fn openai_completions(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let api = Api::OpenAiCompletion {
         include_usage: false,
     };
-    generate(app, "/v1/completions", body, api, false, false).await
+    generate(app, "/v1/completions", (headers, body), api, false, false).await
 }
 
 /// A chat offered tools whose last message is the user's: the emulated
@@ -255,6 +326,24 @@ fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_natural_length_stops_the_answer_before_the_limit() {
+        // (limit, natural, default) -> (tokens, ended by the limit)
+        assert_eq!(output_length(Some(64), Some(10), 32), (10, false));
+        assert_eq!(output_length(Some(8), Some(10), 32), (8, true));
+        assert_eq!(output_length(Some(10), Some(10), 32), (10, true));
+        assert_eq!(output_length(None, Some(500), 32), (500, false));
+        assert_eq!(output_length(Some(7), None, 32), (7, true));
+        assert_eq!(output_length(None, None, 32), (32, false));
+        let mut h = HeaderMap::new();
+        h.insert(ANSWER_TOKENS, HeaderValue::from_static(" 12 "));
+        assert_eq!(answer_tokens(&h), Some(12));
+        h.insert(ANSWER_TOKENS, HeaderValue::from_static("0"));
+        assert_eq!(answer_tokens(&h), None);
+        h.insert(ANSWER_TOKENS, HeaderValue::from_static("many"));
+        assert_eq!(answer_tokens(&h), None);
+    }
 
     #[test]
     fn limits_prefer_the_engines_own_field() {

@@ -19,6 +19,7 @@ mod render;
 
 pub(super) use embed::{ollama_embed, ollama_embeddings, openai_embeddings};
 pub(super) use errors::{bad_request, fault_status, not_found};
+pub use generate::ANSWER_TOKENS;
 pub(super) use generate::{ollama_chat, ollama_generate, openai_chat, openai_completions};
 pub(super) use listing::{
     health, lmstudio_v0_model, lmstudio_v0_models, lmstudio_v1_models, ollama_ps, ollama_root,

@@ -9,7 +9,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::common::ns;
 use crate::JobTiming;
 use crate::http::App;
 use crate::http::driver::{JobGuard, Progress};
@@ -39,6 +38,9 @@ pub(super) struct Gen {
     /// A tool the answer calls (chat offered tools, see `tool_to_call`).
     pub(super) tool_call: Option<String>,
     pub(super) load_us: u64,
+    /// Wall seconds per modelled second: durations are reported as the
+    /// engine's clock shows them, like a real engine's.
+    pub(super) time_scale: f64,
 }
 
 impl Gen {
@@ -92,6 +94,7 @@ impl Gen {
     }
 
     fn ollama_stats(&self, t: &JobTiming) -> Map<String, Value> {
+        let ns = |us: u64| super::common::wall_ns(us, self.time_scale);
         let load = if t.cold {
             self.load_us.min(t.first_token_us - t.started_us)
         } else {

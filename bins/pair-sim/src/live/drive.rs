@@ -1,0 +1,459 @@
+//! The scenario's workload against the live cluster's faces: the same
+//! demand the simulator generates (same seeds, same draws), sent by real
+//! HTTP clients on the wall clock, scaled by the time scale. Closed-loop
+//! users wait for their answer and think; open-loop sources arrive on
+//! their own schedule; agents fan out. Each client enters at the node the
+//! scenario's routing says, as in the simulator's per-node mode.
+//!
+//! Requests are Ollama chats on the node's Ollama face. A multi-turn
+//! conversation re-sends its first user message each turn and carries the
+//! earlier turns as an assistant message, as chat apps do, with no session
+//! header: the nodes find the conversation from the body. The emulated
+//! engine is told the answer's natural length (`x-emulator-answer-tokens`),
+//! which the router is not, as with a real model.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pair_core::SessionKey;
+use serde_json::{Value, json};
+
+use crate::SimError;
+use crate::metrics::{FanOut, Record};
+use crate::scenario::{Entry, Micros, Routing, Scenario, SourceKind};
+use crate::workload::{Demand, SourceState};
+
+/// Scenario time on the wall clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Clock {
+    t0: Instant,
+    /// Wall seconds per modelled second.
+    scale: f64,
+}
+
+impl Clock {
+    pub(super) fn start(scale: f64) -> Self {
+        Self {
+            t0: Instant::now(),
+            scale,
+        }
+    }
+
+    /// Modelled microseconds since the start.
+    pub(super) fn now(&self) -> Micros {
+        self.modelled(self.t0.elapsed())
+    }
+
+    /// A wall duration in modelled microseconds.
+    pub(super) fn modelled(&self, wall: Duration) -> Micros {
+        (wall.as_secs_f64() * 1e6 / self.scale) as Micros
+    }
+
+    /// The wall instant of modelled time `at`.
+    pub(super) fn instant(&self, at: Micros) -> Instant {
+        self.t0 + Duration::from_secs_f64(at as f64 / 1e6 * self.scale)
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    pub(super) records: Vec<Record>,
+    pub(super) fan_outs: Vec<FanOut>,
+    pub(super) generated: u64,
+    pub(super) completed: u64,
+    /// When the last answer ended (modelled).
+    pub(super) last_finish: Micros,
+}
+
+/// One answer as its client saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Answer {
+    /// The node that ran it (`x-pair-node`'s name).
+    pub(super) node: Option<String>,
+    pub(super) ttft: Duration,
+    pub e2e: Duration,
+}
+
+/// The body of a request for `d`: an Ollama chat whose prompt is
+/// `d.prompt_tokens` tokens as the emulated engine counts them (four
+/// characters a token, four more per message). `first` is the
+/// conversation's first user message length, in tokens, for a multi-turn
+/// chat; `id` makes every other request's text unique, so no two
+/// single-turn chats look like one conversation.
+pub(super) fn chat_body(
+    model: &str,
+    d: &Demand,
+    first: Option<(SessionKey, u32)>,
+    id: u64,
+    max_tokens: Option<u32>,
+) -> Value {
+    const PER_MESSAGE: u32 = 4;
+    let text = |tag: String, tokens: u32| {
+        let chars = (tokens.saturating_sub(PER_MESSAGE).max(1) as usize) * 4;
+        let mut s = tag;
+        while s.len() < chars {
+            s.push_str(" lorem");
+        }
+        s.truncate(chars.max(1));
+        s
+    };
+    let messages = match first {
+        Some((key, first_tokens)) => {
+            let opening = text(format!("conversation {:016x}", key.0), first_tokens);
+            let rest = d.prompt_tokens.saturating_sub(first_tokens);
+            if rest == 0 {
+                json!([{ "role": "user", "content": opening }])
+            } else {
+                let earlier = rest / 2;
+                json!([
+                    { "role": "user", "content": opening },
+                    { "role": "assistant", "content": text(String::new(), earlier.max(PER_MESSAGE + 1)) },
+                    { "role": "user", "content": text(format!("turn {id}"), rest - earlier) },
+                ])
+            }
+        }
+        None => {
+            json!([{ "role": "user", "content": text(format!("request {id}"), d.prompt_tokens) }])
+        }
+    };
+    let mut body = json!({ "model": model, "messages": messages, "stream": d.streaming });
+    if let Some(max) = max_tokens {
+        body["options"] = json!({ "num_predict": max });
+    }
+    body
+}
+
+/// The node name in a receipt (`NAME (ID)`).
+pub(super) fn receipt_name(v: &str) -> &str {
+    v.rsplit_once(" (").map_or(v, |(name, _)| name)
+}
+
+/// Sends one request and reads its answer to the end. A streamed answer's
+/// TTFT is its first body bytes; a whole answer's is its end less the
+/// decode time the engine reports (`eval_duration`, on the engine's clock).
+pub(super) async fn send(
+    http: &reqwest::Client,
+    face: &str,
+    body: &Value,
+    answer_tokens: u32,
+) -> Option<Answer> {
+    let began = Instant::now();
+    let mut resp = http
+        .post(format!("{face}/api/chat"))
+        .header(pair_emulator::http::ANSWER_TOKENS, answer_tokens)
+        .json(body)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        let _ = resp.bytes().await;
+        return None;
+    }
+    let node = resp
+        .headers()
+        .get("x-pair-node")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| receipt_name(v).to_owned());
+    let streaming = body["stream"].as_bool().unwrap_or(true);
+    if streaming {
+        let mut first = None;
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if first.is_none() && !chunk.is_empty() {
+                first = Some(began.elapsed());
+            }
+        }
+        let e2e = began.elapsed();
+        Some(Answer {
+            node,
+            ttft: first.unwrap_or(e2e),
+            e2e,
+        })
+    } else {
+        let whole: Value = resp.json().await.ok()?;
+        let e2e = began.elapsed();
+        let decode = Duration::from_nanos(whole["eval_duration"].as_u64().unwrap_or(0));
+        Some(Answer {
+            node,
+            ttft: e2e.saturating_sub(decode),
+            e2e,
+        })
+    }
+}
+
+/// Shared state of one run's clients.
+struct Run {
+    scn: Scenario,
+    faces: Vec<String>,
+    names: Vec<String>,
+    http: reqwest::Client,
+    clock: Clock,
+    sources: Vec<Mutex<SourceState>>,
+    out: Mutex<Outcome>,
+    /// Open-loop requests enter at the nodes in turn.
+    next_entry: Mutex<usize>,
+    ids: std::sync::atomic::AtomicU64,
+    /// Agent jobs in flight: (source, job) -> start, ideal, left, end.
+    jobs: Mutex<std::collections::HashMap<(u16, u32), (Micros, f64, u32, Micros)>>,
+}
+
+impl Run {
+    fn entry(&self, d: &Demand) -> usize {
+        let n = self.faces.len().max(1);
+        match self.scn.routing {
+            Routing::PerNode(Entry::At(i)) => i.min(n - 1),
+            Routing::Single | Routing::PerNode(Entry::Spread) => match d.user {
+                Some(u) => u as usize % n,
+                None => {
+                    let mut e = self.next_entry.lock().unwrap_or_else(|p| p.into_inner());
+                    *e = (*e + 1) % n;
+                    *e
+                }
+            },
+        }
+    }
+
+    /// Sends `d`, records what came back, and returns when it ended
+    /// (modelled).
+    async fn request(&self, d: Demand, first: Option<(SessionKey, u32)>) -> Micros {
+        let arrival = self.clock.now();
+        let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let src = &self.scn.sources[usize::from(d.source)];
+        let model = self.scn.models[usize::from(d.model)].name.as_str();
+        let body = chat_body(model, &d, first, id, src.max_tokens);
+        let face = &self.faces[self.entry(&d)];
+        let answer = send(&self.http, face, &body, d.output_tokens.max(1)).await;
+        let end = self.clock.now();
+        let record = Record {
+            arrival,
+            node: answer.as_ref().and_then(|a| {
+                let name = a.node.as_deref()?;
+                let i = self.names.iter().position(|n| n == name)?;
+                u16::try_from(i).ok()
+            }),
+            source: d.source,
+            ttft: answer.as_ref().map_or(0, |a| self.clock.modelled(a.ttft)),
+            e2e: answer.as_ref().map_or(0, |a| self.clock.modelled(a.e2e)),
+            // The engine's queue is not visible from the client.
+            queue: 0,
+            output_tokens: d.output_tokens,
+            cold: false,
+        };
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        out.generated += 1;
+        out.completed += u64::from(answer.is_some());
+        out.last_finish = out.last_finish.max(end);
+        if arrival >= self.scn.warmup {
+            out.records.push(record);
+        }
+        drop(out);
+        if let Some(job) = d.burst {
+            self.job_part_done((d.source, job), end);
+        }
+        end
+    }
+
+    fn job_part_done(&self, key: (u16, u32), at: Micros) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(job) = jobs.get_mut(&key) else {
+            return;
+        };
+        job.2 = job.2.saturating_sub(1);
+        job.3 = job.3.max(at);
+        if job.2 == 0 {
+            let (start, ideal, _, end) = *job;
+            jobs.remove(&key);
+            if start >= self.scn.warmup && ideal.is_finite() {
+                let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+                out.fan_outs.push(FanOut {
+                    makespan: end - start,
+                    ideal,
+                });
+            }
+        }
+    }
+
+    /// One closed-loop user: wake, ask, wait for the answer, think, again.
+    async fn user(self: Arc<Self>, s: usize, u: u32) {
+        let src = self.scn.sources[s].clone();
+        fn lock(run: &Run, s: usize) -> std::sync::MutexGuard<'_, SourceState> {
+            run.sources[s].lock().unwrap_or_else(|p| p.into_inner())
+        }
+        let mut wake = lock(&self, s).first_wake(&src, u);
+        // The conversation this user is in, and its first message's length.
+        let mut first: Option<(SessionKey, u32)> = None;
+        while wake < self.scn.duration {
+            tokio::time::sleep_until(self.clock.instant(wake).into()).await;
+            let Some(d) = lock(&self, s).user_request(&src, u) else {
+                return;
+            };
+            first = match (d.session, first) {
+                (Some(key), Some((k, len))) if k == key => Some((k, len)),
+                (Some(key), _) => Some((key, d.prompt_tokens)),
+                (None, _) => None,
+            };
+            let end = self.request(d, first).await;
+            wake = end + lock(&self, s).think(&src, u).max(1);
+        }
+    }
+
+    /// One open-loop source: arrivals on its own schedule.
+    async fn open_loop(
+        self: Arc<Self>,
+        s: usize,
+        ideal: Arc<dyn Fn(&[Demand]) -> f64 + Send + Sync>,
+    ) {
+        let src = self.scn.sources[s].clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut at = 0;
+        let mut batch = Vec::new();
+        loop {
+            let next = {
+                let mut st = self.sources[s].lock().unwrap_or_else(|p| p.into_inner());
+                st.next_arrival(&src, at)
+            };
+            match next {
+                Some(t) if t < self.scn.duration => at = t,
+                _ => break,
+            }
+            tokio::time::sleep_until(self.clock.instant(at).into()).await;
+            batch.clear();
+            self.sources[s]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open_loop_batch(&src, &mut batch);
+            if let Some(job) = batch.first().and_then(|d| d.burst) {
+                let left = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+                self.jobs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert((s as u16, job), (self.clock.now(), ideal(&batch), left, 0));
+            }
+            for d in batch.drain(..) {
+                let run = Arc::clone(&self);
+                tasks.spawn(async move {
+                    run.request(d, None).await;
+                });
+            }
+            // Reap finished requests as we go.
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Runs the scenario's workload against `faces` (node `i`'s Ollama face)
+/// and waits for every answer. `ideal` prices an agent job.
+pub(super) async fn drive(
+    scn: &Scenario,
+    faces: Vec<String>,
+    names: Vec<String>,
+    time_scale: f64,
+    ideal: Arc<dyn Fn(&[Demand]) -> f64 + Send + Sync>,
+) -> Result<Outcome, SimError> {
+    let run = Arc::new(Run {
+        scn: scn.clone(),
+        faces,
+        names,
+        http: super::cluster::client()?,
+        clock: Clock::start(time_scale),
+        sources: scn
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Mutex::new(SourceState::new(scn.seed, i, s)))
+            .collect(),
+        out: Mutex::new(Outcome::default()),
+        next_entry: Mutex::new(0),
+        ids: std::sync::atomic::AtomicU64::new(0),
+        jobs: Mutex::new(std::collections::HashMap::new()),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for (s, src) in scn.sources.iter().enumerate() {
+        match src.kind {
+            SourceKind::ClosedLoop { users, .. } => {
+                for u in 0..users {
+                    tasks.spawn(Arc::clone(&run).user(s, u));
+                }
+            }
+            _ => {
+                tasks.spawn(Arc::clone(&run).open_loop(s, Arc::clone(&ideal)));
+            }
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.map_err(|e| SimError::live("a client task", e))?;
+    }
+    let mut out = run.out.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(std::mem::take(&mut *out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demand(prompt: u32, session: Option<u64>) -> Demand {
+        Demand {
+            source: 0,
+            model: 0,
+            prompt_tokens: prompt,
+            output_tokens: 10,
+            declared_output: 256,
+            streaming: true,
+            session: session.map(SessionKey),
+            user: Some(0),
+            burst: None,
+        }
+    }
+
+    /// Tokens as the emulated engine counts a chat (pair-emulator's
+    /// `chat_prompt`: four characters a token, four per message).
+    fn tokens(body: &Value) -> u32 {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().len().div_ceil(4) as u32 + 4)
+            .sum()
+    }
+
+    #[test]
+    fn a_body_carries_the_prompt_length_the_engine_counts() {
+        for prompt in [5, 40, 400, 6000] {
+            let b = chat_body("m", &demand(prompt, None), None, 3, None);
+            assert_eq!(tokens(&b), prompt, "{b}");
+            assert!(b.get("options").is_none());
+        }
+        let b = chat_body("m", &demand(400, None), None, 3, Some(64));
+        assert_eq!(b["options"]["num_predict"], 64);
+    }
+
+    #[test]
+    fn every_turn_of_a_conversation_names_it_the_same_way() {
+        let key = SessionKey(0xabc);
+        let first = chat_body("m", &demand(300, Some(0xabc)), Some((key, 300)), 1, None);
+        let later = chat_body("m", &demand(900, Some(0xabc)), Some((key, 300)), 2, None);
+        assert_eq!(first["messages"][0], later["messages"][0]);
+        assert_eq!(first["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(later["messages"][1]["role"], "assistant");
+        assert_eq!(tokens(&first), 300);
+        assert!(tokens(&later).abs_diff(900) <= 2, "{}", tokens(&later));
+        // Two single-turn chats never share a first message.
+        let a = chat_body("m", &demand(50, None), None, 1, None);
+        let b = chat_body("m", &demand(50, None), None, 2, None);
+        assert_ne!(a["messages"][0], b["messages"][0]);
+    }
+
+    #[test]
+    fn receipts_name_the_node() {
+        assert_eq!(receipt_name("desk-4090 (0f3e-...)"), "desk-4090");
+        assert_eq!(receipt_name("laptop"), "laptop");
+    }
+
+    #[test]
+    fn the_clock_scales_both_ways() {
+        let c = Clock::start(0.25);
+        assert_eq!(c.modelled(Duration::from_millis(250)), 1_000_000);
+        assert_eq!(c.instant(4_000_000) - c.t0, Duration::from_secs(1));
+    }
+}
