@@ -274,6 +274,10 @@ pub struct RunArgs {
     /// wall seconds per modelled second).
     #[arg(long, hide = true, requires = "emulated_hardware")]
     pub emulated_speed_scale: Option<f64>,
+    /// How often the node sends peers its report (default 500ms); a live
+    /// twin on a faster clock scales it like everything else.
+    #[arg(long, hide = true)]
+    pub report_interval: Option<String>,
 }
 
 /// `--emulated-hardware`: what a node over an emulated engine says of its
@@ -326,6 +330,8 @@ pub struct NodeConfig {
     pub deadlines: ClientDeadlines,
     pub http_stack: HttpStack,
     pub emulated: Option<EmulatedHardware>,
+    /// `--report-interval` (`None`: the gossip default).
+    pub report_interval: Option<Duration>,
 }
 
 impl NodeConfig {
@@ -467,6 +473,11 @@ impl NodeConfig {
             http_stack: match args.http_stack {
                 Some(HttpStackArg::Hyper) => HttpStack::Hyper,
                 Some(HttpStackArg::Native) | None => HttpStack::Native,
+            },
+            report_interval: match args.report_interval {
+                Some(s) => Some(duration("report-interval", Some(s), Duration::ZERO)?)
+                    .filter(|d| !d.is_zero()),
+                None => None,
             },
             emulated: match args.emulated_hardware {
                 Some(name) => Some(EmulatedHardware {

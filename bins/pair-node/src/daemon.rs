@@ -164,11 +164,17 @@ impl std::fmt::Debug for Node {
 
 /// Runs a node until `shutdown` fires, then stops it gracefully.
 pub async fn run(cfg: NodeConfig, listeners: Listeners, shutdown: CancellationToken) -> Result<()> {
-    let extras = cfg
+    let mut extras = cfg
         .emulated
         .as_ref()
         .map(NodeExtras::emulating)
         .unwrap_or_default();
+    if let Some(interval) = cfg.report_interval {
+        extras.gossip = Some(GossipConfig {
+            interval,
+            ..GossipConfig::default()
+        });
+    }
     let node = start(cfg, listeners, extras, shutdown.clone()).await?;
     tracing::info!(
         id = %node.id, name = %node.name, ollama = %node.ollama_addr,

@@ -189,6 +189,7 @@ impl LocalCluster {
                 http_stack: pair_http::HttpStack::default(),
                 metrics_listen: None,
                 emulated: None,
+                report_interval: None,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

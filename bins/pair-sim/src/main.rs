@@ -98,6 +98,10 @@ enum Command {
         /// Skip the simulator's users-at-SLO search.
         #[arg(long)]
         no_search: bool,
+        /// Also search users at SLO live, up to this many users (a live
+        /// run per probe: slow).
+        #[arg(long)]
+        live_search: Option<u32>,
         /// Write both reports as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -205,6 +209,7 @@ fn main() -> ExitCode {
             check_ranking,
             margin,
             no_search,
+            live_search,
             json,
         } => live(
             scenarios,
@@ -217,6 +222,7 @@ fn main() -> ExitCode {
                 threads,
                 check: check_ranking.then_some(margin),
                 search: !no_search,
+                live_search,
                 json,
             },
         ),
@@ -335,6 +341,7 @@ struct LiveArgs {
     /// The ranking check's margin, when asked for.
     check: Option<f64>,
     search: bool,
+    live_search: Option<u32>,
     json: Option<PathBuf>,
 }
 
@@ -367,6 +374,7 @@ fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
             .unwrap_or_else(pair_sim::live::default_pair_node),
         time_scale: args.time_scale,
         threads: args.threads,
+        search_max: args.live_search,
     };
     let quiet = |_: &str| {};
     let progress = |msg: &str| eprintln!("pair-sim live: {msg}");

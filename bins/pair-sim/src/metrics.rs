@@ -121,6 +121,51 @@ pub struct RunSummary {
     /// warm-up, when a source has them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fan_out: Option<FanOutSummary>,
+    /// Later turns of multi-turn conversations, when a source has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<TurnSummary>,
+}
+
+/// How many later turns of a conversation ran where its previous turn did
+/// (where its prompt cache is).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TurnSummary {
+    pub later_turns: u64,
+    pub on_previous_node: u64,
+}
+
+impl TurnSummary {
+    pub fn share(&self) -> f64 {
+        if self.later_turns == 0 {
+            0.0
+        } else {
+            self.on_previous_node as f64 / self.later_turns as f64
+        }
+    }
+}
+
+/// Follows conversations turn by turn: where each one's last turn ran.
+#[derive(Clone, Debug, Default)]
+pub struct Turns {
+    last: std::collections::HashMap<pair_core::SessionKey, u16>,
+    summary: TurnSummary,
+}
+
+impl Turns {
+    /// A turn of `session` ran on `node`; counted when `measured`.
+    pub fn ran(&mut self, session: pair_core::SessionKey, node: u16, measured: bool) {
+        if let Some(prev) = self.last.insert(session, node)
+            && measured
+        {
+            self.summary.later_turns += 1;
+            self.summary.on_previous_node += u64::from(prev == node);
+        }
+    }
+
+    /// The summary, if any later turn was measured.
+    pub fn summary(&self) -> Option<TurnSummary> {
+        (self.summary.later_turns > 0).then_some(self.summary)
+    }
 }
 
 /// How long agent jobs took from their start to their last sub-task's end
@@ -271,6 +316,7 @@ pub fn summarise(
             })
             .collect(),
         fan_out: None,
+        turns: None,
     };
     (summary, ttft)
 }
@@ -297,6 +343,21 @@ pub fn cdf_points(sorted: &[Micros], points: usize) -> Vec<(f64, f64)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn later_turns_count_whether_they_stayed() {
+        use pair_core::SessionKey;
+        let mut t = Turns::default();
+        assert_eq!(t.summary(), None);
+        t.ran(SessionKey(1), 0, true); // a first turn: nothing to compare
+        t.ran(SessionKey(2), 1, true);
+        t.ran(SessionKey(1), 0, true); // stayed
+        t.ran(SessionKey(1), 2, true); // moved
+        t.ran(SessionKey(2), 1, false); // stayed, in the warm-up
+        let s = t.summary().unwrap();
+        assert_eq!((s.later_turns, s.on_previous_node), (2, 1));
+        assert!((s.share() - 0.5).abs() < 1e-12);
+    }
 
     #[test]
     fn nearest_rank_matches_the_definition() {

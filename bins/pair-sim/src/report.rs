@@ -344,6 +344,17 @@ pub fn render_table(r: &ScenarioReport) -> String {
         }
         out.push('\n');
     }
+    if r.policies.iter().any(|p| p.run.turns.is_some()) {
+        let _ = write!(out, "{:<36}", "later turns on the previous node");
+        for p in &r.policies {
+            let cell = p
+                .run
+                .turns
+                .map_or_else(String::new, |t| format!("{:.0}%", t.share() * 100.0));
+            let _ = write!(out, " {cell:>18}");
+        }
+        out.push('\n');
+    }
     let _ = writeln!(
         out,
         "per node: share of requests / share of SLO misses / utilisation"
@@ -435,6 +446,20 @@ pub fn render_side_by_side(sim: &ScenarioReport, live: &ScenarioReport) -> Strin
                 .find(|l| l.policy == s.policy)
                 .map_or(0.0, share);
             let cell = format!("{:.0}% / {:.0}%", share(s), live_share);
+            let _ = write!(out, " {cell:>18}");
+        }
+        out.push('\n');
+    }
+    let turns = |p: &PolicyResult| {
+        p.run
+            .turns
+            .map_or("-".to_owned(), |t| format!("{:.0}%", t.share() * 100.0))
+    };
+    if sim.policies.iter().any(|p| p.run.turns.is_some()) {
+        let _ = write!(out, "{:<18}", "later turns kept");
+        for s in &sim.policies {
+            let l = live.policies.iter().find(|l| l.policy == s.policy);
+            let cell = format!("{} / {}", turns(s), l.map_or("-".to_owned(), turns));
             let _ = write!(out, " {cell:>18}");
         }
         out.push('\n');

@@ -38,7 +38,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::SimError;
-use crate::metrics::{FanOut, Record, RunSummary, summarise, summarise_fan_out};
+use crate::metrics::{FanOut, Record, RunSummary, Turns, summarise, summarise_fan_out};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{Demand, SourceState, stream_seed};
@@ -309,6 +309,7 @@ struct Sim<'a> {
     /// ideal makespan (µs), sub-tasks left, and the latest sub-task end.
     jobs: std::collections::HashMap<(u16, u32), Job>,
     fan_outs: Vec<FanOut>,
+    turns: Turns,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -397,6 +398,7 @@ impl<'a> Sim<'a> {
             last_finish: 0,
             jobs: std::collections::HashMap::new(),
             fan_outs: Vec::new(),
+            turns: Turns::default(),
         }
     }
 
@@ -692,6 +694,10 @@ impl<'a> Sim<'a> {
                 duration_ms: ms(t.finished_us - t.started_us),
             });
         }
+        if let Some(session) = f.demand.session {
+            self.turns
+                .ran(session, f.node, f.arrival >= self.scn.warmup);
+        }
         self.record(Record {
             arrival: f.arrival,
             node: Some(f.node),
@@ -869,6 +875,7 @@ impl<'a> Sim<'a> {
             (self.scn.warmup, self.scn.duration),
         );
         summary.fan_out = summarise_fan_out(&self.fan_outs);
+        summary.turns = self.turns.summary();
         RunOutput {
             policy,
             summary,

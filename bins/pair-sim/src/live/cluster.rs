@@ -98,6 +98,12 @@ impl LiveCluster {
         let ports: Vec<[SocketAddr; 3]> = (0..scn.nodes.len())
             .map(|_| Ok([free_port()?, free_port()?, free_port()?]))
             .collect::<Result<_, SimError>>()?;
+        // Reports as often as the simulator's nodes send them, on the
+        // engines' clock.
+        let report_interval = format!(
+            "{}us",
+            ((scn.info.report_interval as f64 * time_scale) as u64).max(1_000)
+        );
         let mut nodes = Vec::with_capacity(scn.nodes.len());
         for (i, n) in scn.nodes.iter().enumerate() {
             let dir = tempfile::Builder::new()
@@ -115,6 +121,7 @@ impl LiveCluster {
                 .args(["--engine", &format!("ollama={}", engines[i].base_url())])
                 .args(["--policy", policy.as_str()])
                 .args(["--emulated-hardware", &n.profile])
+                .args(["--report-interval", &report_interval])
                 .arg("--state-dir")
                 .arg(dir.path());
             if n.seed_perf == SeedPerf::Profile {

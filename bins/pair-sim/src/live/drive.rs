@@ -19,7 +19,7 @@ use pair_core::SessionKey;
 use serde_json::{Value, json};
 
 use crate::SimError;
-use crate::metrics::{FanOut, Record};
+use crate::metrics::{FanOut, Record, Turns};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SourceKind};
 use crate::workload::{Demand, SourceState};
 
@@ -60,6 +60,7 @@ impl Clock {
 pub(super) struct Outcome {
     pub(super) records: Vec<Record>,
     pub(super) fan_outs: Vec<FanOut>,
+    pub(super) turns: Turns,
     pub(super) generated: u64,
     pub(super) completed: u64,
     /// When the last answer ended (modelled).
@@ -243,6 +244,9 @@ impl Run {
         out.generated += 1;
         out.completed += u64::from(answer.is_some());
         out.last_finish = out.last_finish.max(end);
+        if let (Some(session), Some(node)) = (d.session, record.node) {
+            out.turns.ran(session, node, arrival >= self.scn.warmup);
+        }
         if arrival >= self.scn.warmup {
             out.records.push(record);
         }

@@ -19,8 +19,9 @@ use pair_scheduler::Policy;
 
 use crate::SimError;
 use crate::metrics::{cdf_points, summarise, summarise_fan_out};
-use crate::report::{NodeInfo, PolicyResult, ScenarioReport};
+use crate::report::{NodeInfo, PolicyResult, ScenarioReport, slo_met};
 use crate::scenario::{Entry, Routing, Scenario, US_PER_MS};
+use crate::search::{Probe, users_at_slo};
 use crate::sim::Cluster;
 
 pub use cluster::default_pair_node;
@@ -35,6 +36,9 @@ pub struct LiveOptions {
     pub time_scale: f64,
     /// Event loops per node (`PAIR_THREADS`).
     pub threads: u16,
+    /// Search users at SLO live, up to this many users (one live run per
+    /// probe, at the scenario's duration).
+    pub search_max: Option<u32>,
 }
 
 /// The scenario as its live twin runs it: every node routes its own
@@ -71,7 +75,25 @@ pub fn compare_live(
     let mut policies = Vec::with_capacity(opts.policies.len());
     for &policy in &opts.policies {
         tick(&format!("{} {policy}: live", scn.name));
-        policies.push(rt.block_on(run_policy(&scn, &plan, policy, opts))?);
+        let mut result = rt.block_on(run_policy(&scn, &plan, policy, opts))?;
+        if let Some(max) = opts.search_max {
+            let known: Vec<Probe> = scn
+                .configured_users()
+                .map(|users| probe_of(&scn, users, &result))
+                .into_iter()
+                .collect();
+            result.search = Some(users_at_slo(max, &known, |users| {
+                tick(&format!("{} {policy}: live, {users} users", scn.name));
+                let r = rt.block_on(run_policy(
+                    &scn.with_users_kept_running(users),
+                    &plan,
+                    policy,
+                    opts,
+                ))?;
+                Ok::<_, SimError>(probe_of(&scn, users, &r))
+            })?);
+        }
+        policies.push(result);
     }
     Ok(ScenarioReport {
         scenario: scn.name.clone(),
@@ -126,6 +148,7 @@ async fn run_policy(
         (scn.warmup, scn.duration),
     );
     summary.fan_out = summarise_fan_out(&out.fan_outs);
+    summary.turns = out.turns.summary();
     Ok(PolicyResult {
         policy,
         ttft_cdf: cdf_points(&ttft_sorted, 240),
@@ -133,6 +156,16 @@ async fn run_policy(
         search: None,
         sweep: Vec::new(),
     })
+}
+
+/// A live run as a users-at-SLO probe.
+fn probe_of(scn: &Scenario, users: u32, r: &PolicyResult) -> Probe {
+    Probe {
+        users,
+        ttft_p95_ms: r.run.ttft.p95_ms,
+        e2e_p95_ms: r.run.e2e.p95_ms,
+        pass: slo_met(&r.run, scn.search.source, scn.slo.ttft_p95),
+    }
 }
 
 /// Where the live ranking of policies contradicts the simulator's: every
@@ -206,6 +239,7 @@ mod tests {
                         nodes: Vec::new(),
                         sources: Vec::new(),
                         fan_out: None,
+                        turns: None,
                     },
                     search: None,
                     sweep: Vec::new(),

@@ -10,6 +10,7 @@
 mod api;
 mod driver;
 pub mod faults;
+mod prompt_cache;
 pub mod text;
 
 use std::fmt;
@@ -203,6 +204,7 @@ pub(crate) struct App {
     core: Core,
     faults: Faults,
     hits: Hits,
+    prompt_cache: Arc<prompt_cache::PromptCache>,
     shutdown: CancellationToken,
 }
 
@@ -221,7 +223,9 @@ impl App {
                 let _ = model.preload(i);
             }
         }
+        let prompt_cache = Arc::new(prompt_cache::PromptCache::new(model.slots()));
         Ok(Self {
+            prompt_cache,
             core: Core::new(model, cfg.time_scale),
             cfg: Arc::new(cfg),
             faults: Faults::default(),

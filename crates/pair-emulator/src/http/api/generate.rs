@@ -15,7 +15,7 @@ use super::errors::{refused, shutting_down};
 use super::render::{Api, Gen, stream_body};
 use crate::ModelStatus;
 use crate::http::text::{count_tokens, request_seed, rfc3339_now, unix_now};
-use crate::http::{App, Flavor, json_response};
+use crate::http::{App, Flavor, json_response, prompt_cache};
 
 /// Text of a message `content`: a string or a list of `{type:text,text}`.
 fn content_text(v: &Value) -> String {
@@ -161,6 +161,14 @@ async fn generate(
         other => other,
     };
     let canonical = app.listed_name(model_ix);
+    // A later turn of a chat a slot still holds prefills only what is new.
+    let cached = match chat
+        .then(|| prompt_cache::conversation(&canonical, &req))
+        .flatten()
+    {
+        Some(c) => app.prompt_cache.turn(c, prompt_tokens, output_tokens),
+        None => 0,
+    };
     let seed = request_seed(app.cfg.seed ^ seed_of(&req), &canonical, &prompt);
     let load_us = app.core.with_model(|m, _| {
         m.models()
@@ -186,7 +194,10 @@ async fn generate(
         load_us,
         time_scale: app.cfg.time_scale,
     });
-    let mut guard = match app.core.submit(model_ix, prompt_tokens, output_tokens) {
+    let mut guard = match app
+        .core
+        .submit(model_ix, prompt_tokens - cached, output_tokens)
+    {
         Ok(g) => g,
         Err(e) => return refused(&app, path, &e),
     };
