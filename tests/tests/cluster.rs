@@ -546,9 +546,13 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_sticks_to_its_node_without_a_header() {
     let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
-    let url = format!("{}/api/chat", c.nodes[0].ollama_url());
-    let ask = |messages: Vec<Value>, pin: Option<String>| {
-        let url = url.clone();
+    let urls: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("{}/api/chat", n.ollama_url()))
+        .collect();
+    let ask_at = |entry: usize, messages: Vec<Value>, pin: Option<String>| {
+        let url = urls[entry].clone();
         async move {
             let mut req = http().post(url).json(&json!({"model": "llama3.2:3b",
                 "messages": messages, "stream": false, "options": {"num_predict": 4}}));
@@ -562,6 +566,7 @@ async fn a_conversation_sticks_to_its_node_without_a_header() {
             (node, v["message"].clone())
         }
     };
+    let ask = |messages: Vec<Value>, pin: Option<String>| ask_at(0, messages, pin);
     let user = |text: &str| json!({"role": "user", "content": text});
     let (usual, _) = ask(vec![user("where do requests go?")], None).await;
     let elsewhere = another_node(&c, &usual);
@@ -579,6 +584,16 @@ async fn a_conversation_sticks_to_its_node_without_a_header() {
         // A new conversation is routed on its own.
         let (node, _) = ask(vec![user(&format!("another chat {turn}"))], None).await;
         assert_eq!(node, usual, "a new conversation followed the old one");
+        wait_settled(&c, "llama3.2:3b").await;
+    }
+    // A later turn that enters at another node follows the conversation
+    // too: node 0's report says where it sent it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for entry in [1, 2] {
+        chat.push(user(&format!("asked at node {entry}")));
+        let (node, answer) = ask_at(entry, chat.clone(), None).await;
+        assert_eq!(node, elsewhere, "a turn entering at node {entry} lost it");
+        chat.push(answer);
         wait_settled(&c, "llama3.2:3b").await;
     }
     // Even one that opens with the same words: only later turns follow.

@@ -86,6 +86,8 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
             http_stack: pair_http::client::HttpStack::default(),
             peers: Arc::clone(&peers),
             load: LocalLoad::new(),
+            // No node reports for this client: its bindings stay its own.
+            bindings: Arc::default(),
         },
         jobs,
     );

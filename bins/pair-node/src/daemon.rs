@@ -12,8 +12,8 @@ use pair_cluster::gossip::{self, Gossip};
 use pair_cluster::learning::SpeedLearner;
 use pair_cluster::links::{self, LinkSources};
 use pair_cluster::{
-    AddrBook, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers, Progress,
-    SeedBySize, snapshot,
+    AddrBook, Bindings, ClusterPort, GossipConfig, LocalLoad, LocalReport, PeerReports, Peers,
+    Progress, SeedBySize, snapshot,
 };
 use pair_core::{GpuDevice, ModelPerf, NodeId, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
@@ -262,6 +262,7 @@ pub async fn start(
     let jobs = Arc::new(JobLog::open(dir, now_ms())?);
     let peers = Peers::new();
     let load = LocalLoad::new();
+    let bindings = Arc::new(Bindings::default());
     let loops = EventLoops::start(cfg.event_loops).context("starting the event loops")?;
     let st = ProxyState::new(
         ProxyConfig {
@@ -283,6 +284,7 @@ pub async fn start(
             http_stack: cfg.http_stack,
             peers: Arc::clone(&peers),
             load: Arc::clone(&load),
+            bindings: Arc::clone(&bindings),
         },
         Arc::clone(&jobs),
     );
@@ -356,6 +358,7 @@ pub async fn start(
         seed_by_size: extras.seed_by_size,
         emulated_gpu: extras.emulated_gpu,
         load,
+        bindings,
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs), id)),
         boot: boot_id(),
         trust: trust.clone(),

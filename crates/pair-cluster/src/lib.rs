@@ -14,10 +14,13 @@
 //!   interval, and the snapshot the scheduler ranks ([`snapshot`]:
 //!   assembled from this node's own report and its peers' latest, pure),
 //!   with what this node learned of engine speeds ([`learning`]).
+//! - [`bindings`]: where this node sent the conversations that entered at
+//!   it, which its report carries;
 //! - [`load`]: this node's own workload, which the request path counts and
 //!   the report carries; [`progress`]: whether each engine is getting
 //!   anywhere (a stalled one leaves routing for a while).
 
+pub mod bindings;
 pub mod config;
 pub mod edge;
 pub mod gossip;
@@ -33,6 +36,7 @@ pub mod snapshot;
 
 use std::time::{Duration, SystemTime};
 
+pub use bindings::Bindings;
 pub use config::GossipConfig;
 pub use link::{PeerLink, RELAY_PREFIX};
 pub use links::{AddrBook, Peers};

@@ -93,6 +93,8 @@ pub struct LocalReport {
     /// The GPU reported when telemetry finds none (an emulated engine's).
     pub emulated_gpu: Option<GpuDevice>,
     pub load: Arc<LocalLoad>,
+    /// Where conversations that entered here were sent.
+    pub bindings: Arc<crate::Bindings>,
     pub learner: Arc<SpeedLearner>,
     /// This process's boot id ([`NodeSnapshot::boot`]).
     pub boot: u64,
@@ -160,6 +162,7 @@ impl LocalReport {
         n.boot = self.boot;
         n.vouches = self.trust.vouch_digest(Role::Client);
         n.base_perf = self.base_perf;
+        n.bindings = self.bindings.reported(now);
         n
     }
 }

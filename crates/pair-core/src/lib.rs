@@ -28,8 +28,8 @@ pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig}
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};
 pub use request::{RequestProfile, SessionKey};
 pub use snapshot::{
-    ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf, NodeSnapshot,
-    Pressure, Workload,
+    Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,
+    NodeSnapshot, Pressure, Workload,
 };
 
 /// `t` as the milliseconds since the Unix epoch that every snapshot and job

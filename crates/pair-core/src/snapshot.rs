@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiFlavor, EngineKind, ModelName, NodeId};
+use crate::{ApiFlavor, EngineKind, ModelName, NodeId, SessionKey};
 
 /// GPU pressure band, 0 (idle) to 3 (saturated), as PAIR defines it:
 /// EWMA utilisation with bands at 40/70/85 % and hysteresis.
@@ -215,6 +215,20 @@ pub struct NodeSnapshot {
     /// peers (0: none); peers fetch the list again when it changes.
     #[serde(default)]
     pub vouches: u64,
+    /// Where this node recently sent conversations that entered at it,
+    /// newest first, so every node can follow a conversation to the node
+    /// that holds its prompt cache.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<Binding>,
+}
+
+/// A conversation's latest turn went to `node` at `at_ms` (ms since the
+/// epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    pub session: SessionKey,
+    pub node: NodeId,
+    pub at_ms: u64,
 }
 
 impl NodeSnapshot {
@@ -233,6 +247,7 @@ impl NodeSnapshot {
             base_perf: None,
             boot: 0,
             vouches: 0,
+            bindings: Vec::new(),
         }
     }
 

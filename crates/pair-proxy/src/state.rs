@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use crate::dispatch::LocalEngine;
 use crate::gate::FaceGate;
 use crate::metrics::Metrics;
-use pair_cluster::{LocalLoad, PeerLink, Peers};
+use pair_cluster::{Bindings, LocalLoad, PeerLink, Peers};
 use pair_http::Timeouts;
 use pair_http::client::{HttpStack, LocalPool};
 use pair_http::conns::{ClientDeadlines, ConnLimit};
@@ -94,6 +94,7 @@ pub struct ProxyState {
     sched_writes: Mutex<()>,
     policy: Policy,
     pub load: Arc<LocalLoad>,
+    bindings: Arc<Bindings>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
     /// When the node started, or came back from a pause (a snapshot after
@@ -132,6 +133,9 @@ pub struct ProxyConfig {
     pub peers: Arc<Peers>,
     /// This node's own workload, which its reports carry.
     pub load: Arc<LocalLoad>,
+    /// Where conversations that entered here were sent, which its reports
+    /// carry.
+    pub bindings: Arc<Bindings>,
 }
 
 impl ProxyState {
@@ -171,6 +175,7 @@ impl ProxyState {
             deadlines: config.deadlines,
             http_stack: config.http_stack,
             load: config.load,
+            bindings: config.bindings,
             jobs,
             metrics: Arc::new(Metrics::new()),
         })
@@ -297,6 +302,7 @@ impl ProxyState {
         if let Some(session) = session {
             let now = now_ms();
             self.each_sched(|s| s.scheduler.bind_session(session, node, now));
+            self.bindings.bind(session, node, now);
         }
     }
 
@@ -434,6 +440,7 @@ pub(crate) mod tests {
                 http_stack: HttpStack::default(),
                 peers: Peers::new(),
                 load: LocalLoad::new(),
+                bindings: Arc::default(),
             },
             jobs,
         )

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use pair_core::{NodeId, SessionKey};
+use pair_core::{ClusterSnapshot, NodeId, SessionKey};
 use serde::{Deserialize, Serialize};
 
 use crate::SchedulerError;
@@ -96,6 +96,37 @@ impl AffinityTable {
             .get(&session)
             .filter(|e| now_ms.saturating_sub(e.last_ms) <= self.config.idle_ttl_ms)
             .map(|e| e.node)
+    }
+
+    /// Where `session` lives: the newest of this router's own binding and
+    /// the bindings the nodes report, so a conversation whose turns enter
+    /// at different nodes is followed to one place. A tie goes to the own
+    /// binding, then to the lowest node id; every router that sees the
+    /// same reports and has no newer binding of its own agrees.
+    pub(crate) fn home(
+        &self,
+        session: SessionKey,
+        cluster: &ClusterSnapshot,
+        now_ms: u64,
+    ) -> Option<NodeId> {
+        let fresh = |at: u64| now_ms.saturating_sub(at) <= self.config.idle_ttl_ms;
+        let own = self
+            .map
+            .get(&session)
+            .filter(|e| fresh(e.last_ms))
+            .map(|e| (e.last_ms, e.node));
+        let reported = cluster
+            .nodes()
+            .iter()
+            .flat_map(|n| n.bindings.iter())
+            .filter(|b| b.session == session && fresh(b.at_ms))
+            .max_by_key(|b| (b.at_ms, std::cmp::Reverse(b.node)))
+            .map(|b| (b.at_ms, b.node));
+        match (own, reported) {
+            (Some(o), Some(r)) if r.0 > o.0 => Some(r.1),
+            (Some(o), _) => Some(o.1),
+            (None, r) => r.map(|r| r.1),
+        }
     }
 
     pub(crate) fn bind(&mut self, session: SessionKey, node: NodeId, now_ms: u64) {

@@ -115,7 +115,7 @@ impl Scheduler {
             Policy::LeastPending | Policy::Pair => {}
             Policy::PredictedLatency => {
                 explore(c, request);
-                self.apply_affinity(c, request, now_ms);
+                self.apply_affinity(c, cluster, request, now_ms);
             }
         }
         if let Some(pinned) = request.pinned
@@ -271,11 +271,17 @@ impl Scheduler {
     /// Keeps the session on its node unless the policy's best other node is
     /// predicted markedly sooner (both bars of [`AffinityConfig`]), or the
     /// session's node sank (suspect, model does not fit).
-    fn apply_affinity(&self, c: &mut [Candidate], request: &RequestProfile, now_ms: u64) {
+    fn apply_affinity(
+        &self,
+        c: &mut [Candidate],
+        cluster: &ClusterSnapshot,
+        request: &RequestProfile,
+        now_ms: u64,
+    ) {
         let (Some(table), Some(session)) = (&self.affinity, request.session) else {
             return;
         };
-        let Some(home) = table.get(session, now_ms) else {
+        let Some(home) = table.home(session, cluster, now_ms) else {
             return;
         };
         if request.pinned == Some(home) {
@@ -745,6 +751,91 @@ mod tests {
         assert_eq!(s.sessions(), 1);
         assert!(s.forget_session(session));
         assert_eq!(s.session_node(session, 10), None);
+    }
+
+    #[test]
+    fn a_conversation_is_followed_to_the_node_another_router_sent_it_to() {
+        let session = pair_core::SessionKey(42);
+        let mut r = req(true);
+        r.session = Some(session);
+        // Node 1 routed the first turn to node 2 and says so in its report.
+        let mut entry = node(1, 1, FAST, true);
+        entry.bindings.push(pair_core::Binding {
+            session,
+            node: id(2),
+            at_ms: 5,
+        });
+        let mut home = node(2, 1, FAST, true);
+        home.workload = decoding(40);
+        // Node 3 has no binding of its own, and follows the report.
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let nodes = vec![entry.clone(), home.clone(), node(3, 1, FAST, true)];
+        let ranked = rank_with(&mut s, nodes.clone(), &r, &Reservations::new(), 10);
+        assert_eq!(order(&ranked)[0], id(2));
+        assert_eq!(ranked.candidates()[0].reason, Reason::Affinity);
+        // A newer binding of its own wins over an older report...
+        s.bind_session(session, id(3), 8);
+        let ranked = rank_with(&mut s, nodes.clone(), &r, &Reservations::new(), 10);
+        assert_eq!(order(&ranked)[0], id(3));
+        // ...and a newer report over an older own binding.
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        s.bind_session(session, id(3), 2);
+        let ranked = rank_with(&mut s, nodes, &r, &Reservations::new(), 10);
+        assert_eq!(order(&ranked)[0], id(2));
+        // A report past the idle limit is not followed.
+        let ttl = AffinityConfig::default().idle_ttl_ms;
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let ranked = rank_with(
+            &mut s,
+            vec![entry, home, node(3, 1, FAST, true)],
+            &r,
+            &Reservations::new(),
+            6 + ttl,
+        );
+        assert_ne!(ranked.candidates()[0].reason, Reason::Affinity);
+    }
+
+    proptest::proptest! {
+        /// Routers with no binding of their own that see the same reports
+        /// put a conversation's turn on the same node, whatever the
+        /// reports say and in whatever order the nodes list them.
+        #[test]
+        fn routers_agree_on_where_a_conversation_lives(
+            claims in proptest::collection::vec((1u128..=4, 1u128..=4, 0u64..5), 0..8),
+            busy in proptest::collection::vec(0u64..3_000, 4),
+            rotate in 0usize..4,
+        ) {
+            let session = pair_core::SessionKey(7);
+            let mut nodes: Vec<NodeSnapshot> = (1..=4u128)
+                .map(|n| {
+                    let mut x = node(n, 1, FAST, true);
+                    x.workload = decoding(busy[usize::try_from(n - 1).unwrap()]);
+                    x
+                })
+                .collect();
+            for &(reporter, home, at) in &claims {
+                nodes[usize::try_from(reporter - 1).unwrap()]
+                    .bindings
+                    .push(pair_core::Binding { session, node: id(home), at_ms: at });
+            }
+            let mut r = req(true);
+            r.session = Some(session);
+            let first = |nodes: Vec<NodeSnapshot>| {
+                let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+                let ranked = rank_with(&mut s, nodes, &r, &Reservations::new(), 10);
+                (order(&ranked)[0], ranked.candidates()[0].reason)
+            };
+            let a = first(nodes.clone());
+            nodes.rotate_left(rotate);
+            let b = first(nodes);
+            proptest::prop_assert_eq!(a, b);
+            // The newest claim is the home; it is kept unless markedly slower.
+            if let Some(newest) = claims.iter().max_by_key(|c| (c.2, std::cmp::Reverse(c.1))) {
+                if a.1 == Reason::Affinity {
+                    proptest::prop_assert_eq!(a.0, id(newest.1));
+                }
+            }
+        }
     }
 
     #[test]
