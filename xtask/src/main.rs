@@ -154,41 +154,23 @@ fn ci(root: &Path) -> Result<()> {
             "test_*.py",
         ],
     )?;
-    run(
-        root,
-        "cargo",
-        &[
-            "run",
-            "--quiet",
-            "-p",
-            "pair-sim",
-            "--",
-            "run",
-            "scenarios/ci-smoke.toml",
-            "--policy",
-            "all",
-        ],
-    )?;
+    let sim = |args: &[&str]| {
+        let mut all = vec!["run", "--quiet", "-p", "pair-sim", "--"];
+        all.extend_from_slice(args);
+        run(root, "cargo", &all)
+    };
+    sim(&["run", "scenarios/ci-smoke.toml", "--policy", "all"])?;
     // Its live twin: real pair-node processes over emulated engines; the
     // policies must come out in the simulator's order.
     run(root, "cargo", &["build", "--quiet", "-p", "pair-node"])?;
-    run(
-        root,
-        "cargo",
-        &[
-            "run",
-            "--quiet",
-            "-p",
-            "pair-sim",
-            "--",
-            "live",
-            "scenarios/ci-smoke.toml",
-            "--time-scale",
-            "0.1",
-            "--no-search",
-            "--check-ranking",
-        ],
-    )?;
+    sim(&[
+        "live",
+        "scenarios/ci-smoke.toml",
+        "--time-scale",
+        "0.1",
+        "--no-search",
+        "--check-ranking",
+    ])?;
     // Every fuzz target builds and survives a short run from its seeds
     // (longer runs are on demand: docs/fuzzing.md).
     ci::fuzz(root)?;

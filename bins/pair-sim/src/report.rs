@@ -42,6 +42,25 @@ pub struct ScenarioReport {
     pub policies: Vec<PolicyResult>,
 }
 
+impl ScenarioReport {
+    /// The report of `scn`, run on `plan`, with each policy's results.
+    pub fn new(scn: &Scenario, plan: &Cluster, policies: Vec<PolicyResult>) -> Self {
+        ScenarioReport {
+            scenario: scn.name.clone(),
+            description: scn.description.clone(),
+            seed: scn.seed,
+            slo_ttft_p95_ms: scn.slo.ttft_p95 as f64 / US_PER_MS as f64,
+            nodes: plan
+                .names()
+                .into_iter()
+                .map(|(name, profile)| NodeInfo { name, profile })
+                .collect(),
+            users: scn.configured_users(),
+            policies,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeInfo {
     pub name: String,
@@ -182,19 +201,7 @@ pub fn compare(
             r.search = Some(search);
         }
     }
-    Ok(ScenarioReport {
-        scenario: scn.name.clone(),
-        description: scn.description.clone(),
-        seed: scn.seed,
-        slo_ttft_p95_ms: scn.slo.ttft_p95 as f64 / US_PER_MS as f64,
-        nodes: plan
-            .names()
-            .into_iter()
-            .map(|(name, profile)| NodeInfo { name, profile })
-            .collect(),
-        users: scn.configured_users(),
-        policies: results,
-    })
+    Ok(ScenarioReport::new(scn, plan, results))
 }
 
 /// The SLO test of the search: the searched users' own p95 TTFT (all

@@ -81,6 +81,7 @@ fn shared() -> Shared {
             http_stack: pair_http::HttpStack::default(),
             peers: pair_cluster::Peers::new(),
             load: pair_cluster::LocalLoad::new(),
+            bindings: Arc::default(),
         },
         Arc::new(JobLog::in_memory()),
     );

@@ -830,10 +830,10 @@ mod tests {
             let b = first(nodes);
             proptest::prop_assert_eq!(a, b);
             // The newest claim is the home; it is kept unless markedly slower.
-            if let Some(newest) = claims.iter().max_by_key(|c| (c.2, std::cmp::Reverse(c.1))) {
-                if a.1 == Reason::Affinity {
-                    proptest::prop_assert_eq!(a.0, id(newest.1));
-                }
+            if let Some(newest) = claims.iter().max_by_key(|c| (c.2, std::cmp::Reverse(c.1)))
+                && a.1 == Reason::Affinity
+            {
+                proptest::prop_assert_eq!(a.0, id(newest.1));
             }
         }
     }

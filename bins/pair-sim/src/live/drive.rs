@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::SimError;
 use crate::metrics::{FanOut, Record, Turns};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SourceKind};
+use crate::sim::Cluster;
 use crate::workload::{Demand, SourceState};
 
 /// Scenario time on the wall clock.
@@ -194,8 +195,20 @@ struct Run {
     /// Open-loop requests enter at the nodes in turn.
     next_entry: Mutex<usize>,
     ids: std::sync::atomic::AtomicU64,
-    /// Agent jobs in flight: (source, job) -> start, ideal, left, end.
-    jobs: Mutex<std::collections::HashMap<(u16, u32), (Micros, f64, u32, Micros)>>,
+    /// Prices agent jobs.
+    plan: Cluster,
+    /// Agent jobs in flight, by (source, job).
+    jobs: Mutex<std::collections::HashMap<(u16, u32), Job>>,
+}
+
+/// An agent job in flight: when it started, its ideal makespan, sub-tasks
+/// left, and the latest sub-task's end (modelled µs).
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    start: Micros,
+    ideal: f64,
+    left: u32,
+    end: Micros,
 }
 
 impl Run {
@@ -262,16 +275,16 @@ impl Run {
         let Some(job) = jobs.get_mut(&key) else {
             return;
         };
-        job.2 = job.2.saturating_sub(1);
-        job.3 = job.3.max(at);
-        if job.2 == 0 {
-            let (start, ideal, _, end) = *job;
+        job.left = job.left.saturating_sub(1);
+        job.end = job.end.max(at);
+        if job.left == 0 {
+            let job = *job;
             jobs.remove(&key);
-            if start >= self.scn.warmup && ideal.is_finite() {
+            if job.start >= self.scn.warmup && job.ideal.is_finite() {
                 let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
                 out.fan_outs.push(FanOut {
-                    makespan: end - start,
-                    ideal,
+                    makespan: job.end - job.start,
+                    ideal: job.ideal,
                 });
             }
         }
@@ -302,11 +315,7 @@ impl Run {
     }
 
     /// One open-loop source: arrivals on its own schedule.
-    async fn open_loop(
-        self: Arc<Self>,
-        s: usize,
-        ideal: Arc<dyn Fn(&[Demand]) -> f64 + Send + Sync>,
-    ) {
+    async fn open_loop(self: Arc<Self>, s: usize) {
         let src = self.scn.sources[s].clone();
         let mut tasks = tokio::task::JoinSet::new();
         let mut at = 0;
@@ -328,10 +337,15 @@ impl Run {
                 .open_loop_batch(&src, &mut batch);
             if let Some(job) = batch.first().and_then(|d| d.burst) {
                 let left = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-                self.jobs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((s as u16, job), (self.clock.now(), ideal(&batch), left, 0));
+                self.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    (s as u16, job),
+                    Job {
+                        start: self.clock.now(),
+                        ideal: self.plan.ideal_makespan(&self.scn, &batch),
+                        left,
+                        end: 0,
+                    },
+                );
             }
             for d in batch.drain(..) {
                 let run = Arc::clone(&self);
@@ -347,13 +361,13 @@ impl Run {
 }
 
 /// Runs the scenario's workload against `faces` (node `i`'s Ollama face)
-/// and waits for every answer. `ideal` prices an agent job.
+/// and waits for every answer; `plan` prices agent jobs.
 pub(super) async fn drive(
     scn: &Scenario,
+    plan: &Cluster,
     faces: Vec<String>,
     names: Vec<String>,
     time_scale: f64,
-    ideal: Arc<dyn Fn(&[Demand]) -> f64 + Send + Sync>,
 ) -> Result<Outcome, SimError> {
     let run = Arc::new(Run {
         scn: scn.clone(),
@@ -370,6 +384,7 @@ pub(super) async fn drive(
         out: Mutex::new(Outcome::default()),
         next_entry: Mutex::new(0),
         ids: std::sync::atomic::AtomicU64::new(0),
+        plan: plan.clone(),
         jobs: Mutex::new(std::collections::HashMap::new()),
     });
     let mut tasks = tokio::task::JoinSet::new();
@@ -381,7 +396,7 @@ pub(super) async fn drive(
                 }
             }
             _ => {
-                tasks.spawn(Arc::clone(&run).open_loop(s, Arc::clone(&ideal)));
+                tasks.spawn(Arc::clone(&run).open_loop(s));
             }
         }
     }

@@ -13,14 +13,13 @@ mod cluster;
 mod drive;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use pair_scheduler::Policy;
 
 use crate::SimError;
 use crate::metrics::{cdf_points, summarise, summarise_fan_out};
-use crate::report::{NodeInfo, PolicyResult, ScenarioReport, slo_met};
-use crate::scenario::{Entry, Routing, Scenario, US_PER_MS};
+use crate::report::{PolicyResult, ScenarioReport, slo_met};
+use crate::scenario::{Entry, Routing, Scenario};
 use crate::search::{Probe, users_at_slo};
 use crate::sim::Cluster;
 
@@ -95,19 +94,7 @@ pub fn compare_live(
         }
         policies.push(result);
     }
-    Ok(ScenarioReport {
-        scenario: scn.name.clone(),
-        description: scn.description.clone(),
-        seed: scn.seed,
-        slo_ttft_p95_ms: scn.slo.ttft_p95 as f64 / US_PER_MS as f64,
-        nodes: plan
-            .names()
-            .into_iter()
-            .map(|(name, profile)| NodeInfo { name, profile })
-            .collect(),
-        users: scn.configured_users(),
-        policies,
-    })
+    Ok(ScenarioReport::new(&scn, &plan, policies))
 }
 
 async fn run_policy(
@@ -121,12 +108,8 @@ async fn run_policy(
             .await?;
     let faces: Vec<String> = live.nodes.iter().map(|n| n.face()).collect();
     let names: Vec<String> = live.nodes.iter().map(|n| n.name.clone()).collect();
-    let plan_for_jobs = plan.clone();
-    let scn_for_jobs = scn.clone();
-    let ideal: Arc<dyn Fn(&[crate::workload::Demand]) -> f64 + Send + Sync> =
-        Arc::new(move |tasks| plan_for_jobs.ideal_makespan(&scn_for_jobs, tasks));
     let busy_before = live.busy_us();
-    let out = drive::drive(scn, faces, names, opts.time_scale, ideal).await;
+    let out = drive::drive(scn, plan, faces, names, opts.time_scale).await;
     let busy_after = live.busy_us();
     live.stop().await;
     let out = out?;

@@ -32,7 +32,7 @@ impl PromptCache {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let clock = entries.iter().map(|e| e.2).max().unwrap_or(0) + 1;
         let context = prompt_tokens.saturating_add(output_tokens);
-        let cached = match entries.iter_mut().find(|e| e.0 == conversation) {
+        match entries.iter_mut().find(|e| e.0 == conversation) {
             Some(e) => {
                 let hit = e.1.min(prompt_tokens.saturating_sub(1));
                 *e = (conversation, context, clock);
@@ -51,8 +51,7 @@ impl PromptCache {
                 entries.push((conversation, context, clock));
                 0
             }
-        };
-        cached
+        }
     }
 }
 

@@ -256,66 +256,69 @@ async fn load_only(app: &App, path: &str, model_ix: usize, chat: bool) -> Respon
     json_response(StatusCode::OK, &Value::Object(m))
 }
 
-pub(crate) async fn ollama_generate(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+/// One text generation route: its path, API, whether it is a chat, and
+/// whether it streams when the request does not say.
+struct Route {
+    path: &'static str,
+    api: Api,
+    chat: bool,
+    stream_default: bool,
+}
+
+async fn serve(app: App, route: &Route, headers: HeaderMap, body: Bytes) -> Response {
     generate(
         app,
-        "/api/generate",
+        route.path,
         (headers, body),
-        Api::OllamaGenerate,
-        false,
-        true,
+        route.api,
+        route.chat,
+        route.stream_default,
     )
     .await
 }
 
-pub(crate) async fn ollama_chat(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    generate(
-        app,
-        "/api/chat",
-        (headers, body),
-        Api::OllamaChat,
-        true,
-        true,
-    )
-    .await
-}
-
-pub(crate) async fn openai_chat(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let api = Api::OpenAiChat {
-        include_usage: false,
+pub(crate) async fn ollama_generate(State(app): State<App>, h: HeaderMap, b: Bytes) -> Response {
+    const R: Route = Route {
+        path: "/api/generate",
+        api: Api::OllamaGenerate,
+        chat: false,
+        stream_default: true,
     };
-    generate(
-        app,
-        "/v1/chat/completions",
-        (headers, body),
-        api,
-        true,
-        false,
-    )
-    .await
+    serve(app, &R, h, b).await
 }
 
-pub(crate) async fn openai_completions(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let api = Api::OpenAiCompletion {
-        include_usage: false,
+pub(crate) async fn ollama_chat(State(app): State<App>, h: HeaderMap, b: Bytes) -> Response {
+    const R: Route = Route {
+        path: "/api/chat",
+        api: Api::OllamaChat,
+        chat: true,
+        stream_default: true,
     };
-    generate(app, "/v1/completions", (headers, body), api, false, false).await
+    serve(app, &R, h, b).await
+}
+
+pub(crate) async fn openai_chat(State(app): State<App>, h: HeaderMap, b: Bytes) -> Response {
+    const R: Route = Route {
+        path: "/v1/chat/completions",
+        api: Api::OpenAiChat {
+            include_usage: false,
+        },
+        chat: true,
+        stream_default: false,
+    };
+    serve(app, &R, h, b).await
+}
+
+pub(crate) async fn openai_completions(State(app): State<App>, h: HeaderMap, b: Bytes) -> Response {
+    const R: Route = Route {
+        path: "/v1/completions",
+        api: Api::OpenAiCompletion {
+            include_usage: false,
+        },
+        chat: false,
+        stream_default: false,
+    };
+    serve(app, &R, h, b).await
 }
 
 /// A chat offered tools whose last message is the user's: the emulated
