@@ -55,10 +55,25 @@ pub(super) struct LiveCluster {
     engines: Vec<EmulatedEngine>,
 }
 
-/// A free loopback port (bound, then released for the node to take).
-fn free_port() -> Result<SocketAddr, SimError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SimError::live("port", e))?;
-    l.local_addr().map_err(|e| SimError::live("port", e))
+/// A free loopback port for a node to take, not one handed out before:
+/// below Linux's ephemeral range (32768 up), so the many client
+/// connections of a run never take it between its check and the node's
+/// bind, as a port from `bind(0)` can be.
+fn free_port(taken: &mut Vec<u16>) -> Result<SocketAddr, SimError> {
+    let seed = u64::from(std::process::id()) ^ (taken.len() as u64).wrapping_mul(0x9E37_79B9);
+    for i in 0..4_000u64 {
+        let port = 20_000 + ((seed.wrapping_add(i.wrapping_mul(7_919))) % 12_000) as u16;
+        if taken.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            taken.push(port);
+            return l.local_addr().map_err(|e| SimError::live("port", e));
+        }
+    }
+    Err(SimError::live_msg(
+        "no free loopback port between 20000 and 32000".into(),
+    ))
 }
 
 impl LiveCluster {
@@ -95,8 +110,15 @@ impl LiveCluster {
             }
             engines.push(engine);
         }
+        let mut taken = Vec::new();
         let ports: Vec<[SocketAddr; 3]> = (0..scn.nodes.len())
-            .map(|_| Ok([free_port()?, free_port()?, free_port()?]))
+            .map(|_| {
+                Ok([
+                    free_port(&mut taken)?,
+                    free_port(&mut taken)?,
+                    free_port(&mut taken)?,
+                ])
+            })
             .collect::<Result<_, SimError>>()?;
         // Reports as often as the simulator's nodes send them, on the
         // engines' clock.
