@@ -144,6 +144,50 @@ impl TurnSummary {
     }
 }
 
+/// Agent jobs from their start to their last sub-task's answer: the
+/// makespans of the jobs that started at or after the warm-up.
+#[derive(Clone, Debug, Default)]
+pub struct Jobs {
+    /// In flight, by (source, job): start, ideal (µs), sub-tasks left,
+    /// latest sub-task end.
+    in_flight: std::collections::HashMap<(u16, u32), (Micros, f64, u32, Micros)>,
+    done: Vec<FanOut>,
+}
+
+impl Jobs {
+    /// Job `key` of `tasks` sub-tasks started at `start`; `ideal` is its
+    /// capacity-weighted ideal makespan.
+    pub fn start(&mut self, key: (u16, u32), start: Micros, ideal: f64, tasks: usize) {
+        let left = u32::try_from(tasks).unwrap_or(u32::MAX);
+        self.in_flight.insert(key, (start, ideal, left, start));
+    }
+
+    /// One sub-task of job `key` answered at `at`; a job is kept when its
+    /// last one is, if it started at or after `warmup`.
+    pub fn part_done(&mut self, key: (u16, u32), at: Micros, warmup: Micros) {
+        let Some(job) = self.in_flight.get_mut(&key) else {
+            return;
+        };
+        job.2 = job.2.saturating_sub(1);
+        job.3 = job.3.max(at);
+        if job.2 == 0 {
+            let (start, ideal, _, end) = *job;
+            self.in_flight.remove(&key);
+            if start >= warmup && ideal.is_finite() {
+                self.done.push(FanOut {
+                    makespan: end - start,
+                    ideal,
+                });
+            }
+        }
+    }
+
+    /// The summary of the finished jobs, if any.
+    pub fn summary(&self) -> Option<FanOutSummary> {
+        summarise_fan_out(&self.done)
+    }
+}
+
 /// Follows conversations turn by turn: where each one's last turn ran.
 #[derive(Clone, Debug, Default)]
 pub struct Turns {

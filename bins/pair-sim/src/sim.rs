@@ -38,7 +38,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::SimError;
-use crate::metrics::{FanOut, Record, RunSummary, Turns, summarise, summarise_fan_out};
+use crate::metrics::{Jobs, Record, RunSummary, Turns, summarise};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{Demand, SourceState, stream_seed};
@@ -305,19 +305,8 @@ struct Sim<'a> {
     engine_events: Vec<EngineEvent>,
     events: u64,
     last_finish: Micros,
-    /// Agent jobs in flight, by (source, job): when they started, their
-    /// ideal makespan (µs), sub-tasks left, and the latest sub-task end.
-    jobs: std::collections::HashMap<(u16, u32), Job>,
-    fan_outs: Vec<FanOut>,
+    jobs: Jobs,
     turns: Turns,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Job {
-    start: Micros,
-    ideal: f64,
-    left: u32,
-    end: Micros,
 }
 
 /// Runs one scenario under one policy.
@@ -396,8 +385,7 @@ impl<'a> Sim<'a> {
             engine_events: Vec::new(),
             events: 0,
             last_finish: 0,
-            jobs: std::collections::HashMap::new(),
-            fan_outs: Vec::new(),
+            jobs: Jobs::default(),
             turns: Turns::default(),
         }
     }
@@ -454,15 +442,8 @@ impl<'a> Sim<'a> {
         batch.clear();
         self.sources[s].open_loop_batch(src, &mut batch);
         if let Some(job) = batch.first().and_then(|d| d.burst) {
-            self.jobs.insert(
-                (s as u16, job),
-                Job {
-                    start: now,
-                    ideal: self.plan.ideal_makespan(self.scn, &batch),
-                    left: u32::try_from(batch.len()).unwrap_or(u32::MAX),
-                    end: now,
-                },
-            );
+            let ideal = self.plan.ideal_makespan(self.scn, &batch);
+            self.jobs.start((s as u16, job), now, ideal, batch.len());
         }
         for d in &batch {
             self.dispatch(now, *d);
@@ -587,26 +568,6 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// One sub-task of an agent job answered at `at`; the job's makespan is
-    /// kept when its last one is, for jobs that started after the warm-up.
-    fn job_part_done(&mut self, key: (u16, u32), at: Micros) {
-        let Some(job) = self.jobs.get_mut(&key) else {
-            return;
-        };
-        job.left = job.left.saturating_sub(1);
-        job.end = job.end.max(at);
-        if job.left == 0 {
-            let job = *job;
-            self.jobs.remove(&key);
-            if job.start >= self.scn.warmup && job.ideal.is_finite() {
-                self.fan_outs.push(FanOut {
-                    makespan: job.end - job.start,
-                    ideal: job.ideal,
-                });
-            }
-        }
-    }
-
     fn reschedule(&mut self, i: usize) {
         let at = self.nodes[i].engine.next_event_at();
         if at != self.nodes[i].due {
@@ -648,7 +609,8 @@ impl<'a> Sim<'a> {
             .release(f.reservation, t.finished_us / US_PER_MS);
         let rtt = self.plan.nodes[i].rtt;
         if let Some(job) = f.demand.burst {
-            self.job_part_done((f.demand.source, job), t.finished_us + rtt);
+            self.jobs
+                .part_done((f.demand.source, job), t.finished_us + rtt, self.scn.warmup);
         }
         let plan = &self.plan.nodes[i];
         let node = &mut self.nodes[i];
@@ -874,7 +836,7 @@ impl<'a> Sim<'a> {
             self.completed,
             (self.scn.warmup, self.scn.duration),
         );
-        summary.fan_out = summarise_fan_out(&self.fan_outs);
+        summary.fan_out = self.jobs.summary();
         summary.turns = self.turns.summary();
         RunOutput {
             policy,

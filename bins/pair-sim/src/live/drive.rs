@@ -19,7 +19,7 @@ use pair_core::SessionKey;
 use serde_json::{Value, json};
 
 use crate::SimError;
-use crate::metrics::{FanOut, Record, Turns};
+use crate::metrics::{Jobs, Record, Turns};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SourceKind};
 use crate::sim::Cluster;
 use crate::workload::{Demand, SourceState};
@@ -60,7 +60,7 @@ impl Clock {
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
     pub(super) records: Vec<Record>,
-    pub(super) fan_outs: Vec<FanOut>,
+    pub(super) jobs: Jobs,
     pub(super) turns: Turns,
     pub(super) generated: u64,
     pub(super) completed: u64,
@@ -197,18 +197,6 @@ struct Run {
     ids: std::sync::atomic::AtomicU64,
     /// Prices agent jobs.
     plan: Cluster,
-    /// Agent jobs in flight, by (source, job).
-    jobs: Mutex<std::collections::HashMap<(u16, u32), Job>>,
-}
-
-/// An agent job in flight: when it started, its ideal makespan, sub-tasks
-/// left, and the latest sub-task's end (modelled µs).
-#[derive(Clone, Copy, Debug)]
-struct Job {
-    start: Micros,
-    ideal: f64,
-    left: u32,
-    end: Micros,
 }
 
 impl Run {
@@ -263,31 +251,11 @@ impl Run {
         if arrival >= self.scn.warmup {
             out.records.push(record);
         }
-        drop(out);
         if let Some(job) = d.burst {
-            self.job_part_done((d.source, job), end);
+            out.jobs.part_done((d.source, job), end, self.scn.warmup);
         }
+        drop(out);
         end
-    }
-
-    fn job_part_done(&self, key: (u16, u32), at: Micros) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(job) = jobs.get_mut(&key) else {
-            return;
-        };
-        job.left = job.left.saturating_sub(1);
-        job.end = job.end.max(at);
-        if job.left == 0 {
-            let job = *job;
-            jobs.remove(&key);
-            if job.start >= self.scn.warmup && job.ideal.is_finite() {
-                let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-                out.fan_outs.push(FanOut {
-                    makespan: job.end - job.start,
-                    ideal: job.ideal,
-                });
-            }
-        }
     }
 
     /// One closed-loop user: wake, ask, wait for the answer, think, again.
@@ -336,16 +304,13 @@ impl Run {
                 .unwrap_or_else(|p| p.into_inner())
                 .open_loop_batch(&src, &mut batch);
             if let Some(job) = batch.first().and_then(|d| d.burst) {
-                let left = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-                self.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    (s as u16, job),
-                    Job {
-                        start: self.clock.now(),
-                        ideal: self.plan.ideal_makespan(&self.scn, &batch),
-                        left,
-                        end: 0,
-                    },
-                );
+                let ideal = self.plan.ideal_makespan(&self.scn, &batch);
+                let now = self.clock.now();
+                self.out
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .jobs
+                    .start((s as u16, job), now, ideal, batch.len());
             }
             for d in batch.drain(..) {
                 let run = Arc::clone(&self);
@@ -385,7 +350,6 @@ pub(super) async fn drive(
         next_entry: Mutex::new(0),
         ids: std::sync::atomic::AtomicU64::new(0),
         plan: plan.clone(),
-        jobs: Mutex::new(std::collections::HashMap::new()),
     });
     let mut tasks = tokio::task::JoinSet::new();
     for (s, src) in scn.sources.iter().enumerate() {

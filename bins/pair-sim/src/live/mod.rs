@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use pair_scheduler::Policy;
 
 use crate::SimError;
-use crate::metrics::{cdf_points, summarise, summarise_fan_out};
+use crate::metrics::{cdf_points, summarise};
 use crate::report::{PolicyResult, ScenarioReport, slo_met};
 use crate::scenario::{Entry, Routing, Scenario};
 use crate::search::{Probe, users_at_slo};
@@ -130,7 +130,7 @@ async fn run_policy(
         out.completed,
         (scn.warmup, scn.duration),
     );
-    summary.fan_out = summarise_fan_out(&out.fan_outs);
+    summary.fan_out = out.jobs.summary();
     summary.turns = out.turns.summary();
     Ok(PolicyResult {
         policy,
