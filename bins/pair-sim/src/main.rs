@@ -65,47 +65,7 @@ enum Command {
     /// of emulated engines, the scenario's workload against their faces,
     /// printed beside the simulator's run of the same scenario (a router
     /// per node, as live).
-    Live {
-        /// Scenario files (TOML).
-        #[arg(required = true)]
-        scenarios: Vec<PathBuf>,
-        /// A policy name, a comma-separated list, or `all`.
-        #[arg(long, default_value = "all")]
-        policy: String,
-        /// Wall seconds per modelled second (0.25: four times faster).
-        #[arg(long, default_value_t = 0.25)]
-        time_scale: f64,
-        /// Modelled seconds to run instead of the scenario's duration.
-        #[arg(long)]
-        duration: Option<u64>,
-        /// Closed-loop users instead of the scenario's (a target such as
-        /// "holds 23 users at the SLO" is this run passing the SLO).
-        #[arg(long)]
-        users: Option<u32>,
-        /// The pair-node binary (default: beside this one, else on PATH).
-        #[arg(long)]
-        pair_node: Option<PathBuf>,
-        /// Event loops per node.
-        #[arg(long, default_value_t = 1)]
-        threads: u16,
-        /// Fail (exit 1) if two policies the simulator ranks clearly apart
-        /// (p95 TTFT more than --margin times apart) come out in the other
-        /// order live.
-        #[arg(long)]
-        check_ranking: bool,
-        #[arg(long, default_value_t = 1.5)]
-        margin: f64,
-        /// Skip the simulator's users-at-SLO search.
-        #[arg(long)]
-        no_search: bool,
-        /// Also search users at SLO live, up to this many users (a live
-        /// run per probe: slow).
-        #[arg(long)]
-        live_search: Option<u32>,
-        /// Write both reports as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    Live(Box<LiveArgs>),
     /// Time the simulator on a synthetic open-loop cluster.
     Bench {
         #[arg(long, default_value_t = 1_000_000)]
@@ -134,6 +94,50 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         time_scale: f64,
     },
+}
+
+/// `pair-sim live`'s options.
+#[derive(clap::Args, Debug)]
+struct LiveArgs {
+    /// Scenario files (TOML).
+    #[arg(required = true)]
+    scenarios: Vec<PathBuf>,
+    /// A policy name, a comma-separated list, or `all`.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// Wall seconds per modelled second (0.25: four times faster).
+    #[arg(long, default_value_t = 0.25)]
+    time_scale: f64,
+    /// Modelled seconds to run instead of the scenario's duration.
+    #[arg(long)]
+    duration: Option<u64>,
+    /// Closed-loop users instead of the scenario's (a target such as
+    /// "holds 23 users at the SLO" is this run passing the SLO).
+    #[arg(long)]
+    users: Option<u32>,
+    /// The pair-node binary (default: beside this one, else on PATH).
+    #[arg(long)]
+    pair_node: Option<PathBuf>,
+    /// Event loops per node.
+    #[arg(long, default_value_t = 1)]
+    threads: u16,
+    /// Fail (exit 1) if two policies the simulator ranks clearly apart
+    /// (p95 TTFT more than --margin times apart) come out in the other
+    /// order live.
+    #[arg(long)]
+    check_ranking: bool,
+    #[arg(long, default_value_t = 1.5)]
+    margin: f64,
+    /// Skip the simulator's users-at-SLO search.
+    #[arg(long)]
+    no_search: bool,
+    /// Also search users at SLO live, up to this many users (a live
+    /// run per probe: slow).
+    #[arg(long)]
+    live_search: Option<u32>,
+    /// Write both reports as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// Errors the shell distinguishes: configuration (64) or anything else (1).
@@ -198,34 +202,7 @@ fn main() -> ExitCode {
             !no_search,
             !sequential,
         ),
-        Command::Live {
-            scenarios,
-            policy,
-            time_scale,
-            duration,
-            users,
-            pair_node,
-            threads,
-            check_ranking,
-            margin,
-            no_search,
-            live_search,
-            json,
-        } => live(
-            scenarios,
-            &LiveArgs {
-                policy,
-                time_scale,
-                duration,
-                users,
-                pair_node,
-                threads,
-                check: check_ranking.then_some(margin),
-                search: !no_search,
-                live_search,
-                json,
-            },
-        ),
+        Command::Live(args) => live(&args),
         Command::Bench {
             requests,
             nodes,
@@ -330,25 +307,10 @@ fn run(
     Ok(())
 }
 
-/// `pair-sim live`'s options.
-struct LiveArgs {
-    policy: String,
-    time_scale: f64,
-    duration: Option<u64>,
-    users: Option<u32>,
-    pair_node: Option<PathBuf>,
-    threads: u16,
-    /// The ranking check's margin, when asked for.
-    check: Option<f64>,
-    search: bool,
-    live_search: Option<u32>,
-    json: Option<PathBuf>,
-}
-
-fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
+fn live(args: &LiveArgs) -> Result<(), Failure> {
     let policies = pair_sim::parse_policies(&args.policy)?;
-    let mut scenarios = Vec::with_capacity(paths.len());
-    for p in &paths {
+    let mut scenarios = Vec::with_capacity(args.scenarios.len());
+    for p in &args.scenarios {
         let mut s = Scenario::load(p).map_err(|e| match e {
             e if e.is_config() => Failure::Config(format!("{}: {}", p.display(), chain(&e))),
             e => Failure::from(e),
@@ -385,7 +347,7 @@ fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
             scn,
             &CompareOptions {
                 policies: policies.clone(),
-                search: args.search,
+                search: !args.no_search,
                 parallel: true,
             },
             &quiet,
@@ -394,8 +356,8 @@ fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
         println!("live, time scale {}:", args.time_scale);
         println!("{}", report::render_table(&live));
         println!("{}", report::render_side_by_side(&sim, &live));
-        if let Some(margin) = args.check {
-            for d in pair_sim::live::ranking_differences(&sim, &live, margin) {
+        if args.check_ranking {
+            for d in pair_sim::live::ranking_differences(&sim, &live, args.margin) {
                 differences.push(format!("{}: {d}", scn.name));
             }
         }
@@ -410,7 +372,7 @@ fn live(paths: Vec<PathBuf>, args: &LiveArgs) -> Result<(), Failure> {
         })?;
     }
     if differences.is_empty() {
-        if args.check.is_some() {
+        if args.check_ranking {
             println!("ranking of policies: live agrees with the simulator");
         }
         Ok(())
