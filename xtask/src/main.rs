@@ -168,6 +168,8 @@ fn ci(root: &Path) -> Result<()> {
         "scenarios/ci-smoke.toml",
         "--time-scale",
         "0.1",
+        "--duration",
+        "240",
         "--no-search",
         "--check-ranking",
     ])?;

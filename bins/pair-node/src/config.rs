@@ -278,6 +278,10 @@ pub struct RunArgs {
     /// twin on a faster clock scales it like everything else.
     #[arg(long, hide = true)]
     pub report_interval: Option<String>,
+    /// How often telemetry samples the GPU and host (default 1s, as PAIR);
+    /// a live twin on a faster clock scales it like everything else.
+    #[arg(long, hide = true)]
+    pub telemetry_interval: Option<String>,
 }
 
 /// `--emulated-hardware`: what a node over an emulated engine says of its
@@ -332,6 +336,8 @@ pub struct NodeConfig {
     pub emulated: Option<EmulatedHardware>,
     /// `--report-interval` (`None`: the gossip default).
     pub report_interval: Option<Duration>,
+    /// `--telemetry-interval` (`None`: the sampler's default).
+    pub telemetry_interval: Option<Duration>,
 }
 
 impl NodeConfig {
@@ -476,6 +482,11 @@ impl NodeConfig {
             },
             report_interval: match args.report_interval {
                 Some(s) => Some(duration("report-interval", Some(s), Duration::ZERO)?)
+                    .filter(|d| !d.is_zero()),
+                None => None,
+            },
+            telemetry_interval: match args.telemetry_interval {
+                Some(s) => Some(duration("telemetry-interval", Some(s), Duration::ZERO)?)
                     .filter(|d| !d.is_zero()),
                 None => None,
             },

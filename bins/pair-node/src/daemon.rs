@@ -28,7 +28,7 @@ use pair_proxy::gate::FaceGate;
 use pair_proxy::relay;
 use pair_proxy::state::{DEFAULT_BODY_CAP, NodeIdentity, ProxyConfig, ProxyState, now_ms};
 use pair_scheduler::SchedulerConfig;
-use pair_telemetry::{NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost};
+use pair_telemetry::{FedGpuProbe, GpuProbe, NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -90,7 +90,8 @@ pub struct NodeExtras {
     pub gossip: Option<GossipConfig>,
     /// Seed speed of a model by its size (an emulated hardware profile's).
     pub seed_by_size: Option<SeedBySize>,
-    /// The GPU this node reports when telemetry finds none.
+    /// The emulated engine's GPU: telemetry reads it from the engine
+    /// instead of NVML (see `emulated`).
     pub emulated_gpu: Option<GpuDevice>,
 }
 
@@ -220,12 +221,26 @@ pub async fn start(
     let tasks = TaskTracker::new();
 
     let host = SysinfoHost::new().context("reading host CPU and memory")?;
-    let sampler = Sampler::spawn(
-        SamplerConfig::default(),
-        pair_telemetry::default_gpu_probe(),
-        Box::new(host),
-        shutdown.clone(),
-    );
+    let mut sampler_cfg = SamplerConfig::default();
+    if let Some(interval) = cfg.telemetry_interval {
+        sampler_cfg.interval = interval;
+    }
+    // Over an emulated engine, its modelled GPU stands where NVML would.
+    let gpu_probe: Box<dyn GpuProbe> = match (extras.emulated_gpu.clone(), cfg.engines.first()) {
+        (Some(device), Some(engine)) => {
+            let (probe, feed) = FedGpuProbe::new();
+            tasks.spawn(crate::emulated::feed_gpu(
+                engine.base_url.clone(),
+                device,
+                sampler_cfg.interval,
+                feed,
+                shutdown.clone(),
+            ));
+            Box::new(probe)
+        }
+        _ => pair_telemetry::default_gpu_probe(),
+    };
+    let sampler = Sampler::spawn(sampler_cfg, gpu_probe, Box::new(host), shutdown.clone());
 
     let mut engines: Vec<EngineHandle> = Vec::with_capacity(cfg.engines.len());
     for e in &cfg.engines {
@@ -356,7 +371,6 @@ pub async fn start(
         telemetry: sampler.subscribe(),
         base_perf: extras.base_perf,
         seed_by_size: extras.seed_by_size,
-        emulated_gpu: extras.emulated_gpu,
         load,
         bindings,
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs), id)),

@@ -190,6 +190,7 @@ impl LocalCluster {
                 metrics_listen: None,
                 emulated: None,
                 report_interval: None,
+                telemetry_interval: None,
             };
             let listeners = Listeners::bind(&cfg).await?;
             // Seed the scheduler with the profile's speed on a typical

@@ -203,3 +203,76 @@ fn metrics_can_be_served_for_a_scraper_on_another_address() {
         "nothing else is served there: {other}"
     );
 }
+
+/// This node's own entry in its `/_pair/cluster` view.
+fn own_entry(node: &support::Running) -> serde_json::Value {
+    let v = support::get_json(node.face_addr(), "/_pair/cluster").unwrap();
+    let me = v["self"].clone();
+    v["snapshot"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == me)
+        .cloned()
+        .unwrap()
+}
+
+#[test]
+fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
+    let port = engine();
+    let node = support::start_with(
+        "emu",
+        port,
+        1,
+        &[
+            "--emulated-hardware",
+            "rtx4090",
+            "--telemetry-interval",
+            "100ms",
+        ],
+    );
+    // Wait until `check` holds for the node's own entry.
+    let until = |what: &str, check: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let me = own_entry(&node);
+            if check(&me) {
+                return me;
+            }
+            assert!(Instant::now() < deadline, "never {what}: {me}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Idle: the profile's GPU at 0 %, and pressure known to be low (not
+    // PAIR's "unknown", which a node without readings reports).
+    let idle = until("idle with a reading", &|me| {
+        me["gpus"][0]["utilisation_pct"] == 0 && me["pressure"] == 0
+    });
+    assert_eq!(idle["gpus"][0]["name"], "rtx4090", "{idle}");
+
+    // A long answer keeps the engine busy: utilisation and pressure rise.
+    let face = node.face.clone();
+    let busy = std::thread::spawn(move || {
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("{face}/api/generate"))
+            .args([
+                "-d",
+                r#"{"model":"llama3.2:3b","prompt":"count","stream":false,"options":{"num_predict":1500}}"#,
+            ])
+            .output()
+            .unwrap()
+    });
+    let loaded = until("busy", &|me| {
+        me["gpus"][0]["utilisation_pct"].as_u64().unwrap_or(0) >= 90
+            && me["pressure"].as_u64().unwrap_or(0) >= 2
+    });
+    assert!(
+        loaded["gpus"][0]["vram_used_bytes"].as_u64().unwrap() > 0,
+        "the model's weights are in memory: {loaded}"
+    );
+    let out = busy.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    // And fall back once it is done.
+    until("idle again", &|me| me["gpus"][0]["utilisation_pct"] == 0);
+}

@@ -122,7 +122,7 @@ struct LiveArgs {
     #[arg(long, default_value_t = 1)]
     threads: u16,
     /// Fail (exit 1) if two policies the simulator ranks clearly apart
-    /// (p95 TTFT more than --margin times apart) come out in the other
+    /// (mean TTFT more than --margin times apart) come out in the other
     /// order live.
     #[arg(long)]
     check_ranking: bool,

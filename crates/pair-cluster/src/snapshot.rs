@@ -8,9 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pair_core::{
-    ClusterSnapshot, GpuDevice, Liveness, ModelPerf, NodeId, NodeSnapshot, Role, Telemetry,
-};
+use pair_core::{ClusterSnapshot, Liveness, ModelPerf, NodeId, NodeSnapshot, Role, Telemetry};
 use pair_discovery::PeerSet;
 use pair_engines::EngineHandle;
 use pair_identity::TrustStore;
@@ -90,8 +88,6 @@ pub struct LocalReport {
     /// Seed speed of a model by its weight bytes, ahead of `base_perf`
     /// (an emulated engine's hardware profile).
     pub seed_by_size: Option<SeedBySize>,
-    /// The GPU reported when telemetry finds none (an emulated engine's).
-    pub emulated_gpu: Option<GpuDevice>,
     pub load: Arc<LocalLoad>,
     /// Where conversations that entered here were sent.
     pub bindings: Arc<crate::Bindings>,
@@ -140,11 +136,7 @@ impl LocalReport {
             }
         }
         let t = self.telemetry.borrow();
-        n.gpus = if t.gpus.is_empty() {
-            self.emulated_gpu.iter().cloned().collect()
-        } else {
-            t.gpus.clone()
-        };
+        n.gpus = t.gpus.clone();
         n.pressure = t.pressure_at(now);
         drop(t);
         // Work sent straight to an engine's own port (vLLM reports its

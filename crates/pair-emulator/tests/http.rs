@@ -624,6 +624,13 @@ async fn admin_routes_set_faults_and_report_stats() {
     assert_eq!(stats["hits"]["by_route"]["/v1/chat/completions"], 1);
     assert_eq!(stats["hits"]["by_model"][CHAT], 1);
     assert_eq!(stats["workload"]["running"], 0);
+    // The emulated GPU's readings: busy time on the engine's own clock.
+    let (busy, clock) = (
+        stats["busy_us"].as_u64().unwrap(),
+        stats["clock_us"].as_u64().unwrap(),
+    );
+    assert!(clock > 0 && busy <= clock, "{stats}");
+    assert!(stats["memory_used_bytes"].is_u64(), "{stats}");
     e.shutdown().await;
 }
 

@@ -19,6 +19,10 @@ pub enum TelemetryError {
     /// The host statistics could not be read.
     #[error("host statistics unavailable")]
     Host(#[source] sysinfo::Error),
+    /// A fed probe has no current reading (its feeder has not delivered
+    /// one yet, or the last one failed).
+    #[error("no current reading from {0}")]
+    NoReading(&'static str),
     /// A scripted failure of a fake probe (tests only use it).
     #[error("fake probe failure (scripted)")]
     Scripted,

@@ -1,7 +1,9 @@
-//! GPU probes: the [`GpuProbe`] trait, NVML (feature `nvml`), "no GPU", and a
-//! scriptable fake for tests.
+//! GPU probes: the [`GpuProbe`] trait, NVML (feature `nvml`), "no GPU", a
+//! probe fed from outside (an emulated engine's GPU), and a scriptable fake
+//! for tests.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pair_core::GpuDevice;
 
@@ -192,9 +194,86 @@ impl GpuProbe for FakeGpuProbe {
     }
 }
 
+/// A GPU whose readings come from elsewhere: a task that asks an emulated
+/// engine how busy it was feeds them in through the [`GpuFeed`], and the
+/// sampler reads the latest one. Until a reading arrives, or after a failed
+/// one, the probe fails, so pressure is unknown rather than idle.
+#[derive(Debug)]
+pub struct FedGpuProbe {
+    shared: Arc<Mutex<Option<GpuDevice>>>,
+}
+
+/// The feeding side of a [`FedGpuProbe`].
+#[derive(Clone, Debug)]
+pub struct GpuFeed {
+    shared: Arc<Mutex<Option<GpuDevice>>>,
+}
+
+impl FedGpuProbe {
+    /// A probe of one device and the feed that updates it.
+    pub fn new() -> (Self, GpuFeed) {
+        let shared = Arc::new(Mutex::new(None));
+        (
+            Self {
+                shared: shared.clone(),
+            },
+            GpuFeed { shared },
+        )
+    }
+}
+
+impl GpuFeed {
+    /// The device as it stands now.
+    pub fn set(&self, device: GpuDevice) {
+        *self.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(device);
+    }
+
+    /// No valid reading now (the source did not answer).
+    pub fn fail(&self) {
+        *self.shared.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+impl GpuProbe for FedGpuProbe {
+    fn kind(&self) -> &'static str {
+        "fed"
+    }
+    fn sample(&mut self) -> Result<Vec<GpuDevice>, TelemetryError> {
+        let device = self
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        device
+            .map(|d| vec![d])
+            .ok_or(TelemetryError::NoReading("fed GPU probe"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fed_probe_reads_what_was_fed_and_fails_without_a_reading() {
+        let (mut probe, feed) = FedGpuProbe::new();
+        assert!(probe.sample().is_err(), "nothing fed yet");
+        let mut d = GpuDevice {
+            index: 0,
+            name: "rtx4090".into(),
+            utilisation_pct: 73,
+            vram_used_bytes: 1,
+            vram_total_bytes: 2,
+        };
+        feed.set(d.clone());
+        assert_eq!(probe.sample().unwrap(), vec![d.clone()]);
+        assert_eq!(probe.sample().unwrap(), vec![d.clone()], "repeats");
+        d.utilisation_pct = 5;
+        feed.set(d.clone());
+        assert_eq!(probe.sample().unwrap()[0].utilisation_pct, 5);
+        feed.fail();
+        assert!(probe.sample().is_err());
+    }
 
     #[test]
     fn fake_probe_follows_its_script_then_repeats() {

@@ -24,7 +24,7 @@ pub use pair_core::pressure;
 pub use error::TelemetryError;
 #[cfg(feature = "nvml")]
 pub use gpu::NvmlProbe;
-pub use gpu::{FakeGpuProbe, GpuProbe, NoGpu, default_gpu_probe};
+pub use gpu::{FakeGpuProbe, FedGpuProbe, GpuFeed, GpuProbe, NoGpu, default_gpu_probe};
 pub use host::{FakeHostProbe, HostProbe, HostStats, SysinfoHost};
 pub use node_info::{
     NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig, node_info_router,

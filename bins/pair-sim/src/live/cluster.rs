@@ -76,6 +76,32 @@ fn free_port(taken: &mut Vec<u16>) -> Result<SocketAddr, SimError> {
     ))
 }
 
+/// One state directory per scenario node, each holding a fresh node
+/// identity, handed out so that the live nodes' ids sort in the same order
+/// as the simulator's ids of the same nodes: every tie a policy breaks by
+/// node id then falls the same way live as simulated.
+fn state_dirs_in_sim_id_order(scn: &Scenario) -> Result<Vec<tempfile::TempDir>, SimError> {
+    let mut made = Vec::with_capacity(scn.nodes.len());
+    for _ in &scn.nodes {
+        let dir = tempfile::Builder::new()
+            .prefix("pair-live-")
+            .tempdir()
+            .map_err(|e| SimError::live("state dir", e))?;
+        let id = pair_identity::Identity::load_or_create(dir.path(), pair_core::Role::Node)
+            .map_err(|e| SimError::live("node identity", e))?
+            .id();
+        made.push((id, dir));
+    }
+    made.sort_by_key(|(id, _)| *id);
+    let mut by_sim_id: Vec<usize> = (0..scn.nodes.len()).collect();
+    by_sim_id.sort_by_key(|&i| crate::sim::node_id(&scn.nodes[i].name));
+    let mut dirs: Vec<Option<tempfile::TempDir>> = scn.nodes.iter().map(|_| None).collect();
+    for (&node, (_, dir)) in by_sim_id.iter().zip(made) {
+        dirs[node] = Some(dir);
+    }
+    Ok(dirs.into_iter().flatten().collect())
+}
+
 impl LiveCluster {
     /// Starts every engine and node for `policy` and waits until each node
     /// routes to all of them.
@@ -120,18 +146,17 @@ impl LiveCluster {
                 ])
             })
             .collect::<Result<_, SimError>>()?;
-        // Reports as often as the simulator's nodes send them, on the
-        // engines' clock.
-        let report_interval = format!(
-            "{}us",
-            ((scn.info.report_interval as f64 * time_scale) as u64).max(1_000)
-        );
+        // Reports and telemetry samples as often as the simulator's nodes
+        // take them, on the engines' clock.
+        let scaled = |us: u64| format!("{}us", ((us as f64 * time_scale) as u64).max(1_000));
+        let report_interval = scaled(scn.info.report_interval);
+        let telemetry_interval = scaled(scn.info.telemetry_interval);
+        let mut dirs = state_dirs_in_sim_id_order(scn)?.into_iter();
         let mut nodes = Vec::with_capacity(scn.nodes.len());
         for (i, n) in scn.nodes.iter().enumerate() {
-            let dir = tempfile::Builder::new()
-                .prefix("pair-live-")
-                .tempdir()
-                .map_err(|e| SimError::live("state dir", e))?;
+            let dir = dirs
+                .next()
+                .ok_or_else(|| SimError::live_msg("fewer state dirs than nodes".into()))?;
             let log = std::fs::File::create(dir.path().join("node.log"))
                 .map_err(|e| SimError::live("node log", e))?;
             let [ollama, openai, cluster] = ports[i];
@@ -144,6 +169,7 @@ impl LiveCluster {
                 .args(["--policy", policy.as_str()])
                 .args(["--emulated-hardware", &n.profile])
                 .args(["--report-interval", &report_interval])
+                .args(["--telemetry-interval", &telemetry_interval])
                 .arg("--state-dir")
                 .arg(dir.path());
             if n.seed_perf == SeedPerf::Profile {

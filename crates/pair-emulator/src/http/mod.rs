@@ -617,27 +617,44 @@ fn parse_rules(body: &[u8]) -> Result<Vec<FaultRule>, Response> {
     }
 }
 
+/// `GET /_emulator/stats`: what the engine holds now, and the readings an
+/// emulated GPU's telemetry is made of.
 #[derive(Serialize)]
 struct Stats {
     hits: HitCounts,
     workload: Workload,
     loaded: Vec<String>,
+    /// Busy right now (prefilling or decoding): 1.0, else 0.0.
     utilisation: f32,
+    /// The engine's modelled clock, microseconds since it started.
+    clock_us: u64,
+    /// Modelled microseconds spent busy up to `clock_us`: two readings give
+    /// utilisation over the window between them.
+    busy_us: u64,
+    /// Bytes of model weights in memory.
+    memory_used_bytes: u64,
 }
 
 async fn admin_stats(State(app): State<App>) -> Response {
-    let (workload, loaded, utilisation) = app.core.with_model(|m, now| {
-        (
-            m.workload(now),
-            m.loaded_models().map(|s| s.index).collect::<Vec<_>>(),
-            m.utilisation(),
-        )
-    });
+    let (workload, loaded, utilisation, clock_us, busy_us, memory_used_bytes) =
+        app.core.with_model(|m, now| {
+            (
+                m.workload(now),
+                m.loaded_models().map(|s| s.index).collect::<Vec<_>>(),
+                m.utilisation(),
+                now,
+                m.busy_us(now),
+                m.memory_used_bytes(),
+            )
+        });
     axum::Json(Stats {
         hits: app.hits.snapshot(),
         workload,
         loaded: loaded.into_iter().map(|i| app.listed_name(i)).collect(),
         utilisation,
+        clock_us,
+        busy_us,
+        memory_used_bytes,
     })
     .into_response()
 }
