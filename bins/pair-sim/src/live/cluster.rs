@@ -340,3 +340,49 @@ pub fn default_pair_node() -> PathBuf {
         })
         .unwrap_or_else(|| PathBuf::from("pair-node"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_node_ids_sort_as_the_simulators() {
+        let mut toml = String::from(
+            "name = \"s\"\nduration_s = 10\nslo = { ttft_p95_ms = 1000 }\n\
+             [[models]]\nname = \"m\"\nsize_gb = 1\n",
+        );
+        for name in ["fast-4090", "slow-3060", "laptop", "mbp", "desk-2"] {
+            toml.push_str(&format!(
+                "[[nodes]]\nname = \"{name}\"\nprofile = \"rtx4090\"\nmodels = [\"m\"]\n"
+            ));
+        }
+        toml.push_str(
+            "[[workload]]\nname = \"c\"\nkind = \"closed-loop\"\nusers = 1\n\
+             think_ms = { dist = \"fixed\", value = 100 }\n\
+             prompt_tokens = { dist = \"fixed\", value = 10 }\n\
+             output_tokens = { dist = \"fixed\", value = 10 }\n",
+        );
+        let scn = Scenario::parse(&toml).unwrap();
+        let dirs = state_dirs_in_sim_id_order(&scn).unwrap();
+        assert_eq!(dirs.len(), 5);
+        // The identity each node will load from its dir.
+        let live: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                pair_identity::Identity::load_or_create(d.path(), pair_core::Role::Node)
+                    .unwrap()
+                    .id()
+            })
+            .collect();
+        let sim: Vec<_> = scn
+            .nodes
+            .iter()
+            .map(|n| crate::sim::node_id(&n.name))
+            .collect();
+        for i in 0..5 {
+            for j in 0..5 {
+                assert_eq!(live[i] < live[j], sim[i] < sim[j], "nodes {i} and {j}");
+            }
+        }
+    }
+}
