@@ -480,16 +480,8 @@ impl NodeConfig {
                 Some(HttpStackArg::Hyper) => HttpStack::Hyper,
                 Some(HttpStackArg::Native) | None => HttpStack::Native,
             },
-            report_interval: match args.report_interval {
-                Some(s) => Some(duration("report-interval", Some(s), Duration::ZERO)?)
-                    .filter(|d| !d.is_zero()),
-                None => None,
-            },
-            telemetry_interval: match args.telemetry_interval {
-                Some(s) => Some(duration("telemetry-interval", Some(s), Duration::ZERO)?)
-                    .filter(|d| !d.is_zero()),
-                None => None,
-            },
+            report_interval: interval("report-interval", args.report_interval)?,
+            telemetry_interval: interval("telemetry-interval", args.telemetry_interval)?,
             emulated: match args.emulated_hardware {
                 Some(name) => Some(EmulatedHardware {
                     profile: pair_emulator::HardwareProfile::by_name(&name)
@@ -720,6 +712,11 @@ fn duration(
         }),
         None => Ok(default),
     }
+}
+
+/// An interval flag; `None` when not given or zero (the built-in default).
+fn interval(what: &'static str, input: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    Ok(Some(duration(what, input, Duration::ZERO)?).filter(|d| !d.is_zero()))
 }
 
 /// `$XDG_CONFIG_HOME/pair`, else `$HOME/.config/pair`.

@@ -1,4 +1,4 @@
-//! A node over an emulated engine (`pair-sim live`, the demo): the GPU it
+//! A node over an emulated engine (`pair-sim live`): the GPU it
 //! reports is the engine's modelled one, read as NVML would be read on a
 //! real machine. Every telemetry interval the engine is asked how long it
 //! has been busy on its own clock (`GET /_emulator/stats`); the share of the

@@ -21,8 +21,8 @@ pub enum TelemetryError {
     Host(#[source] sysinfo::Error),
     /// A fed probe has no current reading (its feeder has not delivered
     /// one yet, or the last one failed).
-    #[error("no current reading from {0}")]
-    NoReading(&'static str),
+    #[error("no current reading from the fed GPU probe")]
+    NoReading,
     /// A scripted failure of a fake probe (tests only use it).
     #[error("fake probe failure (scripted)")]
     Scripted,

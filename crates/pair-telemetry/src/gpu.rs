@@ -244,9 +244,7 @@ impl GpuProbe for FedGpuProbe {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        device
-            .map(|d| vec![d])
-            .ok_or(TelemetryError::NoReading("fed GPU probe"))
+        device.map(|d| vec![d]).ok_or(TelemetryError::NoReading)
     }
 }
 

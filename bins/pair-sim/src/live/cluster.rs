@@ -95,11 +95,14 @@ fn state_dirs_in_sim_id_order(scn: &Scenario) -> Result<Vec<tempfile::TempDir>, 
     made.sort_by_key(|(id, _)| *id);
     let mut by_sim_id: Vec<usize> = (0..scn.nodes.len()).collect();
     by_sim_id.sort_by_key(|&i| crate::sim::node_id(&scn.nodes[i].name));
-    let mut dirs: Vec<Option<tempfile::TempDir>> = scn.nodes.iter().map(|_| None).collect();
-    for (&node, (_, dir)) in by_sim_id.iter().zip(made) {
-        dirs[node] = Some(dir);
-    }
-    Ok(dirs.into_iter().flatten().collect())
+    // The i-th smallest live id goes to the node with the i-th smallest
+    // simulator id; then back into scenario order.
+    let mut assigned: Vec<(usize, tempfile::TempDir)> = by_sim_id
+        .into_iter()
+        .zip(made.into_iter().map(|(_, dir)| dir))
+        .collect();
+    assigned.sort_by_key(|(node, _)| *node);
+    Ok(assigned.into_iter().map(|(_, dir)| dir).collect())
 }
 
 impl LiveCluster {
@@ -151,12 +154,9 @@ impl LiveCluster {
         let scaled = |us: u64| format!("{}us", ((us as f64 * time_scale) as u64).max(1_000));
         let report_interval = scaled(scn.info.report_interval);
         let telemetry_interval = scaled(scn.info.telemetry_interval);
-        let mut dirs = state_dirs_in_sim_id_order(scn)?.into_iter();
+        let dirs = state_dirs_in_sim_id_order(scn)?;
         let mut nodes = Vec::with_capacity(scn.nodes.len());
-        for (i, n) in scn.nodes.iter().enumerate() {
-            let dir = dirs
-                .next()
-                .ok_or_else(|| SimError::live_msg("fewer state dirs than nodes".into()))?;
+        for ((i, n), dir) in scn.nodes.iter().enumerate().zip(dirs) {
             let log = std::fs::File::create(dir.path().join("node.log"))
                 .map_err(|e| SimError::live("node log", e))?;
             let [ollama, openai, cluster] = ports[i];
