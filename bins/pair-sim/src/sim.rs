@@ -274,6 +274,20 @@ struct NodeState {
     kv_capacity: usize,
 }
 
+impl NodeState {
+    /// The workload as the node's proxy counts it: the engine's jobs, with
+    /// output tokens still to come taken from what the requests declared
+    /// (the proxy cannot know how long an answer will be).
+    fn proxy_workload(&self, now: Micros) -> Workload {
+        let engine_w = self.engine.workload(now);
+        let generated = self.actual_out.saturating_sub(engine_w.decode_tokens);
+        Workload {
+            decode_tokens: self.declared_out.saturating_sub(generated),
+            ..engine_w
+        }
+    }
+}
+
 struct Sim<'a> {
     scn: &'a Scenario,
     plan: &'a Cluster,
@@ -478,6 +492,13 @@ impl<'a> Sim<'a> {
         self.profile.session = d.session;
         let r = self.entry(&d);
         let router = &mut self.routers[r];
+        // A router on a node reads that node's own workload live, as a
+        // node's proxy does; the single router runs on no node.
+        if let Routing::PerNode(_) = self.scn.routing {
+            let own = &self.plan.nodes[r];
+            let live = self.nodes[r].proxy_workload(now);
+            router.reservations.set_live(Some((own.id, live)));
+        }
         router.scheduler.rank_into(
             &mut self.ranking,
             &router.snapshot,
@@ -722,12 +743,7 @@ impl<'a> Sim<'a> {
     fn report(&mut self, now: Micros, i: usize) {
         let delay = self.scn.info.network_delay;
         let node = &mut self.nodes[i];
-        let engine_w = node.engine.workload(now);
-        let generated = node.actual_out.saturating_sub(engine_w.decode_tokens);
-        let workload = Workload {
-            decode_tokens: node.declared_out.saturating_sub(generated),
-            ..engine_w
-        };
+        let workload = node.proxy_workload(now);
         let mut loaded = 0u64;
         for m in node.engine.models() {
             if matches!(m.residency, Residency::Loaded) && m.index < 64 {

@@ -62,7 +62,15 @@ fn models(node: &NodeSnapshot) -> Vec<ProbeModel> {
             let mut request = RequestProfile::new(entry.name.as_str(), ApiFlavor::OpenAi);
             request.streaming = true;
             request.prompt_tokens = 64;
-            let p = predict::predict(node, &node.workload, entry, &request, Reserved::default());
+            // The node's own workload, read live.
+            let p = predict::predict(
+                node,
+                &node.workload,
+                entry,
+                &request,
+                Reserved::default(),
+                0,
+            );
             let model = ProbeModel {
                 id: entry.name.as_str().to_owned(),
                 object: "model".into(),

@@ -5,6 +5,12 @@
 //! and a request that finds a free slot starts at once but shares the engine
 //! with what is already running. Every term is non-decreasing in the work
 //! ahead, so more pending work never makes a node look faster.
+//!
+//! Stale-view aware: a peer's workload is as old as its last report, and
+//! other routers may have sent it requests since. Those unseen arrivals are
+//! a risk to price, not an average to ignore: when every router sees the
+//! same free slot, they all send there and all but the first wait. See
+//! [`unseen_arrivals_ms`].
 
 use pair_core::{Liveness, ModelEntry, ModelPerf, NodeSnapshot, RequestProfile, Workload};
 
@@ -17,6 +23,15 @@ pub const MIN_DECODE_TOKENS_PER_JOB: u64 = 32;
 
 /// Slowest rate believed, tokens/s: guards against zero or garbage figures.
 const MIN_TPS: f64 = 0.1;
+
+/// The answer length (tokens) the node is taken to turn over when the rate
+/// of unseen arrivals is estimated: the length assumed for a request that
+/// declares none.
+const NOMINAL_ANSWER_TOKENS: f64 = RequestProfile::DEFAULT_OUTPUT_TOKENS as f64;
+
+/// Views older than this are priced as this old (peers' clocks may be
+/// skewed; a node silent for longer turns suspect anyway).
+pub const MAX_VIEW_AGE_MS: u64 = 5_000;
 
 /// Throughput of `k` streams decoding together, in units of one stream.
 /// Batched decoding scales sub-linearly (llama.cpp on an RTX 3090: 1.0 /
@@ -101,15 +116,64 @@ pub fn fits_vram(node: &NodeSnapshot, entry: &ModelEntry) -> bool {
     }
 }
 
+/// Expected wait (ms) for requests that other routers sent to a node in
+/// the `age_ms` since its workload was seen, when that view showed
+/// `jobs_ahead` jobs on `slots` slots.
+///
+/// The rule: unseen arrivals come at the rate the node turns over nominal
+/// answers while it runs `jobs_ahead` streams (in a steady state, what
+/// arrives is what leaves), as a Poisson count `A` with mean `mu`. With `c`
+/// slots still free after this request's own, every arrival past `c`
+/// waits a nominal answer's slot time ahead of it: `E[(A - c)+]` of them.
+/// On a node seen full, arrivals queue ahead in the mean (`mu` of them).
+/// Departures since the view are not subtracted: a view's age is a risk to
+/// price, not a reason for optimism. An idle view (no jobs) or a view read
+/// live (`age_ms` 0) carries no risk.
+///
+/// Non-decreasing in `jobs_ahead` (fewer free slots, faster turnover) and
+/// in `age_ms`; independent of the tokens ahead.
+pub fn unseen_arrivals_ms(
+    jobs_ahead: u32,
+    slots: u32,
+    age_ms: u64,
+    decode_tps: f64,
+    overhead_ms: f64,
+) -> f64 {
+    if jobs_ahead == 0 || age_ms == 0 {
+        return 0.0;
+    }
+    let streams = jobs_ahead.min(slots);
+    let per_s = decode_tps * speedup(streams) / NOMINAL_ANSWER_TOKENS;
+    let mu = per_s * age_ms.min(MAX_VIEW_AGE_MS) as f64 / 1000.0;
+    let slot_ms = NOMINAL_ANSWER_TOKENS * 1000.0 / (decode_tps * speedup(slots)) + overhead_ms;
+    let expected = match slots.checked_sub(jobs_ahead + 1) {
+        // E[(A - c)+] = mu - c + sum over k < c of (c - k) P(A = k).
+        Some(c) => {
+            let (mut pk, mut below) = ((-mu).exp(), 0.0);
+            for k in 0..c {
+                below += f64::from(c - k) * pk;
+                pk *= mu / f64::from(k + 1);
+            }
+            (mu - f64::from(c) + below).max(0.0)
+        }
+        None => mu,
+    };
+    expected * slot_ms
+}
+
 /// Predicts what `request` would feel on `node`, served by `entry`, with
 /// `workload` running or queued there (usually `node.workload`, the
-/// reported one) and `reserved` work dispatched there on top of it.
+/// reported one) and `reserved` work dispatched there on top of it;
+/// `age_ms` is how long ago `workload` was seen (0: read live), which
+/// prices the requests other routers may have sent since
+/// ([`unseen_arrivals_ms`]).
 pub fn predict(
     node: &NodeSnapshot,
     workload: &Workload,
     entry: &ModelEntry,
     request: &RequestProfile,
     reserved: Reserved,
+    age_ms: u64,
 ) -> Prediction {
     let (perf, rates) = rates_for(node, entry);
     let fb = ModelPerf::FALLBACK;
@@ -137,7 +201,7 @@ pub fn predict(
             + f64::from(jobs_ahead) * overhead;
         let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
         work_ms * share
-    };
+    } + unseen_arrivals_ms(jobs_ahead, slots, age_ms, decode_tps, overhead);
 
     // Once running, the request shares the engine with the other streams in
     // flight; each of `active` streams gets speedup(active)/active of one.
@@ -244,6 +308,7 @@ mod tests {
             &n.engines[0].models[0],
             r,
             Reserved::default(),
+            0,
         )
     }
 
@@ -329,5 +394,52 @@ mod tests {
         let p = one(&node(1, bad, true), &req(false, 100, 10));
         assert_eq!(p.prefill_ms, 100);
         assert_eq!(p.decode_ms, 100_000);
+    }
+
+    #[test]
+    fn a_view_read_live_or_idle_carries_no_unseen_arrivals() {
+        assert_eq!(unseen_arrivals_ms(3, 4, 0, 50.0, 20.0), 0.0);
+        assert_eq!(unseen_arrivals_ms(0, 4, 900, 50.0, 20.0), 0.0);
+        let mut n = node(4, GPU, true);
+        n.workload.running = 3;
+        let live = one(&n, &req(true, 400, 100));
+        let seen = |age| {
+            predict(
+                &n,
+                &n.workload,
+                &n.engines[0].models[0],
+                &req(true, 400, 100),
+                Reserved::default(),
+                age,
+            )
+        };
+        assert_eq!(live.queue_ms, 0);
+        assert_eq!(seen(0), live);
+        assert!(seen(800).queue_ms > 0, "{}", seen(800));
+        assert_eq!(seen(800).total_ms - live.total_ms, seen(800).queue_ms);
+    }
+
+    #[test]
+    fn the_last_free_slot_seen_long_ago_is_a_risk_and_more_free_slots_are_safer() {
+        // 100 tokens/s and 4 slots: a nominal 256-token answer's slot time
+        // is 256 / (100 * 4^0.7) s + 20 ms overhead = 990 ms.
+        let slot_ms = 256_000.0 / (100.0 * speedup(4)) + 20.0;
+        let risk = |jobs, age| unseen_arrivals_ms(jobs, 4, age, 100.0, 20.0);
+        // Seen full: arrivals queue ahead in the mean, mu of them, and mu
+        // is the view's age times the rate of turning over nominal answers.
+        let mu = 100.0 * speedup(4) / 256.0 * 0.5;
+        assert!((risk(4, 500) - mu * slot_ms).abs() < 1e-6);
+        assert!((risk(9, 500) - risk(4, 500)).abs() < 1e-9);
+        // One free slot: every arrival waits (E[A] = mu, at three streams).
+        let mu3 = 100.0 * speedup(3) / 256.0 * 0.5;
+        assert!((risk(3, 500) - mu3 * slot_ms).abs() < 1e-6);
+        // Two free slots: only arrivals past the first: E[(A - 1)+].
+        let mu2 = 100.0 * speedup(2) / 256.0 * 0.5;
+        let e = mu2 - 1.0 + (-mu2).exp();
+        assert!((risk(2, 500) - e * slot_ms).abs() < 1e-6);
+        assert!(risk(1, 500) < risk(2, 500) && risk(2, 500) < risk(3, 500));
+        assert!(risk(3, 500) < risk(3, 1_000));
+        // Ages past the cap are priced at the cap.
+        assert_eq!(risk(3, MAX_VIEW_AGE_MS), risk(3, 60 * MAX_VIEW_AGE_MS));
     }
 }

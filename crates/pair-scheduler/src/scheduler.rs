@@ -93,7 +93,8 @@ impl Scheduler {
     /// Order: the pinned node if eligible; then the session's node if
     /// affinity keeps it; then the policy's order; then any eligible node the
     /// policy did not order, by node id. `rng` is drawn from only by `p2c`;
-    /// `now_ms` only ages session affinity.
+    /// `now_ms` ages session affinity and, for `predicted-latency`, the
+    /// peers' reported workloads.
     pub fn rank_into<R: RngCore + ?Sized>(
         &mut self,
         out: &mut Ranking,
@@ -107,7 +108,7 @@ impl Scheduler {
         out.candidates.clear();
         out.scratch.clear();
         out.keys.clear();
-        self.score_eligible(&mut out.scratch, cluster, request, reservations);
+        self.score_eligible(&mut out.scratch, cluster, request, reservations, now_ms);
         let c = &mut out.scratch;
         match self.policy {
             Policy::RoundRobin => self.order_round_robin(c),
@@ -159,6 +160,7 @@ impl Scheduler {
         cluster: &ClusterSnapshot,
         request: &RequestProfile,
         reservations: &Reservations,
+        now_ms: u64,
     ) {
         let reserved_lists = reservations.sorted();
         let live = reservations.live();
@@ -177,13 +179,15 @@ impl Scheduler {
             while r < reserved_lists.len() && reserved_lists[r].node.as_uuid().as_u128() < id {
                 r += 1;
             }
-            let (workload, reserved) = match (reserved_lists.get(r), live) {
-                (_, Some((live_node, w))) if live_node == node.id => (w, Reserved::default()),
+            let age_ms = now_ms.saturating_sub(node.reported_at_ms);
+            let (workload, reserved, age_ms) = match (reserved_lists.get(r), live) {
+                (_, Some((live_node, w))) if live_node == node.id => (w, Reserved::default(), 0),
                 (Some(list), _) if list.node == node.id => (
                     list.less_credited(node.workload, node.reported_at_ms),
                     list.uncovered(node.reported_at_ms),
+                    age_ms,
                 ),
-                _ => (node.workload, Reserved::default()),
+                _ => (node.workload, Reserved::default(), age_ms),
             };
             let reported = workload.pending();
             let policy_key = |primary: u64, secondary: u64| SortKey {
@@ -225,7 +229,7 @@ impl Scheduler {
                     )
                 }
                 Policy::PredictedLatency => {
-                    let p = predict(node, &workload, entry, request, reserved);
+                    let p = predict(node, &workload, entry, request, reserved, age_ms);
                     let key = SortKey {
                         tier: SortKey::POLICY,
                         // Suspect nodes after live ones; within each, nodes
@@ -971,6 +975,38 @@ mod tests {
             let r = rank_with(&mut s, nodes.clone(), &req(true), &res, 30);
             assert_eq!(order(&r), [id(2), id(1)], "{policy}");
         }
+    }
+
+    /// Every router that sees a peer's last free slot sends there; only the
+    /// first gets it. A slightly faster peer whose last slot was seen free a
+    /// report interval ago loses to this router's own node, read live with
+    /// slots to spare; seen just now, it wins.
+    #[test]
+    fn the_last_free_slot_of_an_old_view_loses_to_a_sure_one() {
+        let quicker = ModelPerf {
+            prefill_tps: FAST.prefill_tps * 1.5,
+            ..FAST
+        };
+        let mut peer = node(1, 4, quicker, true);
+        peer.workload = Workload {
+            running: 3,
+            decode_tokens: 600,
+            ..Workload::default()
+        };
+        peer.reported_at_ms = 1_000;
+        let own = node(2, 4, FAST, true);
+        let mut res = Reservations::new();
+        res.set_live(Some((id(2), decoding(200))));
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let nodes = vec![peer, own];
+        let fresh = rank_with(&mut s, nodes.clone(), &req(true), &res, 1_000);
+        assert_eq!(order(&fresh), [id(1), id(2)], "{}", fresh.candidates()[0]);
+        let old = rank_with(&mut s, nodes, &req(true), &res, 2_000);
+        assert_eq!(order(&old), [id(2), id(1)], "{}", old.candidates()[1]);
+        let Score::PredictedLatency(p) = old.candidates()[1].score else {
+            panic!("{}", old.candidates()[1]);
+        };
+        assert!(p.queue_ms > 0 && p.jobs_ahead < p.slots, "{p}");
     }
 
     /// A peer's report made while this router's request ran there counts

@@ -10,6 +10,7 @@ use pair_scheduler::pair_core::{
     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
     ModelName, ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, Workload,
 };
+use pair_scheduler::predict::{MAX_VIEW_AGE_MS, unseen_arrivals_ms};
 use pair_scheduler::{Policy, Ranking, Reservations, Scheduler, SchedulerConfig};
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -516,5 +517,27 @@ proptest! {
             }
             prop_assert_eq!(res.len(), model.len());
         }
+    }
+
+    /// The price of a stale view never falls as the view shows more jobs or
+    /// grows older, never exceeds a nominal answer's slot time per expected
+    /// arrival, and is nothing for a view read live.
+    #[test]
+    fn unseen_arrivals_are_priced_monotonically(
+        jobs in 0u32..40,
+        more in 0u32..8,
+        slots in 1u32..16,
+        age in 0u64..20_000,
+        older in 0u64..20_000,
+        decode_tps in 0.5f64..500.0,
+        overhead in 0.0f64..200.0,
+    ) {
+        let price = |j, a| unseen_arrivals_ms(j, slots, a, decode_tps, overhead);
+        let p = price(jobs, age);
+        prop_assert!(p >= 0.0 && p.is_finite());
+        prop_assert!(price(jobs + more, age) >= p - 1e-9);
+        prop_assert!(price(jobs, age + older) >= p - 1e-9);
+        prop_assert_eq!(price(jobs, 0), 0.0);
+        prop_assert_eq!(price(jobs, age.min(MAX_VIEW_AGE_MS)), p);
     }
 }
