@@ -148,7 +148,7 @@ pub fn unseen_arrivals_ms(
     let slot_ms = NOMINAL_ANSWER_TOKENS * 1000.0 / (decode_tps * speedup(slots)) + overhead_ms;
     let expected = match slots.checked_sub(jobs_ahead + 1) {
         // E[(A - c)+] = mu - c + sum over k < c of (c - k) P(A = k).
-        Some(c) => {
+        Some(c) if c > 0 => {
             let (mut pk, mut below) = ((-mu).exp(), 0.0);
             for k in 0..c {
                 below += f64::from(c - k) * pk;
@@ -156,7 +156,8 @@ pub fn unseen_arrivals_ms(
             }
             (mu - f64::from(c) + below).max(0.0)
         }
-        None => mu,
+        // The last free slot, or none: every arrival counts.
+        _ => mu,
     };
     expected * slot_ms
 }
