@@ -241,6 +241,16 @@ impl Failover {
         if self.stopped || self.dispatched >= self.cfg.max_dispatches {
             return self.give_up(self.exhausted());
         }
+        // Nothing starts past the patience, however the time went (a
+        // failed attempt can itself run past it).
+        if self.dispatched > 0 && now > self.cfg.patience {
+            let why = if self.owners_gone {
+                GiveUp::OwnersGone
+            } else {
+                self.exhausted()
+            };
+            return self.give_up(why);
+        }
         if targets.is_empty() {
             if self.dispatched == 0 && !self.owners_gone {
                 return self.give_up(GiveUp::NoCandidate);
@@ -609,6 +619,32 @@ mod tests {
             f.next_step(ZERO, &[t(1)]),
             Step::GiveUp(GiveUp::Exhausted { stalled: false })
         );
+    }
+
+    /// An attempt that fails after the patience has run out starts nothing
+    /// more, not even a candidate never tried or a retry already due.
+    #[test]
+    fn nothing_starts_once_a_failed_attempt_ran_past_the_patience() {
+        let cfg = FailoverConfig {
+            patience: Duration::from_millis(200),
+            ..FailoverConfig::default()
+        };
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        let late = Duration::from_millis(250);
+        f.report(late, failed("transport"));
+        assert_eq!(
+            f.next_step(late, &[t(1), t(2)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
+        );
+        // Within the patience the untried candidate goes.
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        f.report(Duration::from_millis(150), failed("transport"));
+        assert!(matches!(
+            f.next_step(Duration::from_millis(150), &[t(1), t(2)]),
+            Step::Dispatch { node, .. } if node == t(2).node
+        ));
     }
 
     #[test]
