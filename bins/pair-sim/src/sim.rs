@@ -14,7 +14,8 @@
 //! - Speed is learned by pair-scheduler's `PerfLearner` from the durations
 //!   the engine reports with each answer (Ollama's `prompt_eval_duration` and
 //!   `eval_duration`), seeded from the hardware profile when the scenario
-//!   says the node advertises one.
+//!   says the node advertises one; how decoding slows with streams sharing
+//!   the engine, by its `BatchLearner`, from when each answer streamed.
 //!
 //! Engines reuse a conversation's KV cache when the previous turn ran on the
 //! same node and is still among the last `slots` conversations there (as
@@ -32,7 +33,8 @@ use pair_core::{
 };
 use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
-    Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations, Scheduler,
+    BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations,
+    Scheduler, Streamed,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -301,6 +303,7 @@ struct Sim<'a> {
     /// Open-loop requests dealt over the entry nodes in turn.
     next_entry: usize,
     learner: PerfLearner,
+    batching: BatchLearner,
     /// Learned something since the last publication.
     learner_dirty: bool,
     rng: ChaCha8Rng,
@@ -382,6 +385,7 @@ impl<'a> Sim<'a> {
             view,
             generation: 0,
             learner: PerfLearner::new(),
+            batching: BatchLearner::new(),
             learner_dirty: false,
             rng: ChaCha8Rng::seed_from_u64(stream_seed(scn.seed, 0xD1CE, policy_index as u64)),
             ranking: Ranking::with_capacity(plan.nodes.len()),
@@ -663,11 +667,25 @@ impl<'a> Sim<'a> {
                 }
             }
         }
+        let ms = |us: u64| u32::try_from(us.div_ceil(US_PER_MS)).unwrap_or(u32::MAX);
+        let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
+        // How decoding slows as streams share the engine: each request's
+        // own stream beside those it overlapped, on the node's clock.
+        self.learner_dirty |= self.batching.observe(
+            plan.id,
+            model,
+            Decoded {
+                streamed: Streamed {
+                    first_token_ms: t.first_token_us / US_PER_MS,
+                    end_ms: t.finished_us / US_PER_MS,
+                },
+                output_tokens: t.output_tokens,
+                decode_ms: ms(t.finished_us - t.first_token_us),
+            },
+        );
         // The engine's own durations (Ollama reports prompt_eval_duration and
         // eval_duration); a cold job's prefill time includes its load.
         if !t.cold {
-            let ms = |us: u64| u32::try_from(us.div_ceil(US_PER_MS)).unwrap_or(u32::MAX);
-            let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
             self.learner_dirty |= self.learner.observe(&Observation {
                 node: plan.id,
                 model,
@@ -802,11 +820,15 @@ impl<'a> Sim<'a> {
                 for (k, entry) in engine.models.iter_mut().enumerate() {
                     let seed = plan.seed[k];
                     let rates = self.learner.rates(plan.id, entry.name.as_str());
-                    entry.learned = rates.is_some();
+                    let batching = self.batching.fitted(plan.id, entry.name.as_str());
+                    entry.learned = rates.is_some() || batching.is_some();
                     entry.perf = match rates {
                         Some(r) => Some(r.over(seed.unwrap_or(ModelPerf::FALLBACK))),
                         None => seed,
                     };
+                    if let Some(fit) = batching {
+                        entry.perf = Some(fit.over(entry.perf.unwrap_or(ModelPerf::FALLBACK)));
+                    }
                 }
             }
         }

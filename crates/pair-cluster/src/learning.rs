@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use pair_core::{ModelPerf, NodeId};
 use pair_jobs::JobLog;
-use pair_scheduler::{Observation, PerfLearner, SlotLearner, Streamed};
+use pair_scheduler::{BatchLearner, Decoded, Observation, PerfLearner, SlotLearner, Streamed};
 
 /// Learned prefill and decode speeds per node and model, and this node's
 /// slots per model.
@@ -22,6 +22,8 @@ pub struct SpeedLearner {
 struct Learning {
     learner: PerfLearner,
     slots: SlotLearner,
+    /// This node's engines: how decoding slows as streams share them.
+    batching: BatchLearner,
     /// The job log's cursor: jobs past it are not learned from yet.
     seen: usize,
 }
@@ -37,6 +39,7 @@ impl SpeedLearner {
             inner: Mutex::new(Learning {
                 learner: PerfLearner::new(),
                 slots: SlotLearner::new(),
+                batching: BatchLearner::new(),
                 seen,
             }),
         }
@@ -45,11 +48,16 @@ impl SpeedLearner {
     /// Learned speed of `model` on `node` over `seed`, if jobs taught any:
     /// the jobs added to the log since the last call are learned from
     /// first, each once (a record the log already held, echoed back by a
-    /// peer, is not new).
+    /// peer, is not new). On this node, decoding is one stream's speed
+    /// alone with the batching exponent its engine showed.
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
         let mut l = self.inner.lock().ok()?;
         self.catch_up(&mut l);
-        l.learner.rates(node, model).map(|r| r.over(seed))
+        let rates = l.learner.rates(node, model).map(|r| r.over(seed));
+        match l.batching.fitted(node, model) {
+            Some(fit) => Some(fit.over(rates.unwrap_or(seed))),
+            None => rates,
+        }
     }
 
     /// Requests this node's engine was seen running at once for `model`
@@ -81,12 +89,24 @@ impl SpeedLearner {
                 && rec.status == pair_core::JobStatus::Completed
                 && let (Some(ttft), Some(total)) = (rec.ttft_ms, rec.duration_ms)
             {
-                l.slots.observe(
+                let streamed = Streamed {
+                    first_token_ms: rec.created_at_ms + u64::from(ttft),
+                    end_ms: rec.created_at_ms + u64::from(total),
+                };
+                l.slots.observe(self.me, &rec.model, streamed);
+                // The engine's own decode time when it gave one (no
+                // network in it), else the stream's length.
+                let decode_ms = rec
+                    .engine
+                    .and_then(|e| e.decode_ms)
+                    .unwrap_or(total.saturating_sub(ttft));
+                l.batching.observe(
                     self.me,
                     &rec.model,
-                    Streamed {
-                        first_token_ms: rec.created_at_ms + u64::from(ttft),
-                        end_ms: rec.created_at_ms + u64::from(total),
+                    Decoded {
+                        streamed,
+                        output_tokens: rec.output_tokens.unwrap_or(0),
+                        decode_ms,
                     },
                 );
             }
@@ -182,5 +202,50 @@ mod tests {
         theirs.recorded_by = None;
         jobs.merge(vec![theirs, at(8, 1, 3, 30_100), at(9, 1, 1, 30_200)]);
         assert_eq!(l.slots("m"), Some(2), "two of ours only overlap pairwise");
+    }
+
+    /// This node's engine decodes 60 tokens/s alone and 2^0.5 times that
+    /// with two streams: runs alone and in pairs teach it both, and the
+    /// speed it advertises is one stream's alone with that exponent. The
+    /// engine's own decode time wins over the stream's length.
+    #[test]
+    fn runs_alone_and_together_teach_this_node_how_batching_slows_decoding() {
+        let me = NodeId::from_u128(1);
+        let jobs = Arc::new(JobLog::in_memory());
+        let l = SpeedLearner::new(Arc::clone(&jobs), me);
+        let mut id = 0u128;
+        let mut at = 0u64;
+        let mut run = |streams: u32| {
+            let per_stream = 60.0 * f64::from(streams).powf(0.5 - 1.0);
+            let decode = (100.0 * 1000.0 / per_stream) as u32;
+            for _ in 0..streams {
+                id += 1;
+                jobs.record(JobRecord {
+                    created_at_ms: at,
+                    ttft_ms: Some(100),
+                    // The stream looks 300 ms longer than the engine's work.
+                    duration_ms: Some(100 + decode + 300),
+                    output_tokens: Some(101),
+                    engine: Some(pair_core::EngineTiming {
+                        prompt_ms: None,
+                        decode_ms: Some(decode),
+                    }),
+                    ..job(id, 1)
+                });
+            }
+            at += u64::from(decode) + 1_000;
+        };
+        for k in 0..60 {
+            run(1 + k % 2);
+        }
+        let perf = l.learned(me, "m", ModelPerf::FALLBACK).unwrap();
+        let e = perf.batch_exponent.unwrap();
+        assert!((e - 0.5).abs() < 0.03, "{perf:?}");
+        assert!((perf.decode_tps - 60.0).abs() < 2.0, "{perf:?}");
+        // A peer's engine is not this node's to fit.
+        assert_eq!(
+            l.learned(NodeId::from_u128(2), "m", ModelPerf::FALLBACK),
+            None
+        );
     }
 }

@@ -81,6 +81,12 @@ pub struct ModelPerf {
     pub load_ms: u32,
     /// Fixed cost per request (scheduling, template, first kernel launch).
     pub overhead_ms: u32,
+    /// `k` streams decoding together produce `k^batch_exponent` times one
+    /// stream's tokens: learned from the engine's own requests (0: streams
+    /// take turns; 1: batching is free). `None`: not learned; the
+    /// scheduler assumes a GPU's typical 0.7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_exponent: Option<f32>,
 }
 
 /// A rate a peer reports: finite and not negative (a number past `f32`'s
@@ -104,6 +110,7 @@ impl ModelPerf {
         decode_tps: 40.0,
         load_ms: 3_000,
         overhead_ms: 30,
+        batch_exponent: None,
     };
 }
 

@@ -181,6 +181,8 @@ impl ModelRates {
             decode_tps: self.decode_tps as f32,
             load_ms: ms(self.load_us),
             overhead_ms: ms(self.overhead_us + 500),
+            // Learned from the engine's requests, not claimed up front.
+            batch_exponent: None,
         }
     }
 }

@@ -95,6 +95,7 @@
 //! ```
 
 mod affinity;
+mod batching;
 mod error;
 pub mod failover;
 mod learner;
@@ -110,6 +111,7 @@ mod slots;
 pub use pair_core;
 
 pub use affinity::AffinityConfig;
+pub use batching::{BatchFit, BatchLearner, Decoded};
 pub use error::SchedulerError;
 pub use failover::{
     Decision, FailedAttempt, FailedOutcome, Failover, FailoverConfig, GiveUp, MAX_DISPATCHES,

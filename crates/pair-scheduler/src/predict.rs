@@ -33,50 +33,42 @@ const NOMINAL_ANSWER_TOKENS: f64 = RequestProfile::DEFAULT_OUTPUT_TOKENS as f64;
 /// skewed; a node silent for longer turns suspect anyway).
 pub const MAX_VIEW_AGE_MS: u64 = 5_000;
 
-/// Throughput of `k` streams decoding together, in units of one stream.
-/// Batched decoding scales sub-linearly (llama.cpp on an RTX 3090: 1.0 /
-/// 1.8 / 3.0 / 3.7x at 1/2/4/8 streams); k^0.7 gives 1.0 / 1.6 / 2.6 / 4.3.
-/// Tabulated for the usual slot counts: `powf` is the costliest step of a
-/// prediction otherwise.
-fn speedup(k: u32) -> f64 {
-    const TABLE: [f64; 33] = [
-        1.0,
-        1.0,
-        1.624504792712471,
-        2.157669279974593,
-        2.6390158215457884,
-        3.0851693136000478,
-        3.5051440864071925,
-        3.9045287771227217,
-        4.2870938501451725,
-        4.655536721746079,
-        5.011872336272722,
-        5.357656669484113,
-        5.69412336751626,
-        6.022271719754773,
-        6.342925711719625,
-        6.656775051475125,
-        6.964404506368992,
-        7.26631540240041,
-        7.56294171712541,
-        7.85466234994081,
-        8.141810630738087,
-        8.424681795174461,
-        8.703538937284877,
-        8.97861780453415,
-        9.25013070082624,
-        9.518269693579391,
-        9.783209271758404,
-        10.045108566305139,
-        10.304113218507691,
-        10.560356962676234,
-        10.813962975130146,
-        11.065045030620489,
-        11.31370849898476,
-    ];
-    match TABLE.get(k as usize) {
+/// The batching exponent assumed where none was learned: `k` streams
+/// decode k^0.7 times one stream's tokens (llama.cpp on an RTX 3090: 1.0 /
+/// 1.8 / 3.0 / 3.7x at 1/2/4/8 streams; k^0.7 gives 1.0 / 1.6 / 2.6 / 4.3).
+pub const DEFAULT_BATCH_EXPONENT: f32 = 0.7;
+
+/// Exponents are tabulated in steps of 1 / EXPONENT_STEPS over [0, 1].
+const EXPONENT_STEPS: usize = 20;
+/// Stream counts tabulated (0..=32); `powf` beyond.
+const TABULATED_STREAMS: usize = 33;
+
+/// `k^e` for every tabulated exponent and stream count: `powf` is the
+/// costliest step of a prediction otherwise.
+static SPEEDUP: std::sync::LazyLock<[[f64; TABULATED_STREAMS]; EXPONENT_STEPS + 1]> =
+    std::sync::LazyLock::new(|| {
+        let mut t = [[1.0; TABULATED_STREAMS]; EXPONENT_STEPS + 1];
+        for (q, row) in t.iter_mut().enumerate() {
+            let e = q as f64 / EXPONENT_STEPS as f64;
+            for (k, v) in row.iter_mut().enumerate().skip(1) {
+                *v = (k as f64).powf(e);
+            }
+        }
+        t
+    });
+
+/// Throughput of `k` streams decoding together, in units of one stream, on
+/// an engine whose batching exponent is `exponent` (a learned figure,
+/// clamped into [0, 1] and rounded to 0.05; `None`: the default).
+fn speedup_at(exponent: Option<f32>, k: u32) -> f64 {
+    let e = exponent
+        .filter(|e| e.is_finite())
+        .unwrap_or(DEFAULT_BATCH_EXPONENT)
+        .clamp(0.0, 1.0);
+    let q = (e * EXPONENT_STEPS as f32).round() as usize;
+    match SPEEDUP[q].get(k as usize) {
         Some(s) => *s,
-        None => f64::from(k).powf(0.7),
+        None => f64::from(k).powf(q as f64 / EXPONENT_STEPS as f64),
     }
 }
 
@@ -138,7 +130,9 @@ pub fn unseen_arrivals_ms(
     age_ms: u64,
     decode_tps: f64,
     overhead_ms: f64,
+    batch_exponent: Option<f32>,
 ) -> f64 {
+    let speedup = |k| speedup_at(batch_exponent, k);
     if jobs_ahead == 0 || age_ms == 0 {
         return 0.0;
     }
@@ -181,6 +175,7 @@ pub fn predict(
     let prefill_tps = rate(perf.prefill_tps, fb.prefill_tps);
     let decode_tps = rate(perf.decode_tps, fb.decode_tps);
     let overhead = f64::from(perf.overhead_ms);
+    let batching = perf.batch_exponent;
 
     let slots = node.slots();
     let w = workload;
@@ -198,16 +193,23 @@ pub fn predict(
         0.0
     } else {
         let work_ms = prefill_ahead as f64 * 1000.0 / prefill_tps
-            + decode_ahead as f64 * 1000.0 / (decode_tps * speedup(slots))
+            + decode_ahead as f64 * 1000.0 / (decode_tps * speedup_at(batching, slots))
             + f64::from(jobs_ahead) * overhead;
         let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
         work_ms * share
-    } + unseen_arrivals_ms(jobs_ahead, slots, age_ms, decode_tps, overhead);
+    } + unseen_arrivals_ms(
+        jobs_ahead,
+        slots,
+        age_ms,
+        decode_tps,
+        overhead,
+        perf.batch_exponent,
+    );
 
     // Once running, the request shares the engine with the other streams in
     // flight; each of `active` streams gets speedup(active)/active of one.
     let active = jobs_ahead.min(slots - 1) + 1;
-    let sharing = f64::from(active) / speedup(active);
+    let sharing = f64::from(active) / speedup_at(batching, active);
     let prefill_ms = f64::from(request.prompt_tokens) * 1000.0 / prefill_tps * sharing;
     let metric = if request.streaming {
         Metric::FirstToken
@@ -253,6 +255,10 @@ pub fn predict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn speedup(k: u32) -> f64 {
+        speedup_at(None, k)
+    }
 
     #[test]
     fn speedup_table_is_k_to_the_0_7_and_increasing() {
@@ -300,6 +306,7 @@ mod tests {
         decode_tps: 100.0,
         load_ms: 2_000,
         overhead_ms: 20,
+        batch_exponent: None,
     };
 
     fn one(n: &NodeSnapshot, r: &RequestProfile) -> Prediction {
@@ -391,6 +398,7 @@ mod tests {
             decode_tps: 0.0,
             load_ms: 0,
             overhead_ms: 0,
+            batch_exponent: None,
         };
         let p = one(&node(1, bad, true), &req(false, 100, 10));
         assert_eq!(p.prefill_ms, 100);
@@ -399,8 +407,8 @@ mod tests {
 
     #[test]
     fn a_view_read_live_or_idle_carries_no_unseen_arrivals() {
-        assert_eq!(unseen_arrivals_ms(3, 4, 0, 50.0, 20.0), 0.0);
-        assert_eq!(unseen_arrivals_ms(0, 4, 900, 50.0, 20.0), 0.0);
+        assert_eq!(unseen_arrivals_ms(3, 4, 0, 50.0, 20.0, None), 0.0);
+        assert_eq!(unseen_arrivals_ms(0, 4, 900, 50.0, 20.0, None), 0.0);
         let mut n = node(4, GPU, true);
         n.workload.running = 3;
         let live = one(&n, &req(true, 400, 100));
@@ -425,7 +433,7 @@ mod tests {
         // 100 tokens/s and 4 slots: a nominal 256-token answer's slot time
         // is 256 / (100 * 4^0.7) s + 20 ms overhead = 990 ms.
         let slot_ms = 256_000.0 / (100.0 * speedup(4)) + 20.0;
-        let risk = |jobs, age| unseen_arrivals_ms(jobs, 4, age, 100.0, 20.0);
+        let risk = |jobs, age| unseen_arrivals_ms(jobs, 4, age, 100.0, 20.0, None);
         // Seen full: arrivals queue ahead in the mean, mu of them, and mu
         // is the view's age times the rate of turning over nominal answers.
         let mu = 100.0 * speedup(4) / 256.0 * 0.5;
@@ -442,5 +450,29 @@ mod tests {
         assert!(risk(3, 500) < risk(3, 1_000));
         // Ages past the cap are priced at the cap.
         assert_eq!(risk(3, MAX_VIEW_AGE_MS), risk(3, 60 * MAX_VIEW_AGE_MS));
+    }
+
+    #[test]
+    fn a_learned_batching_exponent_sets_how_streams_share_the_engine() {
+        let mut n = node(4, GPU, true);
+        n.workload.running = 2;
+        let mut shared = |e: Option<f32>| {
+            n.engines[0].models[0].perf = Some(ModelPerf {
+                batch_exponent: e,
+                ..GPU
+            });
+            one(&n, &req(true, 400, 100)).prefill_ms
+        };
+        // 400 tokens at 4,000/s alone: 100 ms. Three streams on an engine
+        // that takes them in turn (e = 0): 300 ms; batched for free (e = 1):
+        // 100 ms; the default k^0.7: 3^0.3 * 100 = 139 ms.
+        assert_eq!(shared(Some(0.0)), 300);
+        assert_eq!(shared(Some(1.0)), 100);
+        assert_eq!(shared(None), 139);
+        assert_eq!(shared(Some(0.7)), 139);
+        // Out of range or garbage: clamped, or the default.
+        assert_eq!(shared(Some(-3.0)), 300);
+        assert_eq!(shared(Some(7.0)), 100);
+        assert_eq!(shared(Some(f32::NAN)), 139);
     }
 }

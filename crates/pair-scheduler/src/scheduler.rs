@@ -452,12 +452,14 @@ mod tests {
         decode_tps: 130.0,
         load_ms: 2_000,
         overhead_ms: 20,
+        batch_exponent: None,
     };
     const LAPTOP: ModelPerf = ModelPerf {
         prefill_tps: 300.0,
         decode_tps: 20.0,
         load_ms: 4_000,
         overhead_ms: 40,
+        batch_exponent: None,
     };
 
     fn id(n: u128) -> NodeId {
@@ -700,12 +702,14 @@ mod tests {
             decode_tps: 10.0,
             load_ms: 0,
             overhead_ms: 5,
+            batch_exponent: None,
         };
         let fast_decode = ModelPerf {
             prefill_tps: 1_000.0,
             decode_tps: 150.0,
             load_ms: 0,
             overhead_ms: 5,
+            batch_exponent: None,
         };
         let nodes = vec![node(1, 1, quick_start, true), node(2, 1, fast_decode, true)];
         let mut s = Scheduler::with_policy(Policy::PredictedLatency);

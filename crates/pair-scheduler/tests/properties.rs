@@ -20,14 +20,22 @@ const NAMES: [&str; 4] = ["llama3", "llama3:latest", "qwen2.5:7b", "Mistral"];
 const REQUESTED: [&str; 5] = ["llama3", "llama3", "qwen2.5:7b", "mistral", "absent"];
 
 fn perf() -> impl Strategy<Value = ModelPerf> {
-    (1.0f32..20_000.0, 0.5f32..300.0, 0u32..5_000, 0u32..100).prop_map(
-        |(prefill_tps, decode_tps, load_ms, overhead_ms)| ModelPerf {
-            prefill_tps,
-            decode_tps,
-            load_ms,
-            overhead_ms,
-        },
+    (
+        1.0f32..20_000.0,
+        0.5f32..300.0,
+        0u32..5_000,
+        0u32..100,
+        prop::option::of(-0.5f32..1.5),
     )
+        .prop_map(
+            |(prefill_tps, decode_tps, load_ms, overhead_ms, batch_exponent)| ModelPerf {
+                prefill_tps,
+                decode_tps,
+                load_ms,
+                overhead_ms,
+                batch_exponent,
+            },
+        )
 }
 
 fn entry() -> impl Strategy<Value = ModelEntry> {
@@ -531,8 +539,9 @@ proptest! {
         older in 0u64..20_000,
         decode_tps in 0.5f64..500.0,
         overhead in 0.0f64..200.0,
+        exponent in prop::option::of(-1.0f32..2.0),
     ) {
-        let price = |j, a| unseen_arrivals_ms(j, slots, a, decode_tps, overhead);
+        let price = |j, a| unseen_arrivals_ms(j, slots, a, decode_tps, overhead, exponent);
         let p = price(jobs, age);
         prop_assert!(p >= 0.0 && p.is_finite());
         prop_assert!(price(jobs + more, age) >= p - 1e-9);

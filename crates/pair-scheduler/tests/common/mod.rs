@@ -52,6 +52,7 @@ pub fn cluster(n: usize, seed: u64) -> ClusterSnapshot {
                 decode_tps: 10.0 + (r() % 150) as f32,
                 load_ms: 500 + (r() % 4_000) as u32,
                 overhead_ms: 10 + (r() % 40) as u32,
+                batch_exponent: None,
             };
             let mut names: Vec<&str> = OTHERS.to_vec();
             if i % 5 != 4 {
