@@ -276,3 +276,49 @@ fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
     // And fall back once it is done.
     until("idle again", &|me| me["gpus"][0]["utilisation_pct"] == 0);
 }
+
+/// A node learns how its engine's decoding slows as streams share it: an
+/// emulated RTX 4090 (batched decoding, about 3^0.8 times one stream's
+/// tokens with three) answered alone and three at a time teaches the node
+/// an exponent near 0.8, and it advertises one stream's speed alone, above
+/// the speed a stream gets among three.
+#[test]
+fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
+    let cfg = pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"])
+        .with_time_scale(0.25);
+    let port = support::emulated_with(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), cfg);
+    let node = support::start_with("batching", port, 1, &[]);
+    let ask = |face: String| {
+        std::thread::spawn(move || {
+            let out = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+                .arg(format!("{face}/api/generate"))
+                .args([
+                    "-d",
+                    r#"{"model":"llama3.2:3b","prompt":"count","stream":true,"options":{"num_predict":200}}"#,
+                ])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+        })
+    };
+    for round in 0..16 {
+        let together = if round % 2 == 0 { 1 } else { 3 };
+        let asked: Vec<_> = (0..together).map(|_| ask(node.face.clone())).collect();
+        for a in asked {
+            a.join().unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let perf = loop {
+        let me = own_entry(&node);
+        let perf = me["engines"][0]["models"][0]["perf"].clone();
+        if perf["batch_exponent"].is_number() {
+            break perf;
+        }
+        assert!(Instant::now() < deadline, "no batching learned: {me}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let e = perf["batch_exponent"].as_f64().unwrap();
+    assert!((0.6..=0.95).contains(&e), "{perf}");
+}

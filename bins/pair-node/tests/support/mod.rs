@@ -243,6 +243,15 @@ pub fn emulated_on(
     flavor: pair_emulator::Flavor,
     models: &'static [&'static str],
 ) -> u16 {
+    emulated_with(
+        listener,
+        pair_emulator::EmulatorConfig::new(flavor, models.iter().copied()),
+    )
+}
+
+/// An emulated engine configured by `cfg` on `listener`, served by a small
+/// runtime on its own thread for the rest of the test process.
+pub fn emulated_with(listener: std::net::TcpListener, cfg: pair_emulator::EmulatorConfig) -> u16 {
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
@@ -252,7 +261,6 @@ pub fn emulated_on(
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let cfg = pair_emulator::EmulatorConfig::new(flavor, models.iter().copied());
             let _engine = pair_emulator::EmulatedEngine::spawn(cfg, listener).unwrap();
             std::future::pending::<()>().await;
         });
