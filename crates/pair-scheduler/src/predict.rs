@@ -57,18 +57,36 @@ static SPEEDUP: std::sync::LazyLock<[[f64; TABULATED_STREAMS]; EXPONENT_STEPS + 
         t
     });
 
-/// Throughput of `k` streams decoding together, in units of one stream, on
-/// an engine whose batching exponent is `exponent` (a learned figure,
-/// clamped into [0, 1] and rounded to 0.05; `None`: the default).
-fn speedup_at(exponent: Option<f32>, k: u32) -> f64 {
-    let e = exponent
-        .filter(|e| e.is_finite())
-        .unwrap_or(DEFAULT_BATCH_EXPONENT)
-        .clamp(0.0, 1.0);
-    let q = (e * EXPONENT_STEPS as f32).round() as usize;
-    match SPEEDUP[q].get(k as usize) {
-        Some(s) => *s,
-        None => f64::from(k).powf(q as f64 / EXPONENT_STEPS as f64),
+/// How `k` streams decoding together compare with one, on an engine whose
+/// batching exponent is `exponent` (a learned figure, clamped into [0, 1]
+/// and rounded to 0.05; `None`: the default): looked up once per
+/// prediction.
+#[derive(Clone, Copy)]
+struct Batching {
+    row: &'static [f64; TABULATED_STREAMS],
+    exponent: f64,
+}
+
+impl Batching {
+    fn of(exponent: Option<f32>) -> Self {
+        let e = exponent
+            .filter(|e| e.is_finite())
+            .unwrap_or(DEFAULT_BATCH_EXPONENT)
+            .clamp(0.0, 1.0);
+        // Adding a half and truncating rounds without a libm call.
+        let q = ((e * EXPONENT_STEPS as f32) + 0.5) as usize;
+        Self {
+            row: &SPEEDUP[q.min(EXPONENT_STEPS)],
+            exponent: q as f64 / EXPONENT_STEPS as f64,
+        }
+    }
+
+    /// Throughput of `k` streams together, in units of one stream.
+    fn speedup(self, k: u32) -> f64 {
+        match self.row.get(k as usize) {
+            Some(s) => *s,
+            None => f64::from(k).powf(self.exponent),
+        }
     }
 }
 
@@ -132,7 +150,8 @@ pub fn unseen_arrivals_ms(
     overhead_ms: f64,
     batch_exponent: Option<f32>,
 ) -> f64 {
-    let speedup = |k| speedup_at(batch_exponent, k);
+    let batching = Batching::of(batch_exponent);
+    let speedup = |k| batching.speedup(k);
     if jobs_ahead == 0 || age_ms == 0 {
         return 0.0;
     }
@@ -175,7 +194,7 @@ pub fn predict(
     let prefill_tps = rate(perf.prefill_tps, fb.prefill_tps);
     let decode_tps = rate(perf.decode_tps, fb.decode_tps);
     let overhead = f64::from(perf.overhead_ms);
-    let batching = perf.batch_exponent;
+    let batching = Batching::of(perf.batch_exponent);
 
     let slots = node.slots();
     let w = workload;
@@ -193,7 +212,7 @@ pub fn predict(
         0.0
     } else {
         let work_ms = prefill_ahead as f64 * 1000.0 / prefill_tps
-            + decode_ahead as f64 * 1000.0 / (decode_tps * speedup_at(batching, slots))
+            + decode_ahead as f64 * 1000.0 / (decode_tps * batching.speedup(slots))
             + f64::from(jobs_ahead) * overhead;
         let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
         work_ms * share
@@ -209,7 +228,7 @@ pub fn predict(
     // Once running, the request shares the engine with the other streams in
     // flight; each of `active` streams gets speedup(active)/active of one.
     let active = jobs_ahead.min(slots - 1) + 1;
-    let sharing = f64::from(active) / speedup_at(batching, active);
+    let sharing = f64::from(active) / batching.speedup(active);
     let prefill_ms = f64::from(request.prompt_tokens) * 1000.0 / prefill_tps * sharing;
     let metric = if request.streaming {
         Metric::FirstToken
@@ -257,7 +276,7 @@ mod tests {
     use super::*;
 
     fn speedup(k: u32) -> f64 {
-        speedup_at(None, k)
+        Batching::of(None).speedup(k)
     }
 
     #[test]
