@@ -217,6 +217,21 @@ fn own_entry(node: &support::Running) -> serde_json::Value {
         .unwrap()
 }
 
+/// `POST /api/generate` with `body` to `node`'s face on a thread, with
+/// curl; the thread gives the HTTP status.
+fn generate(node: &support::Running, body: &'static str) -> std::thread::JoinHandle<String> {
+    let face = node.face.clone();
+    std::thread::spawn(move || {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("{face}/api/generate"))
+            .args(["-d", body])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+}
+
 #[test]
 fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
     let port = engine();
@@ -251,18 +266,10 @@ fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
     assert_eq!(idle["gpus"][0]["name"], "rtx4090", "{idle}");
 
     // A long answer keeps the engine busy: utilisation and pressure rise.
-    let face = node.face.clone();
-    let busy = std::thread::spawn(move || {
-        Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-            .arg(format!("{face}/api/generate"))
-            .args([
-                "-d",
-                r#"{"model":"llama3.2:3b","prompt":"count","stream":false,"options":{"num_predict":1500}}"#,
-            ])
-            .output()
-            .unwrap()
-    });
+    let busy = generate(
+        &node,
+        r#"{"model":"llama3.2:3b","prompt":"count","stream":false,"options":{"num_predict":1500}}"#,
+    );
     let loaded = until("busy", &|me| {
         me["gpus"][0]["utilisation_pct"].as_u64().unwrap_or(0) >= 90
             && me["pressure"].as_u64().unwrap_or(0) >= 2
@@ -271,8 +278,7 @@ fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
         loaded["gpus"][0]["vram_used_bytes"].as_u64().unwrap() > 0,
         "the model's weights are in memory: {loaded}"
     );
-    let out = busy.join().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    assert_eq!(busy.join().unwrap(), "200");
     // And fall back once it is done.
     until("idle again", &|me| me["gpus"][0]["utilisation_pct"] == 0);
 }
@@ -288,25 +294,13 @@ fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
         .with_time_scale(0.25);
     let port = support::emulated_with(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), cfg);
     let node = support::start_with("batching", port, 1, &[]);
-    let ask = |face: String| {
-        std::thread::spawn(move || {
-            let out = Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-                .arg(format!("{face}/api/generate"))
-                .args([
-                    "-d",
-                    r#"{"model":"llama3.2:3b","prompt":"count","stream":true,"options":{"num_predict":200}}"#,
-                ])
-                .output()
-                .unwrap();
-            assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
-        })
-    };
+    let body =
+        r#"{"model":"llama3.2:3b","prompt":"count","stream":true,"options":{"num_predict":200}}"#;
     for round in 0..16 {
         let together = if round % 2 == 0 { 1 } else { 3 };
-        let asked: Vec<_> = (0..together).map(|_| ask(node.face.clone())).collect();
+        let asked: Vec<_> = (0..together).map(|_| generate(&node, body)).collect();
         for a in asked {
-            a.join().unwrap();
+            assert_eq!(a.join().unwrap(), "200");
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -135,6 +135,11 @@ struct LiveArgs {
     /// run per probe: slow).
     #[arg(long)]
     live_search: Option<u32>,
+    /// Send each conversation's key as `x-pair-session`, as an app that
+    /// names its conversations does (by default no header: the nodes find
+    /// a conversation from its messages).
+    #[arg(long)]
+    session_header: bool,
     /// Write both reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -337,6 +342,7 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
         time_scale: args.time_scale,
         threads: args.threads,
         search_max: args.live_search,
+        session_header: args.session_header,
     };
     let quiet = |_: &str| {};
     let progress = |msg: &str| eprintln!("pair-sim live: {msg}");

@@ -23,8 +23,10 @@
 //!   out a busy engine.
 //! - When the candidates vanish in the middle of the retries (every owner
 //!   unhealthy or gone), the request waits for one to come back.
-//! - Nothing starts after the request's patience has run out, and at most
-//!   [`FailoverConfig::max_dispatches`] attempts are made.
+//! - No retry or wait starts after the request's patience has run out (a
+//!   candidate never tried still is: a stalled attempt alone can use up the
+//!   patience), and at most [`FailoverConfig::max_dispatches`] attempts are
+//!   made.
 //! - An attempt is cut when its node makes no progress for its stall
 //!   allowance: [`FailoverConfig::stall_floor`], or a multiple of the
 //!   scheduler's predicted time to first byte when that is longer (a queue
@@ -241,16 +243,6 @@ impl Failover {
         if self.stopped || self.dispatched >= self.cfg.max_dispatches {
             return self.give_up(self.exhausted());
         }
-        // Nothing starts past the patience, however the time went (a
-        // failed attempt can itself run past it).
-        if self.dispatched > 0 && now > self.cfg.patience {
-            let why = if self.owners_gone {
-                GiveUp::OwnersGone
-            } else {
-                self.exhausted()
-            };
-            return self.give_up(why);
-        }
         if targets.is_empty() {
             if self.dispatched == 0 && !self.owners_gone {
                 return self.give_up(GiveUp::NoCandidate);
@@ -279,6 +271,9 @@ impl Failover {
             .min_by_key(|(at, _)| *at);
         match again {
             None => self.give_up(self.exhausted()),
+            // A retry due before the patience ran out, found after it (the
+            // attempt that failed last ran past it), does not start.
+            Some(_) if now > self.cfg.patience => self.give_up(self.exhausted()),
             Some((at, t)) if at <= now => self.dispatch(t),
             Some((at, _)) => match self.wait_until(now, at) {
                 Some(step) => step,
@@ -621,30 +616,36 @@ mod tests {
         );
     }
 
-    /// An attempt that fails after the patience has run out starts nothing
-    /// more, not even a candidate never tried or a retry already due.
+    /// An attempt that fails after the patience has run out leaves a
+    /// candidate never tried to be tried, but no retry of one that was,
+    /// even one already due.
     #[test]
-    fn nothing_starts_once_a_failed_attempt_ran_past_the_patience() {
+    fn no_retry_starts_once_a_failed_attempt_ran_past_the_patience() {
         let cfg = FailoverConfig {
             patience: Duration::from_millis(200),
             ..FailoverConfig::default()
         };
-        let mut f = Failover::new(cfg);
-        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        let refused = || Outcome::Failed {
+            class: "connect",
+            advice: RetryAdvice::BeforeFirstByte,
+            transient: true,
+        };
         let late = Duration::from_millis(250);
-        f.report(late, failed("transport"));
-        assert_eq!(
-            f.next_step(late, &[t(1), t(2)]),
-            Step::GiveUp(GiveUp::Exhausted { stalled: false })
-        );
-        // Within the patience the untried candidate goes.
         let mut f = Failover::new(cfg);
         dispatch(&mut f, ZERO, &[t(1), t(2)]);
-        f.report(Duration::from_millis(150), failed("transport"));
+        f.report(late, refused());
         assert!(matches!(
-            f.next_step(Duration::from_millis(150), &[t(1), t(2)]),
+            f.next_step(late, &[t(1), t(2)]),
             Step::Dispatch { node, .. } if node == t(2).node
         ));
+        // Both refused for now; node 1's back-off is over by the time node
+        // 2 refuses, and so is the patience.
+        let later = late + cfg.backoff_max;
+        f.report(later, refused());
+        assert_eq!(
+            f.next_step(later, &[t(1), t(2)]),
+            Step::GiveUp(GiveUp::Exhausted { stalled: false })
+        );
     }
 
     #[test]

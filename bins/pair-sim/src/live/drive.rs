@@ -131,23 +131,27 @@ pub(super) fn receipt_name(v: &str) -> &str {
     v.rsplit_once(" (").map_or(v, |(name, _)| name)
 }
 
-/// Sends one request and reads its answer to the end. A streamed answer's
-/// TTFT is its first body bytes; a whole answer's is its end less the
-/// decode time the engine reports (`eval_duration`, on the engine's clock).
+/// Sends one request (naming its conversation with `x-pair-session` when
+/// `session` is given) and reads its answer to the end. A streamed
+/// answer's TTFT is its first body bytes; a whole answer's is its end less
+/// the decode time the engine reports (`eval_duration`, on the engine's
+/// clock).
 pub(super) async fn send(
     http: &reqwest::Client,
     face: &str,
     body: &Value,
     answer_tokens: u32,
+    session: Option<SessionKey>,
 ) -> Option<Answer> {
     let began = Instant::now();
-    let mut resp = http
+    let mut req = http
         .post(format!("{face}/api/chat"))
         .header(pair_emulator::http::ANSWER_TOKENS, answer_tokens)
-        .json(body)
-        .send()
-        .await
-        .ok()?;
+        .json(body);
+    if let Some(key) = session {
+        req = req.header("x-pair-session", format!("{:016x}", key.0));
+    }
+    let mut resp = req.send().await.ok()?;
     if !resp.status().is_success() {
         let _ = resp.bytes().await;
         return None;
@@ -197,6 +201,8 @@ struct Run {
     ids: std::sync::atomic::AtomicU64,
     /// Prices agent jobs.
     plan: Cluster,
+    /// Conversations send their key as `x-pair-session`.
+    session_header: bool,
 }
 
 impl Run {
@@ -224,7 +230,8 @@ impl Run {
         let model = self.scn.models[usize::from(d.model)].name.as_str();
         let body = chat_body(model, &d, first, id, src.max_tokens);
         let face = &self.faces[self.entry(&d)];
-        let answer = send(&self.http, face, &body, d.output_tokens.max(1)).await;
+        let session = d.session.filter(|_| self.session_header);
+        let answer = send(&self.http, face, &body, d.output_tokens.max(1), session).await;
         let end = self.clock.now();
         let record = Record {
             arrival,
@@ -332,14 +339,15 @@ pub(super) async fn drive(
     plan: &Cluster,
     faces: Vec<String>,
     names: Vec<String>,
-    time_scale: f64,
+    opts: &super::LiveOptions,
 ) -> Result<Outcome, SimError> {
     let run = Arc::new(Run {
         scn: scn.clone(),
         faces,
         names,
         http: super::cluster::client()?,
-        clock: Clock::start(time_scale),
+        clock: Clock::start(opts.time_scale),
+        session_header: opts.session_header,
         sources: scn
             .sources
             .iter()
@@ -438,5 +446,45 @@ mod tests {
         let c = Clock::start(0.25);
         assert_eq!(c.modelled(Duration::from_millis(250)), 1_000_000);
         assert_eq!(c.instant(4_000_000) - c.t0, Duration::from_secs(1));
+    }
+
+    /// A conversation names itself with `x-pair-session` only when asked
+    /// to; otherwise nothing but its messages says which it is.
+    #[tokio::test]
+    async fn the_session_header_is_sent_only_when_asked() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let face = format!("http://{}", listener.local_addr().unwrap());
+        let heads = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    n += sock.read(&mut buf[n..]).await.unwrap();
+                }
+                let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                sock.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                )
+                .await
+                .unwrap();
+                seen.push(head);
+            }
+            seen
+        });
+        let http = super::super::cluster::client().unwrap();
+        let body = chat_body("m", &demand(40, Some(0xabc)), None, 1, None);
+        let key = Some(SessionKey(0xabc));
+        assert!(send(&http, &face, &body, 8, key).await.is_some());
+        assert!(send(&http, &face, &body, 8, None).await.is_some());
+        let seen = heads.await.unwrap();
+        assert!(
+            seen[0].contains("x-pair-session: 0000000000000abc"),
+            "{}",
+            seen[0]
+        );
+        assert!(!seen[1].contains("x-pair-session"), "{}", seen[1]);
     }
 }

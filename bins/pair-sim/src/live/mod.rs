@@ -38,6 +38,10 @@ pub struct LiveOptions {
     /// Search users at SLO live, up to this many users (one live run per
     /// probe, at the scenario's duration).
     pub search_max: Option<u32>,
+    /// Conversations name themselves with `x-pair-session` (as an app that
+    /// keeps conversation ids does); by default they carry no header and
+    /// the nodes find them from the body.
+    pub session_header: bool,
 }
 
 /// The scenario as its live twin runs it: every node routes its own
@@ -109,7 +113,7 @@ async fn run_policy(
     let faces: Vec<String> = live.nodes.iter().map(|n| n.face()).collect();
     let names: Vec<String> = live.nodes.iter().map(|n| n.name.clone()).collect();
     let busy_before = live.busy_us();
-    let out = drive::drive(scn, plan, faces, names, opts.time_scale).await;
+    let out = drive::drive(scn, plan, faces, names, opts).await;
     let busy_after = live.busy_us();
     live.stop().await;
     let out = out?;
