@@ -286,8 +286,7 @@ fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
 /// A node learns how its engine's decoding slows as streams share it: an
 /// emulated RTX 4090 (batched decoding, about 3^0.8 times one stream's
 /// tokens with three) answered alone and three at a time teaches the node
-/// an exponent near 0.8, and it advertises one stream's speed alone, above
-/// the speed a stream gets among three.
+/// an exponent near 0.8, which it advertises in its own snapshot.
 #[test]
 fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
     let cfg = pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"])

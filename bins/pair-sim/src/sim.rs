@@ -34,7 +34,7 @@ use pair_core::{
 use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
     BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations,
-    Scheduler, Streamed,
+    Scheduler, Streamed, learned_perf,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -819,16 +819,13 @@ impl<'a> Sim<'a> {
             if learned && let Some(engine) = v.engines.first_mut() {
                 for (k, entry) in engine.models.iter_mut().enumerate() {
                     let seed = plan.seed[k];
-                    let rates = self.learner.rates(plan.id, entry.name.as_str());
-                    let batching = self.batching.fitted(plan.id, entry.name.as_str());
-                    entry.learned = rates.is_some() || batching.is_some();
-                    entry.perf = match rates {
-                        Some(r) => Some(r.over(seed.unwrap_or(ModelPerf::FALLBACK))),
-                        None => seed,
-                    };
-                    if let Some(fit) = batching {
-                        entry.perf = Some(fit.over(entry.perf.unwrap_or(ModelPerf::FALLBACK)));
-                    }
+                    let learned = learned_perf(
+                        self.learner.rates(plan.id, entry.name.as_str()),
+                        self.batching.fitted(plan.id, entry.name.as_str()),
+                        seed.unwrap_or(ModelPerf::FALLBACK),
+                    );
+                    entry.learned = learned.is_some();
+                    entry.perf = learned.or(seed);
                 }
             }
         }

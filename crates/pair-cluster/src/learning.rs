@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use pair_core::{ModelPerf, NodeId};
 use pair_jobs::JobLog;
-use pair_scheduler::{BatchLearner, Decoded, Observation, PerfLearner, SlotLearner, Streamed};
+use pair_scheduler::{
+    BatchLearner, Decoded, Observation, PerfLearner, SlotLearner, Streamed, learned_perf,
+};
 
 /// Learned prefill and decode speeds per node and model, and this node's
 /// slots per model.
@@ -53,11 +55,11 @@ impl SpeedLearner {
     pub fn learned(&self, node: NodeId, model: &str, seed: ModelPerf) -> Option<ModelPerf> {
         let mut l = self.inner.lock().ok()?;
         self.catch_up(&mut l);
-        let rates = l.learner.rates(node, model).map(|r| r.over(seed));
-        match l.batching.fitted(node, model) {
-            Some(fit) => Some(fit.over(rates.unwrap_or(seed))),
-            None => rates,
-        }
+        learned_perf(
+            l.learner.rates(node, model),
+            l.batching.fitted(node, model),
+            seed,
+        )
     }
 
     /// Requests this node's engine was seen running at once for `model`

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use pair_core::{ModelPerf, NodeId};
 
+use crate::learner::LearnedRates;
 use crate::slots::Streamed;
 
 /// One finished request on an engine: when it streamed, and how many
@@ -55,6 +56,21 @@ impl BatchFit {
             batch_exponent: Some(self.exponent),
             ..perf
         }
+    }
+}
+
+/// What a node advertises for a model from what its jobs taught:
+/// `seed` with the speed learner's `rates` put in, then the batching `fit`'s
+/// solo decode rate and exponent; `None` when neither learned anything.
+pub fn learned_perf(
+    rates: Option<LearnedRates>,
+    fit: Option<BatchFit>,
+    seed: ModelPerf,
+) -> Option<ModelPerf> {
+    let rates = rates.map(|r| r.over(seed));
+    match fit {
+        Some(fit) => Some(fit.over(rates.unwrap_or(seed))),
+        None => rates,
     }
 }
 

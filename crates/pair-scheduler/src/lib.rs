@@ -111,7 +111,7 @@ mod slots;
 pub use pair_core;
 
 pub use affinity::AffinityConfig;
-pub use batching::{BatchFit, BatchLearner, Decoded};
+pub use batching::{BatchFit, BatchLearner, Decoded, learned_perf};
 pub use error::SchedulerError;
 pub use failover::{
     Decision, FailedAttempt, FailedOutcome, Failover, FailoverConfig, GiveUp, MAX_DISPATCHES,

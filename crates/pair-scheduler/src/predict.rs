@@ -150,15 +150,33 @@ pub fn unseen_arrivals_ms(
     overhead_ms: f64,
     batch_exponent: Option<f32>,
 ) -> f64 {
-    let batching = Batching::of(batch_exponent);
-    let speedup = |k| batching.speedup(k);
+    unseen_arrivals(
+        jobs_ahead,
+        slots,
+        age_ms,
+        decode_tps,
+        overhead_ms,
+        Batching::of(batch_exponent),
+    )
+}
+
+/// [`unseen_arrivals_ms`] with the batching row already looked up.
+fn unseen_arrivals(
+    jobs_ahead: u32,
+    slots: u32,
+    age_ms: u64,
+    decode_tps: f64,
+    overhead_ms: f64,
+    batching: Batching,
+) -> f64 {
     if jobs_ahead == 0 || age_ms == 0 {
         return 0.0;
     }
     let streams = jobs_ahead.min(slots);
-    let per_s = decode_tps * speedup(streams) / NOMINAL_ANSWER_TOKENS;
+    let per_s = decode_tps * batching.speedup(streams) / NOMINAL_ANSWER_TOKENS;
     let mu = per_s * age_ms.min(MAX_VIEW_AGE_MS) as f64 / 1000.0;
-    let slot_ms = NOMINAL_ANSWER_TOKENS * 1000.0 / (decode_tps * speedup(slots)) + overhead_ms;
+    let slot_ms =
+        NOMINAL_ANSWER_TOKENS * 1000.0 / (decode_tps * batching.speedup(slots)) + overhead_ms;
     let expected = match slots.checked_sub(jobs_ahead + 1) {
         // E[(A - c)+] = mu - c + sum over k < c of (c - k) P(A = k).
         Some(c) if c > 0 => {
@@ -216,14 +234,7 @@ pub fn predict(
             + f64::from(jobs_ahead) * overhead;
         let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
         work_ms * share
-    } + unseen_arrivals_ms(
-        jobs_ahead,
-        slots,
-        age_ms,
-        decode_tps,
-        overhead,
-        perf.batch_exponent,
-    );
+    } + unseen_arrivals(jobs_ahead, slots, age_ms, decode_tps, overhead, batching);
 
     // Once running, the request shares the engine with the other streams in
     // flight; each of `active` streams gets speedup(active)/active of one.
