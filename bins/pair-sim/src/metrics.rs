@@ -148,16 +148,16 @@ impl TurnSummary {
 /// makespans of the jobs that started at or after the warm-up.
 #[derive(Clone, Debug, Default)]
 pub struct Jobs {
-    /// In flight, by (source, job): start, ideal (µs), sub-tasks left,
-    /// latest sub-task end.
-    in_flight: std::collections::HashMap<(u16, u32), (Micros, f64, u32, Micros)>,
+    /// In flight, by (source, job): start, ideals, sub-tasks left, latest
+    /// sub-task end.
+    in_flight: std::collections::HashMap<(u16, u32), (Micros, Ideal, u32, Micros)>,
     done: Vec<FanOut>,
 }
 
 impl Jobs {
-    /// Job `key` of `tasks` sub-tasks started at `start`; `ideal` is its
-    /// capacity-weighted ideal makespan.
-    pub fn start(&mut self, key: (u16, u32), start: Micros, ideal: f64, tasks: usize) {
+    /// Job `key` of `tasks` sub-tasks started at `start`, with its ideal
+    /// makespans.
+    pub fn start(&mut self, key: (u16, u32), start: Micros, ideal: Ideal, tasks: usize) {
         let left = u32::try_from(tasks).unwrap_or(u32::MAX);
         self.in_flight.insert(key, (start, ideal, left, start));
     }
@@ -173,7 +173,7 @@ impl Jobs {
         if job.2 == 0 {
             let (start, ideal, _, end) = *job;
             self.in_flight.remove(&key);
-            if start >= warmup && ideal.is_finite() {
+            if start >= warmup && ideal.whole_tasks.is_finite() {
                 self.done.push(FanOut {
                     makespan: end - start,
                     ideal,
@@ -212,24 +212,41 @@ impl Turns {
     }
 }
 
+/// An agent job's ideal makespans, µs (infinite where no node holds its
+/// models): the capacity-weighted one shares its work over the nodes as
+/// if sub-tasks could be split; the whole-task one does not split them
+/// (`Cluster::ideal_makespan`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ideal {
+    pub capacity: f64,
+    pub whole_tasks: f64,
+}
+
 /// How long agent jobs took from their start to their last sub-task's end
-/// (the makespan), against the capacity-weighted ideal: the job's work
-/// shared over every node that holds its model in proportion to speed.
+/// (the makespan), against the capacity-weighted ideal (the job's work
+/// shared over every node that holds its model in proportion to speed)
+/// and the whole-task ideal (the same with sub-tasks not split).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct FanOutSummary {
     pub jobs: u64,
     pub makespan_p50_ms: f64,
     pub ideal_p50_ms: f64,
-    /// Makespan over ideal, per job: median and 95th percentile.
+    /// Makespan over the capacity-weighted ideal, per job: median and 95th
+    /// percentile.
     pub ratio_p50: f64,
     pub ratio_p95: f64,
+    pub whole_ideal_p50_ms: f64,
+    /// Makespan over the whole-task ideal, per job: median and 95th
+    /// percentile.
+    pub whole_ratio_p50: f64,
+    pub whole_ratio_p95: f64,
 }
 
-/// One finished agent job: makespan and ideal, µs.
+/// One finished agent job: makespan and ideals, µs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FanOut {
     pub makespan: Micros,
-    pub ideal: f64,
+    pub ideal: Ideal,
 }
 
 /// The fan-out summary of `jobs`, if there are any.
@@ -243,25 +260,31 @@ pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
         v[rank - 1]
     };
     let ms = |us: f64| us / 1000.0;
+    let ratio = |q: f64, ideal: fn(&Ideal) -> f64| {
+        median(
+            jobs.iter()
+                .map(|j| j.makespan as f64 / ideal(&j.ideal).max(1.0))
+                .collect(),
+            q,
+        )
+    };
+    let capacity = |i: &Ideal| i.capacity;
+    let whole = |i: &Ideal| i.whole_tasks;
     Some(FanOutSummary {
         jobs: jobs.len() as u64,
         makespan_p50_ms: ms(median(
             jobs.iter().map(|j| j.makespan as f64).collect(),
             0.5,
         )),
-        ideal_p50_ms: ms(median(jobs.iter().map(|j| j.ideal).collect(), 0.5)),
-        ratio_p50: median(
-            jobs.iter()
-                .map(|j| j.makespan as f64 / j.ideal.max(1.0))
-                .collect(),
+        ideal_p50_ms: ms(median(jobs.iter().map(|j| j.ideal.capacity).collect(), 0.5)),
+        ratio_p50: ratio(0.5, capacity),
+        ratio_p95: ratio(0.95, capacity),
+        whole_ideal_p50_ms: ms(median(
+            jobs.iter().map(|j| j.ideal.whole_tasks).collect(),
             0.5,
-        ),
-        ratio_p95: median(
-            jobs.iter()
-                .map(|j| j.makespan as f64 / j.ideal.max(1.0))
-                .collect(),
-            0.95,
-        ),
+        )),
+        whole_ratio_p50: ratio(0.5, whole),
+        whole_ratio_p95: ratio(0.95, whole),
     })
 }
 

@@ -40,7 +40,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::SimError;
-use crate::metrics::{Jobs, Record, RunSummary, Turns, summarise};
+use crate::metrics::{Ideal, Jobs, Record, RunSummary, Turns, summarise};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{Demand, SourceState, stream_seed};
@@ -83,6 +83,34 @@ struct NodePlan {
     seed: Vec<Option<ModelPerf>>,
     base_perf: Option<ModelPerf>,
     rtt: Micros,
+}
+
+/// Whether a job can be shared out in `t` seconds: sub-task `j` (the
+/// fraction `share[j]` of the job) goes to nodes that could run it alone in
+/// `t`, and node `i` (`nodes[i]`: the whole job's time there, and per
+/// sub-task its work and its time alone) takes at most `t / T_i` of the job.
+fn whole_job_fits(t: f64, nodes: &[(f64, Vec<(f64, f64)>)], share: &[f64]) -> bool {
+    const UNITS: f64 = 1e9;
+    let (tasks, source, sink) = (share.len(), 0, 1);
+    let task = |j: usize| 2 + j;
+    let node = |i: usize| 2 + tasks + i;
+    let mut caps: Vec<((usize, usize), i64)> = Vec::new();
+    for (j, s) in share.iter().enumerate() {
+        caps.push(((source, task(j)), (s * UNITS) as i64));
+    }
+    for (i, (whole, per_task)) in nodes.iter().enumerate() {
+        caps.push(((node(i), sink), (t / whole * UNITS).min(UNITS) as i64));
+        for (j, alone) in per_task.iter().map(|p| p.1).enumerate() {
+            if alone <= t {
+                caps.push(((task(j), node(i)), UNITS as i64));
+            }
+        }
+    }
+    let vertices: Vec<usize> = (0..2 + tasks + nodes.len()).collect();
+    let want: i64 = caps[..tasks].iter().map(|c| c.1).sum();
+    let (_, flow, _) =
+        pathfinding::directed::edmonds_karp::edmonds_karp_dense(&vertices, &source, &sink, caps);
+    flow >= want
 }
 
 impl Cluster {
@@ -157,35 +185,79 @@ impl Cluster {
         self.nodes.is_empty()
     }
 
-    /// The capacity-weighted ideal makespan of an agent job, µs: each node
-    /// that holds the job's models could run it alone in `T_i` (its
-    /// sub-tasks' prefill at the profile's rate, their decode at its rate
-    /// times the batching speedup of as many streams as it has slots, up to
-    /// the job's size); together, in `1 / sum(1 / T_i)`.
-    pub fn ideal_makespan(&self, scn: &Scenario, tasks: &[Demand]) -> f64 {
-        let mut speed = 0.0;
+    /// The ideal makespans of an agent job of `tasks`, µs.
+    ///
+    /// Capacity-weighted: each node that holds the job's models could run it
+    /// alone in `T_i` (its sub-tasks' prefill at the profile's rate, their
+    /// decode at its rate times the batching speedup of as many streams as
+    /// it has slots, up to the job's size); together, in `1 / sum(1 /
+    /// T_i)`.
+    ///
+    /// Whole-task: the same, with sub-tasks that cannot be split. A node
+    /// can take a sub-task only if the makespan leaves it time to run it
+    /// alone (at one stream's speed); within that, sub-tasks share the nodes
+    /// as the capacity-weighted ideal shares the job (sub-task `j` is the
+    /// fraction `c_j` of the job, node `i` runs `T / T_i` of it in `T`). The
+    /// least `T` for which such a sharing exists (a flow of the whole job
+    /// from sub-tasks to the nodes allowed them, found by bisection).
+    pub fn ideal_makespan(&self, scn: &Scenario, tasks: &[Demand]) -> Ideal {
+        // Per node holding every model: its time for the whole job, and per
+        // sub-task its batched work and its time alone, seconds.
+        let mut nodes: Vec<(f64, Vec<(f64, f64)>)> = Vec::with_capacity(self.nodes.len());
         for plan in &self.nodes {
-            let mut t_i = 0.0;
-            for d in tasks {
-                if plan.local[usize::from(d.model)].is_none() {
-                    t_i = f64::INFINITY;
-                    break;
-                }
-                let size = scn.models[usize::from(d.model)].size_bytes;
-                let rates = plan.profile.rates(size).to_perf();
-                let streams = plan.engine.slots().min(tasks.len() as u32).max(1);
-                let batched = f64::from(rates.decode_tps) * f64::from(streams).powf(0.7);
-                t_i += f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3)
-                    + f64::from(d.output_tokens) / batched.max(1e-3);
+            if tasks
+                .iter()
+                .any(|d| plan.local[usize::from(d.model)].is_none())
+            {
+                continue;
             }
-            if t_i.is_finite() && t_i > 0.0 {
-                speed += 1.0 / t_i;
+            let streams = f64::from(plan.engine.slots().min(tasks.len() as u32).max(1));
+            let per_task: Vec<(f64, f64)> = tasks
+                .iter()
+                .map(|d| {
+                    let size = scn.models[usize::from(d.model)].size_bytes;
+                    let rates = plan.profile.rates(size).to_perf();
+                    let prefill =
+                        f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3);
+                    let decode = f64::from(d.output_tokens) / f64::from(rates.decode_tps).max(1e-3);
+                    (prefill + decode / streams.powf(0.7), prefill + decode)
+                })
+                .collect();
+            let whole: f64 = per_task.iter().map(|t| t.0).sum();
+            if whole > 0.0 {
+                nodes.push((whole, per_task));
             }
         }
-        if speed > 0.0 {
-            1e6 / speed
-        } else {
-            f64::INFINITY
+        let speed: f64 = nodes.iter().map(|n| 1.0 / n.0).sum();
+        if speed <= 0.0 {
+            return Ideal {
+                capacity: f64::INFINITY,
+                whole_tasks: f64::INFINITY,
+            };
+        }
+        let capacity = 1.0 / speed;
+        let share: Vec<f64> = (0..tasks.len())
+            .map(|j| nodes.iter().map(|n| n.1[j].0 / n.0).sum::<f64>() / nodes.len() as f64)
+            .collect();
+        let longest_alone = (0..tasks.len())
+            .map(|j| nodes.iter().map(|n| n.1[j].1).fold(f64::INFINITY, f64::min))
+            .fold(0.0, f64::max);
+        let slowest_alone = nodes
+            .iter()
+            .flat_map(|n| n.1.iter().map(|t| t.1))
+            .fold(0.0, f64::max);
+        let fits = |t: f64| whole_job_fits(t, &nodes, &share);
+        let (mut lo, mut hi) = (capacity.max(longest_alone), capacity.max(slowest_alone));
+        if !fits(lo) {
+            while hi - lo > 1e-4 * hi {
+                let mid = 0.5 * (lo + hi);
+                if fits(mid) { hi = mid } else { lo = mid }
+            }
+            lo = hi;
+        }
+        Ideal {
+            capacity: capacity * 1e6,
+            whole_tasks: lo * 1e6,
         }
     }
 
@@ -1048,8 +1120,8 @@ mod tests {
             })
             .collect();
         let (p1, p2) = (Cluster::build(&one).unwrap(), Cluster::build(&two).unwrap());
-        let i1 = p1.ideal_makespan(&one, &tasks);
-        let i2 = p2.ideal_makespan(&two, &tasks);
+        let i1 = p1.ideal_makespan(&one, &tasks).capacity;
+        let i2 = p2.ideal_makespan(&two, &tasks).capacity;
         assert!(i1.is_finite() && i1 > 0.0);
         assert!((i1 / i2 - 2.0).abs() < 1e-9, "{i1} {i2}");
         let out = run(&two, Policy::PredictedLatency);
@@ -1059,6 +1131,62 @@ mod tests {
             "{f:?}"
         );
         assert!(f.ratio_p50 <= f.ratio_p95);
+        assert!(f.whole_ideal_p50_ms >= f.ideal_p50_ms && f.whole_ratio_p50 <= f.ratio_p50);
+    }
+
+    /// Sub-tasks that cannot be split keep a slow node out of the
+    /// whole-task ideal while it could not finish even one of them in time,
+    /// and no job beats its longest sub-task run alone on the fastest node.
+    #[test]
+    fn the_whole_task_ideal_leaves_out_nodes_too_slow_for_one_sub_task() {
+        let task = |output_tokens| Demand {
+            source: 1,
+            model: 0,
+            prompt_tokens: 1000,
+            output_tokens,
+            declared_output: 800,
+            streaming: false,
+            session: None,
+            user: None,
+            burst: Some(1),
+        };
+        let scn = scenario(9, &["rtx4090", "laptop"], 1, 0.2, 8, false, false);
+        let plan = Cluster::build(&scn).unwrap();
+        let rates = |profile: &str| {
+            let size = scn.models[0].size_bytes;
+            HardwareProfile::by_name(profile)
+                .unwrap()
+                .rates(size)
+                .to_perf()
+        };
+        let alone = |profile: &str, out: u32| {
+            let r = rates(profile);
+            (1000.0 / f64::from(r.prefill_tps) + f64::from(out) / f64::from(r.decode_tps)) * 1e6
+        };
+        // Eight short sub-tasks: the laptop takes longer over one of them
+        // than the 4090 over all eight, so it adds nothing whole.
+        let eight = vec![task(100); 8];
+        let ideal = plan.ideal_makespan(&scn, &eight);
+        let fast_alone = Cluster::build(&scenario(9, &["rtx4090"], 1, 0.2, 8, false, false))
+            .unwrap()
+            .ideal_makespan(&scn, &eight)
+            .capacity;
+        assert!(ideal.capacity < fast_alone, "{ideal:?} {fast_alone}");
+        assert!(alone("laptop", 100) > fast_alone);
+        assert!(
+            (ideal.whole_tasks / fast_alone - 1.0).abs() < 1e-3,
+            "{ideal:?} {fast_alone}"
+        );
+        // One long sub-task among short ones: nothing ends before it does
+        // alone on the 4090.
+        let mut mixed = vec![task(20); 4];
+        mixed.push(task(2000));
+        let ideal = plan.ideal_makespan(&scn, &mixed);
+        assert!(
+            (ideal.whole_tasks - alone("rtx4090", 2000)).abs() < 1.0,
+            "{ideal:?}"
+        );
+        assert!(ideal.capacity < ideal.whole_tasks);
     }
 
     #[test]
