@@ -236,11 +236,19 @@ pub fn predict(
         work_ms * share
     } + unseen_arrivals(jobs_ahead, slots, age_ms, decode_tps, overhead, batching);
 
-    // Once running, the request shares the engine with the other streams in
-    // flight; each of `active` streams gets speedup(active)/active of one.
+    // Prefill is compute-bound: prompts prefilling together share the
+    // engine (each of n at 1/n of its speed), while decoding streams add a
+    // token each per step and barely slow it. A prompt of p tokens is
+    // delayed by min(r, p) for each prompt ahead with r tokens left; with
+    // only running totals known, by at most p per job ahead and never more
+    // than the prompt tokens ahead.
+    let prompt = f64::from(request.prompt_tokens);
+    let contention = (prefill_ahead as f64).min(prompt * f64::from(jobs_ahead));
+    let prefill_ms = (prompt + contention) * 1000.0 / prefill_tps;
+    // Once decoding, the request shares the engine with the other streams
+    // in flight; each of `active` streams gets speedup(active)/active of one.
     let active = jobs_ahead.min(slots - 1) + 1;
     let sharing = f64::from(active) / batching.speedup(active);
-    let prefill_ms = f64::from(request.prompt_tokens) * 1000.0 / prefill_tps * sharing;
     let metric = if request.streaming {
         Metric::FirstToken
     } else {
@@ -491,18 +499,43 @@ mod tests {
                 batch_exponent: e,
                 ..GPU
             });
-            one(&n, &req(true, 400, 100)).prefill_ms
+            one(&n, &req(false, 400, 100)).decode_ms
         };
-        // 400 tokens at 4,000/s alone: 100 ms. Three streams on an engine
-        // that takes them in turn (e = 0): 300 ms; batched for free (e = 1):
-        // 100 ms; the default k^0.7: 3^0.3 * 100 = 139 ms.
-        assert_eq!(shared(Some(0.0)), 300);
-        assert_eq!(shared(Some(1.0)), 100);
-        assert_eq!(shared(None), 139);
-        assert_eq!(shared(Some(0.7)), 139);
+        // 100 tokens at 100/s alone: 1 s. Three streams on an engine that
+        // takes them in turn (e = 0): 3 s; batched for free (e = 1): 1 s;
+        // the default k^0.7: 3^0.3 s.
+        assert_eq!(shared(Some(0.0)), 3_000);
+        assert_eq!(shared(Some(1.0)), 1_000);
+        assert_eq!(shared(None), 1_390);
+        assert_eq!(shared(Some(0.7)), 1_390);
         // Out of range or garbage: clamped, or the default.
-        assert_eq!(shared(Some(-3.0)), 300);
-        assert_eq!(shared(Some(7.0)), 100);
-        assert_eq!(shared(Some(f32::NAN)), 139);
+        assert_eq!(shared(Some(-3.0)), 3_000);
+        assert_eq!(shared(Some(7.0)), 1_000);
+        assert_eq!(shared(Some(f32::NAN)), 1_390);
+    }
+
+    /// Prompts still prefilling share the engine with a new one; streams
+    /// that only decode do not slow it.
+    #[test]
+    fn prompts_prefilling_ahead_delay_a_prefill_and_decoding_streams_do_not() {
+        let mut n = node(4, GPU, true);
+        n.workload.running = 2;
+        n.workload.decode_tokens = 400;
+        // 400 tokens at 4,000/s: 100 ms, however many streams decode.
+        assert_eq!(one(&n, &req(true, 400, 100)).prefill_ms, 100);
+        // A long prompt ahead costs at most as many tokens as this one.
+        n.workload.prefill_tokens = 10_000;
+        assert_eq!(one(&n, &req(true, 400, 100)).prefill_ms, 300);
+        // A short one ahead costs what is left of it.
+        n.workload.prefill_tokens = 200;
+        assert_eq!(one(&n, &req(true, 400, 100)).prefill_ms, 150);
+        // More prompt ahead never makes the node look faster.
+        let mut last = 0;
+        for ahead in (0..20_000).step_by(500) {
+            n.workload.prefill_tokens = ahead;
+            let p = one(&n, &req(true, 400, 100)).total_ms;
+            assert!(p >= last, "{ahead}: {p} < {last}");
+            last = p;
+        }
     }
 }
