@@ -260,6 +260,8 @@ pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
         v[rank - 1]
     };
     let ms = |us: f64| us / 1000.0;
+    let ideal_p50_ms =
+        |ideal: fn(&Ideal) -> f64| ms(median(jobs.iter().map(|j| ideal(&j.ideal)).collect(), 0.5));
     let ratio = |q: f64, ideal: fn(&Ideal) -> f64| {
         median(
             jobs.iter()
@@ -276,13 +278,10 @@ pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
             jobs.iter().map(|j| j.makespan as f64).collect(),
             0.5,
         )),
-        ideal_p50_ms: ms(median(jobs.iter().map(|j| j.ideal.capacity).collect(), 0.5)),
+        ideal_p50_ms: ideal_p50_ms(capacity),
         ratio_p50: ratio(0.5, capacity),
         ratio_p95: ratio(0.95, capacity),
-        whole_ideal_p50_ms: ms(median(
-            jobs.iter().map(|j| j.ideal.whole_tasks).collect(),
-            0.5,
-        )),
+        whole_ideal_p50_ms: ideal_p50_ms(whole),
         whole_ratio_p50: ratio(0.5, whole),
         whole_ratio_p95: ratio(0.95, whole),
     })

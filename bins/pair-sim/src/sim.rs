@@ -85,11 +85,23 @@ struct NodePlan {
     rtt: Micros,
 }
 
+/// An agent job as one node would run it alone, seconds.
+struct JobOnNode {
+    /// The whole job, sub-tasks batched over the node's slots (`T_i`).
+    whole: f64,
+    /// Per sub-task: its part of `whole`, and its time run alone.
+    tasks: Vec<TaskOnNode>,
+}
+
+struct TaskOnNode {
+    batched: f64,
+    alone: f64,
+}
+
 /// Whether a job can be shared out in `t` seconds: sub-task `j` (the
 /// fraction `share[j]` of the job) goes to nodes that could run it alone in
-/// `t`, and node `i` (`nodes[i]`: the whole job's time there, and per
-/// sub-task its work and its time alone) takes at most `t / T_i` of the job.
-fn whole_job_fits(t: f64, nodes: &[(f64, Vec<(f64, f64)>)], share: &[f64]) -> bool {
+/// `t`, and each node takes at most `t / T_i` of the job.
+fn whole_job_fits(t: f64, nodes: &[JobOnNode], share: &[f64]) -> bool {
     const UNITS: f64 = 1e9;
     let (tasks, source, sink) = (share.len(), 0, 1);
     let task = |j: usize| 2 + j;
@@ -98,10 +110,10 @@ fn whole_job_fits(t: f64, nodes: &[(f64, Vec<(f64, f64)>)], share: &[f64]) -> bo
     for (j, s) in share.iter().enumerate() {
         caps.push(((source, task(j)), (s * UNITS) as i64));
     }
-    for (i, (whole, per_task)) in nodes.iter().enumerate() {
-        caps.push(((node(i), sink), (t / whole * UNITS).min(UNITS) as i64));
-        for (j, alone) in per_task.iter().map(|p| p.1).enumerate() {
-            if alone <= t {
+    for (i, n) in nodes.iter().enumerate() {
+        caps.push(((node(i), sink), (t / n.whole * UNITS).min(UNITS) as i64));
+        for (j, task_on_node) in n.tasks.iter().enumerate() {
+            if task_on_node.alone <= t {
                 caps.push(((task(j), node(i)), UNITS as i64));
             }
         }
@@ -201,9 +213,7 @@ impl Cluster {
     /// least `T` for which such a sharing exists (a flow of the whole job
     /// from sub-tasks to the nodes allowed them, found by bisection).
     pub fn ideal_makespan(&self, scn: &Scenario, tasks: &[Demand]) -> Ideal {
-        // Per node holding every model: its time for the whole job, and per
-        // sub-task its batched work and its time alone, seconds.
-        let mut nodes: Vec<(f64, Vec<(f64, f64)>)> = Vec::with_capacity(self.nodes.len());
+        let mut nodes: Vec<JobOnNode> = Vec::with_capacity(self.nodes.len());
         for plan in &self.nodes {
             if tasks
                 .iter()
@@ -212,7 +222,7 @@ impl Cluster {
                 continue;
             }
             let streams = f64::from(plan.engine.slots().min(tasks.len() as u32).max(1));
-            let per_task: Vec<(f64, f64)> = tasks
+            let per_task: Vec<TaskOnNode> = tasks
                 .iter()
                 .map(|d| {
                     let size = scn.models[usize::from(d.model)].size_bytes;
@@ -220,15 +230,21 @@ impl Cluster {
                     let prefill =
                         f64::from(d.prompt_tokens) / f64::from(rates.prefill_tps).max(1e-3);
                     let decode = f64::from(d.output_tokens) / f64::from(rates.decode_tps).max(1e-3);
-                    (prefill + decode / streams.powf(0.7), prefill + decode)
+                    TaskOnNode {
+                        batched: prefill + decode / streams.powf(0.7),
+                        alone: prefill + decode,
+                    }
                 })
                 .collect();
-            let whole: f64 = per_task.iter().map(|t| t.0).sum();
+            let whole: f64 = per_task.iter().map(|t| t.batched).sum();
             if whole > 0.0 {
-                nodes.push((whole, per_task));
+                nodes.push(JobOnNode {
+                    whole,
+                    tasks: per_task,
+                });
             }
         }
-        let speed: f64 = nodes.iter().map(|n| 1.0 / n.0).sum();
+        let speed: f64 = nodes.iter().map(|n| 1.0 / n.whole).sum();
         if speed <= 0.0 {
             return Ideal {
                 capacity: f64::INFINITY,
@@ -237,27 +253,40 @@ impl Cluster {
         }
         let capacity = 1.0 / speed;
         let share: Vec<f64> = (0..tasks.len())
-            .map(|j| nodes.iter().map(|n| n.1[j].0 / n.0).sum::<f64>() / nodes.len() as f64)
+            .map(|j| {
+                nodes
+                    .iter()
+                    .map(|n| n.tasks[j].batched / n.whole)
+                    .sum::<f64>()
+                    / nodes.len() as f64
+            })
             .collect();
         let longest_alone = (0..tasks.len())
-            .map(|j| nodes.iter().map(|n| n.1[j].1).fold(f64::INFINITY, f64::min))
+            .map(|j| {
+                nodes
+                    .iter()
+                    .map(|n| n.tasks[j].alone)
+                    .fold(f64::INFINITY, f64::min)
+            })
             .fold(0.0, f64::max);
         let slowest_alone = nodes
             .iter()
-            .flat_map(|n| n.1.iter().map(|t| t.1))
+            .flat_map(|n| n.tasks.iter().map(|t| t.alone))
             .fold(0.0, f64::max);
         let fits = |t: f64| whole_job_fits(t, &nodes, &share);
+        // Every sub-task runs alone somewhere in `lo`; in `hi` every node may
+        // take every sub-task, which the capacity-weighted sharing fits.
         let (mut lo, mut hi) = (capacity.max(longest_alone), capacity.max(slowest_alone));
-        if !fits(lo) {
-            while hi - lo > 1e-4 * hi {
-                let mid = 0.5 * (lo + hi);
-                if fits(mid) { hi = mid } else { lo = mid }
-            }
-            lo = hi;
+        if fits(lo) {
+            hi = lo;
+        }
+        while hi - lo > 1e-4 * hi {
+            let mid = 0.5 * (lo + hi);
+            if fits(mid) { hi = mid } else { lo = mid }
         }
         Ideal {
             capacity: capacity * 1e6,
-            whole_tasks: lo * 1e6,
+            whole_tasks: hi * 1e6,
         }
     }
 
