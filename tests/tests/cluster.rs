@@ -843,3 +843,60 @@ async fn jobs_carry_the_engines_own_durations() {
     );
     c.stop().await;
 }
+
+/// A whole answer shows its node no first token: its prompt stops counting
+/// as prefill work (what peers and the node's own ranking price a new
+/// prompt by) once the prediction says its first token is due, long
+/// before the answer ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answers_prompt_stops_counting_once_its_first_token_is_due() {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.5;
+        s.nodes[0].profile = "rtx3060".into();
+    })
+    .await
+    .unwrap();
+    warm_everywhere(&c, "llama3.2:3b").await;
+    let load = &c.nodes[0].state.load;
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    let prompt = "Tell me about the history of tea. ".repeat(200);
+    let answer = tokio::spawn(async move {
+        let r = http()
+            .post(url)
+            .json(
+                &json!({"model": "llama3.2:3b", "prompt": prompt, "stream": false,
+                          "options": {"num_predict": 600}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while load.in_flight() == 0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let counted = load.workload(1).prefill_tokens;
+    assert!(
+        counted > 1000,
+        "the prompt counts while it prefills: {counted}"
+    );
+    while load.workload(1).prefill_tokens > 0 {
+        assert_eq!(
+            load.in_flight(),
+            1,
+            "the answer ended with its prompt still counted as prefill work"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        load.in_flight(),
+        1,
+        "the prompt stopped counting only at the end"
+    );
+    let body = answer.await.unwrap();
+    assert!(body.contains("\"done\":true"), "{body}");
+    c.stop().await;
+}

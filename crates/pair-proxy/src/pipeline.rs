@@ -566,15 +566,10 @@ fn targets(
                 .iter()
                 .map(|c| Target {
                     node: c.node,
-                    predicted: c.score.prediction().map(|p| {
-                        Duration::from_millis(u64::from(
-                            p.queue_ms
-                                .saturating_add(p.load_ms)
-                                .saturating_add(p.prefill_ms)
-                                .saturating_add(p.overhead_ms)
-                                .saturating_add(p.rtt_ms),
-                        ))
-                    }),
+                    predicted: c
+                        .score
+                        .prediction()
+                        .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
                 })
                 .collect()
         }
@@ -665,7 +660,17 @@ async fn attempt(
     // A local dispatch is counted by its load guard, which ranking reads
     // live for this node (it ignores reservations there); a peer's by a
     // reservation, until the peer's reports show it.
-    let (guard, reservation) = if matches!(hop, Hop::Local(_)) {
+    let local = matches!(hop, Hop::Local(_));
+    // A whole answer from this node's engine shows no first token: its
+    // prompt stops counting as prefill work once the prediction (from the
+    // work ahead of it) says its first token is due, as a streamed one's
+    // does when the token comes.
+    let prefilled_in = if local && !profile.streaming {
+        st.first_token_eta(cluster, profile, req.flavor)
+    } else {
+        None
+    };
+    let (mut guard, reservation) = if local {
         let load = st
             .load
             .begin(profile.prompt_tokens, profile.max_output_tokens);
@@ -684,6 +689,11 @@ async fn attempt(
     };
     let head =
         async { dispatch::request(st.local_pool(), &hop, out_head, out_body, job_header)?.await };
+    let head = marking(head, prefilled_in, || {
+        if let Some(g) = guard.as_mut() {
+            g.prefill_done();
+        }
+    });
     let head = tokio::select! {
         biased;
         r = head => Some(r),
@@ -789,6 +799,25 @@ impl Watch {
 /// Resolves when the attempt's node has shown no progress for
 /// `allowance` (counted from `from` or its last progress, whichever is
 /// later).
+/// Runs `fut`, calling `mark` once if it is still pending `after` (never
+/// without one).
+async fn marking<T>(
+    fut: impl Future<Output = T>,
+    after: Option<Duration>,
+    mark: impl FnOnce(),
+) -> T {
+    let Some(after) = after else {
+        return fut.await;
+    };
+    tokio::pin!(fut);
+    tokio::select! {
+        biased;
+        r = &mut fut => return r,
+        () = tokio::time::sleep(after) => mark(),
+    }
+    fut.await
+}
+
 async fn stalled(
     st: &ProxyState,
     watch: &Watch,

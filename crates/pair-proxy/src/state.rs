@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use pair_core::{ClusterSnapshot, JobRecord, NodeId, RequestProfile, SessionKey};
+use pair_core::{ApiFlavor, ClusterSnapshot, JobRecord, NodeId, RequestProfile, SessionKey};
+use pair_scheduler::predict::predict;
 use pair_scheduler::{
-    Candidate, Policy, Ranking, ReservationId, Reservations, Scheduler, SchedulerConfig,
+    Candidate, Policy, Ranking, ReservationId, Reservations, Reserved, Scheduler, SchedulerConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -274,6 +275,22 @@ impl ProxyState {
             top.extend(ranking.iter().take(MAX_ATTEMPTS).copied());
         }
         top
+    }
+
+    /// When `request`'s first token is due if this node's engine takes it
+    /// now, from this node's live workload (`None` where this node does
+    /// not list the model).
+    pub fn first_token_eta(
+        &self,
+        cluster: &ClusterSnapshot,
+        request: &RequestProfile,
+        flavor: ApiFlavor,
+    ) -> Option<Duration> {
+        let me = cluster.node(self.node.id)?;
+        let (_, entry) = me.find_model(&request.model, flavor)?;
+        let workload = self.load.workload(me.slots());
+        let p = predict(me, &workload, entry, request, Reserved::default(), 0);
+        Some(Duration::from_millis(u64::from(p.first_token_ms())))
     }
 
     /// Counts `request` on `node` from `sent_ms` (unix ms, when it is

@@ -344,6 +344,23 @@ pub struct Prediction {
     pub learned: bool,
 }
 
+impl Prediction {
+    /// When the first token is due, streamed or not: the wait for a slot,
+    /// the model's load, the prompt's prefill, the engine's overhead and
+    /// the round trip.
+    pub fn first_token_ms(&self) -> u32 {
+        [
+            self.queue_ms,
+            self.load_ms,
+            self.prefill_ms,
+            self.overhead_ms,
+            self.rtt_ms,
+        ]
+        .into_iter()
+        .fold(0u32, u32::saturating_add)
+    }
+}
+
 impl fmt::Display for Prediction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = match self.metric {

@@ -1154,17 +1154,14 @@ impl Client {
 }
 
 /// What the failover core needs of a ranked candidate: the node, and the
-/// time to its first byte the scheduler predicts (queue, load, prefill).
+/// time to its first byte the scheduler predicts.
 fn target_of(c: &pair_scheduler::Candidate) -> Target {
     Target {
         node: c.node,
-        predicted: c.score.prediction().map(|p| {
-            Duration::from_millis(u64::from(
-                p.queue_ms
-                    .saturating_add(p.load_ms)
-                    .saturating_add(p.prefill_ms),
-            ))
-        }),
+        predicted: c
+            .score
+            .prediction()
+            .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
     }
 }
 
