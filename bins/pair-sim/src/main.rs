@@ -7,7 +7,7 @@
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -54,6 +54,13 @@ enum Command {
         /// over the nodes) or `per-node:NODE` (every client enters at NODE).
         #[arg(long)]
         routing: Option<String>,
+        /// Modelled seconds to run instead of the scenario's duration.
+        #[arg(long)]
+        duration: Option<u64>,
+        /// Closed-loop users of the searched source instead of the
+        /// scenario's.
+        #[arg(long)]
+        users: Option<u32>,
         /// Skip the users-at-SLO search (one run per policy only).
         #[arg(long)]
         no_search: bool,
@@ -196,6 +203,8 @@ fn main() -> ExitCode {
             svg,
             seed,
             routing,
+            duration,
+            users,
             no_search,
             sequential,
         } => run(
@@ -203,7 +212,12 @@ fn main() -> ExitCode {
             &policy,
             json,
             svg,
-            (seed, routing.as_deref()),
+            &Overrides {
+                seed,
+                routing: routing.as_deref(),
+                duration,
+                users,
+            },
             !no_search,
             !sequential,
         ),
@@ -235,33 +249,65 @@ fn main() -> ExitCode {
     }
 }
 
+/// What the command line changes in a scenario file.
+#[derive(Debug, Default)]
+struct Overrides<'a> {
+    seed: Option<u64>,
+    routing: Option<&'a str>,
+    /// Modelled seconds.
+    duration: Option<u64>,
+    users: Option<u32>,
+}
+
+/// Loads a scenario file with the command line's overrides applied.
+fn load(path: &Path, o: &Overrides<'_>) -> Result<Scenario, Failure> {
+    let mut s = Scenario::load(path).map_err(|e| match e {
+        e if e.is_config() => Failure::Config(format!("{}: {}", path.display(), chain(&e))),
+        e => Failure::from(e),
+    })?;
+    if let Some(seed) = o.seed {
+        s.seed = seed;
+    }
+    if let Some(r) = o.routing {
+        s.routing = pair_sim::scenario::Routing::from_flag(r, &s.nodes)
+            .map_err(|e| Failure::Config(format!("--routing: {}", chain(&e))))?;
+    }
+    if let Some(d) = o.duration {
+        s.duration = d.saturating_mul(1_000_000);
+        if s.warmup >= s.duration {
+            return Err(Failure::Config(format!(
+                "--duration {d} leaves nothing after the scenario's warm-up"
+            )));
+        }
+    }
+    if let Some(u) = o.users {
+        if s.configured_users().is_none() {
+            return Err(Failure::Config(format!(
+                "--users: {} has no closed-loop source to set users on",
+                path.display()
+            )));
+        }
+        s = s.with_users_kept_running(u);
+    }
+    Ok(s)
+}
+
 fn run(
     paths: Vec<PathBuf>,
     policy: &str,
     json: Option<PathBuf>,
     svg: Option<PathBuf>,
-    (seed, routing): (Option<u64>, Option<&str>),
+    overrides: &Overrides<'_>,
     search: bool,
     parallel: bool,
 ) -> Result<(), Failure> {
     let policies = pair_sim::parse_policies(policy)?;
     // Parse every scenario before running any: a typo in the last file
     // should not cost the minutes the first ones take.
-    let mut scenarios = Vec::with_capacity(paths.len());
-    for p in &paths {
-        let mut s = Scenario::load(p).map_err(|e| match e {
-            e if e.is_config() => Failure::Config(format!("{}: {}", p.display(), chain(&e))),
-            e => Failure::from(e),
-        })?;
-        if let Some(seed) = seed {
-            s.seed = seed;
-        }
-        if let Some(r) = routing {
-            s.routing = pair_sim::scenario::Routing::from_flag(r, &s.nodes)
-                .map_err(|e| Failure::Config(format!("--routing: {}", chain(&e))))?;
-        }
-        scenarios.push(s);
-    }
+    let scenarios = paths
+        .iter()
+        .map(|p| load(p, overrides))
+        .collect::<Result<Vec<_>, _>>()?;
     let opts = CompareOptions {
         policies,
         search,
@@ -314,24 +360,14 @@ fn run(
 
 fn live(args: &LiveArgs) -> Result<(), Failure> {
     let policies = pair_sim::parse_policies(&args.policy)?;
+    let overrides = Overrides {
+        duration: args.duration,
+        users: args.users,
+        ..Overrides::default()
+    };
     let mut scenarios = Vec::with_capacity(args.scenarios.len());
     for p in &args.scenarios {
-        let mut s = Scenario::load(p).map_err(|e| match e {
-            e if e.is_config() => Failure::Config(format!("{}: {}", p.display(), chain(&e))),
-            e => Failure::from(e),
-        })?;
-        if let Some(d) = args.duration {
-            s.duration = d.saturating_mul(1_000_000);
-            if s.warmup >= s.duration {
-                return Err(Failure::Config(format!(
-                    "--duration {d} leaves nothing after the scenario's warm-up"
-                )));
-            }
-        }
-        if let Some(u) = args.users {
-            s = s.with_users_kept_running(u);
-        }
-        scenarios.push(pair_sim::live::as_live(&s));
+        scenarios.push(pair_sim::live::as_live(&load(p, &overrides)?));
     }
     let opts = pair_sim::live::LiveOptions {
         policies: policies.clone(),

@@ -153,6 +153,59 @@ fn bad_configuration_exits_64_with_one_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("fastest"));
 }
 
+/// `--users` and `--duration` change the run as the live twin's do: the
+/// JSON says the users asked for, and more users in the same time make
+/// more requests; a scenario with no closed-loop source refuses `--users`.
+#[test]
+fn run_takes_users_and_duration_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |users: &str| {
+        let json = dir.path().join(format!("{users}.json"));
+        let status = bin()
+            .arg("run")
+            .arg(smoke())
+            .args(["--policy", "pair", "--no-search", "--duration", "90"])
+            .args(["--users", users, "--json"])
+            .arg(&json)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let run = &v["policies"][0]["run"];
+        assert_eq!(run["simulated_s"], 90.0, "{run}");
+        (v["users"].clone(), run["generated"].as_u64().unwrap())
+    };
+    let (few_users, few) = run("2");
+    let (many_users, many) = run("12");
+    assert_eq!((few_users, many_users), (2.into(), 12.into()));
+    assert!(
+        many > 3 * few,
+        "12 users made {many} requests, 2 made {few}"
+    );
+
+    let open = dir.path().join("open.toml");
+    let text: String = std::fs::read_to_string(smoke())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("users =") && !l.starts_with("think_ms ="))
+        .map(|l| match l {
+            "kind = \"closed-loop\"" => "kind = \"poisson\"\nrate_per_s = 1.0\n".to_owned(),
+            l => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&open, text).unwrap();
+    let out = bin()
+        .arg("run")
+        .arg(&open)
+        .args(["--users", "3", "--no-search"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--users"));
+}
+
 /// Kills the engine even when an assertion fails.
 struct Child(std::process::Child);
 
