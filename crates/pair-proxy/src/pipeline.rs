@@ -796,9 +796,6 @@ impl Watch {
     }
 }
 
-/// Resolves when the attempt's node has shown no progress for
-/// `allowance` (counted from `from` or its last progress, whichever is
-/// later).
 /// Runs `fut`, calling `mark` once if it is still pending `after` (never
 /// without one).
 async fn marking<T>(
@@ -818,6 +815,9 @@ async fn marking<T>(
     fut.await
 }
 
+/// Resolves when the attempt's node has shown no progress for
+/// `allowance` (counted from `from` or its last progress, whichever is
+/// later).
 async fn stalled(
     st: &ProxyState,
     watch: &Watch,
