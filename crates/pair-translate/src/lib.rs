@@ -27,9 +27,16 @@ pub struct TranslateError {
 }
 
 impl TranslateError {
+    /// An empty field name (a request may carry the key `""`) is named as
+    /// JSON spells it, so a refusal always says what it refused.
     pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        let field = field.into();
         Self {
-            field: field.into(),
+            field: if field.is_empty() {
+                "\"\"".to_owned()
+            } else {
+                field
+            },
             reason: reason.into(),
         }
     }

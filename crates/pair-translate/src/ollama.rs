@@ -818,6 +818,14 @@ mod tests {
         assert_eq!(e.field, "format");
         let e = translate(Route::OllamaChat, br#"{"messages":[]}"#, AT).unwrap_err();
         assert_eq!(e.field, "model");
+        // A key with no name is named as JSON spells it.
+        let e = translate(
+            Route::OllamaGenerate,
+            br#"{"model":"m","prompt":"x","raw":true,"":true}"#,
+            AT,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "\"\"");
     }
 
     #[test]
