@@ -144,6 +144,7 @@ pub(crate) fn request(
         target: Target::Chat,
         body,
         answer: Answer::new(model, streaming, created_at).into(),
+        dropped: Vec::new(),
     })
 }
 

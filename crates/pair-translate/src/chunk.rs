@@ -39,6 +39,10 @@ pub(crate) struct Choice<'a> {
 pub(crate) struct Delta<'a> {
     #[serde(default, borrow)]
     pub(crate) content: Option<Cow<'a, str>>,
+    /// A reasoning model's thinking (llama.cpp, vLLM: `reasoning_content`;
+    /// Ollama and newer vLLM: `reasoning`).
+    #[serde(default, borrow, alias = "reasoning")]
+    pub(crate) reasoning_content: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     pub(crate) tool_calls: Option<Vec<ToolCall<'a>>>,
 }

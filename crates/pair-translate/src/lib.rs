@@ -3,17 +3,22 @@
 //! request every engine kind takes, and the engine's answer (whole, or its
 //! server-sent events chunk by chunk) becomes the client's shape again.
 //!
-//! One module owns each mapping: [`ollama`] (Ollama client, OpenAI engine)
-//! and [`anthropic`] (Anthropic client, OpenAI engine); [`frame`] cuts a
-//! stream into events. What cannot be mapped is a [`TranslateError`]
-//! naming the field (a 400 for the client), never a silent drop of
-//! something that changes the answer. Clocks are arguments: durations and
-//! timestamps come from the caller.
+//! One module owns each mapping: [`ollama`] (Ollama client, OpenAI engine),
+//! [`anthropic`] (Anthropic client, OpenAI engine) and [`responses`]
+//! (OpenAI Responses client, any engine's chat completions); [`frame`]
+//! cuts a stream into events. [`fields`] holds the one rule for fields
+//! the engine lacks: each is mapped, dropped (named in the
+//! [`Translated::dropped`] list, `x-pair-dropped`) or refused (a
+//! [`TranslateError`] naming the field, a 400 for the client), never a
+//! silent drop of something that changes the answer. Clocks are
+//! arguments: durations and timestamps come from the caller.
 
 pub mod anthropic;
 mod chunk;
+pub mod fields;
 pub mod frame;
 pub mod ollama;
+pub mod responses;
 
 use serde_json::Value;
 
@@ -57,6 +62,8 @@ pub enum Route {
     OllamaShow,
     /// Anthropic messages.
     AnthropicMessages,
+    /// OpenAI's Responses API.
+    OpenAiResponses,
 }
 
 impl Route {
@@ -64,6 +71,7 @@ impl Route {
     pub fn label(self) -> &'static str {
         match self {
             Route::AnthropicMessages => "anthropic->openai",
+            Route::OpenAiResponses => "responses->chat",
             _ => "ollama->openai",
         }
     }
@@ -90,6 +98,9 @@ pub struct Translated {
     pub target: Target,
     pub body: Vec<u8>,
     pub answer: Answer,
+    /// The client's fields left out by rule ([`fields::Rule::Dropped`]),
+    /// for `x-pair-dropped`.
+    pub dropped: Vec<String>,
 }
 
 /// Translates a client's request body for `route` (see [`Translated`]).
@@ -103,6 +114,7 @@ pub fn request(route: Route, body: &[u8], created_at: &str) -> Result<Translated
     };
     match route {
         Route::AnthropicMessages => anthropic::request(req, created_at),
+        Route::OpenAiResponses => responses::request(req, created_at),
         _ => ollama::request(route, req, created_at),
     }
 }
@@ -126,6 +138,7 @@ pub struct Answer {
 enum AnswerKind {
     Ollama(ollama::Answer),
     Anthropic(anthropic::Answer),
+    Responses(responses::Answer),
 }
 
 impl Answer {
@@ -134,6 +147,7 @@ impl Answer {
         match &self.inner {
             AnswerKind::Ollama(a) => a.content_type(),
             AnswerKind::Anthropic(a) => a.content_type(),
+            AnswerKind::Responses(a) => a.content_type(),
         }
     }
 
@@ -142,6 +156,7 @@ impl Answer {
         match &self.inner {
             AnswerKind::Ollama(a) => a.streaming(),
             AnswerKind::Anthropic(a) => a.streaming(),
+            AnswerKind::Responses(a) => a.streaming(),
         }
     }
 
@@ -151,6 +166,7 @@ impl Answer {
         match &self.inner {
             AnswerKind::Ollama(a) => a.whole(status, body, timing),
             AnswerKind::Anthropic(a) => a.whole(status, body),
+            AnswerKind::Responses(a) => a.whole(status, body),
         }
     }
 
@@ -160,6 +176,7 @@ impl Answer {
         match &mut self.inner {
             AnswerKind::Ollama(a) => a.push(bytes, timing, out),
             AnswerKind::Anthropic(a) => a.push(bytes, out),
+            AnswerKind::Responses(a) => a.push(bytes, out),
         }
     }
 
@@ -169,6 +186,7 @@ impl Answer {
         match &mut self.inner {
             AnswerKind::Ollama(a) => a.finish(timing, out),
             AnswerKind::Anthropic(a) => a.finish(out),
+            AnswerKind::Responses(a) => a.finish(out),
         }
     }
 
@@ -177,6 +195,7 @@ impl Answer {
         match &self.inner {
             AnswerKind::Ollama(a) => a.done(),
             AnswerKind::Anthropic(a) => a.done(),
+            AnswerKind::Responses(a) => a.done(),
         }
     }
 
@@ -186,6 +205,7 @@ impl Answer {
         match &self.inner {
             AnswerKind::Ollama(_) => ollama::error_line(message),
             AnswerKind::Anthropic(_) => anthropic::error_event(message),
+            AnswerKind::Responses(a) => a.error_event(message),
         }
     }
 }
@@ -194,6 +214,14 @@ impl From<ollama::Answer> for Answer {
     fn from(a: ollama::Answer) -> Self {
         Answer {
             inner: AnswerKind::Ollama(a),
+        }
+    }
+}
+
+impl From<responses::Answer> for Answer {
+    fn from(a: responses::Answer) -> Self {
+        Answer {
+            inner: AnswerKind::Responses(a),
         }
     }
 }

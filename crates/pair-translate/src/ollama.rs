@@ -9,9 +9,11 @@ use serde_json::{Map, Value, json};
 
 use crate::chunk::Chunk;
 use crate::frame::{Event, Framing, Splitter};
+use crate::fields::{self, Sorted};
 use crate::{Route, Target, Timing, TranslateError, Translated, kind_of};
 
-/// `options` that map onto OpenAI fields, and their names there.
+/// `options` that map onto OpenAI fields, and their names there (the
+/// rest are sorted by [`fields::OLLAMA_OPTIONS`]).
 const OPTIONS: &[(&str, &str)] = &[
     ("num_predict", "max_tokens"),
     ("temperature", "temperature"),
@@ -25,23 +27,8 @@ const OPTIONS: &[(&str, &str)] = &[
     ("repeat_penalty", "repeat_penalty"),
 ];
 
-/// `options` about where and how the model runs, not what it answers:
-/// an OpenAI engine fixed them at its start, so they are dropped.
-const RUNTIME_OPTIONS: &[&str] = &[
-    "num_ctx",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "num_thread",
-    "low_vram",
-    "use_mmap",
-    "use_mlock",
-    "numa",
-    "num_keep",
-];
-
-/// Top-level fields that do not change the answer.
-const DROPPED: &[&str] = &["keep_alive", "stream", "model", "options", "think"];
+/// Top-level fields every route takes care of itself.
+const HANDLED: &[&str] = &["stream", "model", "options"];
 
 pub(crate) fn request(
     route: Route,
@@ -58,12 +45,14 @@ pub(crate) fn request(
     };
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.clone()));
+    let mut sorted = Sorted::default();
     let target = match route {
         Route::OllamaShow => {
             return Ok(Translated {
                 target: Target::Models,
                 body: Vec::new(),
                 answer: Answer::new(route, model, false, false, created_at).into(),
+                dropped: Vec::new(),
             });
         }
         Route::OllamaEmbed => {
@@ -71,17 +60,7 @@ pub(crate) fn request(
                 .remove("input")
                 .ok_or_else(|| TranslateError::new("input", "required"))?;
             out.insert("input".into(), input);
-            refuse_rest(
-                &req,
-                &[
-                    "model",
-                    "input",
-                    "truncate",
-                    "keep_alive",
-                    "options",
-                    "dimensions",
-                ],
-            )?;
+            sorted.rest(&req, "", &[fields::OLLAMA_COMMON], &[HANDLED, &["dimensions"]].concat())?;
             if let Some(d) = req.remove("dimensions") {
                 out.insert("dimensions".into(), d);
             }
@@ -92,7 +71,7 @@ pub(crate) fn request(
                 .remove("prompt")
                 .ok_or_else(|| TranslateError::new("prompt", "required"))?;
             out.insert("input".into(), prompt);
-            refuse_rest(&req, &["model", "prompt", "keep_alive", "options"])?;
+            sorted.rest(&req, "", &[fields::OLLAMA_COMMON], HANDLED)?;
             Target::Embeddings
         }
         Route::OllamaChat => {
@@ -110,8 +89,8 @@ pub(crate) fn request(
             if let Some(tools) = req.remove("tools") {
                 out.insert("tools".into(), tools);
             }
-            common(&mut req, &mut out)?;
-            refuse_rest(&req, &["tools", "format"])?;
+            common(&mut req, &mut out, &mut sorted)?;
+            sorted.rest(&req, "", &[fields::OLLAMA_COMMON], HANDLED)?;
             Target::Chat
         }
         Route::OllamaGenerate => {
@@ -139,8 +118,8 @@ pub(crate) fn request(
                 req.remove(unsupported);
             }
             let system = req.remove("system");
-            common(&mut req, &mut out)?;
-            refuse_rest(&req, &["format"])?;
+            common(&mut req, &mut out, &mut sorted)?;
+            sorted.rest(&req, "", &[fields::OLLAMA_COMMON], HANDLED)?;
             if raw {
                 if system.is_some() {
                     return Err(TranslateError::new("system", "not taken with raw: true"));
@@ -157,7 +136,7 @@ pub(crate) fn request(
                 Target::Chat
             }
         }
-        Route::AnthropicMessages => unreachable_route()?,
+        Route::AnthropicMessages | Route::OpenAiResponses => unreachable_route()?,
     };
     if streaming {
         out.insert("stream".into(), Value::Bool(true));
@@ -178,6 +157,7 @@ pub(crate) fn request(
             created_at,
         )
         .into(),
+        dropped: sorted.dropped,
     })
 }
 
@@ -189,21 +169,18 @@ fn unreachable_route() -> Result<Target, TranslateError> {
 fn common(
     req: &mut Map<String, Value>,
     out: &mut Map<String, Value>,
+    sorted: &mut Sorted,
 ) -> Result<(), TranslateError> {
     if let Some(options) = req.remove("options") {
-        let Value::Object(options) = options else {
+        let Value::Object(mut options) = options else {
             return Err(TranslateError::new("options", "an object expected"));
         };
-        for (name, value) in options {
-            if let Some((_, to)) = OPTIONS.iter().find(|(from, _)| *from == name) {
+        for (from, to) in OPTIONS {
+            if let Some(value) = options.remove(*from) {
                 out.insert((*to).into(), value);
-            } else if !RUNTIME_OPTIONS.contains(&name.as_str()) {
-                return Err(TranslateError::new(
-                    format!("options.{name}"),
-                    "has no equivalent on an OpenAI-compatible engine",
-                ));
             }
         }
+        sorted.rest(&options, "options.", &[fields::OLLAMA_OPTIONS], &[])?;
     }
     match req.remove("format") {
         None | Some(Value::Null) => {}
@@ -223,20 +200,6 @@ fn common(
                 format!("\"json\" or a JSON schema expected, got {other}"),
             ));
         }
-    }
-    Ok(())
-}
-
-/// Fails on any field of `req` not dropped on purpose nor in `handled`.
-fn refuse_rest(req: &Map<String, Value>, handled: &[&str]) -> Result<(), TranslateError> {
-    for (k, v) in req {
-        if v.is_null() || DROPPED.contains(&k.as_str()) || handled.contains(&k.as_str()) {
-            continue;
-        }
-        return Err(TranslateError::new(
-            k.clone(),
-            "has no equivalent on an OpenAI-compatible engine",
-        ));
     }
     Ok(())
 }
