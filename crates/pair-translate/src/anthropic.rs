@@ -10,100 +10,128 @@ use std::borrow::Cow;
 use serde_json::{Map, Value, json};
 
 use crate::chunk::Chunk;
+use crate::fields::{self, Sorted};
 use crate::frame::{Event, Framing, Splitter};
 use crate::{Target, TranslateError, Translated, kind_of};
 
-/// Fields that change nothing an OpenAI engine does.
-const DROPPED: &[&str] = &[
+/// Fields this translation takes care of itself (the table says how).
+const HANDLED: &[&str] = &[
     "model",
+    "max_tokens",
     "stream",
-    "metadata",
-    "service_tier",
-    "container",
-    "mcp_servers",
+    "system",
+    "messages",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_format",
 ];
 
 pub(crate) fn request(
-    mut req: Map<String, Value>,
+    req: Map<String, Value>,
     created_at: &str,
+    traits: crate::EngineTraits,
 ) -> Result<Translated, TranslateError> {
-    let model = match req.remove("model") {
-        Some(Value::String(m)) if !m.is_empty() => m,
+    let (out, model, streaming, thinking, dropped) = chat(req, false)?;
+    let mut out = out;
+    crate::place_system(&mut out, traits);
+    let body = serde_json::to_vec(&Value::Object(out))
+        .map_err(|e| TranslateError::new("body", e.to_string()))?;
+    Ok(Translated {
+        target: Target::Chat,
+        body,
+        answer: Answer::new(model, streaming, thinking, created_at).into(),
+        dropped,
+    })
+}
+
+/// `POST /v1/messages/count_tokens`: the same request, answered by the
+/// engine's own tokenizer and chat template (a one-token completion whose
+/// `usage.prompt_tokens` is the count). An engine that reports no usage
+/// gets an estimate from the request's length, and the answer says so.
+pub(crate) fn count_tokens(
+    req: Map<String, Value>,
+    traits: crate::EngineTraits,
+) -> Result<Translated, TranslateError> {
+    let (mut out, model, _, _, dropped) = chat(req, true)?;
+    crate::place_system(&mut out, traits);
+    out.insert("max_tokens".into(), 1.into());
+    out.insert("stream".into(), Value::Bool(false));
+    out.remove("stream_options");
+    let body = serde_json::to_vec(&Value::Object(out))
+        .map_err(|e| TranslateError::new("body", e.to_string()))?;
+    // About four bytes a token, for text in the languages models see most.
+    let estimate = (body.len() as u64).div_ceil(4);
+    Ok(Translated {
+        target: Target::Chat,
+        body,
+        answer: Answer::counting(model, estimate).into(),
+        dropped,
+    })
+}
+
+/// A Messages request as a chat completion's fields, with the model,
+/// whether it streams, whether it asked for thinking, and what was
+/// dropped. `counting`: a `count_tokens` body (no `max_tokens`).
+#[allow(clippy::type_complexity)]
+fn chat(
+    mut req: Map<String, Value>,
+    counting: bool,
+) -> Result<(Map<String, Value>, String, bool, bool, Vec<String>), TranslateError> {
+    let model = match req.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => return Err(TranslateError::new("model", "a model name is required")),
     };
-    let max_tokens = req
-        .remove("max_tokens")
-        .and_then(|v| v.as_u64())
-        .ok_or_else(|| TranslateError::new("max_tokens", "required, a positive integer"))?;
-    let streaming = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let max_tokens = match req.get("max_tokens") {
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| TranslateError::new("max_tokens", "a positive integer expected"))?,
+        ),
+        None if counting => None,
+        None => {
+            return Err(TranslateError::new(
+                "max_tokens",
+                "required, a positive integer",
+            ));
+        }
+    };
+    let streaming = !counting && req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.clone()));
-    out.insert("max_tokens".into(), max_tokens.into());
+    if let Some(n) = max_tokens {
+        out.insert("max_tokens".into(), n.into());
+    }
     let mut messages = Vec::new();
     match req.remove("system") {
         None | Some(Value::Null) => {}
-        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
-        Some(Value::Array(blocks)) => {
-            let text = blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| match b["type"].as_str() {
-                    Some("text") => Ok(b["text"].as_str().unwrap_or_default().to_owned()),
-                    _ => Err(TranslateError::new(
-                        format!("system[{i}]"),
-                        "only text blocks are taken",
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .join("\n");
-            messages.push(json!({"role": "system", "content": text}));
-        }
-        Some(other) => {
-            return Err(TranslateError::new(
-                "system",
-                format!("a string or text blocks expected, got {}", kind_of(&other)),
-            ));
+        Some(system) => {
+            messages.push(json!({"role": "system", "content": system_text("system", &system)?}))
         }
     }
-    let Some(Value::Array(turns)) = req.remove("messages") else {
-        return Err(TranslateError::new("messages", "an array is required"));
+    let turns = match req.remove("messages") {
+        Some(Value::Array(turns)) => turns,
+        _ => return Err(TranslateError::new("messages", "an array is required")),
     };
     for (i, turn) in turns.into_iter().enumerate() {
         messages.extend(turn_messages(i, turn)?);
     }
     out.insert("messages".into(), Value::Array(messages));
-    if let Some(stop) = req.remove("stop_sequences") {
+    if let Some(stop) = req.remove("stop_sequences").filter(|v| !v.is_null()) {
         out.insert("stop".into(), stop);
     }
     for k in ["temperature", "top_p", "top_k"] {
-        if let Some(v) = req.remove(k) {
+        if let Some(v) = req.remove(k).filter(|v| !v.is_null()) {
             out.insert(k.into(), v);
         }
     }
     if let Some(Value::Array(tools)) = req.remove("tools") {
-        let mut oa = Vec::with_capacity(tools.len());
-        for (i, t) in tools.into_iter().enumerate() {
-            if t.get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|ty| ty != "custom")
-            {
-                return Err(TranslateError::new(
-                    format!("tools[{i}].type"),
-                    "server tools cannot run on this engine",
-                ));
-            }
-            let name = t["name"]
-                .as_str()
-                .ok_or_else(|| TranslateError::new(format!("tools[{i}].name"), "required"))?;
-            oa.push(json!({"type": "function", "function": {
-                "name": name,
-                "description": t.get("description").cloned().unwrap_or(Value::Null),
-                "parameters": t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
-            }}));
-        }
-        out.insert("tools".into(), Value::Array(oa));
+        out.insert("tools".into(), Value::Array(tools_of(tools)?));
     }
-    if let Some(choice) = req.remove("tool_choice") {
+    if let Some(choice) = req.remove("tool_choice").filter(|v| !v.is_null()) {
         let oa = match choice["type"].as_str() {
             Some("auto") => json!("auto"),
             Some("any") => json!("required"),
@@ -116,36 +144,111 @@ pub(crate) fn request(
                 ));
             }
         };
+        if choice["disable_parallel_tool_use"].as_bool() == Some(true) {
+            out.insert("parallel_tool_calls".into(), Value::Bool(false));
+        }
         out.insert("tool_choice".into(), oa);
     }
-    if let Some(thinking) = req.remove("thinking")
-        && thinking["type"].as_str() == Some("enabled")
-    {
-        return Err(TranslateError::new(
-            "thinking",
-            "extended thinking is not available on this engine",
-        ));
-    }
-    for (k, v) in &req {
-        if !v.is_null() && !DROPPED.contains(&k.as_str()) {
+    // Any type of thinking is taken: the engine's model reasons as it
+    // does, and its reasoning comes back as thinking blocks when asked.
+    let thinking = match req.remove("thinking") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(t)) => t.get("type").and_then(Value::as_str) != Some("disabled"),
+        Some(other) => {
             return Err(TranslateError::new(
-                k.clone(),
-                "has no equivalent on an OpenAI-compatible engine",
+                "thinking",
+                format!("an object expected, got {}", kind_of(&other)),
             ));
         }
+    };
+    let format = match req.remove("output_config") {
+        Some(Value::Object(mut config)) => {
+            let format = config.remove("format");
+            req.insert("output_config".into(), Value::Object(config));
+            format
+        }
+        other => {
+            if let Some(other) = other {
+                req.insert("output_config".into(), other);
+            }
+            None
+        }
     }
-    out.insert("stream".into(), Value::Bool(streaming));
+    .or_else(|| req.remove("output_format"));
+    if let Some(format) = format.filter(|f| !f.is_null()) {
+        out.insert("response_format".into(), response_format(&format)?);
+    }
+    let mut sorted = Sorted::default();
+    sorted.rest(&req, "", &[fields::ANTHROPIC_MESSAGES], HANDLED)?;
     if streaming {
+        out.insert("stream".into(), Value::Bool(true));
         out.insert("stream_options".into(), json!({"include_usage": true}));
+    } else {
+        out.insert("stream".into(), Value::Bool(false));
     }
-    let body = serde_json::to_vec(&Value::Object(out))
-        .map_err(|e| TranslateError::new("body", e.to_string()))?;
-    Ok(Translated {
-        target: Target::Chat,
-        body,
-        answer: Answer::new(model, streaming, created_at).into(),
-        dropped: Vec::new(),
-    })
+    Ok((out, model, streaming, thinking, sorted.dropped))
+}
+
+/// A system prompt (a string or text blocks) as one text.
+fn system_text(at: &str, v: &Value) -> Result<String, TranslateError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => Ok(blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| match b["type"].as_str() {
+                Some("text") => Ok(b["text"].as_str().unwrap_or_default().to_owned()),
+                _ => Err(TranslateError::new(
+                    format!("{at}[{i}]"),
+                    "only text blocks are taken",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join("\n")),
+        other => Err(TranslateError::new(
+            at,
+            format!("a string or text blocks expected, got {}", kind_of(other)),
+        )),
+    }
+}
+
+/// Client tools as OpenAI function tools; Anthropic's server tools cannot
+/// run on a local engine.
+fn tools_of(tools: Vec<Value>) -> Result<Vec<Value>, TranslateError> {
+    let mut oa = Vec::with_capacity(tools.len());
+    for (i, t) in tools.into_iter().enumerate() {
+        if t.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|ty| ty != "custom")
+        {
+            return Err(TranslateError::new(
+                format!("tools[{i}].type"),
+                "server tools cannot run on this engine",
+            ));
+        }
+        let name = t["name"]
+            .as_str()
+            .ok_or_else(|| TranslateError::new(format!("tools[{i}].name"), "required"))?;
+        oa.push(json!({"type": "function", "function": {
+            "name": name,
+            "description": t.get("description").cloned().unwrap_or(Value::Null),
+            "parameters": t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
+        }}));
+    }
+    Ok(oa)
+}
+
+/// Anthropic's structured output (`{"type": "json_schema", "schema"}`) as
+/// OpenAI's `response_format`.
+fn response_format(f: &Value) -> Result<Value, TranslateError> {
+    match f["type"].as_str() {
+        Some("json_schema") => Ok(json!({"type": "json_schema", "json_schema": {
+            "name": "response", "schema": f["schema"], "strict": true}})),
+        _ => Err(TranslateError::new(
+            "output_config.format",
+            "a json_schema format expected",
+        )),
+    }
 }
 
 /// One Anthropic turn as OpenAI messages: a user turn's `tool_result`
@@ -154,11 +257,21 @@ pub(crate) fn request(
 fn turn_messages(i: usize, turn: Value) -> Result<Vec<Value>, TranslateError> {
     let role = turn["role"]
         .as_str()
-        .filter(|r| *r == "user" || *r == "assistant")
+        .filter(|r| matches!(*r, "user" | "assistant" | "system"))
         .ok_or_else(|| {
-            TranslateError::new(format!("messages[{i}].role"), "user or assistant expected")
+            TranslateError::new(
+                format!("messages[{i}].role"),
+                "user, assistant or system expected",
+            )
         })?
         .to_owned();
+    if role == "system" {
+        // A system message in the conversation (Claude Code sends them):
+        // kept at its place; `place_system` merges it into the leading
+        // one for an engine whose template takes only that.
+        let text = system_text(&format!("messages[{i}].content"), &turn["content"])?;
+        return Ok(vec![json!({"role": "system", "content": text})]);
+    }
     let blocks = match &turn["content"] {
         Value::String(s) => return Ok(vec![json!({"role": role, "content": s})]),
         Value::Array(b) => b.clone(),
@@ -247,6 +360,14 @@ fn turn_messages(i: usize, turn: Value) -> Result<Vec<Value>, TranslateError> {
     Ok(out)
 }
 
+/// A whole answer's reasoning (`reasoning_content`, or `reasoning`).
+fn reasoning_of(message: &Value) -> Option<&str> {
+    message["reasoning_content"]
+        .as_str()
+        .or_else(|| message["reasoning"].as_str())
+        .filter(|t| !t.is_empty())
+}
+
 /// Anthropic's `stop_reason` for OpenAI's `finish_reason`.
 fn stop_reason(finish: Option<&str>) -> &'static str {
     match finish {
@@ -311,6 +432,8 @@ struct BlockDelta<'a> {
 enum DeltaBody<'a> {
     #[serde(rename = "text_delta")]
     Text { text: &'a str },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
     #[serde(rename = "input_json_delta")]
     InputJson { partial_json: &'a str },
 }
@@ -318,6 +441,7 @@ enum DeltaBody<'a> {
 /// What the stream has open.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Block {
+    Thinking,
     Text,
     /// A tool call, by its index in OpenAI's `tool_calls`.
     Tool(u64),
@@ -328,6 +452,12 @@ enum Block {
 pub struct Answer {
     model: String,
     streaming: bool,
+    /// The client asked for thinking: the engine's reasoning comes back
+    /// as thinking blocks (else it is left out).
+    thinking: bool,
+    /// A `count_tokens` answer, with the estimate for an engine that
+    /// reports no usage.
+    counting: Option<u64>,
     id: String,
     splitter: Splitter,
     events: Vec<Event>,
@@ -343,7 +473,13 @@ pub struct Answer {
 }
 
 impl Answer {
-    fn new(model: String, streaming: bool, created_at: &str) -> Self {
+    fn counting(model: String, estimate: u64) -> Self {
+        let mut a = Self::new(model, false, false, "");
+        a.counting = Some(estimate);
+        a
+    }
+
+    fn new(model: String, streaming: bool, thinking: bool, created_at: &str) -> Self {
         // An id that differs per request: the node's timestamp, digits only.
         let id = format!(
             "msg_pair{}",
@@ -355,6 +491,8 @@ impl Answer {
         Self {
             model,
             streaming,
+            thinking,
+            counting: None,
             id,
             splitter: Splitter::new(Framing::Sse),
             events: Vec::new(),
@@ -392,8 +530,20 @@ impl Answer {
         let Ok(v) = serde_json::from_slice::<Value>(body) else {
             return error_body(502, "the engine's answer is not JSON");
         };
+        if let Some(estimate) = self.counting {
+            let counted = v["usage"]["prompt_tokens"].as_u64();
+            let answer = match counted {
+                Some(n) => json!({"input_tokens": n}),
+                None => json!({"input_tokens": estimate, "estimated": true}),
+            };
+            return serde_json::to_vec(&answer).unwrap_or_default();
+        }
         let choice = &v["choices"][0];
         let mut content = Vec::new();
+        let message = &choice["message"];
+        if let Some(thinking) = reasoning_of(message).filter(|_| self.thinking) {
+            content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+        }
         if let Some(text) = choice["message"]["content"]
             .as_str()
             .filter(|t| !t.is_empty())
@@ -523,6 +673,28 @@ impl Answer {
         };
         self.start(out);
         let delta = choice.delta.unwrap_or_default();
+        if let Some(thinking) = delta
+            .reasoning_content
+            .filter(|t| self.thinking && !t.is_empty())
+        {
+            self.deltas += 1;
+            let index = self.open(
+                Block::Thinking,
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                out,
+            );
+            event(
+                out,
+                "content_block_delta",
+                &BlockDelta {
+                    kind: "content_block_delta",
+                    index,
+                    delta: DeltaBody::Thinking {
+                        thinking: &thinking,
+                    },
+                },
+            );
+        }
         if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
             self.deltas += 1;
             let index = self.open(Block::Text, json!({"type": "text", "text": ""}), out);
@@ -630,6 +802,158 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.field, "max_tokens");
+    }
+
+    /// What Claude Code's first request carries beyond the basics.
+    const CLAUDE_CODE: &[u8] = br#"{"model":"qwen2.5:7b","max_tokens":32000,"stream":true,
+        "system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+        "messages":[{"role":"user","content":[{"type":"text","text":"say hi","cache_control":{"type":"ephemeral"}}]},
+                    {"role":"system","content":"<system-reminder>cwd is /tmp</system-reminder>"},
+                    {"role":"user","content":"go on"}],
+        "thinking":{"type":"adaptive"},"metadata":{"user_id":"u1"},
+        "context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},
+        "output_config":{"effort":"high"},"temperature":1}"#;
+
+    #[test]
+    fn claude_codes_request_keeps_its_system_messages_and_names_what_it_drops() {
+        let t = crate::request_for(
+            Route::AnthropicMessages,
+            CLAUDE_CODE,
+            AT,
+            crate::EngineTraits {
+                system_anywhere: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            t.dropped,
+            ["context_management", "metadata", "output_config.effort"]
+        );
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        let roles: Vec<&str> = b["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "system", "user"]);
+        // One system message only, where a template takes no other.
+        let t = translate(Route::AnthropicMessages, CLAUDE_CODE, AT).unwrap();
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(
+            b["messages"][0],
+            json!({"role": "system", "content": "You are Claude Code.\n\n<system-reminder>cwd is /tmp</system-reminder>"})
+        );
+        assert_eq!(b["messages"][1]["role"], "user");
+        assert_eq!(
+            b["messages"][2],
+            json!({"role": "user", "content": "go on"})
+        );
+        assert_eq!(b["messages"].as_array().unwrap().len(), 3);
+        // What changes the text and cannot be had is refused, by name.
+        let e = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[],"mcp_servers":[{"type":"url","url":"https://x"}]}"#,
+            AT,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "mcp_servers");
+        let e = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"robot","content":"x"}]}"#,
+            AT,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "messages[0].role");
+    }
+
+    #[test]
+    fn structured_output_and_parallel_tool_use_map_to_openai() {
+        let t = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},
+                 "tool_choice":{"type":"auto","disable_parallel_tool_use":true}}"#,
+            AT,
+        )
+        .unwrap();
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(b["response_format"]["type"], "json_schema");
+        assert_eq!(
+            b["response_format"]["json_schema"]["schema"],
+            json!({"type": "object"})
+        );
+        assert_eq!(b["parallel_tool_calls"], false);
+        assert!(t.dropped.is_empty());
+    }
+
+    #[test]
+    fn reasoning_becomes_thinking_blocks_only_when_thinking_was_asked_for() {
+        let answer = br#"{"choices":[{"message":{"content":"hi","reasoning_content":"let me see"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        for (thinking, want) in [
+            (r#","thinking":{"type":"enabled","budget_tokens":1024}"#, 2),
+            (r#","thinking":{"type":"disabled"}"#, 1),
+            ("", 1),
+        ] {
+            let req = format!(r#"{{"model":"m","max_tokens":5,"messages":[]{thinking}}}"#);
+            let t = translate(Route::AnthropicMessages, req.as_bytes(), AT).unwrap();
+            let v: Value =
+                serde_json::from_slice(&t.answer.whole(200, answer, crate::Timing::default()))
+                    .unwrap();
+            assert_eq!(v["content"].as_array().unwrap().len(), want, "{thinking}");
+            if want == 2 {
+                assert_eq!(
+                    v["content"][0],
+                    json!({"type": "thinking", "thinking": "let me see", "signature": ""})
+                );
+            }
+        }
+        let mut t = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"stream":true,"messages":[],"thinking":{"type":"adaptive"}}"#,
+            AT,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        t.answer.push(b"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hmm\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n", crate::Timing::default(), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let thinking = text
+            .find(r#""type":"thinking_delta","thinking":"hmm""#)
+            .unwrap();
+        let said = text.find(r#""type":"text_delta","text":"Hi""#).unwrap();
+        assert!(thinking < said, "{text}");
+        assert!(
+            text.contains(r#""content_block":{"signature":"","thinking":"","type":"thinking"}"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn count_tokens_asks_the_engine_for_one_token_and_reads_its_usage() {
+        let t = translate(
+            Route::AnthropicCountTokens,
+            br#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"hello there"}],"tools":[{"name":"f","input_schema":{"type":"object"}}]}"#,
+            AT,
+        )
+        .unwrap();
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(b["max_tokens"], 1);
+        assert_eq!(b["stream"], false);
+        assert_eq!(b["tools"][0]["function"]["name"], "f");
+        let counted: Value = serde_json::from_slice(&t.answer.whole(
+            200,
+            br#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":42,"completion_tokens":1}}"#,
+            crate::Timing::default(),
+        ))
+        .unwrap();
+        assert_eq!(counted, json!({"input_tokens": 42}));
+        let estimated: Value = serde_json::from_slice(&t.answer.whole(
+            200,
+            br#"{"choices":[{"message":{"content":"x"}}]}"#,
+            crate::Timing::default(),
+        ))
+        .unwrap();
+        assert_eq!(estimated["estimated"], true);
+        assert!(estimated["input_tokens"].as_u64().unwrap() > 10);
     }
 
     #[test]

@@ -93,7 +93,10 @@ pub const ANTHROPIC_MESSAGES: &[Field] = &[
         "context_management",
         "Anthropic's server-side editing of long contexts; the engine gets the context whole",
     ),
-    dropped("cache_control", "a prompt-cache hint for Anthropic's servers"),
+    dropped(
+        "cache_control",
+        "a prompt-cache hint for Anthropic's servers",
+    ),
     dropped("inference_geo", "where Anthropic runs the request"),
     dropped("container", "Anthropic's code-execution container"),
     refused(
@@ -116,7 +119,10 @@ pub const OPENAI_RESPONSES: &[Field] = &[
     mapped("stream"),
     nested("text"),
     mapped("text.format"),
-    dropped("text.verbosity", "a hint to OpenAI's models on answer length"),
+    dropped(
+        "text.verbosity",
+        "a hint to OpenAI's models on answer length",
+    ),
     nested("reasoning"),
     dropped(
         "reasoning.effort",
@@ -140,7 +146,10 @@ pub const OPENAI_RESPONSES: &[Field] = &[
         "safety_identifier",
         "the caller's id for OpenAI's abuse checks",
     ),
-    dropped("prompt_cache_key", "a prompt-cache hint for OpenAI's servers"),
+    dropped(
+        "prompt_cache_key",
+        "a prompt-cache hint for OpenAI's servers",
+    ),
     dropped(
         "prompt_cache_retention",
         "a prompt-cache hint for OpenAI's servers",
@@ -177,36 +186,38 @@ pub const OPENAI_RESPONSES: &[Field] = &[
 
 /// Ollama's `options`, on an OpenAI-compatible engine.
 pub const OLLAMA_OPTIONS: &[Field] = &[
-    mapped("num_predict"),
-    mapped("temperature"),
-    mapped("top_p"),
-    mapped("top_k"),
-    mapped("min_p"),
-    mapped("stop"),
-    mapped("seed"),
-    mapped("frequency_penalty"),
-    mapped("presence_penalty"),
-    mapped("repeat_penalty"),
-    dropped("num_ctx", RUNTIME),
-    dropped("num_batch", RUNTIME),
-    dropped("num_gpu", RUNTIME),
-    dropped("main_gpu", RUNTIME),
-    dropped("num_thread", RUNTIME),
-    dropped("low_vram", RUNTIME),
-    dropped("use_mmap", RUNTIME),
-    dropped("use_mlock", RUNTIME),
-    dropped("numa", RUNTIME),
-    dropped("num_keep", RUNTIME),
-    refused("mirostat", SAMPLER),
-    refused("mirostat_eta", SAMPLER),
-    refused("mirostat_tau", SAMPLER),
-    refused("tfs_z", SAMPLER),
-    refused("typical_p", SAMPLER),
-    refused("repeat_last_n", SAMPLER),
-    refused("penalize_newline", SAMPLER),
+    nested("options"),
+    mapped("options.num_predict"),
+    mapped("options.temperature"),
+    mapped("options.top_p"),
+    mapped("options.top_k"),
+    mapped("options.min_p"),
+    mapped("options.stop"),
+    mapped("options.seed"),
+    mapped("options.frequency_penalty"),
+    mapped("options.presence_penalty"),
+    mapped("options.repeat_penalty"),
+    dropped("options.num_ctx", RUNTIME),
+    dropped("options.num_batch", RUNTIME),
+    dropped("options.num_gpu", RUNTIME),
+    dropped("options.main_gpu", RUNTIME),
+    dropped("options.num_thread", RUNTIME),
+    dropped("options.low_vram", RUNTIME),
+    dropped("options.use_mmap", RUNTIME),
+    dropped("options.use_mlock", RUNTIME),
+    dropped("options.numa", RUNTIME),
+    dropped("options.num_keep", RUNTIME),
+    refused("options.mirostat", SAMPLER),
+    refused("options.mirostat_eta", SAMPLER),
+    refused("options.mirostat_tau", SAMPLER),
+    refused("options.tfs_z", SAMPLER),
+    refused("options.typical_p", SAMPLER),
+    refused("options.repeat_last_n", SAMPLER),
+    refused("options.penalize_newline", SAMPLER),
 ];
 
-const RUNTIME: &str = "where and how the engine runs the model, fixed when an OpenAI-compatible engine starts";
+const RUNTIME: &str =
+    "where and how the engine runs the model, fixed when an OpenAI-compatible engine starts";
 const SAMPLER: &str = "a sampler setting an OpenAI-compatible engine does not take";
 
 /// Ollama's top-level fields that no Ollama route maps on an
@@ -333,7 +344,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             d,
-            ["context_management", "output_config.effort", "metadata"]
+            ["context_management", "metadata", "output_config.effort"]
         );
         let e = sort(
             json!({"mcp_servers": [{"url": "x"}]}),

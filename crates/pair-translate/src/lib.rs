@@ -20,7 +20,7 @@ pub mod frame;
 pub mod ollama;
 pub mod responses;
 
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 
 /// A client request that cannot be put in the engine's shape.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -62,6 +62,8 @@ pub enum Route {
     OllamaShow,
     /// Anthropic messages.
     AnthropicMessages,
+    /// Anthropic's token count for a messages request.
+    AnthropicCountTokens,
     /// OpenAI's Responses API.
     OpenAiResponses,
 }
@@ -70,7 +72,7 @@ impl Route {
     /// The receipt's name for it (`x-pair-translated`).
     pub fn label(self) -> &'static str {
         match self {
-            Route::AnthropicMessages => "anthropic->openai",
+            Route::AnthropicMessages | Route::AnthropicCountTokens => "anthropic->openai",
             Route::OpenAiResponses => "responses->chat",
             _ => "ollama->openai",
         }
@@ -103,20 +105,74 @@ pub struct Translated {
     pub dropped: Vec<String>,
 }
 
-/// Translates a client's request body for `route` (see [`Translated`]).
-/// `created_at` is the node's clock when the request came (RFC 3339), for
-/// the answer's timestamps.
+/// What the engine that runs a translated request takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineTraits {
+    /// Its chat templates take a system message anywhere in a
+    /// conversation (Ollama's do). Otherwise the text of every system
+    /// message after the first turn joins the leading system message,
+    /// the one place every chat template takes it.
+    pub system_anywhere: bool,
+}
+
+/// Translates a client's request body for `route` (see [`Translated`]),
+/// for an engine with the default [`EngineTraits`]. `created_at` is the
+/// node's clock when the request came (RFC 3339), for the answer's
+/// timestamps.
 pub fn request(route: Route, body: &[u8], created_at: &str) -> Result<Translated, TranslateError> {
+    request_for(route, body, created_at, EngineTraits::default())
+}
+
+/// [`request`] for an engine with these traits.
+pub fn request_for(
+    route: Route,
+    body: &[u8],
+    created_at: &str,
+    traits: EngineTraits,
+) -> Result<Translated, TranslateError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| TranslateError::new("body", format!("not JSON: {e}")))?;
     let Value::Object(req) = v else {
         return Err(TranslateError::new("body", "not a JSON object"));
     };
     match route {
-        Route::AnthropicMessages => anthropic::request(req, created_at),
+        Route::AnthropicMessages => anthropic::request(req, created_at, traits),
+        Route::AnthropicCountTokens => anthropic::count_tokens(req, traits),
         Route::OpenAiResponses => responses::request(req, created_at),
         _ => ollama::request(route, req, created_at),
     }
+}
+
+/// Puts a chat's system messages where the engine takes them: left at
+/// their place where it takes them anywhere; otherwise every system
+/// message after the first non-system one is merged, in order, into the
+/// leading system message (made if there is none).
+pub(crate) fn place_system(out: &mut Map<String, Value>, traits: EngineTraits) {
+    if traits.system_anywhere {
+        return;
+    }
+    let Some(Value::Array(messages)) = out.get_mut("messages") else {
+        return;
+    };
+    let lead = messages
+        .iter()
+        .take_while(|m| m["role"] == "system")
+        .count();
+    if !messages[lead..].iter().any(|m| m["role"] == "system") {
+        return;
+    }
+    let mut texts: Vec<String> = Vec::new();
+    let mut rest = Vec::with_capacity(messages.len());
+    for (i, m) in std::mem::take(messages).into_iter().enumerate() {
+        if m["role"] == "system" {
+            texts.push(m["content"].as_str().unwrap_or_default().to_owned());
+        } else {
+            debug_assert!(i >= lead);
+            rest.push(m);
+        }
+    }
+    messages.push(json!({"role": "system", "content": texts.join("\n\n")}));
+    messages.extend(rest);
 }
 
 /// What the node measured of one answer (pure code has no clock).

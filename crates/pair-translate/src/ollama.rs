@@ -8,8 +8,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::chunk::Chunk;
-use crate::frame::{Event, Framing, Splitter};
 use crate::fields::{self, Sorted};
+use crate::frame::{Event, Framing, Splitter};
 use crate::{Route, Target, Timing, TranslateError, Translated, kind_of};
 
 /// `options` that map onto OpenAI fields, and their names there (the
@@ -60,7 +60,12 @@ pub(crate) fn request(
                 .remove("input")
                 .ok_or_else(|| TranslateError::new("input", "required"))?;
             out.insert("input".into(), input);
-            sorted.rest(&req, "", &[fields::OLLAMA_COMMON], &[HANDLED, &["dimensions"]].concat())?;
+            sorted.rest(
+                &req,
+                "",
+                &[fields::OLLAMA_COMMON],
+                &[HANDLED, &["dimensions"]].concat(),
+            )?;
             if let Some(d) = req.remove("dimensions") {
                 out.insert("dimensions".into(), d);
             }
@@ -136,7 +141,9 @@ pub(crate) fn request(
                 Target::Chat
             }
         }
-        Route::AnthropicMessages | Route::OpenAiResponses => unreachable_route()?,
+        Route::AnthropicMessages | Route::AnthropicCountTokens | Route::OpenAiResponses => {
+            unreachable_route()?
+        }
     };
     if streaming {
         out.insert("stream".into(), Value::Bool(true));

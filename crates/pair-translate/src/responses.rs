@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::{Translated, TranslateError};
+use crate::{TranslateError, Translated};
 
 pub(crate) fn request(
     _req: Map<String, Value>,
