@@ -50,12 +50,13 @@ if mode in ("ollama", "both"):
     check(s.details is not None, f"show {s}")
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    r = tools_too and ol.chat(model=model, messages=[{"role": "user", "content": "weather in Oslo?"}], tools=tools)
+    r = tools_too and ol.chat(model=model, messages=[{"role": "user", "content": 'weather in Oslo? get_weather({"city": "Oslo"})'}], tools=tools)
     if tools_too:
         calls = r.message.tool_calls or []
-        check(calls and calls[0].function.name == "get_weather", f"tool call {r.message}")
+        check(calls and calls[0].function.name == "get_weather"
+          and calls[0].function.arguments == {"city": "Oslo"}, f"tool call {r.message}")
         back = ol.chat(model=model, tools=tools, messages=[
-            {"role": "user", "content": "weather in Oslo?"},
+            {"role": "user", "content": 'weather in Oslo? get_weather({"city": "Oslo"})'},
             {"role": "assistant", "content": "", "tool_calls": [c.model_dump() for c in calls]},
             {"role": "tool", "content": "12C", "tool_name": "get_weather"},
         ], options={"num_predict": 5})
@@ -78,10 +79,11 @@ if mode in ("anthropic", "both"):
     if tools_too:
         tools = [{"name": "get_weather", "description": "weather",
                   "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-        asked = [{"role": "user", "content": "weather in Oslo?"}]
+        asked = [{"role": "user", "content": 'weather in Oslo? get_weather({"city": "Oslo"})'}]
         m1 = an.messages.create(model=model, max_tokens=16, tools=tools, messages=asked)
         use = [b for b in m1.content if b.type == "tool_use"]
-        check(m1.stop_reason == "tool_use" and use and use[0].name == "get_weather", f"tool use {m1}")
+        check(m1.stop_reason == "tool_use" and use and use[0].name == "get_weather"
+          and use[0].input == {"city": "Oslo"}, f"tool use {m1}")
         m2 = an.messages.create(model=model, max_tokens=16, tools=tools, messages=asked + [
             {"role": "assistant", "content": m1.content},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "12C"}]},

@@ -226,7 +226,7 @@ async fn no_answer_at_all_gives_pair_s_502_naming_what_each_node_did() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_owner_gives_a_local_502_naming_the_model() {
+async fn an_unknown_model_is_a_404_naming_it_and_the_models_the_cluster_holds() {
     let c = cluster(2, |_| {}).await.unwrap();
     let resp = http()
         .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
@@ -234,9 +234,14 @@ async fn no_owner_gives_a_local_502_naming_the_model() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.status(), 404);
     let body: Value = resp.json().await.unwrap();
-    assert!(body["error"].as_str().unwrap().contains("no-such-model"));
+    let message = body["error"].as_str().unwrap();
+    assert!(message.contains("no-such-model"), "{message}");
+    assert!(
+        message.contains("llama3.2:3b") && message.contains("qwen2.5:7b"),
+        "{message}"
+    );
     let model_hits: u64 = c
         .engines
         .iter()
@@ -251,9 +256,24 @@ async fn no_owner_gives_a_local_502_naming_the_model() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.status(), 404);
     let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "no_eligible_node");
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert_eq!(
+        body["pair"]["models"],
+        json!(["llama3.2:3b", "nomic-embed-text", "qwen2.5:7b"])
+    );
+    // Anthropic's face and shape too.
+    let resp = http()
+        .post(format!("{}/v1/messages", c.nodes[0].openai_url()))
+        .json(&json!({"model": "no-such-model", "max_tokens": 5, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "not_found_error");
     c.stop().await;
 }
 

@@ -190,6 +190,18 @@ pub fn print_status(s: &Status) {
             engine_line(e)
         );
     }
+    for (i, a) in s.aliases.iter().enumerate() {
+        let by = if a.node == s.name {
+            "this node".to_owned()
+        } else {
+            format!("from {}", a.node)
+        };
+        println!(
+            "{:<12}{} ({by})",
+            if i == 0 { "aliases" } else { "" },
+            a.alias
+        );
+    }
 }
 
 /// `ollama http://127.0.0.1:11435 up, 1 slot: llama3.2:3b (loaded), qwen2.5:7b`

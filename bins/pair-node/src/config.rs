@@ -55,6 +55,12 @@ pub enum ConfigError {
     Emulated(#[source] pair_emulator::EmulatorError),
     #[error("--emulated-speed-scale must be a positive number, not {0}")]
     SpeedScale(f64),
+    #[error("invalid model alias {input:?}")]
+    Alias {
+        input: String,
+        #[source]
+        source: pair_core::CoreError,
+    },
     #[error("invalid static peer {input:?}")]
     Peer {
         input: String,
@@ -143,6 +149,7 @@ pub struct FileConfig {
     pub first_byte_timeout: Option<String>,
     pub engine_cmd: Option<String>,
     pub allowed_hosts: Option<Vec<String>>,
+    pub aliases: Option<Vec<String>>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<String>,
     pub head_timeout: Option<String>,
@@ -238,6 +245,12 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Vec<String>,
+    /// A model alias, PATTERN=MODEL (repeatable): requests for a model no
+    /// node holds whose name matches PATTERN (an exact name, or `*` for any
+    /// run of characters: 'claude-*=qwen2.5:7b') go to MODEL. Aliases hold
+    /// cluster-wide: every node applies every node's, its own first.
+    #[arg(long = "alias", env = "PAIR_ALIASES", value_delimiter = ',')]
+    pub aliases: Vec<String>,
     /// Open connections the faces and the cluster port hold in all; at the
     /// cap the longest-idle keep-alive connection is closed for a new one,
     /// and with none idle the new one gets 503. Default: the open-file
@@ -326,6 +339,8 @@ pub struct NodeConfig {
     pub event_loops: usize,
     /// Host names the faces accept besides loopback ones.
     pub allowed_hosts: Vec<String>,
+    /// Model aliases (`--alias`), advertised to the cluster.
+    pub aliases: Vec<pair_core::ModelAlias>,
     /// Cap on open connections (`None`: from the open-file limit).
     pub max_connections: Option<usize>,
     /// Where `/metrics` is served besides the faces (`--metrics-listen`).
@@ -473,6 +488,17 @@ impl NodeConfig {
             } else {
                 args.allowed_hosts
             },
+            aliases: if args.aliases.is_empty() {
+                file.aliases.unwrap_or_default()
+            } else {
+                args.aliases
+            }
+            .into_iter()
+            .map(|a| {
+                a.parse()
+                    .map_err(|source| ConfigError::Alias { input: a, source })
+            })
+            .collect::<Result<_, _>>()?,
             max_connections: args.max_connections.or(file.max_connections),
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             deadlines,

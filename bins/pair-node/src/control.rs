@@ -115,6 +115,17 @@ pub struct Status {
     pub invite_open: bool,
     #[serde(default)]
     pub engines: Vec<EngineStatus>,
+    /// The model aliases in force here: this node's, then its peers'.
+    #[serde(default)]
+    pub aliases: Vec<AliasRow>,
+}
+
+/// One model alias and the node that configured it.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct AliasRow {
+    /// `PATTERN=MODEL`.
+    pub alias: String,
+    pub node: String,
 }
 
 /// One engine of the node, as the node reports it to the cluster (health
@@ -188,6 +199,16 @@ async fn status(State(c): State<Control>) -> Json<Status> {
             .iter()
             .enumerate()
             .map(|(i, h)| EngineStatus::of(h, own.and_then(|n| n.engines.get(i))))
+            .collect(),
+        aliases: own
+            .into_iter()
+            .chain(cluster.nodes().iter().filter(|n| n.id != c.st.node.id))
+            .flat_map(|n| {
+                n.aliases.iter().map(|a| AliasRow {
+                    alias: a.to_string(),
+                    node: n.name.clone(),
+                })
+            })
             .collect(),
     })
 }

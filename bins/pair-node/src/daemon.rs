@@ -376,6 +376,7 @@ pub async fn start(
         learner: Arc::new(SpeedLearner::new(Arc::clone(&jobs), id)),
         boot: boot_id(),
         trust: trust.clone(),
+        aliases: cfg.aliases.clone(),
     };
     let statuses = {
         let (trust, peers) = (trust.clone(), Arc::clone(&peers));

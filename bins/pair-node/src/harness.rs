@@ -39,6 +39,8 @@ pub struct NodeSpec {
     /// one must come after every emulated node, so `engines[i]` stays node
     /// `i`'s emulated engine.
     pub external: Option<String>,
+    /// Model aliases configured on this node (`--alias`).
+    pub aliases: Vec<pair_core::ModelAlias>,
 }
 
 /// The whole cluster.
@@ -86,6 +88,7 @@ impl ClusterSpec {
                     models,
                     slots: None,
                     external: None,
+                    aliases: Vec::new(),
                 }
             })
             .collect();
@@ -184,6 +187,7 @@ impl LocalCluster {
                 detect_ports: Vec::new(),
                 event_loops: spec.event_loops,
                 allowed_hosts: Vec::new(),
+                aliases: ns.aliases.clone(),
                 max_connections: None,
                 deadlines: pair_http::conns::ClientDeadlines::default(),
                 http_stack: pair_http::HttpStack::default(),

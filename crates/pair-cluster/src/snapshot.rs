@@ -97,6 +97,8 @@ pub struct LocalReport {
     /// The node's pins; the report carries a digest of the clients it
     /// vouches for ([`NodeSnapshot::vouches`]).
     pub trust: TrustStore,
+    /// The model aliases configured here ([`NodeSnapshot::aliases`]).
+    pub aliases: Vec<pair_core::ModelAlias>,
 }
 
 impl LocalReport {
@@ -155,6 +157,7 @@ impl LocalReport {
         n.vouches = self.trust.vouch_digest(Role::Client);
         n.base_perf = self.base_perf;
         n.bindings = self.bindings.reported(now);
+        n.aliases.clone_from(&self.aliases);
         n
     }
 }

@@ -34,7 +34,8 @@ impl EngineKind {
 
     /// Whether this engine answers requests of `flavor` itself: every kind
     /// speaks OpenAI's API; Ollama also its own. Anthropic's Messages API
-    /// is always translated (not every engine version has it).
+    /// and OpenAI's Responses API are always translated (not every engine
+    /// version has them, and translated they behave the same everywhere).
     pub fn speaks(self, flavor: ApiFlavor) -> bool {
         matches!(
             (self, flavor),
@@ -98,13 +99,19 @@ pub enum ApiFlavor {
     OpenAi,
     /// Anthropic messages: /v1/messages.
     Anthropic,
+    /// OpenAI's Responses API: /v1/responses (translated to chat
+    /// completions for every engine, so it works the same on all).
+    Responses,
 }
 
 impl ApiFlavor {
     /// Requests of this flavour can be put in OpenAI's shape for an engine
     /// that does not speak it (see `pair-translate`).
     pub fn translates_to_openai(self) -> bool {
-        matches!(self, ApiFlavor::Ollama | ApiFlavor::Anthropic)
+        matches!(
+            self,
+            ApiFlavor::Ollama | ApiFlavor::Anthropic | ApiFlavor::Responses
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -112,6 +119,7 @@ impl ApiFlavor {
             ApiFlavor::Ollama => "ollama",
             ApiFlavor::OpenAi => "openai",
             ApiFlavor::Anthropic => "anthropic",
+            ApiFlavor::Responses => "responses",
         }
     }
 }
@@ -146,7 +154,13 @@ mod tests {
         assert!(!EngineKind::LmStudio.speaks(ApiFlavor::Anthropic));
         assert!(EngineKind::LmStudio.speaks(ApiFlavor::OpenAi));
         for kind in EngineKind::ALL {
-            for flavor in [ApiFlavor::Ollama, ApiFlavor::OpenAi, ApiFlavor::Anthropic] {
+            assert!(!kind.speaks(ApiFlavor::Responses));
+            for flavor in [
+                ApiFlavor::Ollama,
+                ApiFlavor::OpenAi,
+                ApiFlavor::Anthropic,
+                ApiFlavor::Responses,
+            ] {
                 assert!(
                     kind.serves(flavor),
                     "{kind} serves {flavor:?} through translation"

@@ -13,6 +13,8 @@ pub enum CoreError {
     },
     #[error("invalid model name {input:?}: {reason}")]
     BadModelName { input: String, reason: &'static str },
+    #[error("invalid model alias {input:?}: {reason}")]
+    BadAlias { input: String, reason: &'static str },
     #[error("unknown {what} {input:?} (expected one of: {expected})")]
     UnknownName {
         what: &'static str,

@@ -9,6 +9,7 @@
 //! durations), so every other crate, including the pure scheduler and the
 //! simulator, can reason about the same values in real or virtual time.
 
+pub mod alias;
 pub mod engine;
 pub mod error;
 pub mod id;
@@ -19,6 +20,7 @@ pub mod pressure;
 pub mod request;
 pub mod snapshot;
 
+pub use alias::ModelAlias;
 pub use engine::{ApiFlavor, EngineKind};
 pub use error::{CoreError, RetryAdvice};
 pub use id::{JobId, NodeId, Role};

@@ -227,6 +227,10 @@ pub struct NodeSnapshot {
     /// that holds its prompt cache.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bindings: Vec<Binding>,
+    /// The model aliases configured on this node; they hold cluster-wide
+    /// ([`ClusterSnapshot::alias_for`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<crate::ModelAlias>,
 }
 
 /// A conversation's latest turn went to `node` at `at_ms` (ms since the
@@ -255,6 +259,7 @@ impl NodeSnapshot {
             boot: 0,
             vouches: 0,
             bindings: Vec::new(),
+            aliases: Vec::new(),
         }
     }
 
@@ -348,6 +353,45 @@ impl ClusterSnapshot {
         self.nodes.len()
     }
 
+    /// Whether any node lists a model of this name, on any engine, routable
+    /// or not.
+    pub fn holds(&self, requested: &str) -> bool {
+        self.nodes
+            .iter()
+            .flat_map(|n| &n.engines)
+            .any(|e| e.models.iter().any(|m| m.name.matches(requested, e.kind)))
+    }
+
+    /// The alias a request for `requested` takes: none while any node
+    /// holds a model of that name; else `own`'s aliases first, then the
+    /// other nodes' in id order, an exact name before a pattern within
+    /// each node's list.
+    pub fn alias_for(&self, requested: &str, own: NodeId) -> Option<&crate::ModelAlias> {
+        if self.nodes.iter().all(|n| n.aliases.is_empty()) || self.holds(requested) {
+            return None;
+        }
+        let own_first = self
+            .node(own)
+            .into_iter()
+            .chain(self.nodes.iter().filter(|n| n.id != own));
+        own_first
+            .filter_map(|n| crate::alias::find(&n.aliases, requested))
+            .next()
+    }
+
+    /// The names of the models the cluster holds, sorted, each once.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| &n.engines)
+            .flat_map(|e| e.models.iter().map(|m| m.name.as_str().to_owned()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -389,6 +433,34 @@ mod tests {
                 .collect(),
         });
         n
+    }
+
+    #[test]
+    fn aliases_hold_cluster_wide_with_this_nodes_own_first() {
+        let mut a = node(1, &[("qwen2.5:7b", true)], EngineKind::Ollama);
+        let mut b = node(2, &[("llama3.2:3b", true)], EngineKind::OpenAiCompat);
+        a.aliases = vec!["claude-*=qwen2.5:7b".parse().unwrap()];
+        b.aliases = vec![
+            "claude-*=llama3.2:3b".parse().unwrap(),
+            "gpt-5=llama3.2:3b".parse().unwrap(),
+        ];
+        let s = ClusterSnapshot::new(1, 0, vec![a, b]);
+        let (one, two) = (NodeId::from_u128(1), NodeId::from_u128(2));
+        let target = |m: &str, own| s.alias_for(m, own).map(|a| a.target.as_str().to_owned());
+        assert_eq!(
+            target("claude-sonnet-4-5", one).as_deref(),
+            Some("qwen2.5:7b")
+        );
+        assert_eq!(
+            target("claude-sonnet-4-5", two).as_deref(),
+            Some("llama3.2:3b")
+        );
+        // Another node's alias holds here too.
+        assert_eq!(target("gpt-5", one).as_deref(), Some("llama3.2:3b"));
+        // A name a node holds is never aliased.
+        assert_eq!(target("qwen2.5:7b", two), None);
+        assert_eq!(target("unknown", one), None);
+        assert_eq!(s.model_names(), ["llama3.2:3b", "qwen2.5:7b"]);
     }
 
     #[test]

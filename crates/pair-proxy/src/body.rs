@@ -57,9 +57,16 @@ pub struct JsonError {
 #[derive(Debug, Default, PartialEq, Eq)]
 struct RawFields<'a> {
     model: Option<Cow<'a, str>>,
+    /// Where `model`'s value (quotes included) is in the body.
+    model_at: Option<(usize, usize)>,
+    /// Ollama's legacy name for `model` (`/api/show`, LiteLLM sends it).
+    name: Option<Cow<'a, str>>,
+    name_at: Option<(usize, usize)>,
     stream: Option<bool>,
     max_tokens: Option<u64>,
     max_completion_tokens: Option<u64>,
+    /// The Responses API's output limit.
+    max_output_tokens: Option<u64>,
     num_predict: Option<i64>,
 }
 
@@ -68,9 +75,11 @@ struct RawFields<'a> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Field {
     Model,
+    Name,
     Stream,
     MaxTokens,
     MaxCompletionTokens,
+    MaxOutputTokens,
     Options,
     NumPredict,
     Other,
@@ -81,9 +90,11 @@ impl Field {
     fn of(key: &[u8], nested: bool) -> Field {
         match (nested, key) {
             (false, b"model") => Field::Model,
+            (false, b"name") => Field::Name,
             (false, b"stream") => Field::Stream,
             (false, b"max_tokens") => Field::MaxTokens,
             (false, b"max_completion_tokens") => Field::MaxCompletionTokens,
+            (false, b"max_output_tokens") => Field::MaxOutputTokens,
             (false, b"options") => Field::Options,
             (true, b"num_predict") => Field::NumPredict,
             _ => Field::Other,
@@ -91,8 +102,8 @@ impl Field {
     }
 
     /// Bit in the set of fields seen (duplicates are refused).
-    fn bit(self) -> u8 {
-        1 << (self as u8)
+    fn bit(self) -> u16 {
+        1 << (self as u16)
     }
 }
 
@@ -168,7 +179,7 @@ impl<'a> Scan<'a> {
             self.i += 1;
             return Ok(());
         }
-        let mut seen = 0u8;
+        let mut seen = 0u16;
         loop {
             self.ws();
             let field = self.key(nested)?;
@@ -182,11 +193,23 @@ impl<'a> Scan<'a> {
             self.eat(b':', "expected ':'")?;
             self.ws();
             match field {
-                Field::Model => facts.model = self.nullable(Self::model_string)?,
+                Field::Model => {
+                    let at = self.i;
+                    facts.model = self.nullable(Self::model_string)?;
+                    facts.model_at = facts.model.as_ref().map(|_| (at, self.i));
+                }
+                Field::Name => {
+                    let at = self.i;
+                    facts.name = self.nullable(Self::model_string)?;
+                    facts.name_at = facts.name.as_ref().map(|_| (at, self.i));
+                }
                 Field::Stream => facts.stream = self.nullable(Self::boolean)?,
                 Field::MaxTokens => facts.max_tokens = self.nullable(Self::integer)?,
                 Field::MaxCompletionTokens => {
                     facts.max_completion_tokens = self.nullable(Self::integer)?;
+                }
+                Field::MaxOutputTokens => {
+                    facts.max_output_tokens = self.nullable(Self::integer)?;
                 }
                 Field::NumPredict => facts.num_predict = self.nullable(Self::integer)?,
                 Field::Options => {
@@ -243,7 +266,7 @@ impl<'a> Scan<'a> {
     /// The model's name: borrowed from the body unless it has escapes.
     fn model_string(&mut self) -> Step<Cow<'a, str>> {
         if self.peek() != Some(b'"') {
-            return self.err("\"model\" must be a string");
+            return self.err("\"model\" (or \"name\") must be a string");
         }
         let at = self.i;
         let (_, escaped) = self.string()?;
@@ -524,6 +547,9 @@ impl From<JsonError> for BodyError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestFacts {
     pub model: String,
+    /// Where the model's name (a JSON string, quotes included) is in the
+    /// body, to put another in its place (an alias's target).
+    pub model_at: (usize, usize),
     pub streaming: bool,
     pub max_output_tokens: Option<u32>,
 }
@@ -555,17 +581,27 @@ pub async fn extract_off_loop(
 pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFacts, BodyError> {
     let text = std::str::from_utf8(body).map_err(BodyError::NotUtf8)?;
     let facts = Scan::new(text).document()?;
-    let model = facts.model.ok_or(BodyError::MissingModel)?;
+    // Ollama still takes its legacy `name` where `model` is missing.
+    let (model, model_at) = match (facts.model, facts.model_at) {
+        (Some(m), Some(at)) => (m, at),
+        _ if flavor == ApiFlavor::Ollama => facts
+            .name
+            .zip(facts.name_at)
+            .ok_or(BodyError::MissingModel)?,
+        _ => return Err(BodyError::MissingModel),
+    };
     let model = pair_core::ModelName::new(model.into_owned()).map_err(BodyError::BadModel)?;
     let default_stream = flavor == ApiFlavor::Ollama && work == Work::Generate;
     let streaming = work == Work::Generate && facts.stream.unwrap_or(default_stream);
     let max_output_tokens = facts
         .max_completion_tokens
+        .or(facts.max_output_tokens)
         .or(facts.max_tokens)
         .or_else(|| facts.num_predict.and_then(|n| u64::try_from(n).ok()))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     Ok(RequestFacts {
         model: model.into(),
+        model_at,
         streaming,
         max_output_tokens,
     })
@@ -586,6 +622,18 @@ impl RequestFacts {
         };
         p
     }
+}
+
+/// The body with another model's name where `at` (from [`RequestFacts`])
+/// had one: the rest of the bytes as they came.
+pub fn with_model(body: &Bytes, at: (usize, usize), model: &str) -> Bytes {
+    let (start, end) = at;
+    let quoted = serde_json::Value::from(model).to_string();
+    let mut out = Vec::with_capacity(body.len() + quoted.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(quoted.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Bytes::from(out)
 }
 
 /// 413 in the face's flavour.
@@ -865,12 +913,16 @@ mod tests {
         struct OracleFields<'a> {
             #[serde(borrow, default)]
             model: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            name: Option<Cow<'a, str>>,
             #[serde(default)]
             stream: Option<bool>,
             #[serde(default)]
             max_tokens: Option<u64>,
             #[serde(default)]
             max_completion_tokens: Option<u64>,
+            #[serde(default)]
+            max_output_tokens: Option<u64>,
             #[serde(default)]
             options: Option<Options>,
         }
@@ -908,11 +960,13 @@ mod tests {
             }
         }
 
-        /// (model, stream, max_tokens, max_completion_tokens, num_predict),
-        /// or which error.
+        /// (model, name, stream, max_tokens, max_completion_tokens,
+        /// max_output_tokens, num_predict), or which error.
         pub(super) type Read = (
             Option<String>,
+            Option<String>,
             Option<bool>,
+            Option<u64>,
             Option<u64>,
             Option<u64>,
             Option<i64>,
@@ -932,9 +986,11 @@ mod tests {
             let f: OracleFields<'_> = serde_json::from_str(text).map_err(|_| "json")?;
             Ok((
                 f.model.map(Cow::into_owned),
+                f.name.map(Cow::into_owned),
                 f.stream,
                 f.max_tokens,
                 f.max_completion_tokens,
+                f.max_output_tokens,
                 f.options.and_then(|o| o.num_predict),
             ))
         }
@@ -945,9 +1001,11 @@ mod tests {
         match Scan::new(text).document() {
             Ok(f) => Ok((
                 f.model.map(Cow::into_owned),
+                f.name.map(Cow::into_owned),
                 f.stream,
                 f.max_tokens,
                 f.max_completion_tokens,
+                f.max_output_tokens,
                 f.num_predict,
             )),
             Err(BodyError::NotAnObject) => Err("not-object"),
@@ -979,9 +1037,11 @@ mod tests {
     fn field_name() -> impl Strategy<Value = String> {
         prop_oneof![
             Just("model".to_owned()),
+            Just("name".to_owned()),
             Just("stream".to_owned()),
             Just("max_tokens".to_owned()),
             Just("max_completion_tokens".to_owned()),
+            Just("max_output_tokens".to_owned()),
             Just("options".to_owned()),
             Just("num_predict".to_owned()),
             "[a-z_\"é]{0,8}",
@@ -1009,11 +1069,13 @@ mod tests {
             1 => json_value(),
         ];
         prop_oneof![
-            2 => model.prop_map(|v| ("model".to_owned(), v)),
+            2 => model.clone().prop_map(|v| ("model".to_owned(), v)),
+            1 => model.prop_map(|v| ("name".to_owned(), v)),
             1 => prop_oneof![3 => any::<bool>().prop_map(Value::Bool), 1 => json_value()]
                 .prop_map(|v| ("stream".to_owned(), v)),
             1 => count.clone().prop_map(|v| ("max_tokens".to_owned(), v)),
-            1 => count.prop_map(|v| ("max_completion_tokens".to_owned(), v)),
+            1 => count.clone().prop_map(|v| ("max_completion_tokens".to_owned(), v)),
+            1 => count.prop_map(|v| ("max_output_tokens".to_owned(), v)),
             1 => options.prop_map(|v| ("options".to_owned(), v)),
             3 => (field_name(), json_value()),
         ]

@@ -47,7 +47,7 @@ pub fn error_body(
 fn error_value(status: StatusCode, flavor: ApiFlavor, code: &str, message: &str) -> Value {
     match flavor {
         ApiFlavor::Ollama => json!({ "error": message }),
-        ApiFlavor::OpenAi => json!({
+        ApiFlavor::OpenAi | ApiFlavor::Responses => json!({
             "error": { "message": message, "type": error_type(status), "code": code }
         }),
         ApiFlavor::Anthropic => json!({
@@ -60,6 +60,7 @@ fn error_value(status: StatusCode, flavor: ApiFlavor, code: &str, message: &str)
 fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 | 413 | 422 => "invalid_request_error",
+        401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",
         504 => "timeout_error",

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::body::{read_capped, too_large};
 use crate::error::json_error;
 use crate::pipeline::{self, Door};
-use crate::route::{self, RouteClass};
+use crate::route;
 use crate::state::ProxyState;
 
 pub use crate::route::Face;
@@ -107,10 +107,9 @@ impl FaceDoor {
             match read_capped(body, &parts.headers, self.st.body_cap, &self.st.deadlines).await {
                 Ok(b) => b,
                 Err(resp) => {
-                    let flavor = match route::classify(&parts.method, parts.uri.path()) {
-                        RouteClass::Inference { flavor, .. } => flavor,
-                        _ => self.face.flavor(),
-                    };
+                    let flavor = route::classify(&parts.method, parts.uri.path())
+                        .flavor()
+                        .unwrap_or_else(|| self.face.flavor());
                     return resp(flavor);
                 }
             };
@@ -170,10 +169,9 @@ impl server::Answer for FaceDoor {
     }
 
     fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
-        let flavor = match route::classify(method, path) {
-            RouteClass::Inference { flavor, .. } => flavor,
-            _ => self.face.flavor(),
-        };
+        let flavor = route::classify(method, path)
+            .flavor()
+            .unwrap_or_else(|| self.face.flavor());
         too_large(self.st.body_cap, flavor)
     }
 }

@@ -1,6 +1,8 @@
 //! Requests no route claims (model management, version, the engine's own
 //! extras) go to this node's engine unchanged: the face's own kind of
-//! engine first.
+//! engine first. An error the engine answers in plain text (Ollama's
+//! `404 page not found`) becomes the face's JSON error shape: a client of
+//! that API parses every error it gets.
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -34,6 +36,27 @@ pub async fn to_engine(st: &ProxyState, face: Face, head: RequestHead, body: Byt
     };
     let hop = engine.hop();
     match dispatch::send(st.local_pool(), &hop, &head, body, st.timeouts).await {
+        Ok(resp) if plain_error(&resp) => {
+            let status = resp.status();
+            let text = read_some(resp.into_body()).await;
+            json_error(
+                status,
+                face.flavor(),
+                if status == StatusCode::NOT_FOUND {
+                    "not_found"
+                } else {
+                    "engine_error"
+                },
+                &format!(
+                    "{} {}: the engine answered {status}: {}",
+                    head.method,
+                    head.path_and_query,
+                    String::from_utf8_lossy(&text).trim()
+                ),
+                None,
+            )
+            .into()
+        }
         Ok(resp) => resp.map(Body::new).into(),
         Err(e) => json_error(
             StatusCode::BAD_GATEWAY,
@@ -44,4 +67,37 @@ pub async fn to_engine(st: &ProxyState, face: Face, head: RequestHead, body: Byt
         )
         .into(),
     }
+}
+
+/// An error answer whose body is not JSON.
+fn plain_error<B>(resp: &http::Response<B>) -> bool {
+    let json = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("json"));
+    (resp.status().is_client_error() || resp.status().is_server_error()) && !json
+}
+
+/// The start of an error's body (enough to say what went wrong).
+async fn read_some(mut body: dispatch::UpBody) -> Bytes {
+    const MOST: usize = 1024;
+    let read = async {
+        let mut got = bytes::BytesMut::new();
+        while got.len() < MOST {
+            match http_body_util::BodyExt::frame(&mut body).await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        got.extend_from_slice(&d);
+                    }
+                }
+                _ => break,
+            }
+        }
+        got.truncate(MOST);
+        got.freeze()
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), read)
+        .await
+        .unwrap_or_default()
 }

@@ -144,6 +144,21 @@ pub async fn handle(
             };
             passthrough::to_engine(st, face, head, req.body).await
         }
+        (RouteClass::NotServed(flavor), _) => json_error(
+            StatusCode::NOT_FOUND,
+            flavor,
+            "not_found",
+            &format!(
+                "pair does not serve {} {path} of this API: it serves {}",
+                req.method,
+                match flavor {
+                    ApiFlavor::Anthropic => "POST /v1/messages and /v1/messages/count_tokens",
+                    _ => "POST /v1/responses (it keeps no responses to fetch later)",
+                }
+            ),
+            None,
+        )
+        .into(),
         (RouteClass::Node | RouteClass::Passthrough, door) => {
             let (flavor, why) = match door {
                 Door::Face { face, .. } => (face.flavor(), "this route is not served here"),
@@ -171,10 +186,9 @@ fn refused(st: &ProxyState, face: Face, req: &Request) -> Option<Reply> {
     let origin = req.headers.get(&header::ORIGIN);
     let path = req.target.path();
     let refusal = st.gate.check(path, host, origin).err()?;
-    let flavor = match route::classify(&req.method, path) {
-        RouteClass::Inference { flavor, .. } => flavor,
-        _ => face.flavor(),
-    };
+    let flavor = route::classify(&req.method, path)
+        .flavor()
+        .unwrap_or_else(|| face.flavor());
     tracing::info!(
         ?refusal,
         path,
@@ -267,11 +281,25 @@ pub async fn execute(
 ) -> Reply {
     let t0 = req.received;
     let created_at_ms = unix_ms_at(t0);
-    let facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
+    let mut facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
         Err(e) => return invalid_request(st, &req, plan, &e),
     };
     let mut cluster = st.cluster();
+    // A model no node holds may be an alias's (a tool's default name):
+    // the request becomes one for its target before anything is ranked.
+    // A relayed request was aliased by its origin.
+    let mut req = req;
+    let aliased = match plan {
+        Plan::Cluster => cluster
+            .alias_for(&facts.model, st.node.id)
+            .map(|a| a.target.clone()),
+        Plan::ThisNode { .. } => None,
+    };
+    if let Some(target) = &aliased {
+        req.body = body::with_model(&req.body, facts.model_at, target.as_str());
+        facts.model = target.as_str().to_owned();
+    }
     // A chat's conversation, read where the request is routed, for a
     // policy that keeps sessions, when the client names none.
     let conversation = if matches!(plan, Plan::Cluster)
@@ -499,6 +527,7 @@ pub async fn execute(
             policy: st.policy().as_str(),
             job,
             why,
+            model: aliased.and_then(|m| http::HeaderValue::from_str(m.as_str()).ok()),
         }
         .into_extra(),
         body: Body::new(body),
@@ -634,8 +663,8 @@ async fn attempt(
     // a request that cannot be is the client's 400, never retried.
     let translation = match translate::needed(&hop, req.flavor, req.head.path_and_query.path()) {
         None => None,
-        Some(route) => match translate::request(route, &req.head, &req.body) {
-            Ok((head, body, answer)) => Some((route, head, body, answer)),
+        Some((route, kind)) => match translate::request(route, kind, &req.head, &req.body) {
+            Ok(t) => Some((route, t)),
             Err(e) => {
                 let decision = failover.report(
                     t0.elapsed(),
@@ -684,7 +713,7 @@ async fn attempt(
     };
     let job_header = matches!(plan, Plan::Cluster).then_some(job);
     let (out_head, out_body) = match &translation {
-        Some((_, head, body, _)) => (head, body.clone()),
+        Some((_, t)) => (&t.head, t.body.clone()),
         None => (&req.head, req.body.clone()),
     };
     let head =
@@ -701,7 +730,7 @@ async fn attempt(
     };
     let mut up = match head {
         Some(Ok(up)) => match translation {
-            Some((route, _, _, answer)) => translate::answer(up, answer, route, t0),
+            Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, t0),
             None => up,
         },
         Some(Err(e)) => {
@@ -1054,6 +1083,7 @@ fn gave_up(
                     policy: st.policy().as_str(),
                     job,
                     why: None,
+                    model: None,
                 }
                 .into_extra();
             }
@@ -1114,16 +1144,24 @@ fn no_eligible_node(
     profile: &RequestProfile,
     cluster: &ClusterSnapshot,
 ) -> Reply {
-    st.metrics.count_request(req.route, 502, "none");
+    // No node holds it (an owner that is down is waited for): the
+    // client's 404, in its own shape, naming what the cluster holds.
+    st.metrics.count_request(req.route, 404, "none");
+    let models = cluster.model_names();
     json_error(
-        StatusCode::BAD_GATEWAY,
+        StatusCode::NOT_FOUND,
         req.flavor,
-        "no_eligible_node",
+        "model_not_found",
         &format!(
-            "no node in the cluster serves model '{}' for this API",
-            profile.model
+            "model '{}' not found: no node in the cluster holds it (nor an alias for it); the cluster holds: {}",
+            profile.model,
+            if models.is_empty() {
+                "no models".to_owned()
+            } else {
+                models.join(", ")
+            }
         ),
-        Some(json!({ "model": profile.model, "nodes": cluster.len() })),
+        Some(json!({ "model": profile.model, "nodes": cluster.len(), "models": models })),
     )
     .into()
 }

@@ -7,7 +7,8 @@ use pair_core::JobId;
 use pair_http::Extra;
 
 /// The route receipt: `x-pair-node`, `x-pair-attempts`, `x-pair-policy`,
-/// `x-pair-job`, and `x-pair-route` when the client asked why.
+/// `x-pair-job`, `x-pair-route` when the client asked why, and
+/// `x-pair-model` when an alias chose the model.
 #[derive(Debug)]
 pub struct Receipt {
     /// `name (uuid)` of the node that served it.
@@ -17,6 +18,8 @@ pub struct Receipt {
     pub job: JobId,
     /// The scheduler's reasoning, when the client asked for it.
     pub why: Option<HeaderValue>,
+    /// The model that answered, when an alias chose it.
+    pub model: Option<HeaderValue>,
 }
 
 const NODE: HeaderName = HeaderName::from_static("x-pair-node");
@@ -24,6 +27,7 @@ pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-pair-attempts");
 const POLICY: HeaderName = HeaderName::from_static("x-pair-policy");
 const ROUTE: HeaderName = HeaderName::from_static("x-pair-route");
 const JOB: HeaderName = HeaderName::from_static("x-pair-job");
+const MODEL: HeaderName = HeaderName::from_static("x-pair-model");
 
 impl Receipt {
     /// The receipt as the fields an answer carries (in place of any of the
@@ -37,6 +41,9 @@ impl Receipt {
         extra.push((POLICY, HeaderValue::from_static(self.policy)));
         if let Some(v) = self.why {
             extra.push((ROUTE, v));
+        }
+        if let Some(v) = self.model {
+            extra.push((MODEL, v));
         }
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
         if let Ok(v) = HeaderValue::from_str(self.job.as_uuid().hyphenated().encode_lower(&mut buf))
@@ -72,6 +79,7 @@ mod tests {
             policy: "predicted-latency",
             job: JobId::from_uuid(uuid::Uuid::from_u128(7)),
             why: Some(HeaderValue::from_static("score 1.5 (local)")),
+            model: Some(HeaderValue::from_static("qwen2.5:7b")),
         };
         let extra = r.into_extra();
         let get = |n: &str| {
@@ -87,6 +95,7 @@ mod tests {
             Some("00000000-0000-0000-0000-000000000007")
         );
         assert_eq!(get("x-pair-route").as_deref(), Some("score 1.5 (local)"));
+        assert_eq!(get("x-pair-model").as_deref(), Some("qwen2.5:7b"));
         assert_eq!(attempts_value(12), "12");
     }
 }

@@ -16,7 +16,7 @@ use pair_http::h1::Headers;
 
 use crate::body::read_capped;
 use crate::pipeline::{self, Door};
-use crate::route::{self, RouteClass};
+use crate::route;
 use crate::state::ProxyState;
 
 /// The relay route, for the cluster port's mTLS side.
@@ -42,10 +42,9 @@ async fn relay(
     let body = match read_capped(body, &parts.headers, st.body_cap, &st.deadlines).await {
         Ok(b) => b,
         Err(resp) => {
-            let flavor = match route::classify(&parts.method, target.path()) {
-                RouteClass::Inference { flavor, .. } => flavor,
-                _ => pair_core::ApiFlavor::OpenAi,
-            };
+            let flavor = route::classify(&parts.method, target.path())
+                .flavor()
+                .unwrap_or_else(|| pair_core::ApiFlavor::OpenAi);
             return resp(flavor);
         }
     };

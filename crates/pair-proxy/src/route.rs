@@ -69,8 +69,23 @@ pub enum RouteClass {
     /// The node's own routes: `/metrics`, the control API (`/_pair/...`)
     /// and the Jobs view (`/ui`).
     Node,
+    /// A path of an API pair translates that pair does not serve (Anthropic's
+    /// batches, a stored response): a 404 in that API's shape, never the
+    /// engine's (which knows nothing of the API).
+    NotServed(ApiFlavor),
     /// Everything else goes to the local engine unchanged.
     Passthrough,
+}
+
+impl RouteClass {
+    /// The API the path belongs to, where the path says (its errors are in
+    /// that API's shape).
+    pub fn flavor(self) -> Option<ApiFlavor> {
+        match self {
+            RouteClass::Inference { flavor, .. } | RouteClass::NotServed(flavor) => Some(flavor),
+            _ => None,
+        }
+    }
 }
 
 /// The prefix of the node's control API.
@@ -78,7 +93,7 @@ pub const CONTROL_PREFIX: &str = "/_pair/";
 
 /// Every inference route: its static name (the `route` of
 /// [`RouteClass::Inference`]), its API and its kind of work.
-const INFERENCE: [(&str, ApiFlavor, Work); 9] = [
+const INFERENCE: [(&str, ApiFlavor, Work); 11] = [
     ("/api/generate", ApiFlavor::Ollama, Work::Generate),
     ("/api/chat", ApiFlavor::Ollama, Work::Generate),
     ("/api/embed", ApiFlavor::Ollama, Work::Embed),
@@ -88,12 +103,19 @@ const INFERENCE: [(&str, ApiFlavor, Work); 9] = [
     ("/v1/completions", ApiFlavor::OpenAi, Work::Generate),
     ("/v1/embeddings", ApiFlavor::OpenAi, Work::Embed),
     ("/v1/messages", ApiFlavor::Anthropic, Work::Generate),
+    // Counted by the engine that holds the model (no output tokens).
+    (
+        "/v1/messages/count_tokens",
+        ApiFlavor::Anthropic,
+        Work::Show,
+    ),
+    ("/v1/responses", ApiFlavor::Responses, Work::Generate),
 ];
 
 /// Every inference route's static name: the only names
 /// [`RouteClass::Inference`] carries (`classify` takes them from here).
-pub const INFERENCE_ROUTES: [&str; 9] = {
-    let mut names = [""; 9];
+pub const INFERENCE_ROUTES: [&str; 11] = {
+    let mut names = [""; 11];
     let mut i = 0;
     while i < INFERENCE.len() {
         names[i] = INFERENCE[i].0;
@@ -125,6 +147,12 @@ pub fn classify(method: &http::Method, path: &str) -> RouteClass {
     }
     if path == "/metrics" || path == "/ui" || path.starts_with(CONTROL_PREFIX) {
         return RouteClass::Node;
+    }
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") || path == "/v1/complete" {
+        return RouteClass::NotServed(ApiFlavor::Anthropic);
+    }
+    if path.starts_with("/v1/responses") {
+        return RouteClass::NotServed(ApiFlavor::Responses);
     }
     if method == http::Method::GET {
         match path {
@@ -181,6 +209,8 @@ mod tests {
             ("/v1/completions", ApiFlavor::OpenAi),
             ("/v1/embeddings", ApiFlavor::OpenAi),
             ("/v1/messages", ApiFlavor::Anthropic),
+            ("/v1/messages/count_tokens", ApiFlavor::Anthropic),
+            ("/v1/responses", ApiFlavor::Responses),
         ] {
             match classify(&Method::POST, p) {
                 RouteClass::Inference { flavor, route, .. } => {
@@ -219,6 +249,19 @@ mod tests {
             classify(&Method::DELETE, "/api/delete"),
             RouteClass::Passthrough
         );
+        for (m, p, f) in [
+            (Method::POST, "/v1/messages/batches", ApiFlavor::Anthropic),
+            (Method::GET, "/v1/messages", ApiFlavor::Anthropic),
+            (Method::POST, "/v1/complete", ApiFlavor::Anthropic),
+            (Method::GET, "/v1/responses/resp_1", ApiFlavor::Responses),
+            (
+                Method::POST,
+                "/v1/responses/resp_1/cancel",
+                ApiFlavor::Responses,
+            ),
+        ] {
+            assert_eq!(classify(&m, p), RouteClass::NotServed(f), "{m} {p}");
+        }
         for (m, p) in [
             (Method::GET, "/metrics"),
             (Method::GET, "/ui"),

@@ -60,6 +60,9 @@ pub fn stream_error_event(framing: Framing, flavor: ApiFlavor, message: &str) ->
         (Framing::Sse, ApiFlavor::Anthropic) => format!(
             "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":{msg}}}}}\n\n"
         ),
+        (Framing::Sse, ApiFlavor::Responses) => format!(
+            "event: error\ndata: {{\"type\":\"error\",\"code\":\"stream_interrupted\",\"message\":{msg},\"param\":null,\"sequence_number\":0}}\n\n"
+        ),
         (Framing::Sse, _) => format!(
             "data: {{\"error\":{{\"message\":{msg},\"type\":\"upstream_error\",\"code\":\"stream_interrupted\"}}}}\n\n"
         ),

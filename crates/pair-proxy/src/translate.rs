@@ -14,23 +14,27 @@ use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, StatusCode};
 use http_body::{Body, Frame};
-use pair_core::ApiFlavor;
+use pair_core::{ApiFlavor, EngineKind};
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
-use pair_translate::{Answer, Route, Target, Timing, TranslateError};
+use pair_translate::{Answer, EngineTraits, Route, Target, Timing, TranslateError};
 use tokio::time::Instant;
 
 use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 
 /// `x-pair-translated: ollama->openai`, on answers that were translated.
 pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-translated");
+/// `x-pair-dropped: context_management,output_config.effort`: the
+/// client's fields translation left out (they steer the vendor's service,
+/// not the text; `pair_translate::fields`).
+pub const DROPPED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-dropped");
 
-/// The translation `hop` needs for a request of `flavor` to `path`: only a
-/// local engine that does not speak the client's API, on a route that
-/// translates.
-pub(crate) fn needed(hop: &Hop, flavor: ApiFlavor, path: &str) -> Option<Route> {
+/// The translation `hop` needs for a request of `flavor` to `path`, and
+/// for which kind of engine: only a local engine that does not speak the
+/// client's API, on a route that translates.
+pub(crate) fn needed(hop: &Hop, flavor: ApiFlavor, path: &str) -> Option<(Route, EngineKind)> {
     match hop {
-        Hop::Local(engine) if !engine.kind.speaks(flavor) => route_of(path),
+        Hop::Local(engine) if !engine.kind.speaks(flavor) => Some((route_of(path)?, engine.kind)),
         _ => None,
     }
 }
@@ -44,6 +48,8 @@ fn route_of(path: &str) -> Option<Route> {
         "/api/embeddings" => Route::OllamaEmbeddings,
         "/api/show" => Route::OllamaShow,
         "/v1/messages" => Route::AnthropicMessages,
+        "/v1/messages/count_tokens" => Route::AnthropicCountTokens,
+        "/v1/responses" => Route::OpenAiResponses,
         _ => return None,
     })
 }
@@ -58,17 +64,31 @@ fn target(t: Target) -> (Method, &'static str) {
     }
 }
 
+/// A request in the engine's shape: its head and body, what turns its
+/// answer back, and the client's fields it left out.
+pub(crate) struct ForEngine {
+    pub head: RequestHead,
+    pub body: Bytes,
+    pub answer: Answer,
+    pub dropped: Vec<String>,
+}
+
 /// The request in the engine's shape, and what turns its answer back.
 pub(crate) fn request(
     route: Route,
+    engine: EngineKind,
     head: &RequestHead,
     body: &[u8],
-) -> Result<(RequestHead, Bytes, Answer), TranslateError> {
+) -> Result<ForEngine, TranslateError> {
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let created_at = pair_core::rfc3339(now.as_secs(), now.subsec_nanos());
-    let t = pair_translate::request(route, body, &created_at)?;
+    let traits = EngineTraits {
+        // Ollama's chat templates take system messages anywhere.
+        system_anywhere: engine == EngineKind::Ollama,
+    };
+    let t = pair_translate::request_for(route, body, &created_at, traits)?;
     let (method, path) = target(t.target);
     let mut headers = head.headers.clone().into_map(2);
     if method == Method::GET {
@@ -83,13 +103,24 @@ pub(crate) fn request(
         path_and_query: http::uri::PathAndQuery::from_static(path),
         headers: Headers::Map(headers),
     };
-    Ok((head, Bytes::from(t.body), t.answer))
+    Ok(ForEngine {
+        head,
+        body: Bytes::from(t.body),
+        answer: t.answer,
+        dropped: t.dropped,
+    })
 }
 
 /// The engine's answer in the client's shape: a stream of server-sent
 /// events is translated as it arrives; anything else (a whole answer, an
 /// error) is read whole and translated at its end.
-pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Instant) -> Upstream {
+pub(crate) fn answer(
+    up: Upstream,
+    answer: Answer,
+    route: Route,
+    dropped: &[String],
+    received: Instant,
+) -> Upstream {
     let streamed = up.status.is_success()
         && up
             .headers
@@ -99,13 +130,21 @@ pub(crate) fn answer(up: Upstream, answer: Answer, route: Route, received: Insta
     headers.remove(CONTENT_LENGTH);
     let content_type = if streamed {
         answer.content_type()
-    } else if matches!(route, Route::AnthropicMessages) {
+    } else if matches!(
+        route,
+        Route::AnthropicMessages | Route::AnthropicCountTokens | Route::OpenAiResponses
+    ) {
         "application/json"
     } else {
         "application/json; charset=utf-8"
     };
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(TRANSLATED_HEADER, HeaderValue::from_static(route.label()));
+    if !dropped.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&dropped.join(","))
+    {
+        headers.insert(DROPPED_HEADER, v);
+    }
     Upstream {
         status: up.status,
         headers: Headers::Map(headers),

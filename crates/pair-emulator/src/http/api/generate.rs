@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::common::{model_of, parse, wait_done};
 use super::errors::{refused, shutting_down};
-use super::render::{Api, Gen, stream_body};
+use super::render::{Api, Gen, ToolCall, stream_body};
 use crate::ModelStatus;
 use crate::http::text::{count_tokens, request_seed, rfc3339_now, unix_now};
 use crate::http::{App, Flavor, json_response, prompt_cache};
@@ -321,22 +321,52 @@ pub(crate) async fn openai_completions(State(app): State<App>, h: HeaderMap, b: 
     serve(app, &R, h, b).await
 }
 
-/// A chat offered tools whose last message is the user's: the emulated
-/// model calls the first tool offered, once (after a tool's answer it
-/// answers in text).
-fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let first = req.get("tools")?.as_array()?.first()?;
-    let last_role = req
-        .get("messages")?
+/// The tool call an emulated model makes, on demand: a chat offered
+/// tools whose last message is the user's, naming an offered tool as a
+/// call in its text (`get_weather({"city": "Oslo"})`, `Bash({"command":
+/// "ls"})`, or `name()` for no arguments). After a tool's answer, or with
+/// no such call asked for, it answers in text.
+fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<ToolCall> {
+    let last = req.get("messages")?.as_array()?.last()?;
+    if last.get("role")?.as_str()? != "user" {
+        return None;
+    }
+    let text = content_text(last.get("content")?);
+    req.get("tools")?
         .as_array()?
-        .last()?
-        .get("role")?
-        .as_str()?;
-    (last_role == "user")
-        .then(|| first.pointer("/function/name")?.as_str().map(str::to_owned))
-        .flatten()
+        .iter()
+        .filter_map(|t| t.pointer("/function/name")?.as_str())
+        .find_map(|name| asked_call(&text, name))
 }
 
+/// `name(ARGS)` in `text`, ARGS a JSON object or nothing.
+fn asked_call(text: &str, name: &str) -> Option<ToolCall> {
+    let call = format!("{name}(");
+    text.match_indices(&call).find_map(|(at, _)| {
+        // A name that ends another word (`my_get_weather(`) is not a call.
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let rest = text[at + call.len()..].trim_start();
+        if let Some(after) = rest.strip_prefix(')') {
+            let _ = after;
+            return Some(ToolCall {
+                name: name.to_owned(),
+                arguments: json!({}),
+            });
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let args = values.next()?.ok().filter(Value::is_object)?;
+        rest[values.byte_offset()..]
+            .trim_start()
+            .starts_with(')')
+            .then(|| ToolCall {
+                name: name.to_owned(),
+                arguments: args,
+            })
+    })
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,6 +402,31 @@ mod tests {
         );
         assert_eq!(limit_of(&req(json!({ "max_tokens": -1 }))), None);
         assert_eq!(limit_of(&req(json!({}))), None);
+    }
+
+    #[test]
+    fn a_tool_is_called_when_the_user_writes_the_call() {
+        let req = |text: &str, last: &str| {
+            json!({"tools": [{"type": "function", "function": {"name": "get_weather"}},
+                             {"type": "function", "function": {"name": "Bash"}}],
+                   "messages": [{"role": last, "content": text}]})
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+        };
+        let call =
+            tool_to_call(&req(r#"run Bash({"command": "echo hi"}) please"#, "user")).unwrap();
+        assert_eq!(call.name, "Bash");
+        assert_eq!(call.arguments, json!({"command": "echo hi"}));
+        let call = tool_to_call(&req("weather? get_weather()", "user")).unwrap();
+        assert_eq!(
+            (call.name.as_str(), call.arguments),
+            ("get_weather", json!({}))
+        );
+        assert!(tool_to_call(&req("what is the weather?", "user")).is_none());
+        assert!(tool_to_call(&req("my_get_weather()", "user")).is_none());
+        assert!(tool_to_call(&req("Bash(not json)", "user")).is_none());
+        assert!(tool_to_call(&req("Bash()", "tool")).is_none());
     }
 
     #[test]

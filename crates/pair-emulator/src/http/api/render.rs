@@ -36,11 +36,18 @@ pub(super) struct Gen {
     /// The client set a limit: the answer ends "length", not "stop".
     pub(super) limited: bool,
     /// A tool the answer calls (chat offered tools, see `tool_to_call`).
-    pub(super) tool_call: Option<String>,
+    pub(super) tool_call: Option<ToolCall>,
     pub(super) load_us: u64,
     /// Wall seconds per modelled second: durations are reported as the
     /// engine's clock shows them, like a real engine's.
     pub(super) time_scale: f64,
+}
+
+/// A tool call the emulated model makes.
+#[derive(Debug)]
+pub(crate) struct ToolCall {
+    pub(crate) name: String,
+    pub(crate) arguments: Value,
 }
 
 impl Gen {
@@ -54,12 +61,12 @@ impl Gen {
 
     /// The call in OpenAI's shape (arguments as JSON text) or Ollama's.
     fn tool_calls(&self, openai: bool) -> Option<Value> {
-        let name = self.tool_call.as_ref()?;
+        let call = self.tool_call.as_ref()?;
         Some(if openai {
             json!([{ "id": format!("call_{}", self.id), "type": "function",
-                     "function": { "name": name, "arguments": "{}" } }])
+                     "function": { "name": call.name, "arguments": call.arguments.to_string() } }])
         } else {
-            json!([{ "function": { "name": name, "arguments": {} } }])
+            json!([{ "function": { "name": call.name, "arguments": call.arguments } }])
         })
     }
 
