@@ -9,13 +9,15 @@
 use libfuzzer_sys::fuzz_target;
 use pair_translate::{Route, Timing};
 
-const ROUTES: [Route; 6] = [
+const ROUTES: [Route; 8] = [
     Route::OllamaChat,
     Route::OllamaGenerate,
     Route::OllamaEmbed,
     Route::OllamaEmbeddings,
     Route::OllamaShow,
     Route::AnthropicMessages,
+    Route::AnthropicCountTokens,
+    Route::OpenAiResponses,
 ];
 
 fn stream(route: Route, req: &[u8], pieces: &[&[u8]]) -> Option<Vec<u8>> {

@@ -14,6 +14,7 @@ const CHUNK: &[u8] = b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion
 fn bench(c: &mut Criterion) {
     let ollama_req = br#"{"model":"llama3.2:3b","messages":[{"role":"user","content":"Why is the sky blue?"}],"options":{"num_predict":128,"temperature":0.7}}"#;
     let anthropic_req = br#"{"model":"llama3.2:3b","max_tokens":128,"stream":true,"system":"be brief","messages":[{"role":"user","content":"Why is the sky blue?"}]}"#;
+    let responses_req = br#"{"model":"llama3.2:3b","max_output_tokens":128,"stream":true,"instructions":"be brief","input":"Why is the sky blue?","store":false}"#;
     c.bench_function("request ollama chat", |b| {
         b.iter(|| {
             pair_translate::request(Route::OllamaChat, ollama_req, "2026-12-03T12:00:00Z").unwrap()
@@ -29,7 +30,22 @@ fn bench(c: &mut Criterion) {
             .unwrap()
         })
     });
+    c.bench_function("request responses", |b| {
+        b.iter(|| {
+            pair_translate::request(
+                Route::OpenAiResponses,
+                responses_req,
+                "2026-12-03T12:00:00Z",
+            )
+            .unwrap()
+        })
+    });
     for (name, route, req) in [
+        (
+            "chunk responses",
+            Route::OpenAiResponses,
+            &responses_req[..],
+        ),
         ("chunk ollama chat", Route::OllamaChat, &ollama_req[..]),
         (
             "chunk anthropic messages",

@@ -138,7 +138,7 @@ pub fn request_for(
     match route {
         Route::AnthropicMessages => anthropic::request(req, created_at, traits),
         Route::AnthropicCountTokens => anthropic::count_tokens(req, traits),
-        Route::OpenAiResponses => responses::request(req, created_at),
+        Route::OpenAiResponses => responses::request(req, created_at, traits),
         _ => ollama::request(route, req, created_at),
     }
 }

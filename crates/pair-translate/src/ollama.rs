@@ -28,14 +28,15 @@ const OPTIONS: &[(&str, &str)] = &[
 ];
 
 /// Top-level fields every route takes care of itself.
-const HANDLED: &[&str] = &["stream", "model", "options"];
+const HANDLED: &[&str] = &["stream", "model", "name", "options"];
 
 pub(crate) fn request(
     route: Route,
     mut req: Map<String, Value>,
     created_at: &str,
 ) -> Result<Translated, TranslateError> {
-    let model = match req.get("model") {
+    // Ollama still takes its legacy `name` where `model` is missing.
+    let model = match req.get("model").or_else(|| req.get("name")) {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => return Err(TranslateError::new("model", "a model name is required")),
     };

@@ -35,6 +35,7 @@ const LOCAL_SHELL: &str = "local_shell";
 pub(crate) fn request(
     mut req: Map<String, Value>,
     created_at: &str,
+    traits: crate::EngineTraits,
 ) -> Result<Translated, TranslateError> {
     let model = match req.remove("model") {
         Some(Value::String(m)) if !m.is_empty() => m,
@@ -67,6 +68,7 @@ pub(crate) fn request(
         }
     }
     out.insert("messages".into(), Value::Array(messages));
+    crate::place_system(&mut out, traits);
 
     let mut sorted = Sorted::default();
     // What a response object repeats of the request.
