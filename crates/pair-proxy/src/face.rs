@@ -354,7 +354,7 @@ mod tests {
             post("/api/chat", r#"{"model":"m"}"#),
         )
         .await;
-        assert_eq!(s, StatusCode::BAD_GATEWAY);
+        assert_eq!(s, StatusCode::NOT_FOUND);
     }
 
     #[test]

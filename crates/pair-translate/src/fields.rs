@@ -99,6 +99,10 @@ pub const ANTHROPIC_MESSAGES: &[Field] = &[
     ),
     dropped("inference_geo", "where Anthropic runs the request"),
     dropped("container", "Anthropic's code-execution container"),
+    dropped(
+        "safeguards",
+        "inputs to Anthropic's own tool-use safety classifier (Claude Code sends them)",
+    ),
     refused(
         "mcp_servers",
         "the MCP connector runs tools on Anthropic's servers; give the tools to the client instead",
@@ -162,6 +166,10 @@ pub const OPENAI_RESPONSES: &[Field] = &[
     dropped("stream_options", "OpenAI's stream obfuscation padding"),
     dropped("truncation", "OpenAI's server-side context trimming"),
     dropped("max_tool_calls", "a cap on OpenAI's built-in tool calls"),
+    dropped(
+        "client_metadata",
+        "the client's ids for OpenAI's logs (Codex sends its session and turn)",
+    ),
     refused(
         "previous_response_id",
         "pair keeps no responses (it has no store): send the whole conversation in `input`",

@@ -144,9 +144,9 @@ pub fn request_for(
 }
 
 /// Puts a chat's system messages where the engine takes them: left at
-/// their place where it takes them anywhere; otherwise every system
-/// message after the first non-system one is merged, in order, into the
-/// leading system message (made if there is none).
+/// their place where it takes them anywhere; otherwise, when there is more
+/// than one, their texts are merged, in order, into one leading system
+/// message (some templates take a single one, first, and no other).
 pub(crate) fn place_system(out: &mut Map<String, Value>, traits: EngineTraits) {
     if traits.system_anywhere {
         return;
@@ -154,23 +154,18 @@ pub(crate) fn place_system(out: &mut Map<String, Value>, traits: EngineTraits) {
     let Some(Value::Array(messages)) = out.get_mut("messages") else {
         return;
     };
-    let lead = messages
-        .iter()
-        .take_while(|m| m["role"] == "system")
-        .count();
-    if !messages[lead..].iter().any(|m| m["role"] == "system") {
+    if messages.iter().filter(|m| m["role"] == "system").count() < 2
+        && messages.iter().skip(1).all(|m| m["role"] != "system")
+    {
         return;
     }
-    let mut texts: Vec<String> = Vec::new();
-    let mut rest = Vec::with_capacity(messages.len());
-    for (i, m) in std::mem::take(messages).into_iter().enumerate() {
-        if m["role"] == "system" {
-            texts.push(m["content"].as_str().unwrap_or_default().to_owned());
-        } else {
-            debug_assert!(i >= lead);
-            rest.push(m);
-        }
-    }
+    let (system, rest): (Vec<Value>, Vec<Value>) = std::mem::take(messages)
+        .into_iter()
+        .partition(|m| m["role"] == "system");
+    let texts: Vec<&str> = system
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
     messages.push(json!({"role": "system", "content": texts.join("\n\n")}));
     messages.extend(rest);
 }

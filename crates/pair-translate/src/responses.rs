@@ -29,6 +29,23 @@ enum ToolKind {
     LocalShell,
 }
 
+/// Tools OpenAI's servers run (search, code, images, remote MCP): a local
+/// engine cannot, so they are dropped (named `tools.TYPE` in
+/// `x-pair-dropped`) and the model answers without them. Refusing them
+/// would refuse every request of clients that offer one by default (Codex
+/// offers `web_search`).
+const HOSTED_TOOLS: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "web_search_2025_08_26",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "tool_search",
+    "mcp",
+];
+
 /// The function a `local_shell` tool is on the engine.
 const LOCAL_SHELL: &str = "local_shell";
 
@@ -78,11 +95,36 @@ pub(crate) fn request(
         None | Some(Value::Null) => {}
         Some(Value::Array(tools)) => {
             let mut oa = Vec::with_capacity(tools.len());
+            // A namespace's tools are the client's own functions; tools
+            // OpenAI's servers run are dropped: the engine cannot run them.
+            let mut offered = Vec::with_capacity(tools.len());
             for (i, t) in tools.iter().enumerate() {
-                let (function, name, kind) = tool(i, t, &mut sorted)?;
+                match t["type"].as_str() {
+                    Some("namespace") => match t.get("tools") {
+                        Some(Value::Array(inner)) => offered.extend(
+                            inner
+                                .iter()
+                                .enumerate()
+                                .map(|(j, f)| (format!("tools[{i}].tools[{j}]"), f)),
+                        ),
+                        _ => {
+                            return Err(TranslateError::new(
+                                format!("tools[{i}].tools"),
+                                "a namespace's tools are an array",
+                            ));
+                        }
+                    },
+                    Some(hosted) if HOSTED_TOOLS.contains(&hosted) => {
+                        sorted.drop_field(format!("tools.{hosted}"));
+                    }
+                    _ => offered.push((format!("tools[{i}]"), t)),
+                }
+            }
+            for (at, t) in offered {
+                let (function, name, kind) = tool(&at, t, &mut sorted)?;
                 if kinds.iter().any(|(n, _)| *n == name) {
                     return Err(TranslateError::new(
-                        format!("tools[{i}].name"),
+                        format!("{at}.name"),
                         format!("`{name}` is named by two tools"),
                     ));
                 }
@@ -377,14 +419,14 @@ fn tool_output(at: &str, output: Option<&Value>) -> Result<String, TranslateErro
 
 /// One of the client's tools as the engine's function, its name and kind.
 fn tool(
-    i: usize,
+    at: &str,
     t: &Value,
     sorted: &mut Sorted,
 ) -> Result<(Value, String, ToolKind), TranslateError> {
     let name = || match t.get("name") {
         Some(Value::String(n)) if !n.is_empty() => Ok(n.clone()),
         _ => Err(TranslateError::new(
-            format!("tools[{i}].name"),
+            format!("{at}.name"),
             "a name is required",
         )),
     };
@@ -407,7 +449,7 @@ fn tool(
             // told the grammar instead, and the client that it was dropped.
             let format = &t["format"];
             if format["type"] == "grammar" {
-                sorted.drop_field(format!("tools[{i}].format"));
+                sorted.drop_field(format!("{at}.format"));
                 description.push_str(&format!(
                     "\n\nThe input must follow this {} grammar:\n{}",
                     format["syntax"].as_str().unwrap_or("lark"),
@@ -431,15 +473,15 @@ fn tool(
         }
         Some(other) => {
             return Err(TranslateError::new(
-                format!("tools[{i}].type"),
+                format!("{at}.type"),
                 format!(
-                    "{other} tools run on OpenAI's servers or have no translation; \
-                     function, custom and local_shell tools reach the engine"
+                    "{other} tools have no translation; function, custom, local_shell \
+                     and namespace tools reach the engine"
                 ),
             ));
         }
         None => {
-            return Err(TranslateError::new(format!("tools[{i}].type"), "required"));
+            return Err(TranslateError::new(format!("{at}.type"), "required"));
         }
     };
     let mut function = Map::new();
@@ -1410,7 +1452,7 @@ mod tests {
         );
         assert_eq!(
             refused(
-                r#"{"model":"m","input":"hi","tools":[{"type":"function","name":"f"},{"type":"web_search"}]}"#
+                r#"{"model":"m","input":"hi","tools":[{"type":"function","name":"f"},{"type":"shell_2099"}]}"#
             ),
             "tools[1].type"
         );
@@ -1420,6 +1462,29 @@ mod tests {
             "frobnicate"
         );
         assert_eq!(refused(r#"[1]"#), "body");
+    }
+
+    #[test]
+    fn codexs_tools_namespaces_flattened_and_hosted_ones_dropped() {
+        let t = translate(
+            Route::OpenAiResponses,
+            br#"{"model":"m","input":"hi","client_metadata":{"thread_id":"t"},"tools":[
+                {"type":"function","name":"exec_command","strict":false,"parameters":{"type":"object"}},
+                {"type":"namespace","name":"multi_agent_v1","description":"agents","tools":[
+                    {"type":"function","name":"spawn_agent","parameters":{"type":"object"}}]},
+                {"type":"web_search","external_web_access":false}]}"#,
+            AT,
+        )
+        .unwrap();
+        assert_eq!(t.dropped, ["tools.web_search", "client_metadata"]);
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        let names: Vec<&str> = b["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["exec_command", "spawn_agent"]);
     }
 
     #[test]

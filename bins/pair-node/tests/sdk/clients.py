@@ -69,7 +69,7 @@ try:
     oa.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     check(False, "unknown model must raise")
 except openai.APIStatusError as err:
-    check(err.status_code == 502 and "no-such-model" in str(err), f"error {err}")
+    check(err.status_code == 404 and "no-such-model" in str(err) and "llama3.2:3b" in str(err), f"error {err}")
 
 # --- Ollama SDK, through the Ollama face -----------------------------------
 ol = ollama.Client(host=ollama_url)
@@ -98,6 +98,6 @@ try:
     ol.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     check(False, "unknown model must raise")
 except ollama.ResponseError as err:
-    check(err.status_code == 502 and "no-such-model" in err.error, f"ollama error {err}")
+    check(err.status_code == 404 and "no-such-model" in err.error, f"ollama error {err}")
 
 print(f"ok {checks} checks")
