@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything CI needs on a fresh machine, idempotently: Debian packages,
 # cargo-deny, cargo-fuzz on the nightly toolchain (CI builds every fuzz
-# target), and the Python side (scripts/setup-python.sh).
+# target), the Python side (scripts/setup-python.sh) and the coding-agent
+# CLIs (scripts/setup-agents.sh).
 # (scripts/build-pgo.sh installs the llvm-profdata it needs itself.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,6 +11,7 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
+command -v npm >/dev/null || need+=(nodejs npm)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
@@ -28,3 +30,4 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 bash "$root/scripts/setup-python.sh" >/dev/null
+bash "$root/scripts/setup-agents.sh" >/dev/null

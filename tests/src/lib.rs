@@ -2,10 +2,11 @@
 //! HTTP client, small assertions on route receipts, and the Python SDK
 //! checks of a node's translated faces.
 
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use pair_node::harness::{ClusterSpec, LocalCluster};
+use anyhow::{Result, bail};
+use pair_node::harness::{ClusterSpec, KillOnDrop, LocalCluster};
 
 /// A cluster of `n` nodes that all hold `llama3.2:3b`, emulated 20x faster
 /// than real time, converged and ready.
@@ -78,5 +79,43 @@ pub fn sdks(
             "SDK checks failed:\n{said}\n{}",
             String::from_utf8_lossy(&out.stderr)
         ))
+    }
+}
+
+/// A real llama-cpp-python server (SmolLM2-135M, served as `smollm2`,
+/// embeddings on) on a free loopback port, up and answering, with a
+/// context of `n_ctx` tokens: the process (killed on drop) and its URL.
+pub async fn llama_server(n_ctx: u32) -> Result<(KillOnDrop, String)> {
+    let (llama_py, model) = pair_testenv::llama_paths().map_err(anyhow::Error::msg)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let server = KillOnDrop(
+        Command::new(llama_py)
+            .args(["-m", "llama_cpp.server", "--model"])
+            .arg(&model)
+            .args(["--model_alias", "smollm2", "--host", "127.0.0.1", "--port"])
+            .arg(port.to_string())
+            // Without this a second request silently truncates the first stream.
+            .args(["--interrupt_requests", "False"])
+            // Embeddings too (Ollama's /api/embed is translated to them).
+            .args(["--embedding", "True"])
+            .args(["--n_ctx", &n_ctx.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http().get(format!("{base}/v1/models")).send().await
+            && r.status().is_success()
+        {
+            return Ok((server, base));
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            bail!("llama.cpp server did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

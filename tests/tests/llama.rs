@@ -7,51 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
-use pair_node::harness::KillOnDrop;
-use std::time::{Duration, Instant};
-
-use pair_tests::{cluster, http, sdks};
+use pair_tests::{cluster, llama_server, sdks};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
-    let (llama_py, model) = pair_testenv::llama_paths().unwrap_or_else(|e| panic!("{e}"));
     let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let server = KillOnDrop(
-        Command::new(llama_py)
-            .args(["-m", "llama_cpp.server", "--model"])
-            .arg(&model)
-            .args(["--model_alias", "smollm2", "--host", "127.0.0.1", "--port"])
-            .arg(port.to_string())
-            // Without this a second request silently truncates the first stream.
-            .args(["--interrupt_requests", "False"])
-            // Embeddings too (Ollama's /api/embed is translated to them).
-            .args(["--embedding", "True"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start llama_cpp.server"),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = http().get(format!("{base}/v1/models")).send().await
-            && r.status().is_success()
-        {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "llama.cpp server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (server, base) = llama_server(2048).await.expect("llama.cpp server");
 
     let c = cluster(2, |s| {
         s.time_scale = 1.0;

@@ -183,25 +183,28 @@ fn ci(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The `KEY=VALUE` lines scripts/setup-python.sh prints (it is idempotent and
-/// fast on a warm cache), passed to the tests as environment.
+/// The `KEY=VALUE` lines scripts/setup-python.sh and
+/// scripts/setup-agents.sh print (both are idempotent and fast on a warm
+/// cache), passed to the tests as environment.
 fn python_env(root: &Path) -> Result<Vec<(String, String)>> {
-    let out = Command::new("bash")
-        .arg("scripts/setup-python.sh")
-        .current_dir(root)
-        .output()
-        .context("running scripts/setup-python.sh")?;
-    if !out.status.success() {
-        bail!(
-            "scripts/setup-python.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+    let mut vars = Vec::new();
+    for script in ["scripts/setup-python.sh", "scripts/setup-agents.sh"] {
+        let out = Command::new("bash")
+            .arg(script)
+            .current_dir(root)
+            .output()
+            .with_context(|| format!("running {script}"))?;
+        if !out.status.success() {
+            bail!("{script} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        vars.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned())),
         );
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect())
+    Ok(vars)
 }
 
 fn run(root: &Path, program: &str, args: &[&str]) -> Result<()> {

@@ -70,6 +70,18 @@ enum Command {
         openai_face: SocketAddr,
         #[arg(long, default_value = "predicted-latency")]
         policy: String,
+        /// Model aliases on the first node (PATTERN=MODEL, repeatable):
+        /// Claude Code's and Codex's default model names reach a demo model.
+        #[arg(
+            long = "alias",
+            value_delimiter = ',',
+            default_value = "claude-*=qwen2.5:7b,gpt-*=qwen2.5:7b"
+        )]
+        aliases: Vec<String>,
+        /// Wall seconds per emulated second (0.25: engines four times
+        /// faster than their hardware).
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
     },
     /// Pair this node with another one.
     Pair {
@@ -242,7 +254,19 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             ollama_face,
             openai_face,
             policy,
-        } => demo(nodes, ollama_face, openai_face, &policy, threads).await,
+            aliases,
+            time_scale,
+        } => {
+            let demo_cfg = Demo {
+                nodes,
+                ollama_face,
+                openai_face,
+                policy,
+                aliases,
+                time_scale,
+            };
+            demo(demo_cfg, threads).await
+        }
         Command::Pair { action } => match action {
             PairAction::Invite(c) => {
                 let inv = c.owner()?.invite().await?;
@@ -316,22 +340,42 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
     }
 }
 
-async fn demo(
-    n: usize,
+/// `pair-node demo`'s settings.
+struct Demo {
+    nodes: usize,
     ollama_face: SocketAddr,
     openai_face: SocketAddr,
-    policy: &str,
-    threads: usize,
-) -> anyhow::Result<()> {
+    policy: String,
+    aliases: Vec<String>,
+    time_scale: f64,
+}
+
+async fn demo(d: Demo, threads: usize) -> anyhow::Result<()> {
+    let n = d.nodes;
     if n == 0 {
         return Err(ConfigError::Policy("--nodes must be at least 1".into()).into());
     }
+    if !(d.time_scale.is_finite() && d.time_scale > 0.0) {
+        anyhow::bail!("--time-scale must be a positive number");
+    }
     let mut spec = ClusterSpec::new(n);
-    spec.first_faces = Some((ollama_face, openai_face));
+    spec.first_faces = Some((d.ollama_face, d.openai_face));
     spec.event_loops = threads;
-    spec.policy = policy
+    spec.time_scale = d.time_scale;
+    spec.policy = d
+        .policy
         .parse()
-        .map_err(|_| ConfigError::Policy(policy.to_owned()))?;
+        .map_err(|_| ConfigError::Policy(d.policy.clone()))?;
+    spec.nodes[0].aliases = d
+        .aliases
+        .iter()
+        .map(|a| {
+            a.parse().map_err(|source| ConfigError::Alias {
+                input: a.clone(),
+                source,
+            })
+        })
+        .collect::<Result<_, _>>()?;
     eprintln!("starting {n} node(s) on loopback (emulated engines, real pairing and mTLS)…");
     let cluster = LocalCluster::start(spec).await?;
     cluster.wait_converged(Duration::from_secs(20)).await?;
@@ -360,8 +404,12 @@ Try:
   curl -si {o}/api/generate -d '{{"model":"llama3.2:3b","prompt":"hi","stream":false}}' | grep x-pair
   pair-node peers --control {o}
   pair-node jobs --control {o}
+Coding agents (model aliases: {aliases}):
+  ANTHROPIC_BASE_URL={a} ANTHROPIC_API_KEY=local claude
+  codex -c model_provider=pair -c 'model_providers.pair={{name="pair",base_url="{a}/v1",wire_api="responses"}}' -m qwen2.5:7b
 Jobs view: {o}/ui     Metrics: {o}/metrics
-Ctrl-C to stop."#
+Ctrl-C to stop."#,
+        aliases = d.aliases.join(", ")
     );
     wait_for_signal().await;
     eprintln!("stopping…");

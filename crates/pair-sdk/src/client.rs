@@ -61,6 +61,10 @@ impl Request {
         let model = v.get("model").and_then(|m| m.as_str()).map(str::to_owned);
         let flavor = if path.starts_with("/api/") {
             ApiFlavor::Ollama
+        } else if path.starts_with("/v1/messages") {
+            ApiFlavor::Anthropic
+        } else if path.starts_with("/v1/responses") {
+            ApiFlavor::Responses
         } else {
             ApiFlavor::OpenAi
         };
@@ -122,6 +126,34 @@ impl Request {
             .map(|s| SessionKey::of(s.as_bytes()));
         Some(p)
     }
+}
+
+/// `req` and its profile for the target of the alias its model takes, if
+/// no node holds that model and some node's alias covers it (as a node's
+/// face applies aliases); else as they are.
+fn aliased(
+    view: &View,
+    mut req: Request,
+    mut profile: RequestProfile,
+) -> Result<(Request, RequestProfile)> {
+    if view.holds(&profile.model, profile.flavor) {
+        return Ok((req, profile));
+    }
+    // No node of its own: every node's aliases, in id order.
+    let Some(target) = view
+        .cluster
+        .alias_for(&profile.model, NodeId::from_u128(0))
+        .map(|a| a.target.as_str().to_owned())
+    else {
+        return Ok((req, profile));
+    };
+    let mut body: serde_json::Value = serde_json::from_slice(&req.body)
+        .map_err(|e| Error::InvalidRequest(format!("body is not JSON: {e}")))?;
+    body["model"] = serde_json::Value::String(target.clone());
+    req.body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    req.model = Some(target.clone());
+    profile.model = target;
+    Ok((req, profile))
 }
 
 /// Counters, for `pair-client probe` and for tests.
@@ -819,6 +851,9 @@ impl Client {
         let Some(profile) = req.profile() else {
             return self.send_listing(req, &view).await;
         };
+        // A model no node holds may be a model alias a node advertises
+        // (a tool's default name): the request becomes one for its target.
+        let (req, profile) = aliased(&view, req, profile)?;
         let model = profile.model.clone();
         if !view.holds(&model, profile.flavor) {
             return Err(Error::NoNodeServes {

@@ -42,6 +42,34 @@ pub fn sdk_python() -> Result<PathBuf, String> {
     )
 }
 
+/// What to do when an agent CLI is missing.
+pub const AGENTS_HINT: &str =
+    "run scripts/setup-agents.sh (it prints PAIR_CLAUDE and PAIR_CODEX; CI runs it)";
+
+/// The real Claude Code CLI (`claude`), from `PAIR_CLAUDE`.
+pub fn claude() -> Result<PathBuf, String> {
+    agent("PAIR_CLAUDE", "Claude Code (claude)")
+}
+
+/// The real Codex CLI (`codex`), from `PAIR_CODEX`.
+pub fn codex() -> Result<PathBuf, String> {
+    agent("PAIR_CODEX", "Codex (codex)")
+}
+
+fn agent(var: &str, what: &str) -> Result<PathBuf, String> {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{what}: {var} is not set: {AGENTS_HINT}"))?;
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{what} {} is missing ({var}): {AGENTS_HINT}",
+            path.display()
+        ))
+    }
+}
+
 /// llama-cpp-python's interpreter and the SmolLM2-135M GGUF:
 /// `PAIR_LLAMA_PYTHON` and `PAIR_LLAMA_MODEL`, else the cache.
 pub fn llama_paths() -> Result<(PathBuf, PathBuf), String> {

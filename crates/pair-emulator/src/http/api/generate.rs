@@ -322,12 +322,19 @@ pub(crate) async fn openai_completions(State(app): State<App>, h: HeaderMap, b: 
 }
 
 /// The tool call an emulated model makes, on demand: a chat offered
-/// tools whose last message is the user's, naming an offered tool as a
+/// tools whose last message (system notes aside) is the user's, naming an offered tool as a
 /// call in its text (`get_weather({"city": "Oslo"})`, `Bash({"command":
 /// "ls"})`, or `name()` for no arguments). After a tool's answer, or with
 /// no such call asked for, it answers in text.
 fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<ToolCall> {
-    let last = req.get("messages")?.as_array()?.last()?;
+    // A system note after the user's turn (Claude Code sends its
+    // environment so) does not end the turn.
+    let last = req
+        .get("messages")?
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) != Some("system"))?;
     if last.get("role")?.as_str()? != "user" {
         return None;
     }
