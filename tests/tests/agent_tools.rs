@@ -226,6 +226,9 @@ async fn claude_code_and_codex_talk_to_a_real_llama_cpp_engine() {
     let (server, base) = llama_server(16_384).await.expect("llama.cpp server");
     let c = cluster(2, |s| {
         s.time_scale = 1.0;
+        // A 135M model on two CPU cores prefills Codex's prompt for longer
+        // than the default no-progress bound.
+        s.first_byte_timeout = Duration::from_secs(300);
         s.nodes[1].external = Some(format!("openai-compat={base}"));
         s.nodes[1].models = vec!["smollm2".into()];
         s.nodes[1].profile = "cpu-smollm2-135m".into();

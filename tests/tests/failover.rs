@@ -261,7 +261,7 @@ async fn an_unknown_model_is_a_404_naming_it_and_the_models_the_cluster_holds() 
     assert_eq!(body["error"]["code"], "model_not_found");
     assert_eq!(
         body["pair"]["models"],
-        json!(["llama3.2:3b", "nomic-embed-text", "qwen2.5:7b"])
+        json!(["llama3.2:3b", "nomic-embed-text:latest", "qwen2.5:7b"])
     );
     // Anthropic's face and shape too.
     let resp = http()
