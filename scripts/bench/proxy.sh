@@ -315,12 +315,13 @@ if want ttfb; then
             printf '%s\t%s\t%s\t%s\t%s\n' ttfb "$v" 1 "$r" "${out#RESULT }" >>"$TSV"
         done
         # The same stream through the same node, translated (Ollama's
-        # /api/chat, Anthropic's /v1/messages), interleaved with the
-        # untranslated one request by request.
-        for v in ollama anthropic; do
+        # /api/chat, Anthropic's /v1/messages, OpenAI's /v1/responses),
+        # interleaved with the untranslated one request by request.
+        for v in ollama anthropic responses; do
             case $v in
                 ollama) other="127.0.0.1:${PORTS[3]} /api/chat" ;;
                 anthropic) other="127.0.0.1:${PORTS[4]} /v1/messages" ;;
+                responses) other="127.0.0.1:${PORTS[4]} /v1/responses" ;;
             esac
             # shellcheck disable=SC2086
             out=$(cd "$HERE" && $PY ttfb_pair.py "127.0.0.1:${PORTS[4]}" /v1/chat/completions \

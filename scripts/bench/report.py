@@ -126,7 +126,10 @@ if "ttfb" in sections:
         w("")
         w("| client | untranslated p50 µs | translated p50 µs | added p50 µs | added, median of pairs µs |")
         w("|---|---|---|---|---|")
-        for v, name in (("ollama", "Ollama /api/chat"), ("anthropic", "Anthropic /v1/messages")):
+        for v, name in (("ollama", "Ollama /api/chat"), ("anthropic", "Anthropic /v1/messages"),
+                        ("responses", "OpenAI /v1/responses")):
+            if not rows.get(("translated", v, 1)):
+                continue
             added = med("translated", v, 1, "added_p50_us")
             w(f"| {name} | {med('translated', v, 1, 'base_p50_us'):.0f} | "
               f"{med('translated', v, 1, 'other_p50_us'):.0f} | {added:.0f} | "

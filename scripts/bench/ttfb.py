@@ -31,6 +31,10 @@ BODIES = {
         b'{"model":"bench","messages":[{"role":"user","content":"Say hello."}],'
         b'"max_tokens":16,"stream":true}'
     ),
+    "/v1/responses": (
+        b'{"model":"bench","input":[{"role":"user","content":"Say hello."}],'
+        b'"max_output_tokens":16,"stream":true}'
+    ),
 }
 
 

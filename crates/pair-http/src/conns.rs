@@ -34,6 +34,9 @@ pub struct ClientDeadlines {
     /// it declared.
     pub body_grace: Duration,
     pub body_min_rate: u64,
+    /// A body with no byte for this long is cut, however much it sent
+    /// before: what it earned by sending fast is not a licence to stall.
+    pub body_stall: Duration,
 }
 
 impl Default for ClientDeadlines {
@@ -43,16 +46,77 @@ impl Default for ClientDeadlines {
             head: Duration::from_secs(10),
             body_grace: Duration::from_secs(10),
             body_min_rate: 16 * 1024,
+            body_stall: Duration::from_secs(10),
         }
     }
 }
 
 impl ClientDeadlines {
-    /// When a body that started at `start` and has `received` bytes so far
-    /// must have ended or sent more.
-    pub fn body_deadline(&self, start: Instant, received: u64) -> Instant {
+    /// When a body that started at `start`, has `received` bytes so far and
+    /// got its last byte at `last`, must have ended or sent more: the
+    /// sooner of its allowance (a grace plus a second per
+    /// [`Self::body_min_rate`] bytes) and its last byte plus
+    /// [`Self::body_stall`].
+    pub fn body_deadline(&self, start: Instant, received: u64, last: Instant) -> Instant {
         let rate = self.body_min_rate.max(1);
-        start + self.body_grace + Duration::from_millis(received.saturating_mul(1000) / rate)
+        let earned =
+            start + self.body_grace + Duration::from_millis(received.saturating_mul(1000) / rate);
+        earned.min(last + self.body_stall)
+    }
+}
+
+/// How many request body bytes the node holds while they arrive, across
+/// every connection: a body that would take it past its cap is answered
+/// 503 before any of it is read, so many clients each sending a large body
+/// slowly cannot take the node's memory between them.
+#[derive(Debug)]
+pub struct BodyBudget {
+    cap: usize,
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl BodyBudget {
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            held: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Takes `len` bytes of the budget until the permit is dropped; `None`
+    /// when they are not there.
+    pub fn take(self: &Arc<Self>, len: usize) -> Option<BodyPermit> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(len).filter(|&n| n <= self.cap)
+            })
+            .ok()
+            .map(|_| BodyPermit {
+                budget: Arc::clone(self),
+                len,
+            })
+    }
+}
+
+/// Bytes of the [`BodyBudget`] a body being read holds.
+#[derive(Debug)]
+pub struct BodyPermit {
+    budget: Arc<BodyBudget>,
+    len: usize,
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.len, Ordering::AcqRel);
     }
 }
 
@@ -225,14 +289,39 @@ mod tests {
     }
 
     #[test]
-    fn a_body_s_deadline_moves_with_what_arrived() {
+    fn a_body_s_deadline_moves_with_what_arrived_but_not_past_a_stall() {
         let d = ClientDeadlines::default();
         let t = Instant::now();
-        assert_eq!(d.body_deadline(t, 0), t + Duration::from_secs(10));
+        assert_eq!(d.body_deadline(t, 0, t), t + Duration::from_secs(10));
+        let s = t + Duration::from_secs(3);
         assert_eq!(
-            d.body_deadline(t, 16 * 1024 * 5),
-            t + Duration::from_secs(15)
+            d.body_deadline(t, 16 * 1024 * 5, s),
+            t + Duration::from_secs(13),
+            "a stall after the last byte ends it before the allowance"
         );
+        // 32 MiB sent at once earns 2048 s of allowance; a stall of 10 s
+        // ends it all the same.
+        assert_eq!(
+            d.body_deadline(t, 32 << 20, t + Duration::from_secs(1)),
+            t + Duration::from_secs(11)
+        );
+        let slow = t + Duration::from_secs(1);
+        assert_eq!(d.body_deadline(t, 0, slow), t + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_body_budget_is_held_while_permits_live() {
+        let b = BodyBudget::new(100);
+        let p1 = b.take(60).unwrap();
+        assert!(b.take(41).is_none(), "over the cap");
+        let p2 = b.take(40).unwrap();
+        assert_eq!(b.held(), 100);
+        drop(p1);
+        assert_eq!(b.held(), 40);
+        assert!(b.take(60).is_some());
+        drop(p2);
+        assert_eq!(b.held(), 0);
+        assert!(b.take(101).is_none(), "never more than the cap at once");
     }
 
     #[test]

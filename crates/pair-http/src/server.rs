@@ -30,7 +30,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::conns::{ClientDeadlines, ConnGuard};
+use std::sync::Arc;
+
+use crate::conns::{BodyBudget, ClientDeadlines, ConnGuard};
 use crate::h1::{self, BodyLen};
 use crate::hyper_conn::{SHUTDOWN_GRACE, serve_connection};
 use crate::reply::Reply;
@@ -95,6 +97,20 @@ pub trait Answer:
     fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send;
     /// The answer to a request whose declared body is over the cap.
     fn too_large(&self, method: &Method, path: &str) -> Response<Body>;
+    /// The budget of body bytes held across connections, if any.
+    fn body_budget(&self) -> Option<&Arc<BodyBudget>> {
+        None
+    }
+    /// The answer to a request whose body the budget has no room for.
+    fn over_budget(&self, _method: &Method, _path: &str) -> Response<Body> {
+        let mut resp = Response::new(Body::from("the node holds as much request body as it may; retry shortly"));
+        *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        resp
+    }
 }
 
 /// Serves `tcp` until the client closes it or `shutdown`; then a request
@@ -199,9 +215,26 @@ async fn run<A: Answer>(
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
         if buf.len() < len {
+            // A body still to come holds its share of the node's budget
+            // while it arrives; with no room, the client is told to come
+            // back rather than let in.
+            let _permit = match svc.body_budget() {
+                None => None,
+                Some(budget) => match budget.take(len) {
+                    Some(p) => Some(p),
+                    None => {
+                        let resp = svc.over_budget(&head.method, target.path()).into();
+                        write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true)
+                            .await?;
+                        close_lingering(&mut tcp, &mut buf, len as u64).await;
+                        return Ok(());
+                    }
+                },
+            };
             // A client that stalls mid-body is closed by its deadline, and
             // holds only what it sent.
             let start = Instant::now();
+            let mut last = start;
             while buf.len() < len {
                 let step = (len - buf.len()).min(BODY_STEP);
                 if buf.capacity() - buf.len() < step {
@@ -209,7 +242,7 @@ async fn run<A: Answer>(
                 }
                 limit
                     .as_mut()
-                    .reset(deadlines.body_deadline(start, buf.len() as u64));
+                    .reset(deadlines.body_deadline(start, buf.len() as u64, last));
                 let n = tokio::select! {
                     biased;
                     r = tcp.read_buf(&mut buf) => r.map_err(|_| "read failed")?,
@@ -218,6 +251,7 @@ async fn run<A: Answer>(
                 if n == 0 {
                     return Err("client closed before its body's end");
                 }
+                last = Instant::now();
             }
         }
         let received = tokio::time::Instant::now();

@@ -672,13 +672,17 @@ where
     // As on the hand-framed path: a body must keep arriving, and its
     // buffer grows with what arrived.
     let start = tokio::time::Instant::now();
+    let mut last = start;
     let mut body = std::pin::pin!(http_body_util::Limited::new(body, cap));
     let mut got = bytes::BytesMut::new();
     loop {
-        let by = deadlines.body_deadline(start, got.len() as u64);
+        let by = deadlines.body_deadline(start, got.len() as u64, last);
         let frame =
             match tokio::time::timeout_at(by, http_body_util::BodyExt::frame(&mut body)).await {
-                Ok(Some(Ok(frame))) => frame,
+                Ok(Some(Ok(frame))) => {
+                    last = tokio::time::Instant::now();
+                    frame
+                }
                 Ok(None) => return Ok(got.freeze()),
                 Ok(Some(Err(e))) => {
                     if e.is::<http_body_util::LengthLimitError>() {
