@@ -152,6 +152,19 @@ pub enum Error {
     NotPaired(NodeId),
     #[error("peer presented no certificate")]
     NoPeerCertificate,
+    #[error("invalid key name {name:?}: {reason}")]
+    BadKeyName { name: String, reason: &'static str },
+    #[error("invalid model pattern {pattern:?}: {reason}")]
+    BadModelPattern {
+        pattern: String,
+        reason: &'static str,
+    },
+    #[error("a live key is already named {name:?}: revoke it first or pick another name")]
+    KeyNameTaken { name: String },
+    #[error("no live key is named {name:?}")]
+    NoSuchKey { name: String },
+    #[error("the random source repeated a key id")]
+    RepeatedKeyId,
 }
 
 impl Error {

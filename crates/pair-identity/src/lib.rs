@@ -90,7 +90,15 @@
 //! [`tls::peer_of_server_conn`] and friends tell the application who is on
 //! the other end.
 //!
-//! # Start-up
+//! # API keys ([`keys`])
+//! The opt-in LAN face admits requests that carry an API key
+//! (`pair-sk-…`, 32 random bytes). [`KeyStore`] keeps only SHA-256 hashes
+//! in `keys.json` (mode 0600, written like the trust store) and merges
+//! records with peers as a union in which a revocation always wins, so a
+//! key made on one node works on every node and a revocation reaches
+//! every node. [`RateLimiter`] (per key) and [`FailureGate`] (per client
+//! address, IPv6 by /64) are pure state machines the shell feeds with `now`.
+//!
 //! Call [`install_crypto_provider`] once at start-up: reqwest (built with
 //! `rustls-no-provider`) panics when building any client without one.
 
@@ -102,6 +110,7 @@ pub mod error;
 pub mod fingerprint;
 mod fsutil;
 pub mod identity;
+pub mod keys;
 pub mod protocol;
 pub mod service;
 pub mod tls;
@@ -113,6 +122,9 @@ pub use control::ControlToken;
 pub use error::{Error, Refusal, Result};
 pub use fingerprint::Fingerprint;
 pub use identity::{Identity, IdentityPaths, PeerCertInfo};
+pub use keys::{
+    FailureGate, FailureLimits, KeyId, KeyRecord, KeyStore, RateLimiter, Secret, parse_presented,
+};
 pub use protocol::{
     FailureLedger, InviteStatus, Inviter, Joiner, JoinerConfirmed, Limits, LocalParty, Pin,
 };
