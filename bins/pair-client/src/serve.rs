@@ -83,6 +83,7 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
             gate: FaceGate::new(&faces.allowed_hosts),
             max_connections: pair_http::conns::cap_for_fd_limit(nofile),
             deadlines: ClientDeadlines::default(),
+            body_budget: 64 << 20,
             http_stack: pair_http::client::HttpStack::default(),
             peers: Arc::clone(&peers),
             load: LocalLoad::new(),

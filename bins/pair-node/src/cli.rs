@@ -87,6 +87,21 @@ impl ControlClient {
         )
         .await
     }
+    pub async fn add_key(&self, key: &control::NewKey) -> Result<control::MadeKey> {
+        self.post(control::KEYS, key).await
+    }
+    pub async fn keys(&self) -> Result<Vec<control::KeyRow>> {
+        self.get(control::KEYS).await
+    }
+    pub async fn revoke_key(&self, name: &str) -> Result<Vec<control::KeyRow>> {
+        self.post(
+            control::KEYS_REVOKE,
+            &control::RevokeKey {
+                name: name.to_owned(),
+            },
+        )
+        .await
+    }
     pub async fn unpair(&self, node: &str) -> Result<Value> {
         self.post(
             control::UNPAIR,

@@ -132,6 +132,10 @@ pub enum Mdns {
     Lan,
 }
 
+/// Request body bytes held across connections while they arrive, by
+/// default: two bodies at the 32 MiB cap.
+pub const DEFAULT_BODY_BUDGET: usize = 64 << 20;
+
 /// The settings file, all optional. Same names as the flags.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -150,10 +154,15 @@ pub struct FileConfig {
     pub engine_cmd: Option<String>,
     pub allowed_hosts: Option<Vec<String>>,
     pub aliases: Option<Vec<String>>,
+    pub lan_face: Option<SocketAddr>,
+    pub allowed_origins: Option<Vec<String>>,
+    pub lan_max_per_address: Option<usize>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<String>,
     pub head_timeout: Option<String>,
     pub body_timeout: Option<String>,
+    pub body_stall_timeout: Option<String>,
+    pub body_budget_mib: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
 }
 
@@ -245,6 +254,24 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Vec<String>,
+    /// Opens the LAN face on ADDR (e.g. 0.0.0.0:8443): every API on one
+    /// port for other machines, each request with an API key made by
+    /// `pair-node keys add` (Authorization: Bearer, or x-api-key). Off by
+    /// default.
+    #[arg(long, env = "PAIR_LAN_FACE")]
+    pub lan_face: Option<SocketAddr>,
+    /// An origin whose web pages may call the LAN face (repeatable), e.g.
+    /// http://nas.lan:8080 for Open WebUI; CORS preflights are answered
+    /// for these.
+    #[arg(
+        long = "allowed-origin",
+        env = "PAIR_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+    /// Connections one client address may hold on the LAN face. Default 32.
+    #[arg(long, env = "PAIR_LAN_MAX_PER_ADDRESS")]
+    pub lan_max_per_address: Option<usize>,
     /// A model alias, PATTERN=MODEL (repeatable): requests for a model no
     /// node holds whose name matches PATTERN (an exact name, or `*` for any
     /// run of characters: 'claude-*=qwen2.5:7b') go to MODEL. Aliases hold
@@ -274,6 +301,15 @@ pub struct RunArgs {
     /// per 16 KiB that arrived. Default 10s.
     #[arg(long, env = "PAIR_BODY_TIMEOUT")]
     pub body_timeout: Option<String>,
+    /// A request body that sends no byte for this long is cut, however
+    /// much it sent before. Default 10s.
+    #[arg(long, env = "PAIR_BODY_STALL_TIMEOUT")]
+    pub body_stall_timeout: Option<String>,
+    /// Request body bytes the node holds while they arrive, over every
+    /// connection, in MiB; a body with no room gets 503 and Retry-After.
+    /// Default 64 (two bodies at the 32 MiB cap).
+    #[arg(long, env = "PAIR_BODY_BUDGET_MIB")]
+    pub body_budget_mib: Option<u64>,
     /// Benchmarks only: serve the faces with hyper and call the engines
     /// with hyper-util's client instead of the hand-framed HTTP/1.1.
     #[arg(long, value_enum, hide = true)]
@@ -313,6 +349,16 @@ pub enum HttpStackArg {
     Hyper,
 }
 
+/// The LAN face's settings.
+#[derive(Clone, Debug)]
+pub struct LanFace {
+    pub addr: SocketAddr,
+    /// Origins whose pages may call it.
+    pub origins: Vec<String>,
+    /// Connections one client address may hold.
+    pub per_address: usize,
+}
+
 /// The node's configuration, typed.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -341,12 +387,16 @@ pub struct NodeConfig {
     pub allowed_hosts: Vec<String>,
     /// Model aliases (`--alias`), advertised to the cluster.
     pub aliases: Vec<pair_core::ModelAlias>,
+    /// The LAN face, when `--lan-face` opens one.
+    pub lan: Option<LanFace>,
     /// Cap on open connections (`None`: from the open-file limit).
     pub max_connections: Option<usize>,
     /// Where `/metrics` is served besides the faces (`--metrics-listen`).
     pub metrics_listen: Option<SocketAddr>,
     /// How long a face's client may take.
     pub deadlines: ClientDeadlines,
+    /// Body bytes held across connections while they arrive.
+    pub body_budget: usize,
     pub http_stack: HttpStack,
     pub emulated: Option<EmulatedHardware>,
     /// `--report-interval` (`None`: the gossip default).
@@ -449,7 +499,18 @@ impl NodeConfig {
                 d.body_grace,
             )?,
             body_min_rate: d.body_min_rate,
+            body_stall: duration(
+                "body-stall-timeout",
+                args.body_stall_timeout.or(file.body_stall_timeout),
+                d.body_stall,
+            )?,
         };
+        let body_budget = args
+            .body_budget_mib
+            .or(file.body_budget_mib)
+            .map_or(DEFAULT_BODY_BUDGET, |mib| {
+                usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+            });
         Ok(Self {
             state_dir,
             name: args
@@ -499,9 +560,22 @@ impl NodeConfig {
                     .map_err(|source| ConfigError::Alias { input: a, source })
             })
             .collect::<Result<_, _>>()?,
+            lan: args.lan_face.or(file.lan_face).map(|addr| LanFace {
+                addr,
+                origins: if args.allowed_origins.is_empty() {
+                    file.allowed_origins.clone().unwrap_or_default()
+                } else {
+                    args.allowed_origins.clone()
+                },
+                per_address: args
+                    .lan_max_per_address
+                    .or(file.lan_max_per_address)
+                    .unwrap_or(pair_proxy::lan::DEFAULT_PER_ADDRESS),
+            }),
             max_connections: args.max_connections.or(file.max_connections),
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             deadlines,
+            body_budget,
             http_stack: match args.http_stack {
                 Some(HttpStackArg::Hyper) => HttpStack::Hyper,
                 Some(HttpStackArg::Native) | None => HttpStack::Native,

@@ -27,6 +27,8 @@ pub const CLUSTER: &str = "/_pair/cluster";
 pub const INVITE: &str = "/_pair/invite";
 pub const JOIN: &str = "/_pair/join";
 pub const UNPAIR: &str = "/_pair/unpair";
+pub const KEYS: &str = "/_pair/keys";
+pub const KEYS_REVOKE: &str = "/_pair/keys/revoke";
 
 #[derive(Clone)]
 pub struct Control {
@@ -42,6 +44,8 @@ pub struct Control {
     pub token: ControlToken,
     /// This node's engines, as their pollers last saw them.
     pub engines: Vec<EngineHandle>,
+    /// The LAN face's API keys (held cluster-wide).
+    pub keys: pair_identity::keys::KeyStore,
 }
 
 impl std::fmt::Debug for Control {
@@ -61,12 +65,15 @@ pub fn router(c: Control) -> Router {
         .route(INVITE, post(invite))
         .route(JOIN, post(join))
         .route(UNPAIR, post(unpair))
+        .route(KEYS, post(add_key))
+        .route(KEYS_REVOKE, post(revoke_key))
         .route_layer(middleware::from_fn_with_state(c.clone(), owner));
     Router::new()
         .route(STATUS, get(status))
         .route(PEERS, get(peers))
         .route(JOBS, get(jobs))
         .route(CLUSTER, get(cluster))
+        .route(KEYS, get(list_keys))
         .route("/ui", get(ui))
         .merge(owner_only)
         .with_state(c)
@@ -371,6 +378,94 @@ async fn join(State(c): State<Control>, Json(req): Json<JoinRequest>) -> Respons
 pub struct UnpairRequest {
     /// Node UUID or name.
     pub node: String,
+}
+
+/// `pair-node keys add`'s request.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct NewKey {
+    pub name: String,
+    /// Model patterns the key may use (empty: every model).
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Requests a minute (none: no limit).
+    pub rate_per_min: Option<std::num::NonZeroU32>,
+}
+
+/// A key just made: the secret, shown this once.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct MadeKey {
+    pub secret: String,
+    pub key: KeyRow,
+}
+
+/// A key as `keys list` shows it (never its secret or hash).
+#[derive(Serialize, Deserialize, Debug)]
+pub struct KeyRow {
+    pub name: String,
+    pub id: String,
+    pub models: Vec<String>,
+    pub rate_per_min: Option<std::num::NonZeroU32>,
+    pub created_at_ms: u64,
+    pub revoked_at_ms: Option<u64>,
+    /// The node that made it.
+    pub origin: NodeId,
+}
+
+impl From<&pair_identity::keys::KeyRecord> for KeyRow {
+    fn from(k: &pair_identity::keys::KeyRecord) -> Self {
+        Self {
+            name: k.name.clone(),
+            id: k.id.to_string(),
+            models: k.models.clone(),
+            rate_per_min: k.rate_per_min,
+            created_at_ms: k.created_at_ms,
+            revoked_at_ms: k.revoked_at_ms,
+            origin: k.origin,
+        }
+    }
+}
+
+/// `pair-node keys revoke`'s request.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct RevokeKey {
+    pub name: String,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn add_key(State(c): State<Control>, Json(req): Json<NewKey>) -> Response {
+    match c.keys.add(
+        &req.name,
+        req.models,
+        req.rate_per_min,
+        unix_ms(),
+        c.st.node.id,
+        &mut rand::rng(),
+    ) {
+        Ok((record, secret)) => Json(MadeKey {
+            secret: secret.expose().to_owned(),
+            key: KeyRow::from(&record),
+        })
+        .into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn list_keys(State(c): State<Control>) -> Json<Vec<KeyRow>> {
+    let mut rows: Vec<KeyRow> = c.keys.list().iter().map(KeyRow::from).collect();
+    rows.extend(c.keys.revoked().iter().map(KeyRow::from));
+    Json(rows)
+}
+
+async fn revoke_key(State(c): State<Control>, Json(req): Json<RevokeKey>) -> Response {
+    match c.keys.revoke(&req.name, unix_ms()) {
+        Ok(revoked) => Json(revoked.iter().map(KeyRow::from).collect::<Vec<_>>()).into_response(),
+        Err(e) => err(StatusCode::NOT_FOUND, e),
+    }
 }
 
 async fn unpair(State(c): State<Control>, Json(req): Json<UnpairRequest>) -> Response {

@@ -44,6 +44,8 @@ pub struct Listeners {
     pub ollama: TcpListener,
     pub openai: TcpListener,
     pub cluster: TcpListener,
+    /// The LAN face, when `--lan-face` opens one.
+    pub lan: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -54,6 +56,10 @@ impl Listeners {
             cluster: TcpListener::bind(cfg.cluster)
                 .await
                 .with_context(|| format!("cannot listen on cluster port {}", cfg.cluster))?,
+            lan: match &cfg.lan {
+                Some(lan) => Some(bind_face(lan.addr, "LAN").await?),
+                None => None,
+            },
         })
     }
 }
@@ -71,6 +77,31 @@ async fn bind_face(addr: SocketAddr, what: &str) -> Result<TcpListener> {
         };
         anyhow::anyhow!("cannot listen on the {what} face {addr}: {e}{hint}")
     })
+}
+
+/// The names and addresses by which other machines reach this node: the
+/// LAN face answers a `Host` of any of them (and what `--allowed-host`
+/// adds). The hostname and its `.local` (mDNS) name, every address of
+/// this machine's interfaces, and the face's own address.
+fn own_names(name: &str, face: SocketAddr) -> Vec<String> {
+    let literal = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    let mut names = Vec::new();
+    if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+        let host = host.trim();
+        if !host.is_empty() {
+            names.push(host.to_owned());
+            names.push(format!("{host}.local"));
+        }
+    }
+    names.push(name.to_owned());
+    names.push(literal(face.ip()));
+    if let Ok(addrs) = pair_discovery::local_addrs() {
+        names.extend(addrs.into_iter().map(|a| literal(a.ip)));
+    }
+    names
 }
 
 /// The connection cap that fits this process's open-file limit (which
@@ -134,6 +165,8 @@ pub struct Node {
     pub name: String,
     pub ollama_addr: SocketAddr,
     pub openai_addr: SocketAddr,
+    /// The LAN face's address, when it is open.
+    pub lan_addr: Option<SocketAddr>,
     pub cluster_addr: SocketAddr,
     pub state: Arc<ProxyState>,
     pub identity: Arc<Identity>,
@@ -275,6 +308,8 @@ pub async fn start(
         .collect::<Result<Vec<_>>>()?;
 
     let jobs = Arc::new(JobLog::open(dir, now_ms())?);
+    // API keys for the LAN face, held cluster-wide.
+    let keys = pair_identity::keys::KeyStore::open(dir)?;
     let peers = Peers::new();
     let load = LocalLoad::new();
     let bindings = Arc::new(Bindings::default());
@@ -296,6 +331,7 @@ pub async fn start(
             gate: FaceGate::new(&cfg.allowed_hosts),
             max_connections: cfg.max_connections.unwrap_or_else(default_max_connections),
             deadlines: cfg.deadlines,
+            body_budget: cfg.body_budget,
             http_stack: cfg.http_stack,
             peers: Arc::clone(&peers),
             load: Arc::clone(&load),
@@ -323,7 +359,8 @@ pub async fn start(
             .merge(pair_cluster::edge::router(
                 trust.clone(),
                 Arc::clone(&peers),
-            )),
+            ))
+            .merge(pair_cluster::keys::router(keys.clone())),
         acceptor: pair_identity::tls::tls_acceptor(&identity, &trust)?,
         trust: trust.clone(),
         loops,
@@ -377,7 +414,14 @@ pub async fn start(
         boot: boot_id(),
         trust: trust.clone(),
         aliases: cfg.aliases.clone(),
+        keys: keys.clone(),
     };
+    tasks.spawn(pair_cluster::keys::sync(
+        keys.clone(),
+        Arc::clone(&reports),
+        Arc::clone(&peers),
+        shutdown.clone(),
+    ));
     let statuses = {
         let (trust, peers) = (trust.clone(), Arc::clone(&peers));
         move || snapshot::peer_statuses(&trust, &peer_set, &peers)
@@ -411,6 +455,7 @@ pub async fn start(
         name: cfg.name.clone(),
         token: control_token.clone(),
         engines: engine_handles,
+        keys: keys.clone(),
     });
     let sweep_state = Arc::clone(&st);
     let sweep_stop = shutdown.clone();
@@ -435,6 +480,28 @@ pub async fn start(
             tasks.clone(),
         ));
     }
+    let lan_addr = match (listeners.lan, &cfg.lan) {
+        (Some(listener), Some(lan)) => {
+            let addr = listener.local_addr()?;
+            let mut hosts = cfg.allowed_hosts.clone();
+            hosts.extend(own_names(&cfg.name, addr));
+            let rules = pair_proxy::lan::Lan::new(pair_proxy::lan::LanConfig {
+                keys: keys.clone(),
+                hosts,
+                origins: lan.origins.clone(),
+                per_address: lan.per_address,
+            });
+            tracing::info!(%addr, "LAN face open: every request needs an API key (pair-node keys add NAME)");
+            tasks.spawn(face::serve_lan(
+                listener,
+                Arc::clone(&st),
+                rules,
+                shutdown.clone(),
+            ));
+            Some(addr)
+        }
+        _ => None,
+    };
     tasks.spawn(face::serve(
         listeners.ollama,
         Arc::clone(&st),
@@ -456,6 +523,7 @@ pub async fn start(
         name: cfg.name,
         ollama_addr,
         openai_addr,
+        lan_addr,
         cluster_addr,
         state: st,
         identity,

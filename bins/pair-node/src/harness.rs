@@ -41,6 +41,8 @@ pub struct NodeSpec {
     pub external: Option<String>,
     /// Model aliases configured on this node (`--alias`).
     pub aliases: Vec<pair_core::ModelAlias>,
+    /// This node's LAN face (`--lan-face`).
+    pub lan: Option<crate::config::LanFace>,
 }
 
 /// The whole cluster.
@@ -89,6 +91,7 @@ impl ClusterSpec {
                     slots: None,
                     external: None,
                     aliases: Vec::new(),
+                    lan: None,
                 }
             })
             .collect();
@@ -188,8 +191,10 @@ impl LocalCluster {
                 event_loops: spec.event_loops,
                 allowed_hosts: Vec::new(),
                 aliases: ns.aliases.clone(),
+                lan: ns.lan.clone(),
                 max_connections: None,
                 deadlines: pair_http::conns::ClientDeadlines::default(),
+                body_budget: crate::config::DEFAULT_BODY_BUDGET,
                 http_stack: pair_http::HttpStack::default(),
                 metrics_listen: None,
                 emulated: None,

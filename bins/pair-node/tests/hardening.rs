@@ -389,6 +389,70 @@ fn stalled_uploads_hold_what_they_sent_not_what_they_declared() {
 }
 
 #[test]
+fn uploads_that_send_fast_then_stall_are_cut_and_held_within_the_budget() {
+    // 32 MiB minus a byte sent at once earns half an hour of body
+    // allowance; the stall timeout cuts it all the same, and the budget
+    // of body bytes (64 MiB) lets two such uploads in, not ten.
+    let node = start_with("stalls", engine(), 1, &["--body-stall-timeout", "2s"]);
+    let face = node.face_addr().to_owned();
+    let got = request(&face, "POST", "/api/chat", &face, "", CHAT);
+    assert_eq!(status_of(&got), 200);
+    let before = rss(node.pid());
+    let declared: usize = 32 * 1024 * 1024;
+    let uploads: Vec<_> = (0..10)
+        .map(|_| {
+            let face = face.clone();
+            std::thread::spawn(move || {
+                let mut tcp = TcpStream::connect(&face).unwrap();
+                let head = format!(
+                    "POST /api/chat HTTP/1.1\r\nhost: {face}\r\ncontent-length: {declared}\r\n\r\n"
+                );
+                tcp.write_all(head.as_bytes()).unwrap();
+                // All but the last byte, then nothing.
+                let sent = tcp.write_all(&vec![b' '; declared - 1]).is_ok();
+                let last_byte = Instant::now();
+                let answer = read_all(&mut tcp, Duration::from_secs(30));
+                (sent, answer, last_byte.elapsed())
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    let mut cut = Vec::new();
+    for u in uploads {
+        let (sent, answer, closed_after) = u.join().unwrap();
+        if answer.starts_with("HTTP/1.1 503") || !sent {
+            // Answered before its body was read (the 503 may be lost to
+            // the reset that closing on unread bytes sends).
+            assert!(
+                answer.is_empty() || answer.contains("retry-after"),
+                "{answer}"
+            );
+            refused += 1;
+        } else {
+            assert!(answer.is_empty(), "{answer:?}");
+            cut.push(closed_after);
+        }
+    }
+    let after = rss(node.pid());
+    let grew = after.saturating_sub(before);
+    eprintln!(
+        "ten uploads of 32 MiB less a byte, then stalled: {refused} refused (503), {} cut after {cut:?}; RSS {before} -> {after} (+{grew} bytes)",
+        cut.len()
+    );
+    assert!(
+        refused >= 8,
+        "the budget holds two such bodies: {refused} refused"
+    );
+    for took in &cut {
+        assert!(
+            *took < Duration::from_secs(6),
+            "a stalled body is cut within the stall timeout: {took:?}"
+        );
+    }
+    assert!(grew < 10 * 1024 * 1024, "memory grew by {grew} bytes");
+}
+
+#[test]
 fn a_flood_of_idle_connections_under_a_low_fd_limit_does_not_lock_clients_out() {
     // This process opens the flood: it needs more than 1024 descriptors.
     rlimit::increase_nofile_limit(8192).unwrap();

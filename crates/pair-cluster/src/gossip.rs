@@ -228,6 +228,7 @@ mod tests {
 
     fn record(id: u128, by: u128) -> JobRecord {
         JobRecord {
+            key: None,
             id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
             model: "m".into(),
             flavor: pair_core::ApiFlavor::Ollama,

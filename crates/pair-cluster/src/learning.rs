@@ -131,6 +131,7 @@ mod tests {
     /// in the next second, run on node `ran_on`.
     fn job(id: u128, ran_on: u128) -> JobRecord {
         JobRecord {
+            key: None,
             id: JobId::from_uuid(uuid::Uuid::from_u128(id)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,
@@ -182,6 +183,7 @@ mod tests {
         let jobs = Arc::new(JobLog::in_memory());
         let l = SpeedLearner::new(Arc::clone(&jobs), me);
         let at = |id: u128, ran_on: u128, origin: u128, created: u64| JobRecord {
+            key: None,
             origin: NodeId::from_u128(origin),
             created_at_ms: created,
             recorded_by: (origin != 1).then_some(NodeId::from_u128(1)),
@@ -223,6 +225,7 @@ mod tests {
             for _ in 0..streams {
                 id += 1;
                 jobs.record(JobRecord {
+                    key: None,
                     created_at_ms: at,
                     ttft_ms: Some(100),
                     // The stream looks 300 ms longer than the engine's work.

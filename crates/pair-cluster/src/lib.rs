@@ -24,6 +24,7 @@ pub mod bindings;
 pub mod config;
 pub mod edge;
 pub mod gossip;
+pub mod keys;
 pub mod learning;
 pub mod link;
 pub mod links;

@@ -99,6 +99,8 @@ pub struct LocalReport {
     pub trust: TrustStore,
     /// The model aliases configured here ([`NodeSnapshot::aliases`]).
     pub aliases: Vec<pair_core::ModelAlias>,
+    /// The API keys this node holds; the report carries their digest.
+    pub keys: pair_identity::keys::KeyStore,
 }
 
 impl LocalReport {
@@ -158,6 +160,7 @@ impl LocalReport {
         n.base_perf = self.base_perf;
         n.bindings = self.bindings.reported(now);
         n.aliases.clone_from(&self.aliases);
+        n.keys = self.keys.digest();
         n
     }
 }

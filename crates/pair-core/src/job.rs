@@ -60,6 +60,9 @@ pub struct JobRecord {
     /// What the engine reported of its own work on the job, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineTiming>,
+    /// The name of the API key the request came with (the LAN face).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// The engine's own account of a job (Ollama's `prompt_eval_duration` and
@@ -122,6 +125,7 @@ mod tests {
 
     fn record(status: JobStatus, by: u128) -> JobRecord {
         JobRecord {
+            key: None,
             id: crate::JobId::from_uuid(uuid::Uuid::from_u128(1)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,

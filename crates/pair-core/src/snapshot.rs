@@ -222,6 +222,10 @@ pub struct NodeSnapshot {
     /// peers (0: none); peers fetch the list again when it changes.
     #[serde(default)]
     pub vouches: u64,
+    /// A digest of the API key records this node holds (0: none); a peer
+    /// whose own differs reads them and merges.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub keys: u64,
     /// Where this node recently sent conversations that entered at it,
     /// newest first, so every node can follow a conversation to the node
     /// that holds its prompt cache.
@@ -231,6 +235,10 @@ pub struct NodeSnapshot {
     /// ([`ClusterSnapshot::alias_for`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<crate::ModelAlias>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A conversation's latest turn went to `node` at `at_ms` (ms since the
@@ -258,6 +266,7 @@ impl NodeSnapshot {
             base_perf: None,
             boot: 0,
             vouches: 0,
+            keys: 0,
             bindings: Vec::new(),
             aliases: Vec::new(),
         }

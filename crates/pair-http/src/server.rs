@@ -103,7 +103,9 @@ pub trait Answer:
     }
     /// The answer to a request whose body the budget has no room for.
     fn over_budget(&self, _method: &Method, _path: &str) -> Response<Body> {
-        let mut resp = Response::new(Body::from("the node holds as much request body as it may; retry shortly"));
+        let mut resp = Response::new(Body::from(
+            "the node holds as much request body as it may; retry shortly",
+        ));
         *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
         resp.headers_mut().insert(
             http::header::RETRY_AFTER,

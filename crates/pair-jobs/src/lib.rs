@@ -430,6 +430,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         error,
         recorded_by,
         engine,
+        key,
     } = rec;
     buf.extend_from_slice(b"{\"id\":");
     json_uuid(buf, id.as_uuid());
@@ -475,6 +476,10 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         buf.extend_from_slice(b",\"decode_ms\":");
         json_opt(buf, e.decode_ms, json_int);
         buf.push(b'}');
+    }
+    if let Some(k) = key {
+        buf.extend_from_slice(b",\"key\":");
+        json_str(buf, k);
     }
     buf.extend_from_slice(b"}\n");
 }
@@ -611,6 +616,7 @@ mod tests {
     /// A finished job, `n` its id, created at `at`.
     fn rec(n: u128, at: u64) -> JobRecord {
         JobRecord {
+            key: None,
             id: JobId::from_uuid(uuid::Uuid::from_u128(n)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,
@@ -661,6 +667,8 @@ mod tests {
             ),
         )
             .prop_map(|(a, b, c, (error, by, engine))| JobRecord {
+                // Any text, some of the time (the key's name).
+                key: a.4.then(|| a.3.clone()),
                 id: JobId::from_uuid(uuid::Uuid::from_u128(a.0)),
                 model: a.1,
                 flavor: a.2,
@@ -698,6 +706,7 @@ mod tests {
             let all: Vec<JobRecord> = recs
                 .iter()
                 .map(|&(id, st, by)| JobRecord {
+                    key: None,
                     status: statuses[st],
                     recorded_by: Some(NodeId::from_u128(by)),
                     ..rec(id, 0)

@@ -32,6 +32,7 @@ const ROUTE: &str = "/v1/chat/completions";
 
 fn record(n: u64) -> JobRecord {
     JobRecord {
+        key: None,
         id: JobId::from_uuid(uuid::Uuid::from_u128(u128::from(n))),
         model: "bench".into(),
         flavor: ApiFlavor::OpenAi,
@@ -78,6 +79,7 @@ fn shared() -> Shared {
             gate: pair_proxy::gate::FaceGate::default(),
             max_connections: 1024,
             deadlines: pair_http::conns::ClientDeadlines::default(),
+            body_budget: 64 << 20,
             http_stack: pair_http::HttpStack::default(),
             peers: pair_cluster::Peers::new(),
             load: pair_cluster::LocalLoad::new(),

@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::body::{read_capped, too_large};
 use crate::error::json_error;
+use crate::lan::{Admitted, Lan};
 use crate::pipeline::{self, Door};
 use crate::route;
 use crate::state::ProxyState;
@@ -174,6 +175,32 @@ impl server::Answer for FaceDoor {
             .unwrap_or_else(|| self.face.flavor());
         too_large(self.st.body_cap, flavor)
     }
+
+    fn body_budget(&self) -> Option<&Arc<pair_http::conns::BodyBudget>> {
+        Some(&self.st.body_budget)
+    }
+
+    fn over_budget(&self, method: &Method, path: &str) -> Response<Body> {
+        over_budget(
+            route::classify(method, path)
+                .flavor()
+                .unwrap_or_else(|| self.face.flavor()),
+        )
+    }
+}
+
+/// 503 for a body the budget has no room for, in the API's shape.
+fn over_budget(flavor: pair_core::ApiFlavor) -> Response<Body> {
+    let mut resp = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        flavor,
+        "bodies_budget_spent",
+        "pair-node holds as many request bodies as it may while they arrive (--body-budget-mib); retry shortly",
+        None,
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    resp
 }
 
 /// Serves a face until `shutdown`, then lets in-flight requests finish
@@ -223,6 +250,137 @@ pub async fn serve(
                 served
             }));
         }
+    }
+    drop(listener);
+    conns.close();
+    conns.wait().await;
+    Ok(())
+}
+
+/// The LAN face's door: one connection from `peer`, which holds its
+/// address's share of connections while it lasts.
+#[derive(Clone)]
+struct LanDoor {
+    st: Arc<ProxyState>,
+    lan: Arc<Lan>,
+    peer: std::net::IpAddr,
+}
+
+impl LanDoor {
+    /// One request whole: the LAN door's rules ([`Lan::admit`]), then the
+    /// pipeline with the key, the answer with CORS for an allowed page.
+    async fn request(&self, req: pipeline::Request, deadline: Pin<&mut Sleep>) -> Reply {
+        let (key, cors) =
+            match self
+                .lan
+                .admit(self.peer, &req.method, req.target.path(), &req.headers)
+            {
+                Admitted::Key(key, cors) => (key, cors),
+                Admitted::Answered(reply) => return reply,
+            };
+        let reply = pipeline::handle(&self.st, Door::Lan { key: &key }, req, deadline).await;
+        crate::lan::with_cors(reply, cors)
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for LanDoor {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        let door = self.clone();
+        Box::pin(async move {
+            let (parts, body) = req.map(Body::new).into_parts();
+            let received =
+                match read_capped(body, &parts.headers, door.st.body_cap, &door.st.deadlines).await
+                {
+                    Ok(b) => b,
+                    Err(resp) => {
+                        return Ok(resp(crate::lan::flavor_of(&parts.method, parts.uri.path())));
+                    }
+                };
+            let req = pipeline::Request {
+                method: parts.method,
+                target: parts
+                    .uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+                headers: Headers::Map(parts.headers),
+                body: received,
+                received: tokio::time::Instant::now(),
+            };
+            let deadline = std::pin::pin!(tokio::time::sleep(door.st.timeouts.first_byte));
+            Ok(door.request(req, deadline).await.into_response())
+        })
+    }
+}
+
+impl server::Answer for LanDoor {
+    fn body_cap(&self) -> usize {
+        self.st.body_cap
+    }
+
+    fn deadlines(&self) -> ClientDeadlines {
+        self.st.deadlines
+    }
+
+    fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send {
+        let req = pipeline::Request {
+            method: req.method,
+            target: req.target,
+            headers: Headers::Raw(req.headers),
+            body: req.body,
+            received: req.received,
+        };
+        self.request(req, deadline)
+    }
+
+    fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
+        too_large(self.st.body_cap, crate::lan::flavor_of(method, path))
+    }
+
+    fn body_budget(&self) -> Option<&Arc<pair_http::conns::BodyBudget>> {
+        Some(&self.st.body_budget)
+    }
+
+    fn over_budget(&self, method: &Method, path: &str) -> Response<Body> {
+        over_budget(crate::lan::flavor_of(method, path))
+    }
+}
+
+/// Serves the LAN face until `shutdown`: every client address may connect
+/// (up to its share), and every request needs an API key ([`Lan`]).
+pub async fn serve_lan(
+    listener: tokio::net::TcpListener,
+    st: Arc<ProxyState>,
+    lan: Arc<Lan>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let conns = TaskTracker::new();
+    let loops = Arc::clone(&st.loops);
+    while let Some((tcp, peer)) = accept(&listener, &shutdown, "lan face").await {
+        let shutdown = shutdown.clone();
+        let Some(slot) = st.conns.admit() else {
+            tracing::warn!(%peer, "connection cap reached with every connection busy: answered 503");
+            conns.spawn(server::refuse(tcp, busy(Face::OpenAi)));
+            continue;
+        };
+        let Some(share) = lan.connect(peer) else {
+            tracing::info!(%peer, "an address over its share of LAN face connections: answered 503");
+            conns.spawn(server::refuse(tcp, crate::lan::too_many_connections()));
+            continue;
+        };
+        let door = LanDoor {
+            st: Arc::clone(&st),
+            lan: Arc::clone(&lan),
+            peer: peer.ip(),
+        };
+        loops.spawn(&conns, tcp, move |tcp| async move {
+            log_end(peer, server::serve(tcp, door, slot, shutdown)).await;
+            drop(share);
+        });
     }
     drop(listener);
     conns.close();

@@ -33,6 +33,7 @@ pub(crate) fn new_record(
     created_at_ms: u64,
 ) -> JobRecord {
     JobRecord {
+        key: None,
         id,
         model: std::mem::take(&mut profile.model),
         flavor,

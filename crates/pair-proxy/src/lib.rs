@@ -2,7 +2,9 @@
 //! request goes through.
 //!
 //! Doors: the local faces ([`face`]: Ollama on 11434, OpenAI / LM Studio on
-//! 1234, plain HTTP for this machine's apps) and the relay ([`relay`]: a
+//! 1234, plain HTTP for this machine's apps), the opt-in LAN face ([`lan`]:
+//! every API on one port, for other devices, each request with an API key)
+//! and the relay ([`relay`]: a
 //! request a paired peer sent here over mTLS). Each reads a request whole
 //! and hands it to [`pipeline::handle`], which reads top to bottom: the
 //! gate ([`gate`]), the route ([`route`]), and for inference the body's
@@ -24,6 +26,7 @@ pub mod error;
 pub mod face;
 pub mod gate;
 pub mod job;
+pub mod lan;
 pub mod listing;
 pub mod metrics;
 pub mod passthrough;

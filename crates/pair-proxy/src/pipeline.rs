@@ -34,6 +34,7 @@ use pair_core::{
 };
 use pair_http::h1::Headers;
 use pair_http::{Extra, Reply, RequestHead};
+use pair_identity::keys::KeyRecord;
 use pair_scheduler::{
     Decision, Failover, FailoverConfig, GiveUp, Outcome, ReservationId, Step, Target,
 };
@@ -79,6 +80,9 @@ pub enum Door<'a> {
     Face { face: Face, app: Option<&'a Router> },
     /// A paired peer relayed it over mTLS: it runs here and nowhere else.
     Peer(PeerIdentity),
+    /// The LAN face, with the API key the request came with (checked by
+    /// the face's own door: [`crate::lan`]).
+    Lan { key: &'a KeyRecord },
 }
 
 /// Serves one request. `deadline` is the connection's timer for each
@@ -107,11 +111,15 @@ pub async fn handle(
             door,
         ) => {
             let plan = match door {
-                Door::Face { .. } => Plan::Cluster,
+                Door::Face { .. } | Door::Lan { .. } => Plan::Cluster,
                 Door::Peer(peer) => {
                     tracing::debug!(peer = %peer.id, route, "running a relayed request");
                     Plan::ThisNode { origin: peer.id }
                 }
+            };
+            let key = match door {
+                Door::Lan { key } => Some(key.clone()),
+                _ => None,
             };
             let inference = Inference {
                 head: RequestHead {
@@ -124,10 +132,13 @@ pub async fn handle(
                 work,
                 route,
                 received: req.received,
+                key,
             };
             execute(st, inference, plan, deadline).await
         }
-        (RouteClass::Listing(kind), Door::Face { .. }) => listing::cluster(st, kind).await,
+        (RouteClass::Listing(kind), Door::Face { .. } | Door::Lan { .. }) => {
+            listing::cluster(st, kind).await
+        }
         (RouteClass::Listing(kind), Door::Peer(_)) => listing::node(st, kind).await,
         (
             RouteClass::Node,
@@ -162,13 +173,17 @@ pub async fn handle(
         (RouteClass::Node | RouteClass::Passthrough, door) => {
             let (flavor, why) = match door {
                 Door::Face { face, .. } => (face.flavor(), "this route is not served here"),
+                Door::Lan { .. } => (
+                    crate::lan::flavor_of(&req.method, path),
+                    "this route is not served on the LAN face",
+                ),
                 Door::Peer(_) => (
                     ApiFlavor::OpenAi,
                     "only inference and listing routes can be relayed between nodes",
                 ),
             };
             let (status, code) = match door {
-                Door::Face { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                Door::Face { .. } | Door::Lan { .. } => (StatusCode::NOT_FOUND, "not_found"),
                 Door::Peer(_) => (StatusCode::FORBIDDEN, "not_relayable"),
             };
             json_error(status, flavor, code, why, None).into()
@@ -269,6 +284,8 @@ pub struct Inference {
     /// When the request was read whole (its time to first byte and
     /// duration count from here).
     pub received: Instant,
+    /// The API key it came with (the LAN face).
+    pub key: Option<KeyRecord>,
 }
 
 /// Routes one inference request. `deadline` is the connection's timer,
@@ -299,6 +316,11 @@ pub async fn execute(
     if let Some(target) = &aliased {
         req.body = body::with_model(&req.body, facts.model_at, target.as_str());
         facts.model = target.as_str().to_owned();
+    }
+    if let Some(key) = &req.key
+        && !key.allows_model(&facts.model)
+    {
+        return key_refuses_model(st, &req, key, &facts.model);
     }
     // A chat's conversation, read where the request is routed, for a
     // policy that keeps sessions, when the client names none.
@@ -332,19 +354,17 @@ pub async fn execute(
         ),
     };
     let model = profile.model.clone();
-    let mut pending = PendingJob::new(
-        st,
-        new_record(
-            job,
-            req.flavor,
-            req.route,
-            &mut profile,
-            origin,
-            st.node.id,
-            created_at_ms,
-        ),
-        t0,
+    let mut record = new_record(
+        job,
+        req.flavor,
+        req.route,
+        &mut profile,
+        origin,
+        st.node.id,
+        created_at_ms,
     );
+    record.key = req.key.as_ref().map(|k| k.name.clone());
+    let mut pending = PendingJob::new(st, record, t0);
     profile.model = model;
     let mut failover = Failover::new(FailoverConfig {
         stall_floor: st.timeouts.first_byte,
@@ -1134,6 +1154,26 @@ fn gave_up(
         st.finish_job(record);
     }
     reply
+}
+
+/// A key limited to some models asked for another: 404, as if the model
+/// were not there (the key's holder sees only what it may use).
+#[cold]
+#[inline(never)]
+fn key_refuses_model(st: &ProxyState, req: &Inference, key: &KeyRecord, model: &str) -> Reply {
+    st.metrics.count_request(req.route, 404, "none");
+    json_error(
+        StatusCode::NOT_FOUND,
+        req.flavor,
+        "model_not_found",
+        &format!(
+            "model '{model}' not found for API key '{}': it may use {}",
+            key.name,
+            key.models.join(", ")
+        ),
+        None,
+    )
+    .into()
 }
 
 #[cold]

@@ -77,6 +77,8 @@ pub struct ProxyState {
     pub conns: Arc<ConnLimit>,
     /// How long a face's client may take.
     pub deadlines: ClientDeadlines,
+    /// Body bytes the faces hold across connections while they arrive.
+    pub body_budget: Arc<pair_http::conns::BodyBudget>,
     /// Which HTTP/1.1 implementation the faces use.
     pub http_stack: HttpStack,
     /// One engine connection pool per event loop (index:
@@ -128,6 +130,8 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// How long a face's client may take.
     pub deadlines: ClientDeadlines,
+    /// Body bytes the faces hold across connections while they arrive.
+    pub body_budget: usize,
     /// Which HTTP/1.1 implementation the faces and the engine client use.
     pub http_stack: HttpStack,
     /// The links to peers, kept current by the cluster plane.
@@ -174,6 +178,7 @@ impl ProxyState {
             gate: config.gate,
             conns: ConnLimit::new(config.max_connections),
             deadlines: config.deadlines,
+            body_budget: pair_http::conns::BodyBudget::new(config.body_budget),
             http_stack: config.http_stack,
             load: config.load,
             bindings: config.bindings,
@@ -454,6 +459,7 @@ pub(crate) mod tests {
                 gate: crate::gate::FaceGate::default(),
                 max_connections: 1024,
                 deadlines: ClientDeadlines::default(),
+                body_budget: 64 << 20,
                 http_stack: HttpStack::default(),
                 peers: Peers::new(),
                 load: LocalLoad::new(),

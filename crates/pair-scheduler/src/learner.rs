@@ -332,6 +332,7 @@ mod tests {
     #[test]
     fn only_completed_jobs_with_timings_are_observations() {
         let mut job = JobRecord {
+            key: None,
             id: pair_core::JobId::from_uuid(Default::default()),
             model: "m".into(),
             flavor: pair_core::ApiFlavor::Ollama,
