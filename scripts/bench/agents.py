@@ -14,7 +14,9 @@ Needs scripts/setup-agents.sh (PAIR_CLAUDE) and a built pair-node.
 Every request stays on loopback.
 """
 import argparse
+import collections
 import json
+import urllib.request
 import os
 import shutil
 import socket
@@ -59,6 +61,15 @@ def start_demo(pair_node, time_scale, model):
         proc.kill()
         sys.exit(f"the demo did not start (nodes seen: {names})")
     return proc, f"http://127.0.0.1:{openai}", names
+
+
+def placement(base, names, jobs):
+    """Where the last `jobs` requests ran, by node name."""
+    with urllib.request.urlopen(f"{base}/_pair/jobs?limit={jobs}", timeout=10) as r:
+        recent = json.load(r)
+    cluster = json.load(urllib.request.urlopen(f"{base}/_pair/cluster", timeout=10))
+    by_id = {n["id"]: n["name"] for n in cluster["snapshot"]["nodes"]}
+    return dict(collections.Counter(by_id.get(j.get("ran_on"), "none") for j in recent))
 
 
 def run_job(claude, base, n, answer_tokens, pin=None):
@@ -123,6 +134,8 @@ def main():
             alone[name], _ = run_job(claude, base, a.agents, a.answer_tokens, pin=name)
             print(f"{name:<22} alone: {alone[name]:7.1f} s", file=sys.stderr)
         routed, times = run_job(claude, base, a.agents, a.answer_tokens)
+        placed = placement(base, names, 2 * a.agents)
+        print(f"routed: {routed:.1f} s, requests ran on {placed}", file=sys.stderr)
     finally:
         demo.terminate()
         demo.wait(timeout=30)
@@ -132,7 +145,7 @@ def main():
         "agents": a.agents, "time_scale": a.time_scale, "answer_tokens": a.answer_tokens,
         "model": a.model, "alone_s": alone, "routed_s": routed, "fastest_alone_s": fastest,
         "ideal_s": ideal, "routed_over_ideal": routed / ideal,
-        "fastest_over_routed": fastest / routed, "agent_s": times,
+        "fastest_over_routed": fastest / routed, "agent_s": times, "placement": placed,
     }
     print(f"| {a.agents} sub-agents | routed {routed:.1f} s | fastest node alone {fastest:.1f} s "
           f"({fastest / routed:.2f}x routed) | capacity-weighted ideal {ideal:.1f} s "
