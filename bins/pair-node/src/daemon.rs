@@ -210,9 +210,12 @@ pub async fn run(cfg: NodeConfig, listeners: Listeners, shutdown: CancellationTo
         });
     }
     let node = start(cfg, listeners, extras, shutdown.clone()).await?;
+    let lan = node
+        .lan_addr
+        .map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(
         id = %node.id, name = %node.name, ollama = %node.ollama_addr,
-        openai = %node.openai_addr, cluster = %node.cluster_addr, "pair-node running"
+        openai = %node.openai_addr, cluster = %node.cluster_addr, lan = %lan, "pair-node running"
     );
     shutdown.cancelled().await;
     node.stop().await;

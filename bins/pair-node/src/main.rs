@@ -106,6 +106,44 @@ enum Command {
     },
     /// This node's status.
     Status(ClientArgs),
+    /// API keys for the LAN face (`--lan-face`); they hold on every node.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysAction {
+    /// Make a key; its secret is printed once (only its hash is kept).
+    Add {
+        /// A name for people: `keys list`, `keys revoke`, the Jobs view.
+        name: String,
+        /// Models the key may use: exact names or `*` patterns
+        /// (repeatable; default: every model).
+        #[arg(long = "models", num_args = 1..)]
+        models: Vec<String>,
+        /// Requests a minute the key may make: `30/min` or `30`.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<std::num::NonZeroU32>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The keys this node holds (its own and its peers').
+    List(ClientArgs),
+    /// Revoke a key on every node (within a report interval).
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `30/min` or `30`: requests a minute.
+fn parse_rate(s: &str) -> Result<std::num::NonZeroU32, String> {
+    let n = s.strip_suffix("/min").unwrap_or(s).trim();
+    n.parse()
+        .map_err(|_| format!("{s:?}: a positive number of requests a minute expected, e.g. 30/min"))
 }
 
 #[derive(Subcommand)]
@@ -328,6 +366,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Keys { action } => keys(action).await,
         Command::Status(c) => {
             let s = c.client()?.status().await?;
             if c.json {
@@ -414,6 +453,70 @@ Ctrl-C to stop."#,
     wait_for_signal().await;
     eprintln!("stopping…");
     cluster.stop().await;
+    Ok(())
+}
+
+async fn keys(action: KeysAction) -> anyhow::Result<()> {
+    match action {
+        KeysAction::Add {
+            name,
+            models,
+            rate,
+            client,
+        } => {
+            let made = client
+                .owner()?
+                .add_key(&pair_node::control::NewKey {
+                    name,
+                    models,
+                    rate_per_min: rate,
+                })
+                .await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&made)?);
+            } else {
+                println!("{}", made.secret);
+                eprintln!(
+                    "key '{}' made: give the secret above to the client (Authorization: Bearer, or x-api-key); it is not shown again",
+                    made.key.name
+                );
+            }
+        }
+        KeysAction::List(client) => {
+            let rows = client.client()?.keys().await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                for k in rows {
+                    let models = if k.models.is_empty() {
+                        "every model".to_owned()
+                    } else {
+                        k.models.join(", ")
+                    };
+                    let rate = k
+                        .rate_per_min
+                        .map_or("no rate limit".to_owned(), |r| format!("{r}/min"));
+                    let state = if k.revoked_at_ms.is_some() {
+                        "revoked"
+                    } else {
+                        "live"
+                    };
+                    println!("{:<20} {state:<8} {models}; {rate}", k.name);
+                }
+            }
+        }
+        KeysAction::Revoke { name, client } => {
+            let revoked = client.owner()?.revoke_key(&name).await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&revoked)?);
+            } else {
+                println!(
+                    "revoked '{name}' ({} key(s)); every node refuses it within a report interval",
+                    revoked.len()
+                );
+            }
+        }
+    }
     Ok(())
 }
 

@@ -315,3 +315,67 @@ fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
     let e = perf["batch_exponent"].as_f64().unwrap();
     assert!((0.6..=0.95).contains(&e), "{perf}");
 }
+
+#[test]
+fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
+    let node = support::start_with(
+        "keys",
+        engine(),
+        1,
+        &[
+            "--lan-face",
+            "127.0.0.1:0",
+            "--alias",
+            "claude-*=llama3.2:3b",
+        ],
+    );
+    let lan = lan_addr(&node);
+    let made = cli(
+        &node,
+        &[
+            "keys", "add", "laptop", "--models", "llama*", "--rate", "30/min",
+        ],
+    );
+    let secret = made["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("pair-sk-"), "{made}");
+    let listed = cli(&node, &["keys", "list"]);
+    assert_eq!(listed[0]["name"], "laptop");
+    assert_eq!(listed[0]["rate_per_min"], 30);
+    assert!(
+        !listed.to_string().contains(&secret),
+        "the secret is shown once"
+    );
+    // The secret is kept hashed only.
+    let stored = std::fs::read_to_string(node.dir.path().join("keys.json")).unwrap();
+    assert!(!stored.contains(&secret));
+    // The key works on the LAN face, an alias included; a status shows it.
+    let chat = |key: &str| {
+        let body = r#"{"model":"claude-haiku-4-5","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#;
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("authorization: Bearer {key}"))
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg(format!("http://{lan}/v1/chat/completions"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(chat(&secret), "200");
+    let status = cli(&node, &["status"]);
+    assert_eq!(status["aliases"][0]["alias"], "claude-*=llama3.2:3b");
+    // Revoked: refused at once on this node.
+    let revoked = cli(&node, &["keys", "revoke", "laptop"]);
+    assert_eq!(revoked[0]["name"], "laptop");
+    assert_eq!(chat(&secret), "401");
+    let listed = cli(&node, &["keys", "list"]);
+    assert!(listed[0]["revoked_at_ms"].is_u64(), "{listed}");
+    // Revoking what is not there says so.
+    let out = support::cli_output(&node, &["keys", "revoke", "nobody"]);
+    assert!(!out.status.success());
+}
+
+/// The LAN face's address from the node's "pair-node running" line (its
+/// status has no field for it): read from the log the test kept.
+fn lan_addr(node: &support::Running) -> String {
+    node.lan.clone().expect("the node logged its LAN face")
+}

@@ -22,6 +22,8 @@ pub struct Running {
     pub openai: String,
     /// The cluster port's address, `HOST:PORT`.
     pub cluster: String,
+    /// The LAN face's `HOST:PORT`, when `--lan-face` opened one.
+    pub lan: Option<String>,
     pub dir: tempfile::TempDir,
 }
 
@@ -76,6 +78,7 @@ pub fn start_in(
         face: format!("http://{}", field("ollama")),
         openai: format!("http://{}", field("openai")),
         cluster: field("cluster"),
+        lan: Some(field("lan")).filter(|l| l != "off"),
         proc,
         dir,
     };
