@@ -148,12 +148,13 @@ pub fn spawn(
         "127.0.0.1:0",
         "--openai-face",
         "127.0.0.1:0",
-        "--cluster",
-        "127.0.0.1:0",
     ]
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    if !extra.contains(&"--cluster") {
+        args.extend(["--cluster".to_owned(), "127.0.0.1:0".to_owned()]);
+    }
     args.push("--engine".into());
     args.push(format!("ollama=http://127.0.0.1:{engine_port}"));
     args.push("--state-dir".into());

@@ -1,0 +1,247 @@
+//! Peers on a tailnet: two `pair-node run` processes whose only link is a
+//! veth pair with addresses from Tailscale's range (100.64.0.0/10, the
+//! CGNAT block PAIR refuses), one of them in a network namespace that
+//! names the other by a MagicDNS-style name (`box.tailnet.ts.net`, in the
+//! namespace's own hosts file as Tailscale's resolver would answer). They
+//! pair with `pair join box.tailnet.ts.net:PORT`, keep it as a static
+//! `--peer`, and route requests to each other.
+//!
+//! Needs root for `ip netns` (CI runs as root); fails loudly otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod support;
+use pair_node::harness::{KillOnDrop, wait_for_output};
+use support::{BIN, cli, emulated_on, start_with, strip_ansi};
+
+const A_IP: &str = "100.100.7.1";
+const B_IP: &str = "100.100.7.2";
+const MAGIC_NAME: &str = "box.tailnet.ts.net";
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "`ip {}` failed: {} (this test needs root and iproute2; CI runs as root)",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Namespace `b` joined to this one; its hosts file names this side by a
+/// tailnet name. Removed on drop.
+struct Tailnet {
+    ns: String,
+    host_if: String,
+    etc: std::path::PathBuf,
+}
+
+impl Tailnet {
+    fn create() -> Self {
+        let pid = std::process::id();
+        let t = Tailnet {
+            ns: format!("pair-tn-{pid}"),
+            host_if: format!("pth{pid}"),
+            etc: format!("/etc/netns/pair-tn-{pid}").into(),
+        };
+        let peer_if = format!("ptn{pid}");
+        ip(&["netns", "add", &t.ns]);
+        ip(&[
+            "link", "add", &t.host_if, "type", "veth", "peer", "name", &peer_if,
+        ]);
+        ip(&["link", "set", &peer_if, "netns", &t.ns]);
+        ip(&["addr", "add", &format!("{A_IP}/24"), "dev", &t.host_if]);
+        ip(&["link", "set", &t.host_if, "up"]);
+        ip(&[
+            "-n",
+            &t.ns,
+            "addr",
+            "add",
+            &format!("{B_IP}/24"),
+            "dev",
+            &peer_if,
+        ]);
+        ip(&["-n", &t.ns, "link", "set", &peer_if, "up"]);
+        ip(&["-n", &t.ns, "link", "set", "lo", "up"]);
+        // `ip netns exec` puts /etc/netns/NAME/hosts over /etc/hosts.
+        std::fs::create_dir_all(&t.etc).unwrap();
+        std::fs::write(
+            t.etc.join("hosts"),
+            format!("127.0.0.1 localhost\n{A_IP} {MAGIC_NAME}\n"),
+        )
+        .unwrap();
+        t
+    }
+
+    fn exec(&self) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns]);
+        c
+    }
+}
+
+impl Drop for Tailnet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+        let _ = std::fs::remove_dir_all(&self.etc);
+    }
+}
+
+/// A field of a "pair-node running" line.
+fn field(line: &str, key: &str) -> String {
+    let line = strip_ansi(line);
+    let start = line.find(&format!("{key}=")).unwrap() + key.len() + 1;
+    line[start..].split_whitespace().next().unwrap().to_owned()
+}
+
+#[test]
+fn tailnet_peers_pair_by_magicdns_name_and_route() {
+    let net = Tailnet::create();
+    // Node a, on this side: its engine on loopback, its cluster port on the
+    // tailnet address.
+    let a = start_with(
+        "alpha",
+        emulated_on(
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            pair_emulator::Flavor::Ollama,
+            &["only-on-a:1b"],
+        ),
+        1,
+        &["--cluster", &format!("{A_IP}:0")],
+    );
+    let a_port = a.cluster.rsplit_once(':').unwrap().1.to_owned();
+    // Node b, in the namespace: its engine reached across the veth (on
+    // this side, so the test serves it), its faces on the namespace's own
+    // loopback.
+    let b_engine = emulated_on(
+        std::net::TcpListener::bind(format!("{A_IP}:0")).unwrap(),
+        pair_emulator::Flavor::Ollama,
+        &["only-on-b:1b"],
+    );
+    let b_dir = tempfile::tempdir().unwrap();
+    let peer = format!("{MAGIC_NAME}:{a_port}");
+    let mut child = net
+        .exec()
+        .arg(BIN)
+        .args([
+            "run",
+            "--name",
+            "beta",
+            "--mdns",
+            "off",
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+            "--cluster",
+        ])
+        .arg(format!("{B_IP}:0"))
+        .args([
+            "--engine",
+            &format!("ollama=http://{A_IP}:{b_engine}"),
+            "--allow-remote-engine",
+        ])
+        .args(["--peer", &peer, "--state-dir"])
+        .arg(b_dir.path())
+        .env("PAIR_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let b_proc = KillOnDrop(child);
+    let mut running = String::new();
+    wait_for_output(stderr, Duration::from_secs(30), |l| {
+        if l.contains("pair-node running") {
+            running = l.to_owned();
+        }
+        !running.is_empty()
+    })
+    .unwrap();
+    let b_face = format!("http://{}", field(&running, "ollama"));
+
+    // Pair: a invites, b joins by the tailnet name.
+    let pin = cli(&a, &["pair", "invite"])["pin"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out = net
+        .exec()
+        .arg(BIN)
+        .args([
+            "pair",
+            "join",
+            &peer,
+            "--pin",
+            &pin,
+            "--control",
+            &b_face,
+            "--json",
+            "--state-dir",
+        ])
+        .arg(b_dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "join by a MagicDNS name: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Each routes to the other: b's face serves a's model, a's face b's.
+    let chat = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"stream":false}}"#
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = net
+            .exec()
+            .args(["curl", "-s", "-i", "-m", "10", "-d", &chat("only-on-a:1b")])
+            .arg(format!("{b_face}/api/chat"))
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        if answer.starts_with("http/1.1 200") {
+            assert!(answer.contains("x-pair-node: alpha"), "{answer}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b never reached a's model: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new("curl")
+            .args(["-s", "-i", "-m", "10", "-d", &chat("only-on-b:1b")])
+            .arg(format!("{}/api/chat", a.face))
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        if answer.starts_with("http/1.1 200") {
+            assert!(answer.contains("x-pair-node: beta"), "{answer}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a never reached b's model: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let peers = cli(&a, &["peers"]);
+    assert!(
+        peers.to_string().contains(B_IP),
+        "a knows b at its tailnet address: {peers}"
+    );
+    drop(b_proc);
+    drop(net);
+}
