@@ -183,3 +183,51 @@ async fn static_peer_is_found_without_multicast() {
     .unwrap_or_else(|s| panic!("static B not evicted: {s:#?}"));
     a.shutdown().await;
 }
+
+/// mDNS reflectors and some responders drop answers that do not come from
+/// port 5353 (RFC 6762 §6: a response's source port must be the mDNS
+/// port); PAIR's own #1. mdns-sd sends every packet, announcements and
+/// answers and queries, from its socket bound to the mDNS port: a node's
+/// packets, caught by a listener sharing that port, all come from it (in
+/// production the port is 5353; tests use their own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mdns_packets_go_out_from_the_mdns_port() {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::net::{Ipv4Addr, SocketAddr};
+    let port = free_udp_port();
+    let listener = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+    listener.set_reuse_address(true).unwrap();
+    listener.set_reuse_port(true).unwrap();
+    listener
+        .bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())
+        .unwrap();
+    listener
+        .join_multicast_v4(&Ipv4Addr::new(224, 0, 0, 251), &Ipv4Addr::LOCALHOST)
+        .unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let listener: std::net::UdpSocket = listener.into();
+    let (a_id, b_id) = ids();
+    let a = start_node(NodeOptions::loopback(a_id, port)).await;
+    let b = start_node(NodeOptions::loopback(b_id, port)).await;
+    let sources = tokio::task::spawn_blocking(move || {
+        let mut sources = Vec::new();
+        let mut buf = [0u8; 9000];
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until && sources.len() < 8 {
+            if let Ok((_, from)) = listener.recv_from(&mut buf) {
+                sources.push(from.port());
+            }
+        }
+        sources
+    })
+    .await
+    .unwrap();
+    assert!(!sources.is_empty(), "no mDNS packet seen");
+    assert!(
+        sources.iter().all(|p| *p == port),
+        "every packet from the mDNS port {port}: {sources:?}"
+    );
+    drop((a, b));
+}
