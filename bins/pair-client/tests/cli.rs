@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use pair_node::harness::{ClusterSpec, KillOnDrop, LocalCluster, wait_for_output};
 
@@ -70,11 +70,17 @@ fn join_probe_chat_and_serve_unmodified_sdks() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .expect("client id");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.nodes.iter().all(|n| n.trust.get(client_id).is_some()) {
-        assert!(Instant::now() < deadline, "every node lets the client in");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The join ends once every node lets the client in: the first probe
+    // after it lists the whole cluster.
+    assert!(c.nodes.iter().all(|n| n.trust.get(client_id).is_some()));
+    let out = pair_client(state.path(), &["probe", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        first["nodes"].as_array().unwrap().len(),
+        c.nodes.len(),
+        "the first probe after the join lists every node: {first}"
+    );
 
     // Probe: every node, with models and the order for one.
     let out = pair_client(state.path(), &["probe", "--json", "-m", "qwen2.5:7b"]);

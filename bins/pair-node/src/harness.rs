@@ -128,6 +128,14 @@ pub struct LocalCluster {
     shutdown: CancellationToken,
 }
 
+impl LocalCluster {
+    /// Node `i`'s state directory (a temporary one), where `pair-node pair
+    /// invite --state-dir` reads its owner's token.
+    pub fn state_dir(&self, i: usize) -> Option<&std::path::Path> {
+        self.dirs.get(i).map(tempfile::TempDir::path)
+    }
+}
+
 impl std::fmt::Debug for LocalCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalCluster")

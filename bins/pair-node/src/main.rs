@@ -443,12 +443,22 @@ Try:
   curl -si {o}/api/generate -d '{{"model":"llama3.2:3b","prompt":"hi","stream":false}}' | grep x-pair
   pair-node peers --control {o}
   pair-node jobs --control {o}
+Join it from pair-client (a machine without an engine; here, this one):
+  pair-node pair invite --control {o} --state-dir {state}
+  pair-client --state-dir /tmp/pair-client-demo pair join {cluster} --pin PIN
+  pair-client --state-dir /tmp/pair-client-demo probe
+  pair-client --state-dir /tmp/pair-client-demo chat -m llama3.2:3b "hi"
+  pair-client --state-dir /tmp/pair-client-demo serve --ollama-face 127.0.0.1:11444 --openai-face 127.0.0.1:1244
 Coding agents (model aliases: {aliases}):
   ANTHROPIC_BASE_URL={a} ANTHROPIC_API_KEY=local claude
   codex -c model_provider=pair -c 'model_providers.pair={{name="pair",base_url="{a}/v1",wire_api="responses"}}' -m qwen2.5:7b
 Jobs view: {o}/ui     Metrics: {o}/metrics
 Ctrl-C to stop."#,
-        aliases = d.aliases.join(", ")
+        aliases = d.aliases.join(", "),
+        state = cluster
+            .state_dir(0)
+            .map_or_else(String::new, |p| p.display().to_string()),
+        cluster = first.cluster_addr,
     );
     wait_for_signal().await;
     eprintln!("stopping…");

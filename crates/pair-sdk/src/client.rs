@@ -156,6 +156,11 @@ fn aliased(
     Ok((req, profile))
 }
 
+/// How long a join waits for every node of the cluster to let the new
+/// client in (the nodes it did not join through pin it from the vouching
+/// in the next reports).
+const JOIN_SETTLE: Duration = Duration::from_secs(5);
+
 /// Counters, for `pair-client probe` and for tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -355,7 +360,19 @@ impl Client {
         if let Some(sa) = self.known_addr(record.id) {
             self.learn_members(record.id, sa).await;
         }
-        // Where the cluster is, for the next process (nothing probed yet).
+        // The other nodes pin this client once the one it joined vouches
+        // for it in a report (a report interval or two): the join ends
+        // when every member answers a probe (or after JOIN_SETTLE), so the
+        // first `probe` after it lists the whole cluster.
+        let until = Instant::now() + JOIN_SETTLE;
+        loop {
+            match self.refresh().await {
+                Ok(round) if round.failures.is_empty() => break,
+                _ if Instant::now() >= until => break,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        // Where the cluster is, for the next process.
         if let Some(v) = self.current_view()
             && let Err(e) = v.save(&self.inner.cfg.cache_path())
         {
