@@ -220,7 +220,7 @@ async fn run<A: Answer>(
             // A body still to come holds its share of the node's budget
             // while it arrives; with no room, the client is told to come
             // back rather than let in.
-            let _permit = match svc.body_budget() {
+            let permit = match svc.body_budget() {
                 None => None,
                 Some(budget) => match budget.take(len) {
                     Some(p) => Some(p),
@@ -233,8 +233,14 @@ async fn run<A: Answer>(
                     }
                 },
             };
-            // A client that stalls mid-body is closed by its deadline, and
-            // holds only what it sent.
+            // A body within the budget is given its whole buffer at once
+            // (one allocation, no copies as it grows: pages are touched
+            // only as bytes arrive); without a budget the buffer grows with
+            // what arrived. A client that stalls mid-body is closed by its
+            // deadline.
+            if permit.is_some() {
+                buf.reserve(len - buf.len());
+            }
             let start = Instant::now();
             let mut last = start;
             while buf.len() < len {
