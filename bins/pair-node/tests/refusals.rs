@@ -76,6 +76,7 @@ fn launch(name: &str, args: &[&str], env: &[(&str, &str)]) -> Running {
         face: format!("http://{}", field("ollama")),
         openai: format!("http://{}", field("openai")),
         cluster: field("cluster"),
+        lan: None,
         proc,
         dir,
     }

@@ -276,7 +276,7 @@ impl LanDoor {
                 .admit(self.peer, &req.method, req.target.path(), &req.headers)
             {
                 Admitted::Key(key, cors) => (key, cors),
-                Admitted::Answered(reply) => return reply,
+                Admitted::Answered(reply) => return *reply,
             };
         let reply = pipeline::handle(&self.st, Door::Lan { key: &key }, req, deadline).await;
         crate::lan::with_cors(reply, cors)

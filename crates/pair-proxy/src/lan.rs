@@ -68,7 +68,7 @@ pub struct Lan {
 #[derive(Debug)]
 pub enum Admitted {
     Key(KeyRecord, Option<HeaderValue>),
-    Answered(Reply),
+    Answered(Box<Reply>),
 }
 
 /// One connection of an address, counted until dropped.
@@ -91,6 +91,12 @@ impl Drop for AddressSlot {
 }
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+impl Admitted {
+    fn answered(reply: Reply) -> Self {
+        Admitted::Answered(Box::new(reply))
+    }
+}
 
 impl Lan {
     pub fn new(cfg: LanConfig) -> Arc<Self> {
@@ -137,7 +143,7 @@ impl Lan {
             Some(o) => match self.allowed_origin(o) {
                 Some(v) => Some(v),
                 None => {
-                    return Admitted::Answered(refusal(
+                    return Admitted::answered(refusal(
                         StatusCode::FORBIDDEN,
                         flavor,
                         "forbidden",
@@ -148,14 +154,14 @@ impl Lan {
             },
         };
         if *method == Method::OPTIONS {
-            return Admitted::Answered(preflight(cors, headers));
+            return Admitted::answered(preflight(cors, headers));
         }
         if self
             .gate
             .check(path, headers.get(&header::HOST), None)
             .is_err()
         {
-            return Admitted::Answered(with_cors(
+            return Admitted::answered(with_cors(
                 refusal(
                     StatusCode::FORBIDDEN,
                     flavor,
@@ -167,7 +173,7 @@ impl Lan {
             ));
         }
         if !served_here(method, path) {
-            return Admitted::Answered(with_cors(
+            return Admitted::answered(with_cors(
                 refusal(
                     StatusCode::NOT_FOUND,
                     flavor,
@@ -183,7 +189,7 @@ impl Lan {
         let now = Instant::now();
         let ip = peer.to_canonical();
         if let Err(wait) = self.failures().check(ip, now) {
-            return Admitted::Answered(with_cors(
+            return Admitted::answered(with_cors(
                 too_many(
                     flavor,
                     wait,
@@ -215,7 +221,7 @@ impl Lan {
             reply
                 .extra
                 .push((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
-            return Admitted::Answered(with_cors(reply, cors));
+            return Admitted::answered(with_cors(reply, cors));
         };
         self.failures().succeeded(ip);
         if let Some(rate) = key.rate_per_min
@@ -225,7 +231,7 @@ impl Lan {
                 .unwrap_or_else(PoisonError::into_inner)
                 .check(key.id, rate, now)
         {
-            return Admitted::Answered(with_cors(
+            return Admitted::answered(with_cors(
                 too_many(
                     flavor,
                     wait,

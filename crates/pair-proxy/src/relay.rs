@@ -44,7 +44,7 @@ async fn relay(
         Err(resp) => {
             let flavor = route::classify(&parts.method, target.path())
                 .flavor()
-                .unwrap_or_else(|| pair_core::ApiFlavor::OpenAi);
+                .unwrap_or(pair_core::ApiFlavor::OpenAi);
             return resp(flavor);
         }
     };
