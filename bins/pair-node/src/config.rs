@@ -261,7 +261,7 @@ pub struct RunArgs {
     #[arg(long, env = "PAIR_LAN_FACE")]
     pub lan_face: Option<SocketAddr>,
     /// An origin whose web pages may call the LAN face (repeatable), e.g.
-    /// http://nas.lan:8080 for Open WebUI; CORS preflights are answered
+    /// `http://nas.lan:8080` for Open WebUI; CORS preflights are answered
     /// for these.
     #[arg(
         long = "allowed-origin",
