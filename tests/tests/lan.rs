@@ -196,6 +196,10 @@ async fn the_lan_face_serves_keyed_clients_from_another_network() {
         jobs.iter().any(|j| j.key.as_deref() == Some("colleague")),
         "the key's name is in the job records"
     );
+    // And in the Jobs view, as a browser renders it.
+    let dom = dump_dom(&format!("{}/ui", c.nodes[0].ollama_url())).await;
+    let table = dom.split("<tbody id=\"jobs\">").nth(1).unwrap_or_default();
+    assert!(table.contains("<td>colleague</td>"), "{table}");
 
     // Made on node 0, the key works on node 1; revoked on node 1, it is
     // refused on node 0 within a report interval or two.
@@ -316,6 +320,34 @@ async fn key_for_browser(c: &LocalCluster) -> String {
         .secret
 }
 
+/// The page at `url` as headless Chromium renders it, scripts run.
+async fn dump_dom(url: &str) -> String {
+    let url = url.to_owned();
+    let profile = tempfile::tempdir().unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("/usr/bin/chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-proxy-server",
+                "--virtual-time-budget=8000",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(&url)
+            .output()
+            .expect("chromium (scripts/setup.sh installs it)")
+    })
+    .await
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A web page's origin: serves one page (set by [`PageServer::render`])
 /// on a loopback port.
 struct PageServer {
@@ -363,30 +395,7 @@ fetch("{lan}/v1/chat/completions", {{method: "POST",
                 );
             }
         });
-        let url = format!("{}/", self.origin());
-        let profile = tempfile::tempdir().unwrap();
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new("/usr/bin/chromium")
-                .args([
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--no-first-run",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                    "--no-proxy-server",
-                    "--virtual-time-budget=8000",
-                    "--dump-dom",
-                ])
-                .arg(format!("--user-data-dir={}", profile.path().display()))
-                .arg(&url)
-                .output()
-                .expect("chromium (scripts/setup.sh installs it)")
-        })
-        .await
-        .unwrap();
-        let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+        let dom = dump_dom(&format!("{}/", self.origin())).await;
         dom.split("<pre id=\"out\">")
             .nth(1)
             .and_then(|t| t.split("</pre>").next())

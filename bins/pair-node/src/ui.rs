@@ -33,7 +33,7 @@ pub const PAGE: &str = r##"<!doctype html>
 <h2>Nodes</h2>
 <div class="nodes" id="nodes"></div>
 <h2>Recent jobs</h2>
-<table><thead><tr><th>time</th><th>model</th><th>route</th><th>sent to</th><th>ran on</th><th>tries</th><th>status</th><th>TTFT</th><th>total</th><th>tokens</th></tr></thead>
+<table><thead><tr><th>time</th><th>model</th><th>route</th><th>sent to</th><th>ran on</th><th>key</th><th>tries</th><th>status</th><th>TTFT</th><th>total</th><th>tokens</th></tr></thead>
 <tbody id="jobs"></tbody></table>
 <script>
 const esc = s => String(s ?? "").replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c]));
@@ -55,7 +55,7 @@ async function refresh() {
     document.getElementById("jobs").innerHTML = j.map(r => `<tr>
       <td>${new Date(r.created_at_ms).toLocaleTimeString()}</td><td>${esc(r.model)}</td><td>${esc(r.route)}</td>
       <td>${esc(names[r.origin] || r.origin.slice(0, 8))}</td><td>${esc(r.ran_on ? (names[r.ran_on] || r.ran_on.slice(0, 8)) : "—")}</td>
-      <td>${r.attempts}</td><td class="${r.status}">${r.status}${r.error ? " · " + esc(r.error) : ""}</td>
+      <td>${r.key ? esc(r.key) : "—"}</td><td>${r.attempts}</td><td class="${r.status}">${r.status}${r.error ? " · " + esc(r.error) : ""}</td>
       <td>${r.ttft_ms ?? "—"} ms</td><td>${r.duration_ms ?? "—"} ms</td><td>${r.output_tokens ?? "—"}</td></tr>`).join("");
   } catch (e) {
     document.getElementById("sub").textContent = "cannot reach the node: " + e;

@@ -46,7 +46,7 @@ pub fn merge(kind: Listing, docs: &[Value]) -> Value {
             else {
                 continue;
             };
-            if seen.insert(dedup_key(kind, id)) {
+            if seen.insert(dedup_key(id)) {
                 out.push(item.clone());
             }
         }
@@ -59,12 +59,14 @@ pub fn merge(kind: Listing, docs: &[Value]) -> Value {
     Value::Object(envelope)
 }
 
-fn dedup_key(kind: Listing, id: &str) -> String {
-    match (kind, ModelName::new(id)) {
-        (Listing::OllamaTags | Listing::OllamaPs, Ok(m)) => {
-            m.canonical(EngineKind::Ollama).to_ascii_lowercase()
-        }
-        _ => id.to_owned(),
+/// One name rule for every API's listing: a model an Ollama engine lists
+/// as `shared:latest` and an OpenAI-compatible one as `shared` is the one
+/// model a request for `shared` reaches, so it is listed once (in
+/// `/v1/models` as in `/api/tags`).
+fn dedup_key(id: &str) -> String {
+    match ModelName::new(id) {
+        Ok(m) => m.canonical(EngineKind::Ollama).to_ascii_lowercase(),
+        Err(_) => id.to_owned(),
     }
 }
 
@@ -263,10 +265,17 @@ mod tests {
         let m = merge(Listing::OpenAiModels, &[a, b]);
         assert_eq!(m["object"], "list");
         assert_eq!(m["data"].as_array().unwrap().len(), 2);
-        // Exact match for OpenAI ids: a tag makes a different model.
-        let c = json!({"data":[{"id":"m1:latest"}]});
+        // The name rule of every listing: `m1` and `m1:latest` (two
+        // engines naming one model with and without its tag) are one.
+        let c = json!({"data":[{"id":"m1:latest"},{"id":"m3"}]});
         let m = merge(Listing::OpenAiModels, &[m, c]);
-        assert_eq!(m["data"].as_array().unwrap().len(), 3);
+        let ids: Vec<&str> = m["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["m1", "m2", "m3"]);
     }
 
     #[test]
