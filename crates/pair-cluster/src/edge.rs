@@ -126,19 +126,30 @@ pub async fn fetch_members(
     link: &crate::PeerLink,
     deadline: Duration,
 ) -> Result<Vec<VouchedPin>, String> {
+    fetch_json(link, MEMBERS_PATH, MEMBERS_MAX_BYTES, deadline).await
+}
+
+/// `GET path` on a peer's cluster port over its link, its JSON answer
+/// read (at most `max` bytes) within `deadline`.
+pub(crate) async fn fetch_json<T: serde::de::DeserializeOwned>(
+    link: &crate::PeerLink,
+    path: &str,
+    max: usize,
+    deadline: Duration,
+) -> Result<T, String> {
     let resp = link
-        .call(http::Method::GET, MEMBERS_PATH, Bytes::new(), deadline)
+        .call(http::Method::GET, path, Bytes::new(), deadline)
         .await
         .map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        return Err(format!("members answered {}", resp.status()));
+        return Err(format!("{path} answered {}", resp.status()));
     }
     let body = tokio::time::timeout(
         deadline,
-        http_body_util::Limited::new(resp.into_body(), MEMBERS_MAX_BYTES).collect(),
+        http_body_util::Limited::new(resp.into_body(), max).collect(),
     )
     .await
-    .map_err(|_| "members answer too slow".to_owned())?
+    .map_err(|_| format!("{path}: answer too slow"))?
     .map_err(|e| e.to_string())?
     .to_bytes();
     serde_json::from_slice(&body).map_err(|e| e.to_string())

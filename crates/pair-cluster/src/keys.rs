@@ -15,9 +15,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Extension, Json, State};
 use axum::routing::get;
-use bytes::Bytes;
 use http::StatusCode;
-use http_body_util::BodyExt;
 use pair_core::{NodeId, Role};
 use pair_identity::keys::{KeyRecord, KeyStore};
 use tokio_util::sync::CancellationToken;
@@ -49,22 +47,7 @@ async fn list(
 
 /// Reads the key records `link`'s node holds.
 pub async fn fetch(link: &crate::PeerLink, deadline: Duration) -> Result<Vec<KeyRecord>, String> {
-    let resp = link
-        .call(http::Method::GET, KEYS_PATH, Bytes::new(), deadline)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("keys answered {}", resp.status()));
-    }
-    let body = tokio::time::timeout(
-        deadline,
-        http_body_util::Limited::new(resp.into_body(), KEYS_MAX_BYTES).collect(),
-    )
-    .await
-    .map_err(|_| "keys answer too slow".to_owned())?
-    .map_err(|e| e.to_string())?
-    .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| e.to_string())
+    crate::edge::fetch_json(link, KEYS_PATH, KEYS_MAX_BYTES, deadline).await
 }
 
 /// Keeps this node's keys merged with its peers', until `shutdown`: a peer

@@ -77,6 +77,13 @@ pub fn find<'a>(aliases: &'a [ModelAlias], requested: &str) -> Option<&'a ModelA
         .or_else(|| aliases.iter().find(|a| a.matches(requested)))
 }
 
+/// Whether model name `name` matches `pattern`, the one model-name pattern
+/// rule (aliases, API keys' models): `*` matches any run of characters,
+/// everything else itself, ASCII case ignored.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    glob(pattern.as_bytes(), name.as_bytes())
+}
+
 /// `*` matches any run of bytes; everything else one byte, ASCII case
 /// ignored. Linear in practice: the last star is the only backtrack point.
 fn glob(pattern: &[u8], name: &[u8]) -> bool {

@@ -126,7 +126,7 @@ impl KeyRecord {
             || self
                 .models
                 .iter()
-                .any(|p| glob(p.as_bytes(), model.as_bytes()))
+                .any(|p| pair_core::alias::matches(p, model))
     }
 
     fn check(&self) -> std::result::Result<(), String> {
@@ -245,39 +245,6 @@ fn check_pattern(pattern: &str) -> std::result::Result<(), &'static str> {
         return Err("has spaces or control characters");
     }
     Ok(())
-}
-
-/// `*` matches any run of bytes; everything else one byte, ASCII case
-/// ignored, as model aliases match (pair-core keeps its matcher private).
-/// Linear in practice: the last star is the only backtrack point.
-fn glob(pattern: &[u8], name: &[u8]) -> bool {
-    let (mut p, mut n) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while let Some(&c) = name.get(n) {
-        match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, n));
-                p += 1;
-            }
-            Some(q) if q.eq_ignore_ascii_case(&c) => {
-                p += 1;
-                n += 1;
-            }
-            _ => match star {
-                Some((sp, sn)) => {
-                    p = sp + 1;
-                    n = sn + 1;
-                    star = Some((sp, sn + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern
-        .get(p..)
-        .unwrap_or_default()
-        .iter()
-        .all(|&c| c == b'*')
 }
 
 #[derive(Serialize, Deserialize)]
@@ -1354,16 +1321,6 @@ mod tests {
         assert!(gate.check(last, t0 + Duration::from_secs(2)).is_err());
     }
 
-    /// The simple recursive definition the loop is held to.
-    fn glob_spec(p: &[u8], n: &[u8]) -> bool {
-        match (p.first(), n.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => glob_spec(&p[1..], n) || (!n.is_empty() && glob_spec(p, &n[1..])),
-            (Some(c), Some(d)) if c.eq_ignore_ascii_case(d) => glob_spec(&p[1..], &n[1..]),
-            _ => false,
-        }
-    }
-
     fn record() -> impl Strategy<Value = KeyRecord> {
         (
             0u8..6,
@@ -1385,11 +1342,6 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn the_matcher_agrees_with_the_definition(p in "[ab*]{0,8}", n in "[abAB]{0,10}") {
-            prop_assert_eq!(glob(p.as_bytes(), n.as_bytes()), glob_spec(p.as_bytes(), n.as_bytes()));
-        }
-
         #[test]
         fn merge_is_commutative_and_idempotent(
             a in prop::collection::vec(record(), 0..8),

@@ -103,33 +103,47 @@ impl FaceDoor {
     /// A request hyper read: its body read whole (capped, with the
     /// client's deadlines), then the pipeline.
     async fn hyper_request(&self, req: http::Request<Body>) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let received =
-            match read_capped(body, &parts.headers, self.st.body_cap, &self.st.deadlines).await {
-                Ok(b) => b,
-                Err(resp) => {
-                    let flavor = route::classify(&parts.method, parts.uri.path())
-                        .flavor()
-                        .unwrap_or_else(|| self.face.flavor());
-                    return resp(flavor);
-                }
-            };
-        let req = pipeline::Request {
-            method: parts.method,
-            target: parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-            headers: Headers::Map(parts.headers),
-            body: received,
-            received: tokio::time::Instant::now(),
+        let face = self.face;
+        let req = match read_whole(&self.st, req, |m, p| {
+            route::classify(m, p)
+                .flavor()
+                .unwrap_or_else(|| face.flavor())
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(resp) => return resp,
         };
         let deadline = std::pin::pin!(tokio::time::sleep(self.st.timeouts.first_byte));
         pipeline::handle(&self.st, self.door(), req, deadline)
             .await
             .into_response()
     }
+}
+
+/// A request hyper read, its body read whole (capped, with the client's
+/// deadlines), as the pipeline takes it; or the refusal, in the shape
+/// `flavor` gives for its method and path.
+async fn read_whole(
+    st: &ProxyState,
+    req: http::Request<Body>,
+    flavor: impl FnOnce(&Method, &str) -> pair_core::ApiFlavor,
+) -> Result<pipeline::Request, Response<Body>> {
+    let (parts, body) = req.into_parts();
+    let received = read_capped(body, &parts.headers, st.body_cap, &st.deadlines)
+        .await
+        .map_err(|resp| resp(flavor(&parts.method, parts.uri.path())))?;
+    Ok(pipeline::Request {
+        method: parts.method,
+        target: parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+        headers: Headers::Map(parts.headers),
+        body: received,
+        received: tokio::time::Instant::now(),
+    })
 }
 
 /// The connections the hand-framed loop hands to hyper (HTTP/1.0, chunked
@@ -291,25 +305,9 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for LanDoor {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let door = self.clone();
         Box::pin(async move {
-            let (parts, body) = req.map(Body::new).into_parts();
-            let received =
-                match read_capped(body, &parts.headers, door.st.body_cap, &door.st.deadlines).await
-                {
-                    Ok(b) => b,
-                    Err(resp) => {
-                        return Ok(resp(crate::lan::flavor_of(&parts.method, parts.uri.path())));
-                    }
-                };
-            let req = pipeline::Request {
-                method: parts.method,
-                target: parts
-                    .uri
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-                headers: Headers::Map(parts.headers),
-                body: received,
-                received: tokio::time::Instant::now(),
+            let req = match read_whole(&door.st, req.map(Body::new), crate::lan::flavor_of).await {
+                Ok(r) => r,
+                Err(resp) => return Ok(resp),
             };
             let deadline = std::pin::pin!(tokio::time::sleep(door.st.timeouts.first_byte));
             Ok(door.request(req, deadline).await.into_response())
