@@ -173,14 +173,7 @@ impl server::Answer for FaceDoor {
     /// whole request path) is built where the connection pins it and never
     /// moved. The fields go in as they came: no header map is built.
     fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send {
-        let req = pipeline::Request {
-            method: req.method,
-            target: req.target,
-            headers: Headers::Raw(req.headers),
-            body: req.body,
-            received: req.received,
-        };
-        pipeline::handle(&self.st, self.door(), req, deadline)
+        pipeline::handle(&self.st, self.door(), req.into(), deadline)
     }
 
     fn too_large(&self, method: &Method, path: &str) -> Response<Body> {
@@ -325,14 +318,7 @@ impl server::Answer for LanDoor {
     }
 
     fn answer(&self, req: Whole, deadline: Pin<&mut Sleep>) -> impl Future<Output = Reply> + Send {
-        let req = pipeline::Request {
-            method: req.method,
-            target: req.target,
-            headers: Headers::Raw(req.headers),
-            body: req.body,
-            received: req.received,
-        };
-        self.request(req, deadline)
+        self.request(req.into(), deadline)
     }
 
     fn too_large(&self, method: &Method, path: &str) -> Response<Body> {

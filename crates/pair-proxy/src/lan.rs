@@ -148,7 +148,6 @@ impl Lan {
                         flavor,
                         "forbidden",
                         "pages from this origin may not call this node (start it with --allowed-origin ORIGIN to allow one)",
-                        None,
                     ));
                 }
             },
@@ -167,7 +166,6 @@ impl Lan {
                     flavor,
                     "forbidden",
                     "this node's LAN face answers only requests addressed to this node's own names and addresses (--allowed-host NAME adds one)",
-                    None,
                 ),
                 cors,
             ));
@@ -181,7 +179,6 @@ impl Lan {
                     &format!(
                         "{method} {path} is not served on this node's LAN face: it serves the inference routes and model listings"
                     ),
-                    None,
                 ),
                 cors,
             ));
@@ -211,13 +208,7 @@ impl Lan {
                 }
                 Some(_) => "the API key is not valid here: unknown or revoked",
             };
-            let mut reply = refusal(
-                StatusCode::UNAUTHORIZED,
-                flavor,
-                "invalid_api_key",
-                why,
-                None,
-            );
+            let mut reply = refusal(StatusCode::UNAUTHORIZED, flavor, "invalid_api_key", why);
             reply
                 .extra
                 .push((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
@@ -286,25 +277,13 @@ fn served_here(method: &Method, path: &str) -> bool {
     )
 }
 
-fn refusal(
-    status: StatusCode,
-    flavor: ApiFlavor,
-    code: &str,
-    message: &str,
-    extra: Option<serde_json::Value>,
-) -> Reply {
-    json_error(status, flavor, code, message, extra).into()
+fn refusal(status: StatusCode, flavor: ApiFlavor, code: &str, message: &str) -> Reply {
+    json_error(status, flavor, code, message, None).into()
 }
 
 fn too_many(flavor: ApiFlavor, wait: Duration, why: &str) -> Reply {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    let mut reply = refusal(
-        StatusCode::TOO_MANY_REQUESTS,
-        flavor,
-        "rate_limited",
-        why,
-        None,
-    );
+    let mut reply = refusal(StatusCode::TOO_MANY_REQUESTS, flavor, "rate_limited", why);
     reply
         .extra
         .push((header::RETRY_AFTER, HeaderValue::from(secs.max(1))));

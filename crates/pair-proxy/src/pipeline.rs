@@ -72,6 +72,20 @@ pub struct Request {
     pub received: Instant,
 }
 
+impl From<pair_http::server::Whole> for Request {
+    /// A request the hand-framed loop read: its fields as they came (no
+    /// header map is built).
+    fn from(req: pair_http::server::Whole) -> Self {
+        Self {
+            method: req.method,
+            target: req.target,
+            headers: Headers::Raw(req.headers),
+            body: req.body,
+            received: req.received,
+        }
+    }
+}
+
 /// Where a request came in.
 #[derive(Clone, Copy, Debug)]
 pub enum Door<'a> {
