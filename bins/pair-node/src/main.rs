@@ -451,7 +451,7 @@ Join it from pair-client (a machine without an engine; here, this one):
   pair-client --state-dir /tmp/pair-client-demo serve --ollama-face 127.0.0.1:11444 --openai-face 127.0.0.1:1244
 Coding agents (model aliases: {aliases}):
   ANTHROPIC_BASE_URL={a} ANTHROPIC_API_KEY=local claude
-  codex -c model_provider=pair -c 'model_providers.pair={{name="pair",base_url="{a}/v1",wire_api="responses"}}' -m qwen2.5:7b
+  PAIR_KEY=local codex -c model_provider=pair -c 'model_providers.pair={{name="pair",base_url="{a}/v1",wire_api="responses",env_key="PAIR_KEY"}}' -m qwen2.5:7b
 Jobs view: {o}/ui     Metrics: {o}/metrics
 Ctrl-C to stop."#,
         aliases = d.aliases.join(", "),
