@@ -1,6 +1,7 @@
 //! Fuzz target: route classification (`pair_proxy::route::classify`) on
 //! arbitrary methods and paths. Never panics; only `POST` is routed and only
-//! `GET` is merged; one trailing slash never changes the class.
+//! `GET` is merged; only Anthropic and Responses paths are refused in their
+//! API's shape; one trailing slash never changes the class.
 #![no_main]
 
 use http::Method;
@@ -53,6 +54,16 @@ fuzz_target!(|data: &[u8]| {
                 p == "/metrics" || p == "/ui" || p.starts_with("/_pair/"),
                 "{path:?} taken as the node's own route"
             );
+        }
+        RouteClass::NotServed(flavor) => {
+            let p = path.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(&path);
+            let anthropic = p == "/v1/messages" || p.starts_with("/v1/messages/") || p == "/v1/complete";
+            let expected = match flavor {
+                pair_core::ApiFlavor::Anthropic => anthropic,
+                pair_core::ApiFlavor::Responses => p.starts_with("/v1/responses"),
+                _ => false,
+            };
+            assert!(expected, "{path:?} refused as {flavor:?}");
         }
         RouteClass::Passthrough => {}
     }
