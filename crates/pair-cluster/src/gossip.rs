@@ -229,6 +229,7 @@ mod tests {
     fn record(id: u128, by: u128) -> JobRecord {
         JobRecord {
             key: None,
+            resumed: Vec::new(),
             id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
             model: "m".into(),
             flavor: pair_core::ApiFlavor::Ollama,

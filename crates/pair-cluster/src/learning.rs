@@ -132,6 +132,7 @@ mod tests {
     fn job(id: u128, ran_on: u128) -> JobRecord {
         JobRecord {
             key: None,
+            resumed: Vec::new(),
             id: JobId::from_uuid(uuid::Uuid::from_u128(id)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,
@@ -184,6 +185,7 @@ mod tests {
         let l = SpeedLearner::new(Arc::clone(&jobs), me);
         let at = |id: u128, ran_on: u128, origin: u128, created: u64| JobRecord {
             key: None,
+            resumed: Vec::new(),
             origin: NodeId::from_u128(origin),
             created_at_ms: created,
             recorded_by: (origin != 1).then_some(NodeId::from_u128(1)),
@@ -226,6 +228,7 @@ mod tests {
                 id += 1;
                 jobs.record(JobRecord {
                     key: None,
+                    resumed: Vec::new(),
                     created_at_ms: at,
                     ttft_ms: Some(100),
                     // The stream looks 300 ms longer than the engine's work.

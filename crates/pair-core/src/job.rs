@@ -63,6 +63,19 @@ pub struct JobRecord {
     /// The name of the API key the request came with (the LAN face).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// Where the answer moved after its first byte (a stream cut and
+    /// continued on another node), in order; `ran_on` is where it began.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed: Vec<Resumption>,
+}
+
+/// A stream cut after its first byte and continued on another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumption {
+    /// The node that continued it.
+    pub node: NodeId,
+    /// Tokens the client had received when the answer moved.
+    pub at_token: u32,
 }
 
 /// The engine's own account of a job (Ollama's `prompt_eval_duration` and
@@ -126,6 +139,7 @@ mod tests {
     fn record(status: JobStatus, by: u128) -> JobRecord {
         JobRecord {
             key: None,
+            resumed: Vec::new(),
             id: crate::JobId::from_uuid(uuid::Uuid::from_u128(1)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,

@@ -24,7 +24,7 @@ pub use alias::ModelAlias;
 pub use engine::{ApiFlavor, EngineKind};
 pub use error::{CoreError, RetryAdvice};
 pub use id::{JobId, NodeId, Role};
-pub use job::{EngineTiming, JobRecord, JobStatus};
+pub use job::{EngineTiming, JobRecord, JobStatus, Resumption};
 pub use model::ModelName;
 pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};

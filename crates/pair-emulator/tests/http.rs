@@ -746,3 +746,73 @@ async fn tagged_requests_count_arrivals_and_answers_sent_to_their_end() {
     assert_eq!(counts("never"), (0, 0));
     e.shutdown().await;
 }
+
+/// Greedy decoding: an answer continued from its own start (a final
+/// assistant message, or a raw prompt that ends in it) is the unbroken
+/// answer's rest, token for token, in every text API.
+#[tokio::test]
+async fn a_continued_answer_is_the_unbroken_one_s_rest() {
+    let ollama = start(Flavor::Ollama).await;
+    let whole = |v: &Value, path: &str| -> String {
+        match path {
+            "/api/chat" => v["message"]["content"].as_str(),
+            "/api/generate" => v["response"].as_str(),
+            "/v1/chat/completions" => v["choices"][0]["message"]["content"].as_str(),
+            _ => v["choices"][0]["text"].as_str(),
+        }
+        .unwrap()
+        .to_owned()
+    };
+    for path in [
+        "/api/chat",
+        "/api/generate",
+        "/v1/chat/completions",
+        "/v1/completions",
+    ] {
+        let chat = path.contains("chat");
+        let limit = |n: u32| {
+            if path.starts_with("/api") {
+                json!({ "options": { "num_predict": n } })
+            } else {
+                json!({ "max_tokens": n })
+            }
+        };
+        let ask = |begun: Option<&str>, n: u32| {
+            let mut body = limit(n);
+            body["model"] = json!(CHAT);
+            body["stream"] = json!(false);
+            if chat {
+                let mut messages = vec![json!({ "role": "user", "content": "tell me more" })];
+                if let Some(b) = begun {
+                    messages.push(json!({ "role": "assistant", "content": b }));
+                }
+                body["messages"] = json!(messages);
+            } else {
+                body["prompt"] = json!(format!("tell me more\n{}", begun.unwrap_or("")));
+                body["raw"] = json!(true);
+            }
+            body
+        };
+        let unbroken = whole(
+            &post(&ollama, path, ask(None, 12))
+                .await
+                .json()
+                .await
+                .unwrap(),
+            path,
+        );
+        let words: Vec<&str> = unbroken.split_inclusive(' ').collect();
+        assert_eq!(words.len(), 12, "{path}: {unbroken}");
+        // Cut after 5 tokens: the text so far ends before the 6th's space.
+        let begun: String = unbroken.split(' ').take(5).collect::<Vec<_>>().join(" ");
+        let rest = whole(
+            &post(&ollama, path, ask(Some(&begun), 7))
+                .await
+                .json()
+                .await
+                .unwrap(),
+            path,
+        );
+        assert_eq!(format!("{begun}{rest}"), unbroken, "{path}");
+    }
+}

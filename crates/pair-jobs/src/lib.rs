@@ -431,6 +431,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         recorded_by,
         engine,
         key,
+        resumed,
     } = rec;
     buf.extend_from_slice(b"{\"id\":");
     json_uuid(buf, id.as_uuid());
@@ -480,6 +481,20 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
     if let Some(k) = key {
         buf.extend_from_slice(b",\"key\":");
         json_str(buf, k);
+    }
+    if !resumed.is_empty() {
+        buf.extend_from_slice(b",\"resumed\":[");
+        for (i, r) in resumed.iter().enumerate() {
+            if i > 0 {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(b"{\"node\":");
+            json_uuid(buf, r.node.as_uuid());
+            buf.extend_from_slice(b",\"at_token\":");
+            json_int(buf, r.at_token);
+            buf.push(b'}');
+        }
+        buf.push(b']');
     }
     buf.extend_from_slice(b"}\n");
 }
@@ -617,6 +632,7 @@ mod tests {
     fn rec(n: u128, at: u64) -> JobRecord {
         JobRecord {
             key: None,
+            resumed: Vec::new(),
             id: JobId::from_uuid(uuid::Uuid::from_u128(n)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,
@@ -669,6 +685,18 @@ mod tests {
             .prop_map(|(a, b, c, (error, by, engine))| JobRecord {
                 // Any text, some of the time (the key's name).
                 key: a.4.then(|| a.3.clone()),
+                // A move or two, some of the time.
+                resumed: by
+                    .map(|n| {
+                        let at = u32::try_from(c.1 % 4096).unwrap_or(0);
+                        (0..=n % 2)
+                            .map(|i| pair_core::Resumption {
+                                node: NodeId::from_u128(n ^ i),
+                                at_token: at + u32::try_from(i).unwrap_or(0),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 id: JobId::from_uuid(uuid::Uuid::from_u128(a.0)),
                 model: a.1,
                 flavor: a.2,
@@ -707,6 +735,7 @@ mod tests {
                 .iter()
                 .map(|&(id, st, by)| JobRecord {
                     key: None,
+            resumed: Vec::new(),
                     status: statuses[st],
                     recorded_by: Some(NodeId::from_u128(by)),
                     ..rec(id, 0)

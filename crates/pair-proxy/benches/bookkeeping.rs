@@ -33,6 +33,7 @@ const ROUTE: &str = "/v1/chat/completions";
 fn record(n: u64) -> JobRecord {
     JobRecord {
         key: None,
+        resumed: Vec::new(),
         id: JobId::from_uuid(uuid::Uuid::from_u128(u128::from(n))),
         model: "bench".into(),
         flavor: ApiFlavor::OpenAi,

@@ -34,6 +34,7 @@ pub(crate) fn new_record(
 ) -> JobRecord {
     JobRecord {
         key: None,
+        resumed: Vec::new(),
         id,
         model: std::mem::take(&mut profile.model),
         flavor,

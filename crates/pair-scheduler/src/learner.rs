@@ -333,6 +333,7 @@ mod tests {
     fn only_completed_jobs_with_timings_are_observations() {
         let mut job = JobRecord {
             key: None,
+            resumed: Vec::new(),
             id: pair_core::JobId::from_uuid(Default::default()),
             model: "m".into(),
             flavor: pair_core::ApiFlavor::Ollama,

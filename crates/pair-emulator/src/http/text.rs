@@ -56,6 +56,22 @@ pub fn generated_text(seed: u64, n: u32) -> String {
     (0..n).map(|i| token(seed, i)).collect()
 }
 
+/// How many tokens of the answer seeded by `seed` `text` is, when `text`
+/// is exactly its first tokens.
+pub(crate) fn answered_tokens(seed: u64, text: &str) -> Option<u32> {
+    let mut at = 0usize;
+    let mut i = 0u32;
+    while at < text.len() {
+        let tok = token(seed, i);
+        if !text[at..].starts_with(tok.as_str()) {
+            return None;
+        }
+        at += tok.len();
+        i += 1;
+    }
+    Some(i)
+}
+
 /// A unit-length embedding of `dims` values.
 pub(crate) fn embedding(seed: u64, dims: usize) -> Vec<f32> {
     let mut v: Vec<f32> = (0..dims as u64)
@@ -136,6 +152,16 @@ mod tests {
                 .unwrap()
                 .is_ascii_uppercase()
         );
+    }
+
+    #[test]
+    fn an_answer_s_start_is_counted_in_tokens() {
+        let seed = request_seed(1, "m", "hello");
+        let text = generated_text(seed, 9);
+        assert_eq!(answered_tokens(seed, &text), Some(9));
+        assert_eq!(answered_tokens(seed, ""), Some(0));
+        assert_eq!(answered_tokens(seed, &format!("{text}x")), None);
+        assert_eq!(answered_tokens(seed, &text[..text.len() - 1]), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::common::{model_of, parse, wait_done};
 use super::errors::{refused, shutting_down};
 use super::render::{Api, Gen, ToolCall, stream_body};
 use crate::ModelStatus;
-use crate::http::text::{count_tokens, request_seed, rfc3339_now, unix_now};
+use crate::http::text::{answered_tokens, count_tokens, request_seed, rfc3339_now, unix_now};
 use crate::http::{App, Flavor, json_response, prompt_cache};
 
 /// Text of a message `content`: a string or a list of `{type:text,text}`.
@@ -145,10 +145,18 @@ async fn generate(
     } else {
         prompt_of(&req)
     };
+    let canonical = app.listed_name(model_ix);
+    let seed_for = |prompt: &str| request_seed(app.cfg.seed ^ seed_of(&req), &canonical, prompt);
+    // An answer this model began, to continue: its seed is the prompt's
+    // without it, and it goes on from the token after it.
+    let (seed, first_token) = match continued(&req, chat, &prompt, seed_for) {
+        Some(c) => c,
+        None => (seed_for(&prompt), 0),
+    };
     let (output_tokens, limited) = output_length(
         limit_of(&req),
-        answer_tokens(&headers),
-        app.cfg.default_max_tokens,
+        answer_tokens(&headers).map(|n| n.saturating_sub(first_token).max(1)),
+        app.cfg.default_max_tokens.saturating_sub(first_token),
     );
     let include_usage = req
         .get("stream_options")
@@ -160,7 +168,6 @@ async fn generate(
         Api::OpenAiCompletion { .. } => Api::OpenAiCompletion { include_usage },
         other => other,
     };
-    let canonical = app.listed_name(model_ix);
     // A later turn of a chat a slot still holds prefills only what is new.
     let cached = match chat
         .then(|| prompt_cache::conversation(&canonical, &req))
@@ -169,7 +176,6 @@ async fn generate(
         Some(c) => app.prompt_cache.turn(c, prompt_tokens, output_tokens),
         None => 0,
     };
-    let seed = request_seed(app.cfg.seed ^ seed_of(&req), &canonical, &prompt);
     let load_us = app.core.with_model(|m, _| {
         m.models()
             .nth(model_ix)
@@ -187,6 +193,7 @@ async fn generate(
         id: format!("{prefix}-{:016x}", seed),
         created: unix_now(),
         seed,
+        first_token,
         prompt_tokens,
         output_tokens,
         limited,
@@ -216,6 +223,48 @@ async fn generate(
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// The answer a request continues, as its seed and the index of the
+/// token it goes on from: a chat whose last message is the assistant's
+/// (llama.cpp, vLLM and Ollama continue it rather than start a new turn),
+/// or a raw prompt that ends in this model's answer to what comes before.
+/// Greedy decoding makes a continued answer the unbroken one's rest.
+fn continued(
+    req: &Map<String, Value>,
+    chat: bool,
+    prompt: &str,
+    seed_for: impl Fn(&str) -> u64,
+) -> Option<(u64, u32)> {
+    if chat {
+        let messages = req.get("messages")?.as_array()?;
+        let (last, before) = messages.split_last()?;
+        if last.get("role").and_then(Value::as_str) != Some("assistant") {
+            return None;
+        }
+        let begun = last.get("content").map(content_text).unwrap_or_default();
+        if begun.is_empty() {
+            return None;
+        }
+        let mut earlier = req.clone();
+        earlier.insert("messages".into(), Value::Array(before.to_vec()));
+        let seed = seed_for(&chat_prompt(&earlier).0);
+        // Text it did not write itself is continued after as many words.
+        let at = answered_tokens(seed, &begun)
+            .unwrap_or_else(|| u32::try_from(begun.split_whitespace().count()).unwrap_or(0));
+        return Some((seed, at));
+    }
+    // The answer's first token is capitalised: only there can it start.
+    prompt
+        .char_indices()
+        .rev()
+        .filter(|(_, c)| c.is_ascii_uppercase())
+        .take(64)
+        .find_map(|(at, _)| {
+            let seed = seed_for(&prompt[..at]);
+            let n = answered_tokens(seed, &prompt[at..]).filter(|n| *n > 0)?;
+            Some((seed, n))
+        })
 }
 
 /// Ollama treats a generate without a prompt, or a chat without messages,

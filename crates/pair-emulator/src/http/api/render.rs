@@ -31,6 +31,10 @@ pub(super) struct Gen {
     pub(super) id: String,
     pub(super) created: u64,
     pub(super) seed: u64,
+    /// The index of the answer's first token: past 0 when the request
+    /// continues an answer this model began (a final assistant message, or
+    /// a raw prompt that ends in its own text).
+    pub(super) first_token: u32,
     pub(super) prompt_tokens: u32,
     pub(super) output_tokens: u32,
     /// The client set a limit: the answer ends "length", not "stop".
@@ -71,7 +75,7 @@ impl Gen {
     }
 
     fn token_chunk(&self, i: u32) -> Bytes {
-        let tok = text::token(self.seed, i);
+        let tok = text::token(self.seed, self.first_token + i);
         match self.api {
             Api::OllamaGenerate => ndjson(&json!({
                 "model": self.model, "created_at": rfc3339_now(), "response": tok, "done": false
@@ -193,7 +197,9 @@ impl Gen {
     }
 
     pub(super) fn whole(&self, t: &JobTiming) -> Value {
-        let text = text::generated_text(self.seed, self.output_tokens);
+        let text: String = (self.first_token..self.first_token + self.output_tokens)
+            .map(|i| text::token(self.seed, i))
+            .collect();
         match self.api {
             Api::OllamaGenerate | Api::OllamaChat => {
                 let mut m = Map::new();
