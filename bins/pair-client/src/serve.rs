@@ -77,6 +77,7 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
                 connect: client.config().connect_timeout,
                 first_byte: client.config().failover.stall_floor,
             },
+            resume: pair_proxy::resume::ResumePolicy::default(),
             body_cap: DEFAULT_BODY_CAP,
             engines: Vec::new(),
             loops,

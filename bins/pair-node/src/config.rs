@@ -164,6 +164,16 @@ pub struct FileConfig {
     pub body_stall_timeout: Option<String>,
     pub body_budget_mib: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
+    pub resume: Option<Switch>,
+    pub resume_limit: Option<u8>,
+}
+
+/// `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Switch {
+    On,
+    Off,
 }
 
 impl FileConfig {
@@ -305,6 +315,15 @@ pub struct RunArgs {
     /// much it sent before. Default 10s.
     #[arg(long, env = "PAIR_BODY_STALL_TIMEOUT")]
     pub body_stall_timeout: Option<String>,
+    /// Continue a stream cut after its first byte (its node gone, its
+    /// engine crashed, the link cut) on another owner of the model, from
+    /// where it was cut. Default on.
+    #[arg(long, value_enum, env = "PAIR_RESUME")]
+    pub resume: Option<Switch>,
+    /// Moves of one answer at most before a cut ends it with an error.
+    /// Default 2.
+    #[arg(long, env = "PAIR_RESUME_LIMIT", value_parser = clap::value_parser!(u8).range(1..))]
+    pub resume_limit: Option<u8>,
     /// Request body bytes the node holds while they arrive, over every
     /// connection, in MiB; a body with no room gets 503 and Retry-After.
     /// Default 64 (two bodies at the 32 MiB cap).
@@ -373,6 +392,8 @@ pub struct NodeConfig {
     pub mdns: Mdns,
     pub mdns_port: u16,
     pub first_byte_timeout: Duration,
+    /// How a stream cut after its first byte is continued elsewhere.
+    pub resume: pair_proxy::resume::ResumePolicy,
     /// No `--engine` given: engines are detected on loopback, or with
     /// `--engine-cmd` the default Ollama is found or launched by port
     /// inversion.
@@ -530,6 +551,16 @@ impl NodeConfig {
                 .or(file.mdns_port)
                 .unwrap_or(pair_discovery::MDNS_PORT),
             first_byte_timeout,
+            resume: match args.resume.or(file.resume).unwrap_or(Switch::On) {
+                Switch::Off => pair_proxy::resume::ResumePolicy::OFF,
+                Switch::On => pair_proxy::resume::ResumePolicy {
+                    limit: args
+                        .resume_limit
+                        .or(file.resume_limit)
+                        .filter(|n| *n > 0)
+                        .unwrap_or(pair_proxy::resume::ResumePolicy::default().limit),
+                },
+            },
             default_engine,
             engine_cmd: match args.engine_cmd.or(file.engine_cmd) {
                 Some(c) => Some(

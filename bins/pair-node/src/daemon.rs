@@ -328,6 +328,7 @@ pub async fn start(
                 first_byte: cfg.first_byte_timeout,
                 ..Timeouts::default()
             },
+            resume: cfg.resume,
             body_cap: DEFAULT_BODY_CAP,
             engines: local_engines,
             loops: Arc::clone(&loops),

@@ -66,6 +66,11 @@ pub struct ClusterSpec {
     /// Nodes advertise their profile's speed until jobs teach them theirs
     /// (the demo); off, they start knowing nothing, as a real node does.
     pub seed_perf: bool,
+    /// Every emulated engine's seed (the same model weights everywhere:
+    /// a greedy answer is the same on every node); `None`: each its own.
+    pub engine_seed: Option<u64>,
+    /// How a stream cut after its first byte is continued (`--resume`).
+    pub resume: pair_proxy::resume::ResumePolicy,
 }
 
 /// Hardware profiles the demo cycles through, fastest first.
@@ -114,6 +119,8 @@ impl ClusterSpec {
             // way a node on a multi-core machine does.
             event_loops: 2,
             seed_perf: true,
+            engine_seed: None,
+            resume: pair_proxy::resume::ResumePolicy::default(),
         }
     }
 }
@@ -159,7 +166,7 @@ impl LocalCluster {
                     let mut emu = EmuConfig::new(ns.flavor, ns.models.iter().cloned());
                     emu.profile = profile.clone();
                     emu.time_scale = spec.time_scale;
-                    emu.seed = i as u64;
+                    emu.seed = spec.engine_seed.unwrap_or(i as u64);
                     emu.slots = ns.slots;
                     let engine =
                         EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
@@ -193,6 +200,7 @@ impl LocalCluster {
                 mdns: spec.mdns,
                 mdns_port: spec.mdns_port,
                 first_byte_timeout: spec.first_byte_timeout,
+                resume: spec.resume,
                 default_engine: false,
                 engine_cmd: None,
                 detect_ports: Vec::new(),

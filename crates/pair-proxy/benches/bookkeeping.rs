@@ -74,6 +74,7 @@ fn shared() -> Shared {
             },
             scheduler: SchedulerConfig::default(),
             timeouts: Timeouts::default(),
+            resume: pair_proxy::resume::ResumePolicy::default(),
             body_cap: 1024,
             engines: Vec::new(),
             loops: EventLoops::single(),

@@ -230,6 +230,9 @@ pub enum UpBody {
     Peer(Incoming),
     /// A local engine's answer in the client's API shape.
     Translated(BoxedBody),
+    /// A stream that moves to another node when it is cut
+    /// ([`crate::resume`]).
+    Resuming(Box<crate::resume::Resuming>),
     /// An answer this node made itself (taken once).
     Fixed(Option<Bytes>),
 }
@@ -282,6 +285,7 @@ impl http_body::Body for UpBody {
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
             UpBody::Translated(b) => b.0.as_mut().poll_frame(cx),
+            UpBody::Resuming(b) => std::pin::Pin::new(b.as_mut()).poll_frame(cx),
             UpBody::Fixed(b) => {
                 std::task::Poll::Ready(b.take().map(|d| Ok(http_body::Frame::data(d))))
             }
@@ -293,6 +297,7 @@ impl http_body::Body for UpBody {
             UpBody::Engine(b) => b.is_end_stream(),
             UpBody::Peer(b) => b.is_end_stream(),
             UpBody::Translated(b) => b.0.is_end_stream(),
+            UpBody::Resuming(b) => b.is_end_stream(),
             UpBody::Fixed(b) => b.is_none(),
         }
     }
@@ -301,7 +306,7 @@ impl http_body::Body for UpBody {
         match self {
             UpBody::Engine(b) => b.size_hint(),
             UpBody::Peer(b) => b.size_hint(),
-            UpBody::Translated(_) => http_body::SizeHint::default(),
+            UpBody::Translated(_) | UpBody::Resuming(_) => http_body::SizeHint::default(),
             UpBody::Fixed(b) => {
                 http_body::SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -106,8 +106,11 @@ pub(crate) struct JobWatcher {
     /// Held until the answer's end: the scheduler counts this request on
     /// its node until then (released by `finish`, or on drop).
     pub(crate) reservation: Option<ReservationId>,
-    /// The local engine serving it, stamped as its tokens come.
+    /// The local engine serving it, stamped as its tokens come (until the
+    /// answer moves elsewhere after a cut).
     pub(crate) engine: Option<Arc<Progress>>,
+    /// Where the answer moved after a cut, when it may move.
+    pub(crate) resumed: Option<Arc<crate::resume::ResumeLog>>,
 }
 
 impl JobWatcher {
@@ -129,7 +132,9 @@ impl Watcher for JobWatcher {
         if let Some(g) = self.guard.as_mut() {
             g.progress(events);
         }
-        if let Some(e) = &self.engine {
+        if let Some(e) = &self.engine
+            && !self.resumed.as_ref().is_some_and(|r| r.moved())
+        {
             e.touch();
         }
     }
@@ -141,6 +146,9 @@ impl Watcher for JobWatcher {
             return;
         };
         rec.duration_ms = Some(millis(elapsed));
+        if let Some(log) = &self.resumed {
+            rec.resumed = log.moves();
+        }
         rec.output_tokens = (events > 0).then_some(events);
         // The engine's own counts and durations beat the node's estimates.
         if let Some(r) = reported {

@@ -34,6 +34,7 @@ pub mod pipeline;
 pub mod probe;
 pub mod receipt;
 pub mod relay;
+pub mod resume;
 pub mod route;
 pub mod state;
 pub mod stream;

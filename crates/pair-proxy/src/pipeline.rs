@@ -52,6 +52,7 @@ use crate::listing;
 use crate::metrics::FailoverLabels;
 use crate::passthrough;
 use crate::receipt::{self, Receipt};
+use crate::resume;
 use crate::route::{self, Face, RouteClass, Work};
 use crate::state::{MAX_ATTEMPTS, ProxyState, Shortlist, now_ms, unix_ms_at};
 use crate::stream::{AnswerBody, Framing, OnCut};
@@ -457,6 +458,7 @@ pub async fn execute(
             &mut failover,
             deadline.as_mut(),
             plan,
+            true,
         )
         .await
         {
@@ -477,6 +479,7 @@ pub async fn execute(
         guard,
         reservation,
         engine,
+        resumed,
     } = committed;
     let status = up.status;
     let tries = failover.dispatched();
@@ -503,6 +506,7 @@ pub async fn execute(
             guard,
             reservation,
             engine,
+            resumed: None,
         };
         return Reply {
             status,
@@ -536,6 +540,7 @@ pub async fn execute(
         guard,
         reservation,
         engine,
+        resumed,
     };
     let body = reading(
         AnswerBody::new(
@@ -594,6 +599,8 @@ struct Committed {
     /// The peer's reservation, released when the answer ends.
     reservation: Option<ReservationId>,
     engine: Option<Arc<Progress>>,
+    /// Where the answer moved after a cut, when it may move.
+    resumed: Option<Arc<resume::ResumeLog>>,
 }
 
 /// An answer that was not committed, kept in case it is the last.
@@ -684,6 +691,7 @@ async fn attempt(
     failover: &mut Failover,
     mut deadline: Pin<&mut Sleep>,
     plan: Plan,
+    resumable: bool,
 ) -> Attempted {
     let t0 = req.received;
     let hop = match hop_for(st, cluster, node, &profile.model, req.flavor) {
@@ -695,7 +703,19 @@ async fn attempt(
     };
     // An engine that does not speak the client's API gets it translated;
     // a request that cannot be is the client's 400, never retried.
-    let translation = match translate::needed(&hop, req.flavor, req.head.path_and_query.path()) {
+    let peer_engine = match &hop {
+        Hop::Peer(_) => cluster
+            .node(node)
+            .and_then(|n| n.find_model(&profile.model, req.flavor))
+            .map(|(e, _)| e.kind),
+        Hop::Local(_) => None,
+    };
+    let translation = match translate::needed(
+        &hop,
+        req.flavor,
+        req.head.path_and_query.path(),
+        peer_engine,
+    ) {
         None => None,
         Some((route, kind)) => match translate::request(route, kind, &req.head, &req.body) {
             Ok(t) => Some((route, t)),
@@ -715,6 +735,7 @@ async fn attempt(
                     guard: None,
                     reservation: None,
                     engine: None,
+                    resumed: None,
                 });
             }
         },
@@ -750,8 +771,16 @@ async fn attempt(
         Some((_, t)) => (&t.head, t.body.clone()),
         None => (&req.head, req.body.clone()),
     };
-    let head =
-        async { dispatch::request(st.local_pool(), &hop, out_head, out_body, job_header)?.await };
+    let head = async {
+        dispatch::request(
+            st.local_pool(),
+            &hop,
+            out_head,
+            out_body.clone(),
+            job_header,
+        )?
+        .await
+    };
     let head = marking(head, prefilled_in, || {
         if let Some(g) = guard.as_mut() {
             g.prefill_done();
@@ -762,11 +791,42 @@ async fn attempt(
         r = head => Some(r),
         () = stalled(st, &watch, sent, stall_after, deadline.as_mut()) => None,
     };
+    let mut resumed = None;
     let mut up = match head {
-        Some(Ok(up)) => match translation {
-            Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, t0),
-            None => up,
-        },
+        Some(Ok(mut up)) => {
+            // A stream from a node this one routed to may move on a cut:
+            // below translation, in the engine's own events.
+            if resumable && plan == Plan::Cluster && st.resume.on() && up.status.is_success() {
+                let cont = resume::Api::of(out_head.path_and_query.path())
+                    .filter(|api| {
+                        Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
+                            != Framing::Whole
+                            && api.flavor() == flavor_of_path(out_head.path_and_query.path())
+                    })
+                    .map(|api| resume::Continuation {
+                        st: Arc::clone(st),
+                        head: out_head.clone(),
+                        body: out_body.clone(),
+                        api,
+                        work: req.work,
+                        route: req.route,
+                        profile: profile.clone(),
+                        job,
+                        policy: st.resume,
+                        began_on: node,
+                        log: Arc::default(),
+                    });
+                if let Some(cont) = cont {
+                    resumed = Some(Arc::clone(&cont.log));
+                    up.body =
+                        dispatch::UpBody::Resuming(Box::new(resume::Resuming::new(up.body, cont)));
+                }
+            }
+            match translation {
+                Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, t0),
+                None => up,
+            }
+        }
         Some(Err(e)) => {
             tracing::debug!(%node, error = %e, "attempt failed");
             failover.report(t0.elapsed(), failed(&e));
@@ -839,7 +899,121 @@ async fn attempt(
         guard,
         reservation: reservation.and_then(|r| r.keep()),
         engine,
+        resumed,
     })
+}
+
+/// The flavour a path of an engine's API is in.
+fn flavor_of_path(path: &str) -> ApiFlavor {
+    if path.starts_with("/api/") {
+        ApiFlavor::Ollama
+    } else {
+        ApiFlavor::OpenAi
+    }
+}
+
+/// Sends a cut stream's continuation to the best owner of its model that
+/// the stream was not cut on, as any request is sent (the same attempts,
+/// stall allowance and failover); its answer, committed at its first
+/// byte, or `None` when no owner takes it.
+pub(crate) async fn continue_on(
+    cont: &resume::Continuation,
+    head: RequestHead,
+    body: Bytes,
+    dead: &[NodeId],
+) -> Option<resume::Moved> {
+    let st = &cont.st;
+    let req = Inference {
+        head,
+        body,
+        flavor: cont.api.flavor(),
+        work: cont.work,
+        route: cont.route,
+        received: Instant::now(),
+        key: None,
+    };
+    let mut failover = Failover::new(FailoverConfig {
+        stall_floor: st.timeouts.first_byte,
+        patience: st.timeouts.first_byte,
+        ..FailoverConfig::default()
+    });
+    let deadline = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(deadline);
+    loop {
+        let cluster = st.cluster();
+        let targets: SmallVec<[Target; MAX_ATTEMPTS]> = st
+            .rank(&cluster, &cont.profile, now_ms())
+            .iter()
+            .filter(|c| !dead.contains(&c.node))
+            .filter(|c| resume::continues(&cluster, c.node, &cont.profile.model, cont.api))
+            .map(|c| Target {
+                node: c.node,
+                predicted: c
+                    .score
+                    .prediction()
+                    .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
+            })
+            .collect();
+        match failover.next_step(req.received.elapsed(), &targets) {
+            Step::Dispatch { node, stall_after } => {
+                let attempted = attempt(
+                    st,
+                    &req,
+                    &cluster,
+                    &cont.profile,
+                    cont.job,
+                    node,
+                    stall_after,
+                    &mut failover,
+                    deadline.as_mut(),
+                    Plan::Cluster,
+                    false,
+                )
+                .await;
+                match attempted {
+                    Attempted::Committed(c) if c.up.status.is_success() => {
+                        return Some(resume::Moved {
+                            node,
+                            first: c.first,
+                            body: c.up.body,
+                            holding: Box::new(Holding {
+                                st: Arc::clone(st),
+                                guard: c.guard,
+                                reservation: c.reservation,
+                            }),
+                        });
+                    }
+                    Attempted::Committed(c) => {
+                        tracing::info!(%node, status = %c.up.status, "a continuation was refused");
+                        return None;
+                    }
+                    Attempted::Failed(_) => note_failed(st, &failover),
+                }
+            }
+            Step::Wait(d) => {
+                deadline.as_mut().reset(Instant::now() + d);
+                deadline.as_mut().await;
+            }
+            Step::GiveUp(_) => return None,
+        }
+    }
+}
+
+/// What a continuation's attempt holds until the answer ends: its load on
+/// this node's engine, or its reservation on a peer.
+struct Holding {
+    st: Arc<ProxyState>,
+    guard: Option<pair_cluster::LoadGuard>,
+    reservation: Option<ReservationId>,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.guard.take();
+        if let Some(id) = self.reservation.take() {
+            self.st.release(id);
+        }
+    }
 }
 
 /// What shows that an attempt's node is getting anywhere.

@@ -70,6 +70,8 @@ pub struct ProxyState {
     /// One per event loop (see [`LocalEngine::copy_for_loop`]).
     receipt_self: PerLoop<Option<http::HeaderValue>>,
     pub timeouts: Timeouts,
+    /// How a stream cut after its first byte is continued elsewhere.
+    pub resume: crate::resume::ResumePolicy,
     pub body_cap: usize,
     /// Which `Host` and `Origin` values the faces accept.
     pub gate: FaceGate,
@@ -120,6 +122,8 @@ pub struct ProxyConfig {
     pub node: NodeIdentity,
     pub scheduler: SchedulerConfig,
     pub timeouts: Timeouts,
+    /// How a stream cut after its first byte is continued elsewhere.
+    pub resume: crate::resume::ResumePolicy,
     pub body_cap: usize,
     pub engines: Vec<LocalEngine>,
     /// Where connections are served ([`EventLoops::single`]: the caller's runtime).
@@ -174,6 +178,7 @@ impl ProxyState {
             sched_writes: Mutex::new(()),
             node: config.node,
             timeouts: config.timeouts,
+            resume: config.resume,
             body_cap: config.body_cap,
             gate: config.gate,
             conns: ConnLimit::new(config.max_connections),
@@ -453,6 +458,7 @@ pub(crate) mod tests {
                 },
                 scheduler: SchedulerConfig::new(Policy::PredictedLatency),
                 timeouts: Timeouts::default(),
+                resume: crate::resume::ResumePolicy::default(),
                 body_cap: 1024,
                 engines: Vec::new(),
                 loops,

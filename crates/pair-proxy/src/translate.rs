@@ -3,7 +3,9 @@
 //! OpenAI-compatible engine), the request goes to it translated
 //! ([`pair_translate`]) and its answer comes back translated, chunk by
 //! chunk as it arrives. A peer's request is translated where it runs, so
-//! a relay carries the client's own shape.
+//! a relay carries the client's own shape, except Anthropic's and
+//! Responses', which the origin translates (their streams continue after a
+//! cut only below translation).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -30,11 +32,23 @@ pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x
 pub const DROPPED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-dropped");
 
 /// The translation `hop` needs for a request of `flavor` to `path`, and
-/// for which kind of engine: only a local engine that does not speak the
-/// client's API, on a route that translates.
-pub(crate) fn needed(hop: &Hop, flavor: ApiFlavor, path: &str) -> Option<(Route, EngineKind)> {
+/// for which kind of engine: a local engine that does not speak the
+/// client's API, on a route that translates; and an Anthropic or
+/// Responses request relayed to a peer (`peer_engine`: the kind of its
+/// engine that holds the model), so that every stream below translation
+/// is one a cut can continue ([`crate::resume`]).
+pub(crate) fn needed(
+    hop: &Hop,
+    flavor: ApiFlavor,
+    path: &str,
+    peer_engine: Option<EngineKind>,
+) -> Option<(Route, EngineKind)> {
     match hop {
         Hop::Local(engine) if !engine.kind.speaks(flavor) => Some((route_of(path)?, engine.kind)),
+        Hop::Peer(_) if matches!(flavor, ApiFlavor::Anthropic | ApiFlavor::Responses) => Some((
+            route_of(path)?,
+            peer_engine.unwrap_or(EngineKind::OpenAiCompat),
+        )),
         _ => None,
     }
 }

@@ -378,9 +378,16 @@ pub(crate) async fn openai_completions(State(app): State<App>, h: HeaderMap, b: 
 fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<ToolCall> {
     // A system note after the user's turn (Claude Code sends its
     // environment so) does not end the turn.
-    let last = req
-        .get("messages")?
-        .as_array()?
+    // An answer being continued (a final assistant message) is still
+    // the answer to the user's turn before it.
+    let messages = req.get("messages")?.as_array()?;
+    let messages = match messages.split_last() {
+        Some((last, before)) if last.get("role").and_then(Value::as_str) == Some("assistant") => {
+            before
+        }
+        _ => messages,
+    };
+    let last = messages
         .iter()
         .rev()
         .find(|m| m.get("role").and_then(Value::as_str) != Some("system"))?;

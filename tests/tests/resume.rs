@@ -1,0 +1,271 @@
+//! Streams that survive their node: a stream cut after its first byte (the
+//! serving engine dies mid-answer, on this node or a peer) goes on from
+//! another owner of the model. With the same model weights everywhere and
+//! greedy decoding, the client's answer is the unbroken one, token for
+//! token, in every API; the final event says where it moved and the job
+//! record lists both nodes.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use pair_emulator::{FaultAction, FaultRule};
+use pair_node::harness::LocalCluster;
+use pair_tests::{cluster, http};
+use serde_json::{Value, json};
+
+const MODEL: &str = "llama3.2:3b";
+
+/// A client API: where it is sent and how its stream reads.
+#[derive(Clone, Copy, Debug)]
+enum Api {
+    OllamaChat,
+    OllamaGenerate,
+    OpenAiChat,
+    OpenAiCompletion,
+    Anthropic,
+}
+
+impl Api {
+    const ALL: [Api; 5] = [
+        Api::OllamaChat,
+        Api::OllamaGenerate,
+        Api::OpenAiChat,
+        Api::OpenAiCompletion,
+        Api::Anthropic,
+    ];
+
+    fn url(self, c: &LocalCluster) -> String {
+        let n = &c.nodes[0];
+        match self {
+            Api::OllamaChat => format!("{}/api/chat", n.ollama_url()),
+            Api::OllamaGenerate => format!("{}/api/generate", n.ollama_url()),
+            Api::OpenAiChat => format!("{}/v1/chat/completions", n.openai_url()),
+            Api::OpenAiCompletion => format!("{}/v1/completions", n.openai_url()),
+            Api::Anthropic => format!("{}/v1/messages", n.openai_url()),
+        }
+    }
+
+    fn body(self, tokens: u32) -> Value {
+        let messages = json!([{"role": "user", "content": "tell me about rivers"}]);
+        match self {
+            Api::OllamaChat => json!({"model": MODEL, "messages": messages, "stream": true,
+                                      "options": {"temperature": 0, "num_predict": tokens}}),
+            Api::OllamaGenerate => json!({"model": MODEL, "prompt": "Rivers:", "raw": true,
+                                          "stream": true,
+                                          "options": {"temperature": 0, "num_predict": tokens}}),
+            Api::OpenAiChat => json!({"model": MODEL, "messages": messages, "stream": true,
+                                      "temperature": 0, "max_tokens": tokens,
+                                      "stream_options": {"include_usage": true}}),
+            Api::OpenAiCompletion => json!({"model": MODEL, "prompt": "Rivers:", "stream": true,
+                                            "temperature": 0, "max_tokens": tokens}),
+            Api::Anthropic => json!({"model": MODEL, "messages": messages, "stream": true,
+                                     "temperature": 0, "max_tokens": tokens}),
+        }
+    }
+
+    /// The events of a stream (JSON payloads), in order.
+    fn events(self, text: &str) -> Vec<Value> {
+        text.lines()
+            .filter_map(|l| match self {
+                Api::OllamaChat | Api::OllamaGenerate => Some(l),
+                _ => l.strip_prefix("data: ").filter(|d| *d != "[DONE]"),
+            })
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{self:?}: {e}: {l}")))
+            .collect()
+    }
+
+    /// The answer's text, its tokens as the client counted them, and the
+    /// final event.
+    fn answer(self, text: &str) -> (String, Option<u64>, Value) {
+        let events = self.events(text);
+        for e in &events {
+            assert!(
+                e.get("error").is_none() && e["type"] != "error",
+                "{self:?}: an error in the stream: {text}"
+            );
+        }
+        let piece = |e: &Value| -> Option<String> {
+            match self {
+                Api::OllamaChat => e["message"]["content"].as_str(),
+                Api::OllamaGenerate => e["response"].as_str(),
+                Api::OpenAiChat => e["choices"][0]["delta"]["content"].as_str(),
+                Api::OpenAiCompletion => e["choices"][0]["text"].as_str(),
+                Api::Anthropic => e["delta"]["text"].as_str(),
+            }
+            .map(str::to_owned)
+        };
+        let answer: String = events.iter().filter_map(piece).collect();
+        let last = events.last().cloned().unwrap_or_default();
+        let counted = match self {
+            Api::OllamaChat | Api::OllamaGenerate => last["eval_count"].as_u64(),
+            Api::OpenAiChat => last["usage"]["completion_tokens"].as_u64(),
+            Api::OpenAiCompletion => None,
+            Api::Anthropic => events
+                .iter()
+                .find(|e| e["type"] == "message_delta")
+                .and_then(|e| e["usage"]["output_tokens"].as_u64()),
+        };
+        (answer, counted, last)
+    }
+}
+
+/// Streams `api`'s request through node 0, pinned to node `pin`.
+async fn stream(c: &LocalCluster, api: Api, pin: usize, tokens: u32) -> (String, String) {
+    let resp = http()
+        .post(api.url(c))
+        .header("x-pair-node-pin", c.nodes[pin].id.to_string())
+        .json(&api.body(tokens))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{api:?}");
+    let job = resp.headers()["x-pair-job"].to_str().unwrap().to_owned();
+    (job, resp.text().await.unwrap())
+}
+
+/// Node `node`'s terminal record of `job`.
+async fn record(c: &LocalCluster, node: usize, job: &str) -> pair_core::JobRecord {
+    let id: pair_core::JobId = serde_json::from_value(json!(job)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(r) = c.nodes[node].state.jobs.get(id)
+            && r.status.is_terminal()
+        {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no record of {job} on node {node}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn same_weights(n: usize) -> impl FnOnce(&mut pair_node::harness::ClusterSpec) {
+    move |spec| {
+        spec.engine_seed = Some(7);
+        // Every node Ollama-flavoured but the last, OpenAI-compatible, so
+        // continuations cross engine kinds too.
+        if let Some(last) = spec.nodes.get_mut(n - 1) {
+            last.flavor = pair_emulator::Flavor::OpenAi;
+        }
+    }
+}
+
+/// The engine dies after a few tokens, on a peer (its stream is cut at
+/// the relay) and on the origin's own engine: the client's answer is the
+/// unbroken one, its counts summed, and the record names both nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_way_goes_on_from_another_node_token_for_token() {
+    let c = cluster(3, same_weights(3)).await.unwrap();
+    for api in Api::ALL {
+        let (_, unbroken) = stream(&c, api, 2, 24).await;
+        let (want, want_count, _) = api.answer(&unbroken);
+        assert_eq!(want.split_whitespace().count(), 24, "{api:?}: {want}");
+        for faulty in [1usize, 0] {
+            let case = format!("{api:?}, engine {faulty} dies");
+            c.engines[faulty].faults().clear();
+            c.engines[faulty]
+                .faults()
+                .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(6)).times(1));
+            let (job, text) = stream(&c, api, faulty, 24).await;
+            let (got, count, last) = api.answer(&text);
+            assert_eq!(got, want, "{case}: {text}");
+            assert_eq!(count, want_count, "{case}: token counts summed");
+            if matches!(api, Api::OllamaChat | Api::OllamaGenerate | Api::OpenAiChat) {
+                let moved = &last["x_pair"]["resumed"][0];
+                assert!(moved["at_token"].as_u64().unwrap() > 0, "{case}: {last}");
+                assert_ne!(moved["node_id"], json!(c.nodes[faulty].id), "{case}");
+            }
+            let rec = record(&c, 0, &job).await;
+            assert_eq!(rec.status, pair_core::JobStatus::Completed, "{case}");
+            assert_eq!(rec.ran_on, Some(c.nodes[faulty].id), "{case}");
+            assert_eq!(rec.resumed.len(), 1, "{case}: {rec:?}");
+            assert_ne!(rec.resumed[0].node, c.nodes[faulty].id, "{case}");
+            assert!(
+                rec.resumed[0].at_token > 0 && rec.resumed[0].at_token < 24,
+                "{case}"
+            );
+        }
+    }
+    c.stop().await;
+}
+
+/// With `--resume off`, a cut ends the stream with its error event and
+/// nothing is sent again (the behaviour of every other router).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_resume_off_a_cut_ends_with_an_error_and_is_never_resent() {
+    let c = cluster(3, |spec| {
+        same_weights(3)(spec);
+        spec.resume = pair_proxy::resume::ResumePolicy::OFF;
+    })
+    .await
+    .unwrap();
+    for api in [Api::OllamaChat, Api::OpenAiChat] {
+        for e in &c.engines {
+            e.reset_hits();
+        }
+        c.engines[1]
+            .faults()
+            .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(3)).times(1));
+        let (job, text) = stream(&c, api, 1, 20).await;
+        let last = text.trim_end().lines().last().unwrap_or("").to_owned();
+        assert!(last.contains("\"error\""), "{api:?}: {text}");
+        assert!(!text.contains("[DONE]"), "{api:?}: {text}");
+        let hits: u64 = c.engines.iter().map(|e| e.hits_for_model(MODEL)).sum();
+        assert_eq!(hits, 1, "{api:?}: never resent after the first byte");
+        let rec = record(&c, 0, &job).await;
+        assert_eq!(rec.status, pair_core::JobStatus::Failed);
+        assert!(rec.resumed.is_empty());
+    }
+    c.stop().await;
+}
+
+/// A cut that cannot be continued keeps the explicit error: a tool call
+/// under way, and a cut with no other owner of the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_continued_ends_with_an_error() {
+    let c = cluster(2, same_weights(2)).await.unwrap();
+    // The only other owner holds no such model: qwen2.5:7b is on nodes 0
+    // and 1; with node 1's engine cut and node 0's engine too, nothing is
+    // left.
+    c.engines[1]
+        .faults()
+        .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(3)).times(1));
+    c.engines[0]
+        .faults()
+        .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(3)).times(1));
+    let (job, text) = stream(&c, Api::OllamaChat, 1, 20).await;
+    let last = text.trim_end().lines().last().unwrap_or("").to_owned();
+    assert!(last.contains("\"error\""), "{text}");
+    let rec = record(&c, 0, &job).await;
+    assert_eq!(rec.status, pair_core::JobStatus::Failed);
+    assert_eq!(
+        rec.resumed.len(),
+        1,
+        "moved once, then cut with nowhere left: {rec:?}"
+    );
+    // A tool call under way: the emulated model says 3 words, then calls
+    // the tool; the cut comes after the call's chunk, before its end.
+    for e in &c.engines {
+        e.faults().clear();
+    }
+    c.engines[1]
+        .faults()
+        .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(4)).times(1));
+    let resp = http()
+        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
+        .header("x-pair-node-pin", c.nodes[1].id.to_string())
+        .json(&json!({"model": MODEL, "stream": true, "max_tokens": 3,
+                      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+                      "messages": [{"role": "user", "content": "get_weather({\"city\": \"Oslo\"})"}]}))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("\"tool_calls\""), "{text}");
+    assert!(text.contains("stream_interrupted"), "{text}");
+    c.stop().await;
+}
