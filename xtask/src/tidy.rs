@@ -25,7 +25,7 @@ pub(crate) const FORBIDDEN: &[&str] = &[
 
 /// Crates that read node info and the pressure rule from pair-core and must
 /// not pull in the telemetry shell (its probes, sysinfo and NVML) for them.
-pub(crate) const KEPT_OFF_TELEMETRY: &[&str] = &["pair-discovery", "pair-sim"];
+pub(crate) const KEPT_OFF_TELEMETRY: &[&str] = &["pair-discovery", "pair-simulator", "pair-sim"];
 pub(crate) const TELEMETRY_SHELL: &[&str] = &["pair-telemetry", "sysinfo", "nvml-wrapper"];
 
 pub(crate) fn run(root: &Path) -> Result<()> {

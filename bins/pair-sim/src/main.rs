@@ -1,6 +1,7 @@
-//! pair-sim: emulated engines and the cluster simulator (thin CLI shell).
+//! pair-sim: the simulator's command line (a thin shell over the
+//! `pair-simulator` library) and emulated engines.
 //!
-//! `run` compares routing policies on scenario files, `live` runs them on
+//! Argument parsing, wiring and printing only: `run` compares routing policies on scenario files, `live` runs them on
 //! real `pair-node` processes beside the simulator, `bench` times the
 //! simulator, `engine` serves an emulated Ollama / OpenAI / LM Studio engine.
 //! Bad configuration exits with code 64 and a one-line reason.
@@ -14,7 +15,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pair_emulator::HardwareProfile;
 use pair_emulator::http::{EmulatorConfig, Flavor};
-use pair_sim::{CompareOptions, Scenario, SimError, report};
+use pair_simulator::{CompareOptions, Scenario, SimError, report};
 
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
@@ -269,25 +270,18 @@ fn load(path: &Path, o: &Overrides<'_>) -> Result<Scenario, Failure> {
         s.seed = seed;
     }
     if let Some(r) = o.routing {
-        s.routing = pair_sim::scenario::Routing::from_flag(r, &s.nodes)
+        s.routing = pair_simulator::scenario::Routing::from_flag(r, &s.nodes)
             .map_err(|e| Failure::Config(format!("--routing: {}", chain(&e))))?;
     }
     if let Some(d) = o.duration {
-        s.duration = d.saturating_mul(1_000_000);
-        if s.warmup >= s.duration {
-            return Err(Failure::Config(format!(
-                "--duration {d} leaves nothing after the scenario's warm-up"
-            )));
-        }
+        s = s
+            .with_duration(d.saturating_mul(1_000_000))
+            .map_err(|e| Failure::Config(format!("--duration {d}: {}", chain(&e))))?;
     }
     if let Some(u) = o.users {
-        if s.configured_users().is_none() {
-            return Err(Failure::Config(format!(
-                "--users: {} has no closed-loop source to set users on",
-                path.display()
-            )));
-        }
-        s = s.with_users_kept_running(u);
+        s = s
+            .try_with_users(u)
+            .map_err(|e| Failure::Config(format!("--users: {}: {}", path.display(), chain(&e))))?;
     }
     Ok(s)
 }
@@ -301,7 +295,7 @@ fn run(
     search: bool,
     parallel: bool,
 ) -> Result<(), Failure> {
-    let policies = pair_sim::parse_policies(policy)?;
+    let policies = pair_simulator::parse_policies(policy)?;
     // Parse every scenario before running any: a typo in the last file
     // should not cost the minutes the first ones take.
     let scenarios = paths
@@ -334,7 +328,7 @@ fn run(
             bar.inc(1);
             bar.set_message(msg.to_owned());
         };
-        let r = pair_sim::compare(scn, &opts, &tick)?;
+        let r = pair_simulator::compare(scn, &opts, &tick)?;
         bar.suspend(|| println!("{}", report::render_table(&r)));
         if let Some(dir) = &svg {
             let files = report::write_svgs(&r, dir)?;
@@ -359,7 +353,7 @@ fn run(
 }
 
 fn live(args: &LiveArgs) -> Result<(), Failure> {
-    let policies = pair_sim::parse_policies(&args.policy)?;
+    let policies = pair_simulator::parse_policies(&args.policy)?;
     let overrides = Overrides {
         duration: args.duration,
         users: args.users,
@@ -367,14 +361,14 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
     };
     let mut scenarios = Vec::with_capacity(args.scenarios.len());
     for p in &args.scenarios {
-        scenarios.push(pair_sim::live::as_live(&load(p, &overrides)?));
+        scenarios.push(pair_simulator::live::as_live(&load(p, &overrides)?));
     }
-    let opts = pair_sim::live::LiveOptions {
+    let opts = pair_simulator::live::LiveOptions {
         policies: policies.clone(),
         pair_node: args
             .pair_node
             .clone()
-            .unwrap_or_else(pair_sim::live::default_pair_node),
+            .unwrap_or_else(pair_simulator::live::default_pair_node),
         time_scale: args.time_scale,
         threads: args.threads,
         search_max: args.live_search,
@@ -385,7 +379,7 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
     let mut reports = Vec::new();
     let mut differences = Vec::new();
     for scn in &scenarios {
-        let sim = pair_sim::compare(
+        let sim = pair_simulator::compare(
             scn,
             &CompareOptions {
                 policies: policies.clone(),
@@ -394,12 +388,12 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
             },
             &quiet,
         )?;
-        let live = pair_sim::live::compare_live(scn, &opts, &progress)?;
+        let live = pair_simulator::live::compare_live(scn, &opts, &progress)?;
         println!("live, time scale {}:", args.time_scale);
         println!("{}", report::render_table(&live));
         println!("{}", report::render_side_by_side(&sim, &live));
         if args.check_ranking {
-            for d in pair_sim::live::ranking_differences(&sim, &live, args.margin) {
+            for d in pair_simulator::live::ranking_differences(&sim, &live, args.margin) {
                 differences.push(format!("{}: {d}", scn.name));
             }
         }
@@ -427,9 +421,9 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
 }
 
 fn bench(requests: u64, nodes: usize, policy: &str) -> Result<(), Failure> {
-    let policies = pair_sim::parse_policies(policy)?;
+    let policies = pair_simulator::parse_policies(policy)?;
     for p in policies {
-        let r = pair_sim::bench::run_bench(requests, nodes, p)?;
+        let r = pair_simulator::bench::run_bench(requests, nodes, p)?;
         println!(
             "{:<18} {} requests on {} nodes ({:.0} simulated s, {} events): wall {:.2} s, cpu {}, {:.2} M requests/s; p95 TTFT {:.0} ms",
             r.policy.as_str(),

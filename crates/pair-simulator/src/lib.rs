@@ -1,16 +1,17 @@
-//! pair-sim: a deterministic cluster simulator for comparing pair's routing
-//! policies, and the shell around pair-emulator's emulated engines.
+//! pair-simulator: a deterministic cluster simulator for comparing pair's
+//! routing policies, and its live twin over pair-emulator's engines.
 //!
-//! The simulator is a library so tests, benches and other tools drive the
-//! same code as the `pair-sim` binary:
-//! [`Scenario::load`] parses a scenario file into typed values,
-//! [`report::compare`] runs every policy on it (and searches users at SLO),
-//! and [`report::render_table`], [`report::to_json`] and
-//! [`report::write_svgs`] present the results.
+//! Everything the `pair-sim` binary does lives here, so tests, benches and
+//! other routers drive the same code: [`Scenario::load`] (or
+//! [`Scenario::parse`]) turns a scenario into typed values,
+//! [`report::compare`] runs the chosen policies on it (and searches users at
+//! SLO), and [`report::render_table`], [`report::to_json`] and
+//! [`report::write_svgs`] present the results. `examples/compare_policies.rs`
+//! compares two policies from Rust in a few lines.
 //!
 //! Nothing here reads a clock or a global RNG: a run is a function of the
 //! scenario, the policy and the seed, so the same seed gives byte-identical
-//! JSON.
+//! JSON. Only [`live`] starts processes and talks to sockets.
 
 // Tests may unwrap: a panic there is a failed test with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -29,6 +30,9 @@ pub mod svg;
 pub mod workload;
 
 pub use error::SimError;
+/// The policies a scenario runs under (from pair-scheduler, re-exported so
+/// an embedder needs this crate only).
+pub use pair_scheduler::Policy;
 pub use report::{CompareOptions, PolicyResult, ScenarioReport, compare};
 pub use scenario::Scenario;
 pub use sim::{Cluster, RunOutput, simulate};

@@ -256,6 +256,32 @@ impl Scenario {
         s
     }
 
+    /// The same scenario run for `duration` (its warm-up kept), or an error
+    /// if the warm-up would take all of it.
+    pub fn with_duration(&self, duration: Micros) -> Result<Scenario, SimError> {
+        if self.warmup >= duration {
+            return Err(SimError::invalid(
+                "duration_s",
+                "must be longer than the scenario's warm-up",
+            ));
+        }
+        let mut s = self.clone();
+        s.duration = duration;
+        Ok(s)
+    }
+
+    /// [`Scenario::with_users_kept_running`], or an error if the scenario
+    /// has no closed-loop source to set users on.
+    pub fn try_with_users(&self, users: u32) -> Result<Scenario, SimError> {
+        if self.configured_users().is_none() {
+            return Err(SimError::invalid(
+                "search.source",
+                "names no closed-loop source to set users on",
+            ));
+        }
+        Ok(self.with_users_kept_running(users))
+    }
+
     /// Users in the searched source as written in the file.
     pub fn configured_users(&self) -> Option<u32> {
         let i = self.search.source?;
@@ -1001,6 +1027,23 @@ output_tokens = { dist = "pareto", scale = 60, alpha = 1.6, max = 1500 }
         assert_eq!(s.with_users(9).configured_users(), Some(9));
         assert_eq!(s.slo.ttft_miss, 2_000 * US_PER_MS);
         assert_eq!(s.info.report_interval, 500 * US_PER_MS);
+    }
+
+    #[test]
+    fn overrides_keep_the_scenario_checked() {
+        let s = Scenario::parse(MINIMAL).unwrap();
+        let longer = s.with_duration(120 * US_PER_S).unwrap();
+        assert_eq!((longer.duration, longer.warmup), (120 * US_PER_S, s.warmup));
+        assert!(matches!(
+            s.with_duration(s.warmup),
+            Err(SimError::Invalid { ref field, .. }) if field == "duration_s"
+        ));
+        let more = s.try_with_users(7).unwrap();
+        assert_eq!(more.configured_users(), Some(7));
+        assert_eq!(more.duration, s.duration);
+        let mut open = s.clone();
+        open.search.source = None;
+        assert!(open.try_with_users(7).is_err());
     }
 
     #[test]
