@@ -277,54 +277,6 @@ async fn an_unknown_model_is_a_404_naming_it_and_the_models_the_cluster_holds() 
     c.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_cut_mid_way_ends_with_an_error_and_is_never_resent() {
-    let c = cluster(3, |_| {}).await.unwrap();
-    for (pin, face) in [(1usize, "ollama"), (2, "openai")] {
-        reset(&c);
-        c.engines[pin]
-            .faults()
-            .add(pair_emulator::FaultRule::for_model(
-                MODEL,
-                FaultAction::CloseAfterChunks(3),
-            ));
-        let (url, body) = if face == "ollama" {
-            (format!("{}/api/chat", c.nodes[0].ollama_url()), chat(true))
-        } else {
-            (
-                format!("{}/v1/chat/completions", c.nodes[0].openai_url()),
-                json!({"model": MODEL, "stream": true, "max_tokens": 20,
-                       "messages": [{"role": "user", "content": "hi"}]}),
-            )
-        };
-        let resp = http()
-            .post(url)
-            .header("x-pair-node-pin", c.nodes[pin].id.to_string())
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let text = resp.text().await.unwrap();
-        let last = text.trim_end().lines().last().unwrap_or("").to_owned();
-        assert!(
-            last.contains("\"error\""),
-            "{face}: stream must end with an error: {text}"
-        );
-        assert!(
-            !text.contains("[DONE]"),
-            "{face}: no success marker after a cut: {text}"
-        );
-        let h = hits(&c);
-        assert_eq!(
-            h.iter().sum::<u64>(),
-            1,
-            "{face}: never resent after the first byte: {h:?}"
-        );
-    }
-    c.stop().await;
-}
-
 /// An engine that answers 404 for a model its node advertises has its
 /// inventory re-read at once (not at the next 10 s inventory poll), on the
 /// origin's own engine and on a peer that ran a relayed request.

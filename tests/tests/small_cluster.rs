@@ -243,27 +243,50 @@ async fn a_client_that_leaves_before_the_head_leaves_a_cancelled_record() {
     c.stop().await;
 }
 
+/// A relayed stream cut mid-way: the node that ran it records its part
+/// failed; the origin moved the answer to its own engine and records it
+/// completed, naming both nodes. With `--resume off` both record it failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relayed_stream_cut_mid_way_is_recorded_failed_on_both_nodes() {
-    let c = cluster(2, |_| {}).await.unwrap();
-    c.engines[1].faults().close_after_chunks(Some(MODEL), 3);
-    let resp = http()
-        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
-        .header("x-pair-node-pin", c.nodes[1].id.to_string())
-        .json(&chat(true))
-        .send()
+async fn a_relayed_stream_cut_mid_way_is_recorded_on_both_nodes() {
+    for resume in [true, false] {
+        let c = cluster(2, |spec| {
+            if !resume {
+                spec.resume = pair_proxy::resume::ResumePolicy::OFF;
+            }
+        })
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    let job = job_of(&resp);
-    let text = resp.text().await.unwrap();
-    assert!(text.contains("\"error\""), "ends with an error: {text}");
-    for node in [0, 1] {
-        let r = record(&c, node, &job).await;
-        assert_eq!(r.status, JobStatus::Failed, "node {node}: {r:?}");
-        assert_eq!(r.ran_on, Some(c.nodes[1].id));
+        c.engines[1].faults().close_after_chunks(Some(MODEL), 3);
+        let resp = http()
+            .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", c.nodes[1].id.to_string())
+            .json(&chat(true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let job = job_of(&resp);
+        let text = resp.text().await.unwrap();
+        assert_eq!(
+            text.contains("\"error\""),
+            !resume,
+            "resume {resume}: {text}"
+        );
+        let runner = record(&c, 1, &job).await;
+        let origin = record(&c, 0, &job).await;
+        for r in [&runner, &origin] {
+            assert_eq!(r.ran_on, Some(c.nodes[1].id), "resume {resume}: {r:?}");
+        }
+        if resume {
+            assert_eq!(origin.status, JobStatus::Completed, "{origin:?}");
+            assert_eq!(origin.resumed.len(), 1);
+            assert_eq!(origin.resumed[0].node, c.nodes[0].id);
+        } else {
+            assert_eq!(origin.status, JobStatus::Failed, "{origin:?}");
+            assert!(origin.resumed.is_empty());
+        }
+        c.stop().await;
     }
-    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

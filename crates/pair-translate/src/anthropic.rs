@@ -466,6 +466,8 @@ pub struct Answer {
     open: Option<(Block, usize)>,
     blocks: usize,
     finish_reason: Option<String>,
+    /// pair's receipt from the engine-side stream's final chunk.
+    x_pair: Option<Value>,
     input_tokens: u64,
     output_tokens: u64,
     deltas: u64,
@@ -489,6 +491,7 @@ impl Answer {
                 .collect::<String>()
         );
         Self {
+            x_pair: None,
             model,
             streaming,
             thinking,
@@ -664,6 +667,9 @@ impl Answer {
             out.extend(error_event(&crate::error_message(raw)));
             return;
         }
+        if c.x_pair.is_some() {
+            self.x_pair = c.x_pair;
+        }
         if let Some(u) = c.usage {
             self.input_tokens = u.prompt_tokens.unwrap_or(self.input_tokens);
             self.output_tokens = u.completion_tokens.unwrap_or(self.output_tokens);
@@ -742,13 +748,13 @@ impl Answer {
         } else {
             self.deltas
         };
-        event(
-            out,
-            "message_delta",
-            &json!({"type": "message_delta",
+        let mut delta = json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(self.finish_reason.as_deref()), "stop_sequence": null},
-            "usage": {"output_tokens": output_tokens}}),
-        );
+            "usage": {"output_tokens": output_tokens}});
+        if let Some(x) = self.x_pair.take() {
+            delta["x_pair"] = x;
+        }
+        event(out, "message_delta", &delta);
         event(out, "message_stop", &json!({"type": "message_stop"}));
     }
 }

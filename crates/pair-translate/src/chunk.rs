@@ -15,6 +15,10 @@ pub(crate) struct Chunk<'a> {
     pub(crate) usage: Option<Usage>,
     #[serde(default, borrow)]
     pub(crate) choices: Option<Vec<Choice<'a>>>,
+    /// pair's own receipt on a stream's final chunk (where a cut answer
+    /// moved), carried into the client's final event.
+    #[serde(default)]
+    pub(crate) x_pair: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]

@@ -365,6 +365,8 @@ pub struct Answer {
     splitter: Splitter,
     events: Vec<Event>,
     finish_reason: Option<String>,
+    /// pair's receipt from the engine-side stream's final chunk.
+    x_pair: Option<Value>,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     chunks: u64,
@@ -382,6 +384,7 @@ impl Answer {
         created_at: &str,
     ) -> Self {
         Self {
+            x_pair: None,
             route,
             model,
             streaming,
@@ -542,6 +545,9 @@ impl Answer {
             out.extend(error_line(&crate::error_message(raw)));
             return;
         }
+        if c.x_pair.is_some() {
+            self.x_pair = c.x_pair;
+        }
         if let Some(u) = c.usage {
             self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
             self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
@@ -613,6 +619,9 @@ impl Answer {
         }
         line["done"] = Value::Bool(true);
         line["done_reason"] = done_reason(self.finish_reason.as_deref()).into();
+        if let Some(x) = self.x_pair.take() {
+            line["x_pair"] = x;
+        }
         self.counts(
             &mut line,
             self.prompt_tokens,

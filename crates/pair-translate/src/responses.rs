@@ -819,6 +819,8 @@ pub struct Answer {
     /// What feeds the last item, while it is open.
     open: Option<Feed>,
     finish_reason: Option<String>,
+    /// pair's receipt from the engine-side stream's final chunk.
+    x_pair: Option<Value>,
     input_tokens: u64,
     output_tokens: u64,
     deltas: u64,
@@ -847,6 +849,7 @@ impl Answer {
             echo.entry(k).or_insert(default);
         }
         Self {
+            x_pair: None,
             model,
             streaming,
             id: format!("resp_pair{digits}"),
@@ -1082,6 +1085,9 @@ impl Answer {
             self.fail(&crate::error_message(raw), out);
             return;
         }
+        if c.x_pair.is_some() {
+            self.x_pair = c.x_pair;
+        }
         if let Some(u) = c.usage {
             self.input_tokens = u.prompt_tokens.unwrap_or(self.input_tokens);
             self.output_tokens = u.completion_tokens.unwrap_or(self.output_tokens);
@@ -1292,7 +1298,10 @@ impl Answer {
             Status::Incomplete(_) => "response.incomplete",
             _ => "response.completed",
         };
-        let r = self.response(status, &self.items, (self.input_tokens, self.output_tokens));
+        let mut r = self.response(status, &self.items, (self.input_tokens, self.output_tokens));
+        if let Some(x) = self.x_pair.take() {
+            r["x_pair"] = x;
+        }
         emit(out, &mut self.seq, name, json!({"response": r}));
     }
 }
