@@ -272,3 +272,85 @@ async fn what_cannot_be_continued_ends_with_an_error() {
     assert!(text.contains("stream_interrupted"), "{text}");
     c.stop().await;
 }
+
+/// The figures RELIABILITY.md quotes (not a pass/fail check; run with
+/// `cargo test -p pair-tests --test resume -- --ignored --nocapture`):
+/// for cut streams at real engine speed, the time from the last token
+/// before the cut to the first after it, beside the new node's own time
+/// to first token for the same request unbroken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints figures; run on demand"]
+async fn cut_to_first_resumed_token_figures() {
+    use futures_util::StreamExt;
+    let c = cluster(3, |spec| {
+        same_weights(3)(spec);
+        spec.time_scale = 1.0;
+    })
+    .await
+    .unwrap();
+    let rounds = 30;
+    let (mut gaps, mut ttfts) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let api = [Api::OllamaChat, Api::OpenAiChat][round % 2];
+        let faulty = 1 + round % 2;
+        c.engines[faulty].faults().clear();
+        c.engines[faulty]
+            .faults()
+            .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(8)).times(1));
+        let timed = |pin: usize| {
+            let req = http()
+                .post(api.url(&c))
+                .header("x-pair-node-pin", c.nodes[pin].id.to_string())
+                .json(&api.body(16));
+            async move {
+                let sent = Instant::now();
+                let resp = req.send().await.unwrap();
+                let mut at = Vec::new();
+                let mut text = String::new();
+                let mut s = resp.bytes_stream();
+                while let Some(chunk) = s.next().await {
+                    let chunk = chunk.unwrap();
+                    let piece = String::from_utf8_lossy(&chunk).into_owned();
+                    for e in api.events(&piece) {
+                        let t = match api {
+                            Api::OllamaChat => e["message"]["content"].as_str(),
+                            _ => e["choices"][0]["delta"]["content"].as_str(),
+                        };
+                        if t.is_some_and(|t| !t.is_empty()) {
+                            at.push(sent.elapsed());
+                        }
+                    }
+                    text.push_str(&piece);
+                }
+                (at, text)
+            }
+        };
+        let (at, text) = timed(faulty).await;
+        let (_, _, last) = api.answer(&text);
+        let Some(k) = last["x_pair"]["resumed"][0]["at_token"].as_u64() else {
+            panic!("round {round}: not moved: {text}");
+        };
+        let k = usize::try_from(k).unwrap();
+        gaps.push(at[k] - at[k - 1]);
+        let moved_to = c
+            .nodes
+            .iter()
+            .position(|n| json!(n.id) == last["x_pair"]["resumed"][0]["node_id"])
+            .unwrap();
+        let (unbroken, _) = timed(moved_to).await;
+        ttfts.push(unbroken[0]);
+    }
+    let pct = |v: &mut Vec<Duration>, p: f64| {
+        v.sort();
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    println!(
+        "{rounds} cut streams: last token before the cut to the first after: p50 {:?}, p95 {:?}; \
+         the new node's own time to first token: p50 {:?}, p95 {:?}",
+        pct(&mut gaps, 0.5),
+        pct(&mut gaps, 0.95),
+        pct(&mut ttfts, 0.5),
+        pct(&mut ttfts, 0.95),
+    );
+    c.stop().await;
+}

@@ -933,7 +933,19 @@ async fn chaos() {
 
 /// What each node's job history says of each job: status, HTTP status,
 /// where it ran, its origin and which node's record it is.
-type History = BTreeMap<String, (String, Option<u16>, Option<String>, String, Option<String>)>;
+/// A job's status, HTTP status, runner, origin, recorder and moves (a
+/// stream continued elsewhere after a cut).
+type History = BTreeMap<
+    String,
+    (
+        String,
+        Option<u16>,
+        Option<String>,
+        String,
+        Option<String>,
+        usize,
+    ),
+>;
 
 async fn history(node: &Node) -> Option<History> {
     let jobs = node.control().jobs(10_000).await.ok()?;
@@ -948,6 +960,7 @@ async fn history(node: &Node) -> Option<History> {
                         r.ran_on.map(|n| n.short()),
                         r.origin.short(),
                         r.recorded_by.map(|n| n.short()),
+                        r.resumed.len(),
                     ),
                 )
             })
@@ -1100,6 +1113,17 @@ fn summarise(
         out,
         "\nengine hits: {} tagged requests reached an engine, {retried} more than once, at most {max_hits} times",
         merged.len()
+    );
+    let moved = histories
+        .first()
+        .map_or(0, |h| h.values().filter(|r| r.5 > 0).count());
+    let error_events = done
+        .iter()
+        .filter(|d| d.outcome == Outcome::ErrorEvent)
+        .count();
+    let _ = writeln!(
+        out,
+        "streams cut after their first byte: {moved} moved to another node, {error_events} ended with an error event"
     );
     let _ = writeln!(
         out,
