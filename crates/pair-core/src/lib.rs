@@ -9,6 +9,7 @@
 //! durations), so every other crate, including the pure scheduler and the
 //! simulator, can reason about the same values in real or virtual time.
 
+pub mod addr;
 pub mod alias;
 pub mod engine;
 pub mod error;
@@ -20,6 +21,7 @@ pub mod pressure;
 pub mod request;
 pub mod snapshot;
 
+pub use addr::{AddrError, PeerAddrParts, Zone, parse_peer_addr};
 pub use alias::ModelAlias;
 pub use engine::{ApiFlavor, EngineKind};
 pub use error::{CoreError, RetryAdvice};
