@@ -32,6 +32,43 @@ pub trait Endpoint: Serialize {
     }
 }
 
+/// Implements [`Endpoint`] for request types, one line each: the request
+/// type, its route, its API, its whole answer and, for a route that
+/// streams, its chunk (`stream = Chunk`; the type's `stream` field says
+/// which is asked for). A route that does not stream answers whole, its
+/// chunk is its answer. Every request names its `model` field.
+macro_rules! endpoints {
+    ($($req:ty => $path:literal, $flavor:ident, $answer:ty $(, stream = $chunk:ty)?;)*) => {
+        $(
+            impl Endpoint for $req {
+                const PATH: &'static str = $path;
+                const FLAVOR: ApiFlavor = ApiFlavor::$flavor;
+                type Answer = $answer;
+                type Chunk = endpoints!(@chunk $answer $(, $chunk)?);
+                fn model(&self) -> &str {
+                    &self.model
+                }
+                fn set_stream(&mut self, stream: bool) {
+                    endpoints!(@stream self, stream $(, $chunk)?);
+                }
+            }
+        )*
+    };
+    (@chunk $answer:ty) => { $answer };
+    (@chunk $answer:ty, $chunk:ty) => { $chunk };
+    (@stream $self:ident, $stream:ident) => { let _ = $stream; };
+    (@stream $self:ident, $stream:ident, $chunk:ty) => { $self.stream = $stream; };
+}
+
+endpoints! {
+    openai::ChatRequest => "/v1/chat/completions", OpenAi, openai::ChatResponse, stream = openai::ChatChunk;
+    openai::CompletionRequest => "/v1/completions", OpenAi, openai::CompletionResponse, stream = openai::CompletionResponse;
+    openai::EmbeddingsRequest => "/v1/embeddings", OpenAi, openai::EmbeddingsResponse;
+    ollama::ChatRequest => "/api/chat", Ollama, ollama::ChatResponse, stream = ollama::ChatResponse;
+    ollama::GenerateRequest => "/api/generate", Ollama, ollama::GenerateResponse, stream = ollama::GenerateResponse;
+    ollama::EmbedRequest => "/api/embed", Ollama, ollama::EmbedResponse;
+}
+
 /// A chunk of a streamed chat: its new text, whatever the API.
 pub trait ChunkText {
     fn text(&self) -> &str;
@@ -186,19 +223,6 @@ pub mod openai {
         }
     }
 
-    impl Endpoint for ChatRequest {
-        const PATH: &'static str = "/v1/chat/completions";
-        const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
-        type Answer = ChatResponse;
-        type Chunk = ChatChunk;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, stream: bool) {
-            self.stream = stream;
-        }
-    }
-
     /// `POST /v1/completions` (text in, text out).
     #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
     pub struct CompletionRequest {
@@ -235,19 +259,6 @@ pub mod openai {
         pub usage: Option<Usage>,
     }
 
-    impl Endpoint for CompletionRequest {
-        const PATH: &'static str = "/v1/completions";
-        const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
-        type Answer = CompletionResponse;
-        type Chunk = CompletionResponse;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, stream: bool) {
-            self.stream = stream;
-        }
-    }
-
     /// `POST /v1/embeddings`.
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
     pub struct EmbeddingsRequest {
@@ -270,17 +281,6 @@ pub mod openai {
         pub data: Vec<Embedding>,
         #[serde(default)]
         pub model: String,
-    }
-
-    impl Endpoint for EmbeddingsRequest {
-        const PATH: &'static str = "/v1/embeddings";
-        const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
-        type Answer = EmbeddingsResponse;
-        type Chunk = EmbeddingsResponse;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, _stream: bool) {}
     }
 }
 
@@ -343,19 +343,6 @@ pub mod ollama {
         }
     }
 
-    impl Endpoint for ChatRequest {
-        const PATH: &'static str = "/api/chat";
-        const FLAVOR: ApiFlavor = ApiFlavor::Ollama;
-        type Answer = ChatResponse;
-        type Chunk = ChatResponse;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, stream: bool) {
-            self.stream = stream;
-        }
-    }
-
     /// `POST /api/generate`.
     #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
     pub struct GenerateRequest {
@@ -385,19 +372,6 @@ pub mod ollama {
         pub eval_count: Option<u32>,
     }
 
-    impl Endpoint for GenerateRequest {
-        const PATH: &'static str = "/api/generate";
-        const FLAVOR: ApiFlavor = ApiFlavor::Ollama;
-        type Answer = GenerateResponse;
-        type Chunk = GenerateResponse;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, stream: bool) {
-            self.stream = stream;
-        }
-    }
-
     /// `POST /api/embed`.
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
     pub struct EmbedRequest {
@@ -413,17 +387,6 @@ pub mod ollama {
         #[serde(default)]
         pub model: String,
         pub embeddings: Vec<Vec<f32>>,
-    }
-
-    impl Endpoint for EmbedRequest {
-        const PATH: &'static str = "/api/embed";
-        const FLAVOR: ApiFlavor = ApiFlavor::Ollama;
-        type Answer = EmbedResponse;
-        type Chunk = EmbedResponse;
-        fn model(&self) -> &str {
-            &self.model
-        }
-        fn set_stream(&mut self, _stream: bool) {}
     }
 }
 
