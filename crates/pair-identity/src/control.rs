@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use subtle::ConstantTimeEq;
 
 use crate::error::{Error, Result};
-use crate::fsutil;
 
 /// The token file's name in the state directory.
 pub const CONTROL_TOKEN_FILE: &str = "control.token";
@@ -38,7 +37,7 @@ impl ControlToken {
     pub fn create(state_dir: &Path) -> Result<Self> {
         let bytes: [u8; 32] = rand::random();
         let token = Self(hex::encode(bytes));
-        fsutil::write_atomic(&Self::path(state_dir), token.0.as_bytes(), 0o600)?;
+        pair_fs::write_atomic(&Self::path(state_dir), token.0.as_bytes(), 0o600)?;
         Ok(token)
     }
 

@@ -208,3 +208,13 @@ impl DecodeError {
         }
     }
 }
+
+impl From<pair_fs::FsError> for Error {
+    fn from(e: pair_fs::FsError) -> Self {
+        Error::Io {
+            action: e.action,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}

@@ -15,7 +15,6 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::fsutil;
 
 /// Years a certificate is valid. Trust comes from the pin, not from dates:
 /// verifiers ignore validity, and a key is rotated by pairing again.
@@ -73,8 +72,8 @@ impl Identity {
     /// a node's state directory must not silently become a client's.
     pub fn load_or_create(state_dir: &Path, role: Role) -> Result<Self> {
         let paths = IdentityPaths::under(state_dir);
-        let key_pem = fsutil::read_optional(&paths.key)?;
-        let cert_pem = fsutil::read_optional(&paths.cert)?;
+        let key_pem = pair_fs::read_optional(&paths.key)?;
+        let cert_pem = pair_fs::read_optional(&paths.cert)?;
         match (key_pem, cert_pem) {
             (Some(key), Some(cert)) => {
                 let identity = Self::from_pem(&key, &cert, &paths)?;
@@ -100,10 +99,10 @@ impl Identity {
                     .parent()
                     .map(Path::to_path_buf)
                     .unwrap_or_default();
-                fsutil::ensure_dir(&dir)?;
-                fsutil::write_atomic(&paths.cert, identity.cert_pem().as_bytes(), 0o644)?;
+                pair_fs::ensure_private_dir(&dir)?;
+                pair_fs::write_atomic(&paths.cert, identity.cert_pem().as_bytes(), 0o644)?;
                 // The key's rename commits the identity.
-                fsutil::write_atomic(&paths.key, identity.key_pem().as_bytes(), 0o600)?;
+                pair_fs::write_atomic(&paths.key, identity.key_pem().as_bytes(), 0o600)?;
                 tracing::info!(id = %identity.id, fingerprint = %identity.fingerprint, "created a new identity");
                 Ok(identity)
             }

@@ -35,7 +35,6 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use crate::error::{Error, Result};
-use crate::fsutil;
 
 /// The key file's name in the state directory.
 pub const KEYS_FILE: &str = "keys.json";
@@ -352,8 +351,8 @@ impl KeyStore {
     /// never an empty store (that would silently forget revocations).
     pub fn open(state_dir: &Path) -> Result<Self> {
         let path = Self::default_path(state_dir);
-        fsutil::clean_leftovers(&path);
-        let records = match fsutil::read_optional(&path)? {
+        pair_fs::clean_leftovers(&path);
+        let records = match pair_fs::read_optional(&path)? {
             None => BTreeMap::new(),
             Some(bytes) => parse_file(&path, &bytes)?,
         };
@@ -556,9 +555,9 @@ impl KeyStore {
                 source,
             })?;
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                fsutil::ensure_dir(dir)?;
+                pair_fs::ensure_private_dir(dir)?;
             }
-            fsutil::write_atomic(path, &bytes, 0o600)?;
+            pair_fs::write_atomic(path, &bytes, 0o600)?;
         }
         let state = Arc::new(State::new(next));
         let mut guard = self
@@ -1177,7 +1176,7 @@ mod tests {
         let store = KeyStore::open(dir.path()).unwrap();
         let mut rng = rng();
         add(&store, "a", &mut rng);
-        let leftover = fsutil::temp_path(&path);
+        let leftover = pair_fs::temp_path(&path);
         std::fs::write(&leftover, b"{\"v\":1,\"ke").unwrap();
         assert_eq!(KeyStore::open(dir.path()).unwrap().list().len(), 1);
         assert!(!leftover.exists());

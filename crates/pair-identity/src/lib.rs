@@ -108,7 +108,6 @@ pub mod addr;
 pub mod control;
 pub mod error;
 pub mod fingerprint;
-mod fsutil;
 pub mod identity;
 pub mod keys;
 pub mod protocol;

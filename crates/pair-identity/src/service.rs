@@ -55,8 +55,8 @@ impl PairingService {
         limits: Limits,
     ) -> Result<Self> {
         let ledger_path = state_dir.join(LEDGER_FILE);
-        crate::fsutil::clean_leftovers(&ledger_path);
-        let ledger = match crate::fsutil::read_optional(&ledger_path)? {
+        pair_fs::clean_leftovers(&ledger_path);
+        let ledger = match pair_fs::read_optional(&ledger_path)? {
             None => FailureLedger::default(),
             Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| Error::DamagedJson {
                 path: ledger_path.clone(),
@@ -127,7 +127,7 @@ impl PairingService {
                     path: self.inner.ledger_path.clone(),
                     source,
                 })?;
-            crate::fsutil::write_atomic(&self.inner.ledger_path, &bytes, 0o600)?;
+            pair_fs::write_atomic(&self.inner.ledger_path, &bytes, 0o600)?;
         }
         out
     }

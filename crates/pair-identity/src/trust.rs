@@ -17,7 +17,6 @@ use tokio::sync::broadcast;
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::fsutil;
 
 const FORMAT_VERSION: u32 = 1;
 
@@ -90,8 +89,8 @@ impl TrustStore {
     /// crashed write are removed; a damaged file is an error naming it.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
-        fsutil::clean_leftovers(&path);
-        let peers = match fsutil::read_optional(&path)? {
+        pair_fs::clean_leftovers(&path);
+        let peers = match pair_fs::read_optional(&path)? {
             None => BTreeMap::new(),
             Some(bytes) => parse_file(&path, &bytes)?,
         };
@@ -298,7 +297,7 @@ impl TrustStore {
                 path: path.clone(),
                 source,
             })?;
-            fsutil::write_atomic(path, &bytes, 0o600)?;
+            pair_fs::write_atomic(path, &bytes, 0o600)?;
         }
         {
             let mut guard = self
@@ -468,7 +467,7 @@ mod tests {
         let store = TrustStore::open(&path).unwrap();
         store.insert(record(1)).unwrap();
         // A crash after the temp file was half written, before the rename.
-        let leftover = fsutil::temp_path(&path);
+        let leftover = pair_fs::temp_path(&path);
         std::fs::write(&leftover, br#"{"v":1,"peers":[{"id":"#).unwrap();
         let reopened = TrustStore::open(&path).unwrap();
         assert_eq!(reopened.peers(), vec![record(1)]);

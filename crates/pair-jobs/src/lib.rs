@@ -130,6 +130,8 @@ impl JobLog {
             source,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
+        // A compaction a crash interrupted left only its temp file.
+        pair_fs::clean_leftovers(&path);
         let mut loaded = Vec::new();
         if let Ok(f) = File::open(&path) {
             // The history is disposable: a line that does not parse (torn
@@ -538,7 +540,7 @@ fn json_serde(buf: &mut Vec<u8>, v: &(impl serde::Serialize + ?Sized)) {
     }
 }
 
-/// Rewrites the file with just the records kept (write, fsync, rename), and
+/// Rewrites the file with just the records kept (`pair_fs::write_atomic`), and
 /// returns how many lines it now has. The records are copied out first so
 /// the request path never waits for this.
 fn compact(path: &Path, inner: &Mutex<Inner>, buf: &mut Vec<u8>) -> std::io::Result<usize> {
@@ -550,13 +552,9 @@ fn compact(path: &Path, inner: &Mutex<Inner>, buf: &mut Vec<u8>) -> std::io::Res
         .flatten()
         .cloned()
         .collect();
-    let tmp = path.with_extension("jsonl.tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        write_records(&mut f, buf, records.iter().map(|r| &**r))?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
+    pair_fs::write_atomic_with(path, 0o600, |f| {
+        write_records(f, buf, records.iter().map(|r| &**r))
+    })?;
     Ok(records.len())
 }
 

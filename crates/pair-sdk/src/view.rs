@@ -137,7 +137,7 @@ impl View {
         ));
     }
 
-    /// Writes the view to `path` (whole, through a temporary file).
+    /// Writes the view to `path` (whole, crash-safe: `pair_fs::write_atomic`).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let file = CacheFile {
             v: FORMAT,
@@ -146,14 +146,13 @@ impl View {
             known: self.known.iter().map(|(id, a)| (*id, *a)).collect(),
         };
         let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, path)
+        Ok(pair_fs::write_atomic(path, &bytes, 0o600)?)
     }
 
     /// The view saved at `path`, aged by the time since it was taken.
     /// `None` when there is none; a damaged file is removed with a warning.
     pub fn load(path: &Path) -> Option<Self> {
+        pair_fs::clean_leftovers(path);
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,

@@ -1,32 +1,62 @@
-//! Crash-safe file writes: temp file, fsync, rename, fsync the directory.
+//! Crash-safe state files: every file a node or client keeps in its state
+//! dir (identity, trust store, keys, pairing ledger, control token, job
+//! log compaction, the SDK's ranking cache) is replaced through
+//! [`write_atomic`]: temp file, fsync, rename, fsync the directory. A crash
+//! at any point leaves the old file or the new one, never a mix, and once
+//! it returns the new one survives a power cut.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, Result};
+/// What failed, on which path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {action} {}", path.display())]
+pub struct FsError {
+    pub action: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl From<FsError> for std::io::Error {
+    fn from(e: FsError) -> Self {
+        std::io::Error::new(e.source.kind(), e)
+    }
+}
 
 const TEMP_MARK: &str = ".tmp-";
 
-/// Writes `bytes` to `path` so that a crash at any point leaves either the old
-/// file or the new one, never a mix. `mode` is applied to the temp file before
-/// any byte is written, so secrets are never world-readable, even briefly.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+/// Replaces `path` with `bytes`; see [`write_atomic_with`].
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    write_atomic_with(path, mode, |f| f.write_all(bytes))
+}
+
+/// Replaces `path` with what `write` writes, so that a crash at any point
+/// leaves either the old file or the new one, and the new one is on disk
+/// (file and directory entry) when this returns. `mode` is applied to the
+/// temp file before any byte is written, so secrets are never
+/// world-readable, even briefly.
+pub fn write_atomic_with(
+    path: &Path,
+    mode: u32,
+    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> Result<(), FsError> {
     let dir = parent(path);
     let tmp = temp_path(path);
-    let io = |action: &'static str, p: &Path| {
+    let err = |action, p: &Path| {
         let p = p.to_path_buf();
-        move |source| Error::Io {
+        move |source| FsError {
             action,
             path: p,
             source,
         }
     };
-    let mut file = open_new(&tmp, mode).map_err(io("create", &tmp))?;
-    let written = file
-        .write_all(bytes)
+    let mut file = open_new(&tmp, mode).map_err(err("create", &tmp))?;
+    let written = write(&mut file)
         .and_then(|()| file.sync_all())
-        .map_err(io("write", &tmp));
+        .map_err(err("write", &tmp));
     drop(file);
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
@@ -34,11 +64,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     }
     if let Err(e) = fs::rename(&tmp, path) {
         let _ = fs::remove_file(&tmp);
-        return Err(Error::Io {
-            action: "replace",
-            path: path.to_path_buf(),
-            source: e,
-        });
+        return Err(err("replace", path)(e));
     }
     sync_dir(&dir);
     Ok(())
@@ -47,7 +73,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 /// Removes temp files a crash left next to `path`. They are never read: the
 /// rename is the commit point, so a leftover temp file is by definition an
 /// uncommitted write.
-pub(crate) fn clean_leftovers(path: &Path) {
+pub fn clean_leftovers(path: &Path) {
     let dir = parent(path);
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return;
@@ -70,7 +96,7 @@ pub(crate) fn clean_leftovers(path: &Path) {
 }
 
 /// Creates `dir` (and parents) with owner-only permissions.
-pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
+pub fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -78,7 +104,7 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         builder.mode(0o700);
     }
-    builder.create(dir).map_err(|source| Error::Io {
+    builder.create(dir).map_err(|source| FsError {
         action: "create directory",
         path: dir.to_path_buf(),
         source,
@@ -86,11 +112,11 @@ pub(crate) fn ensure_dir(dir: &Path) -> Result<()> {
 }
 
 /// Reads a file, `Ok(None)` when it does not exist.
-pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
+pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
     match fs::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::Io {
+        Err(source) => Err(FsError {
             action: "read",
             path: path.to_path_buf(),
             source,
@@ -98,16 +124,15 @@ pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-pub(crate) fn temp_path(path: &Path) -> PathBuf {
+/// A fresh temp file name next to `path`, which [`clean_leftovers`] knows.
+pub fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let unique: u64 = rand::random();
-    parent(path).join(format!(
-        "{name}{TEMP_MARK}{}-{unique:016x}",
-        std::process::id()
-    ))
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    parent(path).join(format!("{name}{TEMP_MARK}{}-{n:016x}", std::process::id()))
 }
 
 fn parent(path: &Path) -> PathBuf {
@@ -160,5 +185,23 @@ mod tests {
             let mode = fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.jsonl");
+        write_atomic(&path, b"old", 0o600).unwrap();
+        let err = write_atomic_with(&path, 0o600, |f| {
+            f.write_all(b"ne")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert_eq!(err.action, "write");
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        // As an io::Error it keeps its kind and its source.
+        let io: std::io::Error = err.into();
+        assert_eq!(io.kind(), std::io::ErrorKind::Other);
     }
 }
