@@ -17,8 +17,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use pair_emulator::Flavor;
-use pair_node::harness::LocalCluster;
-use pair_tests::{cluster, llama_server};
+use pair_testkit::cluster::LocalCluster;
+use pair_testkit::cluster::{cluster, llama_server};
 use serde_json::Value;
 use tokio::process::Command;
 
@@ -72,7 +72,7 @@ async fn run(mut cmd: Command, what: &str) -> Output {
 /// `claude -p PROMPT ARGS...` against `base` (a node's OpenAI face),
 /// with its JSON result.
 async fn claude(base: &str, prompt: &str, args: &[&str], work: &Path) -> Value {
-    let bin = pair_testenv::claude().unwrap_or_else(|e| panic!("{e}"));
+    let bin = pair_testkit::env::claude().unwrap_or_else(|e| panic!("{e}"));
     let home = tempfile::tempdir().unwrap();
     let mut cmd = sandboxed(&bin, home.path(), work);
     cmd.env("ANTHROPIC_BASE_URL", base)
@@ -102,7 +102,7 @@ async fn claude(base: &str, prompt: &str, args: &[&str], work: &Path) -> Value {
 /// `codex exec PROMPT` with `model` through `base` (a node's OpenAI face)
 /// as a Responses API provider; its last message.
 async fn codex(base: &str, model: &str, prompt: &str, work: &Path) -> String {
-    let bin = pair_testenv::codex().unwrap_or_else(|e| panic!("{e}"));
+    let bin = pair_testkit::env::codex().unwrap_or_else(|e| panic!("{e}"));
     let home = tempfile::tempdir().unwrap();
     let codex_home = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -265,7 +265,7 @@ async fn claude_code_and_codex_talk_to_a_real_llama_cpp_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdks_responses_create_plain_streamed_and_with_a_tool() {
     let c = two_engines().await;
-    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
+    let py = pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/responses.py");
     for (node, model) in [(0, "coder:7b"), (1, "qwen2.5:7b")] {
         let out = Command::new(&py)

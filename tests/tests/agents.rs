@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use pair_emulator::Flavor;
-use pair_tests::{cluster, http};
+use pair_testkit::cluster::{cluster, http};
 use serde_json::{Value, json};
 
 /// A first request as Claude Code sends it (abridged: its tools and
@@ -143,7 +143,7 @@ async fn claude_codes_requests_reach_a_local_model_through_an_alias_set_on_anoth
 async fn bad_agent_input_is_the_clients_400_or_404_in_its_own_shape_and_reaches_no_engine() {
     let c = cluster(1, |_| {}).await.unwrap();
     let openai = c.nodes[0].openai_url();
-    let hits = |c: &pair_node::harness::LocalCluster| c.engines[0].hits();
+    let hits = |c: &pair_testkit::cluster::LocalCluster| c.engines[0].hits();
     let before = hits(&c);
     for (path, body, status, field) in [
         // A field that changes the text and cannot be had.

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use pair_core::Role;
-use pair_tests::{cluster, http, served_by};
+use pair_testkit::cluster::{cluster, http, served_by};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -67,13 +67,13 @@ async fn listings_are_merged_across_the_cluster_in_each_envelope() {
 
 /// `n` nodes on the same hardware (rtx3060) with `llama3.2:3b` loaded
 /// everywhere and node 0's view settled.
-async fn identical_warm_cluster(n: usize, time_scale: f64) -> pair_node::harness::LocalCluster {
+async fn identical_warm_cluster(n: usize, time_scale: f64) -> pair_testkit::cluster::LocalCluster {
     warm_cluster(&vec!["rtx3060"; n], time_scale).await
 }
 
 /// A cluster of one node per hardware profile in `profiles`, the model
 /// loaded everywhere.
-async fn warm_cluster(profiles: &[&str], time_scale: f64) -> pair_node::harness::LocalCluster {
+async fn warm_cluster(profiles: &[&str], time_scale: f64) -> pair_testkit::cluster::LocalCluster {
     let c = cluster(profiles.len(), |s| {
         s.time_scale = time_scale;
         for (node, profile) in s.nodes.iter_mut().zip(profiles) {
@@ -90,7 +90,7 @@ async fn warm_cluster(profiles: &[&str], time_scale: f64) -> pair_node::harness:
 /// node 0's cluster view (peer reports arrive every gossip interval) shows
 /// it loaded and idle everywhere, so cold loads and stale views do not
 /// decide what a test measures.
-async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
+async fn warm_everywhere(c: &pair_testkit::cluster::LocalCluster, model: &str) {
     for node in &c.nodes {
         let r = http()
             .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
@@ -105,7 +105,7 @@ async fn warm_everywhere(c: &pair_node::harness::LocalCluster, model: &str) {
 }
 
 /// The id of a node of `c` other than `id`.
-fn another_node(c: &pair_node::harness::LocalCluster, id: &str) -> String {
+fn another_node(c: &pair_testkit::cluster::LocalCluster, id: &str) -> String {
     c.nodes
         .iter()
         .map(|n| n.id.to_string())
@@ -114,7 +114,7 @@ fn another_node(c: &pair_node::harness::LocalCluster, id: &str) -> String {
 }
 
 /// Waits until node 0's cluster view shows `model` learned on every node.
-async fn wait_learned(c: &pair_node::harness::LocalCluster, model: &str) {
+async fn wait_learned(c: &pair_testkit::cluster::LocalCluster, model: &str) {
     wait_view(c, model, "every node's speed learned", |_, m| {
         m["learned"] == true
     })
@@ -125,7 +125,7 @@ async fn wait_learned(c: &pair_node::harness::LocalCluster, model: &str) {
 /// own snapshot arrive every gossip interval) shows every node with an
 /// entry for `model` that `holds` accepts, given the node and the entry.
 async fn wait_view(
-    c: &pair_node::harness::LocalCluster,
+    c: &pair_testkit::cluster::LocalCluster,
     model: &str,
     what: &str,
     holds: impl Fn(&Value, &Value) -> bool,
@@ -152,7 +152,7 @@ async fn wait_view(
 
 /// `n` streamed generate requests sent at once to node 0's face and read
 /// to their end; the node each ran on.
-async fn burst(c: &pair_node::harness::LocalCluster, n: usize, num_predict: u32) -> Vec<String> {
+async fn burst(c: &pair_testkit::cluster::LocalCluster, n: usize, num_predict: u32) -> Vec<String> {
     let url = format!("{}/api/generate", c.nodes[0].ollama_url());
     let sends = (0..n).map(|i| {
         let url = url.clone();
@@ -175,7 +175,7 @@ async fn burst(c: &pair_node::harness::LocalCluster, n: usize, num_predict: u32)
 
 /// Waits until node 0's cluster view shows `model` loaded and nothing
 /// running on every node.
-async fn wait_settled(c: &pair_node::harness::LocalCluster, model: &str) {
+async fn wait_settled(c: &pair_testkit::cluster::LocalCluster, model: &str) {
     wait_view(c, model, "the warm, idle state", |n, m| {
         n["workload"]["running"] == 0 && m["loaded"] == true
     })

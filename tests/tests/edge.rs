@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use pair_core::{NodeId, Role};
-use pair_node::harness::LocalCluster;
 use pair_sdk::api::openai;
 use pair_sdk::{Client, Config, Error, Request};
-use pair_tests::{cluster, http};
+use pair_testkit::cluster::LocalCluster;
+use pair_testkit::cluster::{cluster, http};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use pair_emulator::FaultAction;
-use pair_tests::{attempts, cluster, http, served_by};
+use pair_testkit::cluster::{attempts, cluster, http, served_by};
 use serde_json::{Value, json};
 
 const MODEL: &str = "llama3.2:3b";
@@ -17,7 +17,11 @@ fn chat(stream: bool) -> Value {
 
 /// Requests to the first node's Ollama face, pinned to node `pin` so the
 /// faulty engine is tried first.
-async fn send(c: &pair_node::harness::LocalCluster, pin: usize, body: &Value) -> reqwest::Response {
+async fn send(
+    c: &pair_testkit::cluster::LocalCluster,
+    pin: usize,
+    body: &Value,
+) -> reqwest::Response {
     http()
         .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
         .header("x-pair-node-pin", c.nodes[pin].id.to_string())
@@ -29,7 +33,7 @@ async fn send(c: &pair_node::harness::LocalCluster, pin: usize, body: &Value) ->
 
 /// A request to the first node's Ollama face, pinned to the node `pin`.
 async fn send_to(
-    c: &pair_node::harness::LocalCluster,
+    c: &pair_testkit::cluster::LocalCluster,
     pin: &str,
     body: &Value,
 ) -> reqwest::Response {
@@ -42,11 +46,11 @@ async fn send_to(
         .expect("face answers")
 }
 
-fn hits(c: &pair_node::harness::LocalCluster) -> Vec<u64> {
+fn hits(c: &pair_testkit::cluster::LocalCluster) -> Vec<u64> {
     c.engines.iter().map(|e| e.hits_for_model(MODEL)).collect()
 }
 
-fn reset(c: &pair_node::harness::LocalCluster) {
+fn reset(c: &pair_testkit::cluster::LocalCluster) {
     for e in &c.engines {
         e.reset_hits();
         e.faults().clear();

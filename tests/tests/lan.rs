@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use pair_node::cli::ControlClient;
 use pair_node::config::LanFace;
 use pair_node::control::NewKey;
-use pair_node::harness::LocalCluster;
-use pair_tests::cluster;
+use pair_testkit::cluster::LocalCluster;
+use pair_testkit::cluster::cluster;
 use serde_json::Value;
 
 /// The node side of the veth pair, and the client side in the namespace.
@@ -179,7 +179,7 @@ async fn the_lan_face_serves_keyed_clients_from_another_network() {
     assert_eq!(s, 404);
 
     // The real SDKs from the other network.
-    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
+    let py = pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/lan_clients.py");
     let out = net.run(
         py.to_str().unwrap(),

@@ -8,11 +8,11 @@
 
 use std::path::PathBuf;
 
-use pair_tests::{cluster, llama_server, sdks};
+use pair_testkit::cluster::{cluster, llama_server, sdks};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
-    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
+    let py = pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"));
     let (server, base) = llama_server(2048).await.expect("llama.cpp server");
 
     let c = cluster(2, |s| {

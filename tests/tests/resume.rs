@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use pair_emulator::{FaultAction, FaultRule};
-use pair_node::harness::LocalCluster;
-use pair_tests::{cluster, http};
+use pair_node::demo::LocalCluster;
+use pair_testkit::cluster::{cluster, http};
 use serde_json::{Value, json};
 
 const MODEL: &str = "llama3.2:3b";
@@ -147,7 +147,7 @@ async fn record(c: &LocalCluster, node: usize, job: &str) -> pair_core::JobRecor
     }
 }
 
-fn same_weights(n: usize) -> impl FnOnce(&mut pair_node::harness::ClusterSpec) {
+fn same_weights(n: usize) -> impl FnOnce(&mut pair_node::demo::ClusterSpec) {
     move |spec| {
         spec.engine_seed = Some(7);
         // Every node Ollama-flavoured but the last, OpenAI-compatible, so

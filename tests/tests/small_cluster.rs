@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use pair_core::JobStatus;
 use pair_emulator::{EmulatedEngine, FaultAction, FaultRule};
-use pair_node::harness::LocalCluster;
-use pair_tests::{attempts, cluster, http};
+use pair_testkit::cluster::LocalCluster;
+use pair_testkit::cluster::{attempts, cluster, http};
 use serde_json::{Value, json};
 
 const MODEL: &str = "llama3.2:3b";

@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use pair_emulator::Flavor;
-use pair_node::harness::LocalCluster;
-use pair_tests::{cluster, http, sdks, served_by};
+use pair_testkit::cluster::LocalCluster;
+use pair_testkit::cluster::{cluster, http, sdks, served_by};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,7 +189,7 @@ async fn a_mixed_cluster_serves_every_api_on_every_engine_kind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_sent_the_moment_the_faces_open_is_served() {
     // Started, not waited on: the engine's first poll has not come yet.
-    let mut spec = pair_node::harness::ClusterSpec::new(1);
+    let mut spec = pair_testkit::cluster::ClusterSpec::new(1);
     spec.time_scale = 0.05;
     spec.nodes[0].flavor = Flavor::OpenAi;
     let c = LocalCluster::start(spec).await.unwrap();

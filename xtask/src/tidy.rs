@@ -1,5 +1,6 @@
 //! Repository invariants that no compiler checks: the pure crates stay
-//! pure, the layers point down (no library on a binary, the emulator off the
+//! pure, the layers point down (no library on a binary, dev-dependencies
+//! included; test support only in dev-dependencies; the emulator off the
 //! proxy, inference routes known only by the request path), no two files of
 //! a crate import each other in a circle, nothing outside `docs/` points
 //! outside the repository, and every Rust source file says what it is for.
@@ -30,7 +31,8 @@ pub(crate) const TELEMETRY_SHELL: &[&str] = &["pair-telemetry", "sysinfo", "nvml
 
 pub(crate) fn run(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
-    let graph = normal_dependency_graph(root)?;
+    let graphs = dependency_graphs(root)?;
+    let graph = graphs.normal;
     for krate in PURE_CRATES {
         for bad in reachable_forbidden(&graph, krate)? {
             problems.push(format!("{krate} reaches {bad} in its dependency tree"));
@@ -42,6 +44,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         }
     }
     problems.extend(layering(&graph)?);
+    problems.extend(dev_layering(&graph, &graphs.dev));
     problems.extend(routes_below_the_proxy(root, &graph)?);
     problems.extend(module_cycles(root)?);
     problems.extend(outside_links(root)?);
@@ -54,9 +57,18 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     }
 }
 
-/// package name -> names of its normal (non-dev, non-build) dependencies,
-/// as resolved for this workspace by `cargo metadata`.
-pub(crate) fn normal_dependency_graph(root: &Path) -> Result<HashMap<String, Vec<String>>> {
+/// A package's dependencies by kind (package name -> names), as resolved
+/// for this workspace by `cargo metadata`.
+#[derive(Debug, Default)]
+pub(crate) struct Graphs {
+    /// Normal dependencies (what a build links).
+    pub(crate) normal: HashMap<String, Vec<String>>,
+    /// Dev-dependencies (what its tests, benches and examples link).
+    pub(crate) dev: HashMap<String, Vec<String>>,
+}
+
+/// Both graphs, from one `cargo metadata`.
+pub(crate) fn dependency_graphs(root: &Path) -> Result<Graphs> {
     let out = Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--locked"])
         .current_dir(root)
@@ -80,7 +92,7 @@ pub(crate) fn normal_dependency_graph(root: &Path) -> Result<HashMap<String, Vec
     parse_graph(&out.stdout)
 }
 
-fn parse_graph(json: &[u8]) -> Result<HashMap<String, Vec<String>>> {
+fn parse_graph(json: &[u8]) -> Result<Graphs> {
     let meta: Value = serde_json::from_slice(json).context("parsing cargo metadata")?;
     let mut names = HashMap::new();
     for p in meta["packages"].as_array().into_iter().flatten() {
@@ -88,27 +100,30 @@ fn parse_graph(json: &[u8]) -> Result<HashMap<String, Vec<String>>> {
             names.insert(id.to_owned(), name.to_owned());
         }
     }
-    let mut graph: HashMap<String, Vec<String>> = HashMap::new();
+    let mut graphs = Graphs::default();
     for node in meta["resolve"]["nodes"].as_array().into_iter().flatten() {
         let Some(from) = node["id"].as_str().and_then(|id| names.get(id)) else {
             continue;
         };
-        let deps = node["deps"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|d| {
-                d["dep_kinds"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|k| k["kind"].is_null())
-            })
-            .filter_map(|d| d["pkg"].as_str().and_then(|id| names.get(id)).cloned())
-            .collect();
-        graph.insert(from.clone(), deps);
+        let of_kind = |kind: Option<&str>| -> Vec<String> {
+            node["deps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|k| k["kind"].as_str() == kind)
+                })
+                .filter_map(|d| d["pkg"].as_str().and_then(|id| names.get(id)).cloned())
+                .collect()
+        };
+        graphs.normal.insert(from.clone(), of_kind(None));
+        graphs.dev.insert(from.clone(), of_kind(Some("dev")));
     }
-    Ok(graph)
+    Ok(graphs)
 }
 
 pub(crate) fn reachable_forbidden(
@@ -144,12 +159,54 @@ pub(crate) fn reachable_any(
 
 /// The binaries (`bins/*`): no library may depend on one.
 const BINARIES: &[&str] = &["pair-node", "pair-sim", "pair-client"];
+/// Test support: linked only by tests (a dev-dependency, or the test
+/// crates'). It starts the daemon, so it is the one library-shaped crate
+/// that may depend on a binary; nothing it links reaches a build.
+const TEST_SUPPORT: &str = "pair-testkit";
+/// Crates that are tests themselves (and so may link binaries).
+const TEST_CRATES: &[&str] = &["pair-tests", "pair-fuzz", TEST_SUPPORT];
+
+/// What the dev-dependencies may not break: a library's tests, benches and
+/// examples link no binary crate (they reach the daemon through the test
+/// kit), and no library or binary links the test kit outside its tests.
+pub(crate) fn dev_layering(
+    normal: &HashMap<String, Vec<String>>,
+    dev: &HashMap<String, Vec<String>>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut crates: Vec<&String> = normal.keys().filter(|k| k.starts_with("pair-")).collect();
+    crates.sort();
+    for krate in crates {
+        if TEST_CRATES.contains(&krate.as_str()) {
+            continue;
+        }
+        if normal
+            .get(krate)
+            .is_some_and(|deps| deps.iter().any(|d| d == TEST_SUPPORT))
+        {
+            problems.push(format!(
+                "{krate} links {TEST_SUPPORT} outside its tests (make it a dev-dependency)"
+            ));
+        }
+        if BINARIES.contains(&krate.as_str()) {
+            continue;
+        }
+        for d in dev.get(krate).into_iter().flatten() {
+            if BINARIES.contains(&d.as_str()) {
+                problems.push(format!(
+                    "library {krate} dev-depends on binary {d} (use {TEST_SUPPORT})"
+                ));
+            }
+        }
+    }
+    problems
+}
 /// Dependencies point down: no library reaches a binary, and the emulator
 /// (an engine) never reaches the proxy (the request path).
 pub(crate) fn layering(graph: &HashMap<String, Vec<String>>) -> Result<Vec<String>> {
     let mut problems = Vec::new();
     for krate in graph.keys().filter(|k| k.starts_with("pair-")) {
-        if BINARIES.contains(&krate.as_str()) || krate == "pair-tests" || krate == "pair-fuzz" {
+        if BINARIES.contains(&krate.as_str()) || TEST_CRATES.contains(&krate.as_str()) {
             continue;
         }
         let mut bad = reachable_any(graph, krate, BINARIES)?;
@@ -504,7 +561,7 @@ mod tests {
     #[test]
     fn pure_crates_reach_no_runtime_http_tls_or_nvml() {
         let root = crate::project_root();
-        let graph = normal_dependency_graph(&root).expect("cargo metadata");
+        let graph = dependency_graphs(&root).expect("cargo metadata").normal;
         for krate in PURE_CRATES {
             let bad = reachable_forbidden(&graph, krate).expect("crate in graph");
             assert!(bad.is_empty(), "{krate} reaches {bad:?}");
@@ -516,7 +573,7 @@ mod tests {
     #[test]
     fn wire_type_readers_reach_no_telemetry_shell() {
         let root = crate::project_root();
-        let graph = normal_dependency_graph(&root).expect("cargo metadata");
+        let graph = dependency_graphs(&root).expect("cargo metadata").normal;
         for krate in KEPT_OFF_TELEMETRY {
             let bad = reachable_any(&graph, krate, TELEMETRY_SHELL).expect("crate in graph");
             assert!(bad.is_empty(), "{krate} reaches {bad:?}");
@@ -537,10 +594,12 @@ mod tests {
     #[test]
     fn the_layers_point_down_and_no_files_import_in_a_circle() {
         let root = crate::project_root();
-        let graph = normal_dependency_graph(&root).expect("cargo metadata");
-        assert_eq!(layering(&graph).unwrap(), Vec::<String>::new());
+        let graphs = dependency_graphs(&root).expect("cargo metadata");
+        let graph = &graphs.normal;
+        assert_eq!(layering(graph).unwrap(), Vec::<String>::new());
+        assert_eq!(dev_layering(graph, &graphs.dev), Vec::<String>::new());
         assert_eq!(
-            routes_below_the_proxy(&root, &graph).unwrap(),
+            routes_below_the_proxy(&root, graph).unwrap(),
             Vec::<String>::new()
         );
         assert_eq!(module_cycles(&root).unwrap(), Vec::<String>::new());
@@ -587,6 +646,35 @@ mod tests {
                 ],
             ]
         );
+    }
+
+    /// The dev-dependency rules can fail: a library whose bench links the
+    /// daemon, and a binary that links the test kit, are caught; a library
+    /// whose tests reach the daemon through the test kit is not.
+    #[test]
+    fn the_dev_dependency_rules_catch_what_they_forbid() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let mut normal = HashMap::new();
+        let mut dev = HashMap::new();
+        for (krate, n, d) in [
+            ("pair-sdk", &[][..], &["pair-node"][..]),
+            ("pair-jobs", &[], &["pair-testkit"]),
+            ("pair-client", &["pair-testkit"], &[]),
+            ("pair-testkit", &["pair-node"], &[]),
+            ("pair-node", &[], &["pair-testkit"]),
+        ] {
+            normal.insert(krate.to_owned(), names(n));
+            dev.insert(krate.to_owned(), names(d));
+        }
+        assert_eq!(
+            dev_layering(&normal, &dev),
+            [
+                "pair-client links pair-testkit outside its tests (make it a dev-dependency)",
+                "library pair-sdk dev-depends on binary pair-node (use pair-testkit)",
+            ]
+        );
+        // Normal dependencies alone miss the first: the old rule's blind spot.
+        assert_eq!(layering(&normal).unwrap(), Vec::<String>::new());
     }
 
     #[test]

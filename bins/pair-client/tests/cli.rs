@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
-use pair_node::harness::{ClusterSpec, KillOnDrop, LocalCluster, wait_for_output};
+use pair_testkit::cluster::{ClusterSpec, LocalCluster};
+use pair_testkit::process::{KillOnDrop, wait_for_output};
 
 fn pair_client(state: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pair-client"))
@@ -161,7 +162,7 @@ fn join_probe_chat_and_serve_unmodified_sdks() {
     let (ollama, openai) = faces.unwrap();
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pair-node/tests/sdk/clients.py");
-    let py = pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"));
+    let py = pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"));
     let out = Command::new(py)
         .arg(script)
         .args([&ollama, &openai])

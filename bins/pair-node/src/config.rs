@@ -51,8 +51,12 @@ pub enum ConfigError {
     },
     #[error("invalid policy {0:?} (expected one of: {names})", names = Policy::NAMES.join(", "))]
     Policy(String),
+    #[cfg(feature = "demo")]
     #[error("invalid emulated hardware")]
     Emulated(#[source] pair_emulator::EmulatorError),
+    #[cfg(not(feature = "demo"))]
+    #[error("--emulated-hardware needs a pair-node built with the demo feature")]
+    NoEmulator,
     #[error("--emulated-speed-scale must be a positive number, not {0}")]
     SpeedScale(f64),
     #[error("invalid model alias {input:?}")]
@@ -353,7 +357,8 @@ pub struct RunArgs {
 }
 
 /// `--emulated-hardware`: what a node over an emulated engine says of its
-/// hardware.
+/// hardware (feature `demo`: the emulator's profiles).
+#[cfg(feature = "demo")]
 #[derive(Clone, Debug)]
 pub struct EmulatedHardware {
     pub profile: pair_emulator::HardwareProfile,
@@ -402,7 +407,7 @@ pub struct NodeConfig {
     /// Loopback ports engine detection looks at.
     pub detect_ports: Vec<u16>,
     /// Event loops serving connections (thread per core, see
-    /// `pair_http::runtime`); set from `--threads`, 1 in `resolve`.
+    /// `pair_runtime::runtime`); set from `--threads`, 1 in `resolve`.
     pub event_loops: usize,
     /// Host names the faces accept besides loopback ones.
     pub allowed_hosts: Vec<String>,
@@ -419,6 +424,7 @@ pub struct NodeConfig {
     /// Body bytes held across connections while they arrive.
     pub body_budget: usize,
     pub http_stack: HttpStack,
+    #[cfg(feature = "demo")]
     pub emulated: Option<EmulatedHardware>,
     /// `--report-interval` (`None`: the gossip default).
     pub report_interval: Option<Duration>,
@@ -532,6 +538,10 @@ impl NodeConfig {
             .map_or(DEFAULT_BODY_BUDGET, |mib| {
                 usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
             });
+        #[cfg(not(feature = "demo"))]
+        if args.emulated_hardware.is_some() {
+            return Err(ConfigError::NoEmulator);
+        }
         Ok(Self {
             state_dir,
             name: args
@@ -613,6 +623,7 @@ impl NodeConfig {
             },
             report_interval: interval("report-interval", args.report_interval)?,
             telemetry_interval: interval("telemetry-interval", args.telemetry_interval)?,
+            #[cfg(feature = "demo")]
             emulated: match args.emulated_hardware {
                 Some(name) => Some(EmulatedHardware {
                     profile: pair_emulator::HardwareProfile::by_name(&name)

@@ -19,7 +19,6 @@ use pair_core::{GpuDevice, ModelPerf, NodeId, Role};
 use pair_discovery::{Discovery, DiscoveryConfig, Interfaces, PeerSet};
 use pair_engines::{EngineHandle, PollConfig, spawn_poller};
 use pair_http::Timeouts;
-use pair_http::runtime::EventLoops;
 use pair_identity::{ControlToken, Identity, IdentityPaths, Limits, PairingService, TrustStore};
 use pair_jobs::JobLog;
 use pair_proxy::dispatch::LocalEngine;
@@ -27,6 +26,7 @@ use pair_proxy::face::{self, Face};
 use pair_proxy::gate::FaceGate;
 use pair_proxy::relay;
 use pair_proxy::state::{DEFAULT_BODY_CAP, NodeIdentity, ProxyConfig, ProxyState, now_ms};
+use pair_runtime::runtime::EventLoops;
 use pair_scheduler::SchedulerConfig;
 use pair_telemetry::{FedGpuProbe, GpuProbe, NodeInfoConfig, Sampler, SamplerConfig, SysinfoHost};
 use tokio::net::TcpListener;
@@ -34,7 +34,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{EmulatedHardware, Mdns, NodeConfig};
+#[cfg(feature = "demo")]
+use crate::config::EmulatedHardware;
+use crate::config::{Mdns, NodeConfig};
 use crate::control;
 
 /// The node's three sockets, bound before start so tests and the demo can
@@ -130,6 +132,7 @@ impl NodeExtras {
     /// What a node over an emulated engine of `hw`'s profile says of its
     /// hardware: a GPU of the profile's name and, when asked, the profile's
     /// speeds (as the simulator's nodes do).
+    #[cfg(feature = "demo")]
     pub fn emulating(hw: &EmulatedHardware) -> Self {
         let profile = hw.profile.clone();
         let gpu = GpuDevice {
@@ -198,11 +201,14 @@ impl std::fmt::Debug for Node {
 
 /// Runs a node until `shutdown` fires, then stops it gracefully.
 pub async fn run(cfg: NodeConfig, listeners: Listeners, shutdown: CancellationToken) -> Result<()> {
+    #[cfg(feature = "demo")]
     let mut extras = cfg
         .emulated
         .as_ref()
         .map(NodeExtras::emulating)
         .unwrap_or_default();
+    #[cfg(not(feature = "demo"))]
+    let mut extras = NodeExtras::default();
     if let Some(interval) = cfg.report_interval {
         extras.gossip = Some(GossipConfig {
             interval,

@@ -1,8 +1,10 @@
 //! pair-node: the daemon and its CLI. `main` only parses arguments, sets up
 //! tracing and hands over to the library.
 
+#[cfg(feature = "demo")]
 use std::net::SocketAddr;
 use std::process::ExitCode;
+#[cfg(feature = "demo")]
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -10,7 +12,8 @@ use clap::{Parser, Subcommand};
 use pair_node::cli::{self, ControlClient};
 use pair_node::config::{ConfigError, FileConfig, NodeConfig, RunArgs};
 use pair_node::daemon::{self, Listeners};
-use pair_node::harness::{ClusterSpec, LocalCluster};
+#[cfg(feature = "demo")]
+use pair_node::demo::{ClusterSpec, LocalCluster};
 use tokio_util::sync::CancellationToken;
 
 /// glibc malloc is slow when buffers are freed on another thread than the
@@ -61,6 +64,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Run N nodes on loopback, each with an emulated engine of different
     /// hardware, paired through the real protocol; faces on 11434 and 1234.
+    #[cfg(feature = "demo")]
     Demo {
         #[arg(long, default_value_t = 3)]
         nodes: usize,
@@ -287,6 +291,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             }
             result
         }
+        #[cfg(feature = "demo")]
         Command::Demo {
             nodes,
             ollama_face,
@@ -380,6 +385,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
 }
 
 /// `pair-node demo`'s settings.
+#[cfg(feature = "demo")]
 struct Demo {
     nodes: usize,
     ollama_face: SocketAddr,
@@ -389,6 +395,7 @@ struct Demo {
     time_scale: f64,
 }
 
+#[cfg(feature = "demo")]
 async fn demo(d: Demo, threads: usize) -> anyhow::Result<()> {
     let n = d.nodes;
     if n == 0 {

@@ -23,8 +23,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -37,7 +35,7 @@ use pair_emulator::{EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Flav
 use pair_identity::ControlToken;
 use pair_node::cli::ControlClient;
 use serde_json::{Value, json};
-use support::BIN;
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 const CHAT: &str = "llama3.2:3b";
 const BIG: &str = "qwen2.5:7b";

@@ -7,8 +7,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod support;
-use support::{BIN, cli, engine, start};
+use pair_testkit::node::{cli, engine, start};
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 #[test]
 fn pair_status_peers_jobs_unpair_through_the_cli() {
@@ -101,7 +101,10 @@ fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
         .arg("--ollama-face")
         .arg(format!("127.0.0.1:{port}"))
         // Only the face's port: never the machine's well-known ones.
-        .args(["--detect-ports", &support::closed_port().to_string()])
+        .args([
+            "--detect-ports",
+            &pair_testkit::node::closed_port().to_string(),
+        ])
         .arg("--state-dir")
         .arg(dir.path())
         .env("PAIR_LOG", "error")
@@ -125,13 +128,13 @@ fn an_engine_still_on_the_usual_port_is_refused_with_how_to_move_it() {
 fn started(
     extra: &[&str],
 ) -> (
-    pair_node::harness::KillOnDrop,
+    pair_testkit::process::KillOnDrop,
     std::process::ChildStderr,
     tempfile::TempDir,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let (child, stderr) = support::spawn(dir.path(), "logs", 9, 1, extra, None);
-    (pair_node::harness::KillOnDrop(child), stderr, dir)
+    let (child, stderr) = pair_testkit::node::spawn(dir.path(), "logs", 9, 1, extra, None);
+    (pair_testkit::process::KillOnDrop(child), stderr, dir)
 }
 
 /// The first log lines of a node started with `extra`, up to "pair-node
@@ -139,7 +142,7 @@ fn started(
 fn started_logs(extra: &[&str]) -> Vec<String> {
     let (node, stderr, _dir) = started(extra);
     let mut lines = Vec::new();
-    pair_node::harness::wait_for_output(stderr, Duration::from_secs(20), |l| {
+    pair_testkit::process::wait_for_output(stderr, Duration::from_secs(20), |l| {
         lines.push(l.to_owned());
         l.contains("pair-node running")
     })
@@ -173,7 +176,7 @@ fn metrics_can_be_served_for_a_scraper_on_another_address() {
     let (_node, stderr, _dir) =
         started(&["--log-format", "json", "--metrics-listen", "127.0.0.1:0"]);
     let mut addr = None;
-    pair_node::harness::wait_for_output(stderr, Duration::from_secs(20), |l| {
+    pair_testkit::process::wait_for_output(stderr, Duration::from_secs(20), |l| {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(l)
             && v["fields"]["message"] == "metrics served for scraping"
         {
@@ -205,8 +208,8 @@ fn metrics_can_be_served_for_a_scraper_on_another_address() {
 }
 
 /// This node's own entry in its `/_pair/cluster` view.
-fn own_entry(node: &support::Running) -> serde_json::Value {
-    let v = support::get_json(node.face_addr(), "/_pair/cluster").unwrap();
+fn own_entry(node: &pair_testkit::node::Running) -> serde_json::Value {
+    let v = pair_testkit::node::get_json(node.face_addr(), "/_pair/cluster").unwrap();
     let me = v["self"].clone();
     v["snapshot"]["nodes"]
         .as_array()
@@ -219,7 +222,10 @@ fn own_entry(node: &support::Running) -> serde_json::Value {
 
 /// `POST /api/generate` with `body` to `node`'s face on a thread, with
 /// curl; the thread gives the HTTP status.
-fn generate(node: &support::Running, body: &'static str) -> std::thread::JoinHandle<String> {
+fn generate(
+    node: &pair_testkit::node::Running,
+    body: &'static str,
+) -> std::thread::JoinHandle<String> {
     let face = node.face.clone();
     std::thread::spawn(move || {
         let out = Command::new("curl")
@@ -235,7 +241,7 @@ fn generate(node: &support::Running, body: &'static str) -> std::thread::JoinHan
 #[test]
 fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
     let port = engine();
-    let node = support::start_with(
+    let node = pair_testkit::node::start_with(
         "emu",
         port,
         1,
@@ -291,8 +297,9 @@ fn a_node_over_an_emulated_engine_reads_its_gpu_from_the_engine() {
 fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
     let cfg = pair_emulator::EmulatorConfig::new(pair_emulator::Flavor::Ollama, ["llama3.2:3b"])
         .with_time_scale(0.25);
-    let port = support::emulated_with(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), cfg);
-    let node = support::start_with("batching", port, 1, &[]);
+    let port =
+        pair_testkit::node::emulated_with(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), cfg);
+    let node = pair_testkit::node::start_with("batching", port, 1, &[]);
     let body =
         r#"{"model":"llama3.2:3b","prompt":"count","stream":true,"options":{"num_predict":200}}"#;
     for round in 0..16 {
@@ -318,7 +325,7 @@ fn a_node_learns_how_batching_slows_its_engine_s_decoding() {
 
 #[test]
 fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
-    let node = support::start_with(
+    let node = pair_testkit::node::start_with(
         "keys",
         engine(),
         1,
@@ -370,12 +377,12 @@ fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
     let listed = cli(&node, &["keys", "list"]);
     assert!(listed[0]["revoked_at_ms"].is_u64(), "{listed}");
     // Revoking what is not there says so.
-    let out = support::cli_output(&node, &["keys", "revoke", "nobody"]);
+    let out = pair_testkit::node::cli_output(&node, &["keys", "revoke", "nobody"]);
     assert!(!out.status.success());
 }
 
 /// The LAN face's address from the node's "pair-node running" line (its
 /// status has no field for it): read from the log the test kept.
-fn lan_addr(node: &support::Running) -> String {
+fn lan_addr(node: &pair_testkit::node::Running) -> String {
     node.lan.clone().expect("the node logged its LAN face")
 }

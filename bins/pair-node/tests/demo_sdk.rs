@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use pair_node::harness::{KillOnDrop, wait_for_output};
+use pair_testkit::process::{KillOnDrop, wait_for_output};
 use std::time::Duration;
 
 fn python() -> PathBuf {
-    pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"))
+    pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

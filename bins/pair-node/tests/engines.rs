@@ -14,11 +14,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use pair_emulator::Flavor;
-use pair_node::harness::KillOnDrop;
+use pair_testkit::process::KillOnDrop;
 use serde_json::{Value, json};
 
-mod support;
-use support::{BIN, closed_port, emulated, emulated_on, strip_ansi};
+use pair_testkit::node::{closed_port, emulated, emulated_on, strip_ansi};
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 /// A `pair-node run` whose log lines the test reads as they come.
 struct Node {

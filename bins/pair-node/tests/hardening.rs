@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
-use pair_node::harness::{KillOnDrop, wait_for_output};
-use support::{cli, engine, start_in, start_with};
+use pair_testkit::node::{cli, engine, start_in, start_with};
+use pair_testkit::process::{KillOnDrop, wait_for_output};
 
 /// Sends `raw` on a new connection and reads until the server closes it or
 /// `limit` passes.
@@ -236,7 +235,7 @@ fn control_calls_answer_only_the_owner() {
     assert_eq!(cli(&node, &["status"])["invite_open"], true);
     // ...and says where it looked when it cannot find it.
     let elsewhere = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(support::BIN)
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pair-node"))
         .args(["pair", "invite", "--control", &node.face, "--state-dir"])
         .arg(elsewhere.path())
         .output()
@@ -566,11 +565,11 @@ fn with_every_connection_busy_the_excess_gets_503() {
 /// Starts a node in `dir` and returns it with the log lines it wrote until
 /// it said it runs (it must start).
 fn start_log(dir: &std::path::Path) -> (KillOnDrop, Vec<String>) {
-    let (child, stderr) = support::spawn(dir, "damaged", engine(), 1, &[], None);
+    let (child, stderr) = pair_testkit::node::spawn(dir, "damaged", engine(), 1, &[], None);
     let child = KillOnDrop(child);
     let mut lines = Vec::new();
     wait_for_output(stderr, Duration::from_secs(30), |l| {
-        lines.push(support::strip_ansi(l));
+        lines.push(pair_testkit::node::strip_ansi(l));
         l.contains("pair-node running")
     })
     .unwrap_or_else(|e| panic!("the node did not start: {e}"));

@@ -10,11 +10,13 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pair_node::harness::{KillOnDrop, wait_for_output};
+use pair_testkit::process::{KillOnDrop, wait_for_output};
 use serde_json::Value;
 
-mod support;
-use support::{BIN, Running, cli, closed_port, engine, start, start_with, strip_ansi, wait_ready};
+use pair_testkit::node::{
+    Running, cli, closed_port, engine, start, start_with, strip_ansi, wait_ready,
+};
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 /// Runs `pair-node run` with `args` in a fresh state dir and expects a
 /// configuration refusal: exit code 64 and one line on stderr, which it
@@ -117,7 +119,7 @@ fn host_port(url: &str) -> &str {
 
 /// An emulated Ollama engine holding `models`, on a free port.
 fn engine_holding(models: &'static [&'static str]) -> u16 {
-    support::emulated(pair_emulator::Flavor::Ollama, models)
+    pair_testkit::node::emulated(pair_emulator::Flavor::Ollama, models)
 }
 
 #[test]

@@ -13,9 +13,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
-use pair_node::harness::{KillOnDrop, wait_for_output};
-use support::{BIN, cli, emulated_on, start_with, strip_ansi};
+use pair_testkit::node::{cli, emulated_on, start_with, strip_ansi};
+use pair_testkit::process::{KillOnDrop, wait_for_output};
+const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 
 const A_IP: &str = "100.100.7.1";
 const B_IP: &str = "100.100.7.2";

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use pair_node::harness::{ClusterSpec, LocalCluster};
+use pair_testkit::cluster::{ClusterSpec, LocalCluster};
 
 fn chromium() -> &'static str {
     let path = "/usr/bin/chromium";

@@ -227,27 +227,14 @@ mod tests {
     use super::*;
 
     fn record(id: u128, by: u128) -> JobRecord {
+        let by = NodeId::from_u128(by);
         JobRecord {
-            key: None,
-            resumed: Vec::new(),
-            id: pair_core::JobId::from_uuid(uuid::Uuid::from_u128(id)),
-            model: "m".into(),
-            flavor: pair_core::ApiFlavor::Ollama,
-            route: "/api/chat".into(),
             streaming: false,
-            origin: NodeId::from_u128(by),
-            ran_on: Some(NodeId::from_u128(by)),
-            attempts: 1,
-            status: JobStatus::Completed,
-            http_status: Some(200),
+            origin: by,
+            ran_on: Some(by),
             created_at_ms: 1,
-            ttft_ms: None,
-            duration_ms: None,
-            prompt_tokens: None,
-            output_tokens: None,
-            error: None,
-            recorded_by: Some(NodeId::from_u128(by)),
-            engine: None,
+            recorded_by: Some(by),
+            ..JobRecord::fixture(id)
         }
     }
 

@@ -125,32 +125,20 @@ impl SpeedLearner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus};
+    use pair_core::JobRecord;
 
     /// A completed job of 200 prompt tokens in 100 ms and 50 more tokens
     /// in the next second, run on node `ran_on`.
     fn job(id: u128, ran_on: u128) -> JobRecord {
         JobRecord {
-            key: None,
-            resumed: Vec::new(),
-            id: JobId::from_uuid(uuid::Uuid::from_u128(id)),
-            model: "m".into(),
-            flavor: ApiFlavor::Ollama,
-            route: "/api/chat".into(),
-            streaming: true,
-            origin: NodeId::from_u128(1),
             ran_on: Some(NodeId::from_u128(ran_on)),
-            attempts: 1,
-            status: JobStatus::Completed,
-            http_status: Some(200),
             created_at_ms: 1,
             ttft_ms: Some(100),
             duration_ms: Some(1100),
             prompt_tokens: Some(200),
             output_tokens: Some(51),
-            error: None,
             recorded_by: None,
-            engine: None,
+            ..JobRecord::fixture(id)
         }
     }
 
@@ -184,8 +172,6 @@ mod tests {
         let jobs = Arc::new(JobLog::in_memory());
         let l = SpeedLearner::new(Arc::clone(&jobs), me);
         let at = |id: u128, ran_on: u128, origin: u128, created: u64| JobRecord {
-            key: None,
-            resumed: Vec::new(),
             origin: NodeId::from_u128(origin),
             created_at_ms: created,
             recorded_by: (origin != 1).then_some(NodeId::from_u128(1)),
@@ -227,8 +213,6 @@ mod tests {
             for _ in 0..streams {
                 id += 1;
                 jobs.record(JobRecord {
-                    key: None,
-                    resumed: Vec::new(),
                     created_at_ms: at,
                     ttft_ms: Some(100),
                     // The stream looks 300 ms longer than the engine's work.

@@ -9,7 +9,7 @@ use pair_core::Workload;
 
 use crossbeam_utils::CachePadded;
 
-use pair_http::per_loop::PerLoop;
+use pair_runtime::per_loop::PerLoop;
 
 /// Lock-free counters, one set per event loop ([`PerLoop`]: a request's
 /// guard writes only its own loop's set), added up when read; one
@@ -181,14 +181,14 @@ mod tests {
     #[tokio::test]
     async fn guards_on_every_loop_add_up_and_release() {
         let load = LocalLoad::new();
-        let loops = pair_http::runtime::EventLoops::start(3).unwrap();
+        let loops = pair_runtime::runtime::EventLoops::start(3).unwrap();
         let mut guards = Vec::new();
         for i in 0..6u32 {
             let load = Arc::clone(&load);
             let task = loops.spawn_on(usize::try_from(i).unwrap(), async move {
                 let mut g = load.begin(10 * (i + 1), 100);
                 g.decoded(i);
-                (pair_http::runtime::current(), g)
+                (pair_runtime::runtime::current(), g)
             });
             guards.push(task.await.unwrap());
         }

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use pair_core::{NodeId, Role};
 use pair_http::conns::{ConnGuard, ConnLimit};
-use pair_http::runtime::EventLoops;
+use pair_runtime::runtime::EventLoops;
 
 /// Who is on the other end of an mTLS connection; the port puts it in
 /// every request's extensions after the handshake.

@@ -132,23 +132,27 @@ impl JobRecord {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(status: JobStatus, by: u128) -> JobRecord {
+#[cfg(any(test, feature = "test-support"))]
+impl JobRecord {
+    /// The record tests build from (feature `test-support`): job `id`, a
+    /// completed, streamed Ollama request of model `m` on `/route`, sent to, run on and
+    /// recorded by node 1, HTTP 200, created at 0, nothing measured. A test
+    /// changes what it is about with struct update syntax:
+    /// `JobRecord { status: JobStatus::Failed, ..JobRecord::fixture(7) }`,
+    /// so a new field is added here once, not in every crate's tests.
+    pub fn fixture(id: u128) -> Self {
+        let node = crate::NodeId::from_u128(1);
         JobRecord {
-            key: None,
-            resumed: Vec::new(),
-            id: crate::JobId::from_uuid(uuid::Uuid::from_u128(1)),
+            id: crate::JobId::from_uuid(uuid::Uuid::from_u128(id)),
             model: "m".into(),
             flavor: ApiFlavor::Ollama,
-            route: "/api/chat".into(),
+            // Not a real route: a crate below the proxy names none.
+            route: Cow::Borrowed("/route"),
             streaming: true,
-            origin: NodeId::from_u128(1),
-            ran_on: Some(NodeId::from_u128(2)),
+            origin: node,
+            ran_on: Some(node),
             attempts: 1,
-            status,
+            status: JobStatus::Completed,
             http_status: Some(200),
             created_at_ms: 0,
             ttft_ms: None,
@@ -156,8 +160,24 @@ mod tests {
             prompt_tokens: None,
             output_tokens: None,
             error: None,
-            recorded_by: Some(NodeId::from_u128(by)),
+            recorded_by: Some(node),
             engine: None,
+            key: None,
+            resumed: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(status: JobStatus, by: u128) -> JobRecord {
+        JobRecord {
+            status,
+            ran_on: Some(NodeId::from_u128(2)),
+            recorded_by: Some(NodeId::from_u128(by)),
+            ..JobRecord::fixture(1)
         }
     }
 

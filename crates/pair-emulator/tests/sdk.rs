@@ -13,7 +13,7 @@ const EMBED: &str = "nomic-embed-text:137m";
 
 /// The interpreter with the SDKs.
 fn python() -> PathBuf {
-    pair_testenv::sdk_python().unwrap_or_else(|e| panic!("{e}"))
+    pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn run_script(script: &str, flavor: Flavor, base_path: &str) {

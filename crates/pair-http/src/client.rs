@@ -2,7 +2,7 @@
 //! engines: the hot path's upstream client, framed by hand on
 //! [`crate::h1`].
 //!
-//! Each event loop ([`crate::runtime`]) owns one pool; a connection belongs
+//! Each event loop (`pair_runtime::runtime`) owns one pool; a connection belongs
 //! to the request using it (its [`EngineBody`] reads the answer straight
 //! off the socket, on the task that serves the client: no driver task, no
 //! channel between them) and comes back to the pool when the answer has

@@ -10,9 +10,9 @@
 //!   engines.
 //! - [`request`] and [`reply`]: a request kept for replay and an answer on
 //!   its way back, with hop-by-hop headers handled once.
-//! - [`runtime`] and [`per_loop`]: thread per core (one current-thread
-//!   runtime per loop) and state kept once per loop.
 //! - [`conns`]: the cap on open connections and the clients' deadlines.
+//!
+//! The event loops it runs on (thread per core) are `pair-runtime`'s.
 //!
 //! Why by hand: measured side by side, hyper's server and hyper-util's
 //! client cost about 60 % more CPU per proxied request than this code and
@@ -23,10 +23,8 @@ pub mod client;
 pub mod conns;
 pub mod h1;
 pub mod hyper_conn;
-pub mod per_loop;
 pub mod reply;
 pub mod request;
-pub mod runtime;
 pub mod server;
 
 pub use client::{ClientError, EngineAnswer, EngineBody, HttpStack, LocalPool, Outgoing, Timeouts};

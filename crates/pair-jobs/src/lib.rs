@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use pair_core::{JobId, JobRecord};
 
-use pair_http::per_loop::PerLoop;
+use pair_runtime::per_loop::PerLoop;
 
 pub const KEEP_RECORDS: usize = 10_000;
 /// The file is rewritten with just the kept records once it holds this
@@ -629,26 +629,12 @@ mod tests {
     /// A finished job, `n` its id, created at `at`.
     fn rec(n: u128, at: u64) -> JobRecord {
         JobRecord {
-            key: None,
-            resumed: Vec::new(),
-            id: JobId::from_uuid(uuid::Uuid::from_u128(n)),
-            model: "m".into(),
-            flavor: ApiFlavor::Ollama,
-            route: "/api/chat".into(),
-            streaming: true,
-            origin: NodeId::from_u128(1),
             ran_on: Some(NodeId::from_u128(2)),
-            attempts: 1,
-            status: JobStatus::Completed,
-            http_status: Some(200),
             created_at_ms: at,
             ttft_ms: Some(5),
             duration_ms: Some(9),
-            prompt_tokens: None,
             output_tokens: Some(3),
-            error: None,
-            recorded_by: Some(NodeId::from_u128(1)),
-            engine: None,
+            ..JobRecord::fixture(n)
         }
     }
 
@@ -732,8 +718,6 @@ mod tests {
             let all: Vec<JobRecord> = recs
                 .iter()
                 .map(|&(id, st, by)| JobRecord {
-                    key: None,
-            resumed: Vec::new(),
                     status: statuses[st],
                     recorded_by: Some(NodeId::from_u128(by)),
                     ..rec(id, 0)
@@ -949,7 +933,7 @@ mod tests {
     async fn records_staged_on_every_loop_are_read_in_order_of_ending() {
         let log = Arc::new(JobLog::in_memory());
         let cursor = log.end();
-        let loops = pair_http::runtime::EventLoops::start(3).unwrap();
+        let loops = pair_runtime::runtime::EventLoops::start(3).unwrap();
         let tasks: Vec<_> = (0..6u64)
             .map(|c| {
                 let log = Arc::clone(&log);
@@ -975,7 +959,7 @@ mod tests {
             .filter(|s| !s.lock().unwrap().is_empty())
             .count();
         assert!(
-            per_loop > 1 || pair_http::per_loop::slots() == 1,
+            per_loop > 1 || pair_runtime::per_loop::slots() == 1,
             "staged on one loop only"
         );
         assert_eq!(log.len(), 300);

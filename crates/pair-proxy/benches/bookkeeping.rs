@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
+use pair_core::{ApiFlavor, JobRecord, RequestProfile};
 use pair_http::Timeouts;
-use pair_http::runtime::EventLoops;
 use pair_jobs::JobLog;
 use pair_proxy::state::{NodeIdentity, ProxyConfig, ProxyState};
+use pair_runtime::runtime::EventLoops;
 use pair_scheduler::SchedulerConfig;
 
 #[path = "../../pair-scheduler/tests/common/mod.rs"]
@@ -32,26 +32,16 @@ const ROUTE: &str = "/v1/chat/completions";
 
 fn record(n: u64) -> JobRecord {
     JobRecord {
-        key: None,
-        resumed: Vec::new(),
-        id: JobId::from_uuid(uuid::Uuid::from_u128(u128::from(n))),
         model: "bench".into(),
         flavor: ApiFlavor::OpenAi,
         route: ROUTE.into(),
         streaming: false,
-        origin: NodeId::from_u128(1),
-        ran_on: Some(NodeId::from_u128(1)),
-        attempts: 1,
-        status: JobStatus::Completed,
-        http_status: Some(200),
         created_at_ms: 1,
         ttft_ms: Some(1),
         duration_ms: Some(2),
         prompt_tokens: Some(10),
         output_tokens: Some(5),
-        error: None,
-        recorded_by: Some(NodeId::from_u128(1)),
-        engine: None,
+        ..JobRecord::fixture(u128::from(n))
     }
 }
 

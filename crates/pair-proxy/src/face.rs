@@ -453,7 +453,7 @@ mod tests {
 
     fn state() -> Arc<ProxyState> {
         crate::state::tests::state(
-            pair_http::runtime::EventLoops::single(),
+            pair_runtime::runtime::EventLoops::single(),
             Arc::new(pair_jobs::JobLog::in_memory()),
         )
     }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use pair_http::per_loop::PerLoop;
+use pair_runtime::per_loop::PerLoop;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -491,7 +491,7 @@ mod tests {
     async fn loop_metrics_add_up_over_the_loops() {
         let ours = attempts_histogram();
         let counter = LoopCounter::default();
-        let loops = pair_http::runtime::EventLoops::start(3).unwrap();
+        let loops = pair_runtime::runtime::EventLoops::start(3).unwrap();
         for i in 0..9u32 {
             let (h, c) = (ours.clone(), counter.clone());
             let task = loops.spawn_on(usize::try_from(i).unwrap(), async move {
@@ -517,7 +517,7 @@ mod tests {
             .filter(|s| s.count.load(Relaxed) > 0)
             .count();
         assert!(
-            used > 1 || pair_http::per_loop::slots() == 1,
+            used > 1 || pair_runtime::per_loop::slots() == 1,
             "every observation landed in one slot"
         );
         assert_eq!(encode_one("a", ours), encode_one("a", theirs));

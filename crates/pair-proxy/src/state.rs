@@ -22,9 +22,9 @@ use pair_cluster::{Bindings, LocalLoad, PeerLink, Peers};
 use pair_http::Timeouts;
 use pair_http::client::{HttpStack, LocalPool};
 use pair_http::conns::{ClientDeadlines, ConnLimit};
-use pair_http::per_loop::{PerLoop, PerLoopArc};
-use pair_http::runtime::EventLoops;
 use pair_jobs::JobLog;
+use pair_runtime::per_loop::{PerLoop, PerLoopArc};
+use pair_runtime::runtime::EventLoops;
 
 /// Request bodies above this are refused with 413 (PAIR's cap), and bodies
 /// up to it are kept whole so a failed attempt can be replayed.
@@ -84,7 +84,7 @@ pub struct ProxyState {
     /// Which HTTP/1.1 implementation the faces use.
     pub http_stack: HttpStack,
     /// One engine connection pool per event loop (index:
-    /// [`pair_http::runtime::current`]).
+    /// [`pair_runtime::runtime::current`]).
     local_pools: Vec<Arc<LocalPool>>,
     pub loops: Arc<EventLoops>,
     cluster: PerLoopArc<ClusterSnapshot>,
@@ -195,7 +195,7 @@ impl ProxyState {
     /// The engine connection pool of the event loop this runs on: its
     /// connections live on this thread.
     pub(crate) fn local_pool(&self) -> &LocalPool {
-        let i = pair_http::runtime::current();
+        let i = pair_runtime::runtime::current();
         &self.local_pools[i % self.local_pools.len()]
     }
 
@@ -513,7 +513,7 @@ pub(crate) mod tests {
         let (a, b) = (a.await.unwrap(), b.await.unwrap());
         assert_eq!((a.len(), b.len()), (100, 100));
         let all = copies(&st);
-        assert_eq!(all.len(), pair_http::per_loop::slots());
+        assert_eq!(all.len(), pair_runtime::per_loop::slots());
         assert!(all.iter().all(|c| *c == (200, 200, Some(peer))), "{all:?}");
         // Each loop's reservations released from the other loop.
         let release_on = |i: usize, ids: Vec<ReservationId>| {
@@ -555,7 +555,7 @@ pub(crate) mod tests {
         assert_eq!(a.authority(), b.authority());
         assert_eq!(a.host(), b.host());
         assert_eq!(receipt_a, receipt_b);
-        if pair_http::per_loop::slots() > 1 {
+        if pair_runtime::per_loop::slots() > 1 {
             assert!(!Arc::ptr_eq(&a, &b));
             let ptr = |s: &[u8]| s.as_ptr();
             assert_ne!(

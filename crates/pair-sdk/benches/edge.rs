@@ -42,9 +42,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use pair_core::{NodeId, Role};
 use pair_identity::{Identity, TrustStore};
-use pair_node::daemon::Node;
-use pair_node::harness::{ClusterSpec, LocalCluster};
 use pair_sdk::{Client, Config, Request};
+use pair_testkit::cluster::Node;
+use pair_testkit::cluster::{ClusterSpec, LocalCluster};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Runtime;
 
@@ -198,7 +198,7 @@ fn latency(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, n: usize) {
     println!("\n== 1. added latency per request, one node, c=1 ==");
     let mut spec = ClusterSpec::new(1);
     spec.time_scale = time_scale;
-    spec.mdns = pair_node::config::Mdns::Off;
+    spec.mdns = pair_testkit::cluster::Mdns::Off;
     spec.pair = false;
     let cluster = nodes_rt.block_on(LocalCluster::start(spec)).unwrap();
     nodes_rt
@@ -413,7 +413,7 @@ fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds
     let t = Instant::now();
     let mut spec = ClusterSpec::new(NODES);
     spec.time_scale = time_scale;
-    spec.mdns = pair_node::config::Mdns::Off;
+    spec.mdns = pair_testkit::cluster::Mdns::Off;
     // Not paired with each other (no gossip among 16 nodes on two cores);
     // the client pairs with each one itself.
     spec.pair = false;
@@ -620,7 +620,7 @@ fn failover(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, cycles: us
     println!("\n== 3. failover before the first byte: first-ranked node dead ==");
     let mut spec = ClusterSpec::new(2);
     spec.time_scale = time_scale;
-    spec.mdns = pair_node::config::Mdns::Off;
+    spec.mdns = pair_testkit::cluster::Mdns::Off;
     // Node A (the fast one) is ranked first; B (CPU only) serves when A is
     // dead.
     spec.nodes[0].profile = "rtx4090".into();

@@ -1,7 +1,7 @@
 //! Starts a real OpenAI-compatible engine, llama-cpp-python's server with
 //! the SmolLM2-135M GGUF, as a child the test owns (killed on drop).
 //!
-//! Paths from `pair_testenv::llama_paths` (`PAIR_LLAMA_PYTHON` /
+//! Paths from `pair_testkit::env::llama_paths` (`PAIR_LLAMA_PYTHON` /
 //! `PAIR_LLAMA_MODEL`, else the cache `scripts/setup-python.sh` builds); a
 //! missing interpreter or model fails the test.
 
@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 /// The interpreter of the llama-cpp-python venv and the GGUF model.
 pub(crate) fn llama_paths() -> anyhow::Result<(PathBuf, PathBuf)> {
-    pair_testenv::llama_paths().map_err(anyhow::Error::msg)
+    pair_testkit::env::llama_paths().map_err(anyhow::Error::msg)
 }
 
 /// The command line that serves the model under the alias `smollm2`, with

@@ -1,12 +1,17 @@
-//! Shared helpers of the cross-crate tests: a started cluster with a plain
-//! HTTP client, small assertions on route receipts, and the Python SDK
-//! checks of a node's translated faces.
+//! The local cluster tests start (`pair_node::demo`'s, re-exported here)
+//! and what tests do with it: a converged cluster in one call, a plain
+//! HTTP client, small assertions on route receipts, the Python SDK checks
+//! of a node's translated faces, and a real llama.cpp server.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use pair_node::harness::{ClusterSpec, KillOnDrop, LocalCluster};
+pub use pair_node::config::Mdns;
+pub use pair_node::daemon::Node;
+pub use pair_node::demo::{ClusterSpec, DEMO_PROFILES, LocalCluster, NodeSpec};
+
+use crate::process::KillOnDrop;
 
 /// A cluster of `n` nodes that all hold `llama3.2:3b`, emulated 20x faster
 /// than real time, converged and ready.
@@ -57,9 +62,9 @@ pub fn sdks(
     embed: &str,
     mode: &str,
 ) -> std::result::Result<String, String> {
-    let py = pair_testenv::sdk_python()?;
+    let py = crate::env::sdk_python()?;
     let node = c.nodes.get(i).ok_or("no such node")?;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/translated.py");
+    let script = crate::env::repo_root().join("tests/sdk/translated.py");
     let out = std::process::Command::new(py)
         .arg(script)
         .args([&node.ollama_url(), &node.openai_url(), model, embed, mode])
@@ -86,7 +91,7 @@ pub fn sdks(
 /// embeddings on) on a free loopback port, up and answering, with a
 /// context of `n_ctx` tokens: the process (killed on drop) and its URL.
 pub async fn llama_server(n_ctx: u32) -> Result<(KillOnDrop, String)> {
-    let (llama_py, model) = pair_testenv::llama_paths().map_err(anyhow::Error::msg)?;
+    let (llama_py, model) = crate::env::llama_paths().map_err(anyhow::Error::msg)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();

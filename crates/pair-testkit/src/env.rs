@@ -14,7 +14,7 @@ pub const SETUP_HINT: &str = "run scripts/setup-python.sh (it prints PAIR_PYTHON
 const LLAMA_CACHE: &str = ".cache/pair/llama-0.3.36";
 
 /// The repository's root.
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 

@@ -2,18 +2,40 @@
 //! started on ephemeral ports in a temporary state dir, an emulated engine
 //! for it, and the CLI run against it.
 
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)] // each test file uses a part
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a failure is the test's
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pair_node::harness::{KillOnDrop, wait_for_output};
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
+use crate::process::{KillOnDrop, wait_for_output};
+
+/// The `pair-node` binary of this build: `PAIR_NODE_BIN`, else the one
+/// beside the test executable's directory (`target/<profile>/pair-node`
+/// for `target/<profile>/deps/<test>`), which cargo builds for pair-node's
+/// own tests (`CARGO_BIN_EXE_pair-node` names the same file there).
+pub fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PAIR_NODE_BIN") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            let dir = exe.parent()?;
+            let dir = if dir.ends_with("deps") {
+                dir.parent()?
+            } else {
+                dir
+            };
+            Some(dir.join(format!("pair-node{}", std::env::consts::EXE_SUFFIX)))
+        })
+        .unwrap_or_else(|| PathBuf::from("pair-node"))
+}
 
 /// A running `pair-node run`.
+#[derive(Debug)]
 pub struct Running {
     pub proc: KillOnDrop,
     /// `http://` base URL of the Ollama face.
@@ -165,12 +187,12 @@ pub fn spawn(
             let mut c = Command::new("bash");
             c.arg("-c")
                 .arg(format!("{prefix} exec \"$0\" \"$@\""))
-                .arg(BIN)
+                .arg(bin())
                 .args(&args);
             c
         }
         None => {
-            let mut c = Command::new(BIN);
+            let mut c = Command::new(bin());
             c.args(&args);
             c
         }
@@ -217,7 +239,7 @@ pub fn cli(node: &Running, args: &[&str]) -> Value {
 
 /// The CLI's whole output, success or not.
 pub fn cli_output(node: &Running, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
+    Command::new(bin())
         .args(args)
         .args(["--control", &node.face, "--json", "--state-dir"])
         .arg(node.dir.path())

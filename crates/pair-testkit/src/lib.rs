@@ -1,0 +1,19 @@
+//! Test support, in one place, used only as a dev-dependency (`xtask tidy`
+//! checks that no library or binary links it):
+//!
+//! - [`env`]: where tests find what `scripts/setup-python.sh` installs (the
+//!   Python SDKs, llama-cpp-python and its model, the coding agents).
+//! - [`process`]: child processes killed with the test, and waiting on
+//!   their output.
+//! - `cluster` (feature `cluster`): the in-process local cluster
+//!   (`pair_node::demo`, the demo's own) and what tests do with it.
+//! - `node` (feature `cluster`): `pair-node run` processes over emulated
+//!   engines, and the CLI run against them.
+
+pub mod env;
+pub mod process;
+
+#[cfg(feature = "cluster")]
+pub mod cluster;
+#[cfg(feature = "cluster")]
+pub mod node;
