@@ -228,11 +228,10 @@ pub enum UpBody {
     Engine(EngineBody),
     /// Relayed by a peer over its mTLS connection.
     Peer(Incoming),
-    /// A local engine's answer in the client's API shape.
-    Translated(BoxedBody),
-    /// A stream that moves to another node when it is cut
+    /// Another answer's body wrapped: a local engine's answer in the
+    /// client's API shape, or a stream that moves on a cut
     /// ([`crate::resume`]).
-    Resuming(Box<crate::resume::Resuming>),
+    Translated(BoxedBody),
     /// An answer this node made itself (taken once).
     Fixed(Option<Bytes>),
 }
@@ -285,7 +284,6 @@ impl http_body::Body for UpBody {
                 .poll_frame(cx)
                 .map(|f| f.map(|r| r.map_err(UpBodyError::from))),
             UpBody::Translated(b) => b.0.as_mut().poll_frame(cx),
-            UpBody::Resuming(b) => std::pin::Pin::new(b.as_mut()).poll_frame(cx),
             UpBody::Fixed(b) => {
                 std::task::Poll::Ready(b.take().map(|d| Ok(http_body::Frame::data(d))))
             }
@@ -297,7 +295,6 @@ impl http_body::Body for UpBody {
             UpBody::Engine(b) => b.is_end_stream(),
             UpBody::Peer(b) => b.is_end_stream(),
             UpBody::Translated(b) => b.0.is_end_stream(),
-            UpBody::Resuming(b) => b.is_end_stream(),
             UpBody::Fixed(b) => b.is_none(),
         }
     }
@@ -306,7 +303,7 @@ impl http_body::Body for UpBody {
         match self {
             UpBody::Engine(b) => b.size_hint(),
             UpBody::Peer(b) => b.size_hint(),
-            UpBody::Translated(_) | UpBody::Resuming(_) => http_body::SizeHint::default(),
+            UpBody::Translated(_) => http_body::SizeHint::default(),
             UpBody::Fixed(b) => {
                 http_body::SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64))
             }

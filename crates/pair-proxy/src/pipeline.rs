@@ -815,11 +815,13 @@ async fn attempt(
                         policy: st.resume,
                         began_on: node,
                         log: Arc::default(),
+                        send: send_continuation,
                     });
                 if let Some(cont) = cont {
                     resumed = Some(Arc::clone(&cont.log));
-                    up.body =
-                        dispatch::UpBody::Resuming(Box::new(resume::Resuming::new(up.body, cont)));
+                    up.body = dispatch::UpBody::Translated(dispatch::BoxedBody(Box::pin(
+                        resume::Resuming::new(up.body, cont),
+                    )));
                 }
             }
             match translation {
@@ -910,6 +912,16 @@ fn flavor_of_path(path: &str) -> ApiFlavor {
     } else {
         ApiFlavor::OpenAi
     }
+}
+
+/// [`continue_on`] as [`resume::Send`].
+fn send_continuation(
+    cont: Arc<resume::Continuation>,
+    head: RequestHead,
+    body: Bytes,
+    dead: SmallVec<[NodeId; 3]>,
+) -> Pin<Box<dyn Future<Output = Option<resume::Moved>> + Send>> {
+    Box::pin(async move { continue_on(&cont, head, body, &dead).await })
 }
 
 /// Sends a cut stream's continuation to the best owner of its model that

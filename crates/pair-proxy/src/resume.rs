@@ -41,26 +41,7 @@ use crate::route::Work;
 use crate::state::ProxyState;
 use crate::stream::Framing;
 
-/// How streams cut after their first byte are continued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ResumePolicy {
-    /// Moves per answer at most; 0: none (`--resume off`).
-    pub limit: u8,
-}
-
-impl ResumePolicy {
-    pub const OFF: ResumePolicy = ResumePolicy { limit: 0 };
-
-    pub fn on(self) -> bool {
-        self.limit > 0
-    }
-}
-
-impl Default for ResumePolicy {
-    fn default() -> Self {
-        Self { limit: 2 }
-    }
-}
+pub use crate::state::ResumePolicy;
 
 /// The API of a stream below translation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,7 +329,19 @@ pub(crate) struct Continuation {
     /// The node the answer began on.
     pub began_on: NodeId,
     pub log: Arc<ResumeLog>,
+    /// Sends a continuation to the best owner not cut on
+    /// (the pipeline's `continue_on`).
+    pub send: Send,
 }
+
+/// How a continuation is sent: to the best owner of the model outside
+/// `dead`, answering with its stream once committed.
+pub(crate) type Send = fn(
+    Arc<Continuation>,
+    RequestHead,
+    Bytes,
+    SmallVec<[NodeId; 3]>,
+) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>>;
 
 /// An answer continued elsewhere: the node, its answer's body (the first
 /// frame already read), and what it holds until the answer ends.
@@ -356,12 +349,12 @@ pub(crate) struct Moved {
     pub node: NodeId,
     pub first: Option<Bytes>,
     pub body: UpBody,
-    pub holding: Box<dyn Send>,
+    pub holding: Box<dyn std::marker::Send>,
 }
 
 /// A continuation under way: it finds the next owner and sends it the
-/// request (`crate::pipeline::continue_on`).
-type Moving = Pin<Box<dyn Future<Output = Option<Arrived>> + Send>>;
+/// request (the pipeline's `continue_on`).
+type Moving = Pin<Box<dyn Future<Output = Option<Arrived>> + std::marker::Send>>;
 
 /// A continuation that answered: its stream, the receipt so far, and the
 /// tokens the client had before it.
@@ -396,7 +389,7 @@ pub struct Resuming {
     splice: Option<Splice>,
     /// Nodes whose stream was cut.
     dead: SmallVec<[NodeId; 3]>,
-    holding: Vec<Box<dyn Send>>,
+    holding: Vec<Box<dyn std::marker::Send>>,
     /// The stream's last piece, made here (a `[DONE]` after a cut that
     /// came after the final event).
     closing: Option<Bytes>,
@@ -500,7 +493,7 @@ impl Resuming {
                 path_and_query: cont.head.path_and_query.clone(),
                 headers: Headers::Map(headers),
             };
-            let moved = crate::pipeline::continue_on(&cont, head, Bytes::from(body), &dead).await?;
+            let moved = (cont.send)(Arc::clone(&cont), head, Bytes::from(body), dead).await?;
             cont.log.push(Resumption {
                 node: moved.node,
                 at_token: before,

@@ -71,7 +71,7 @@ pub struct ProxyState {
     receipt_self: PerLoop<Option<http::HeaderValue>>,
     pub timeouts: Timeouts,
     /// How a stream cut after its first byte is continued elsewhere.
-    pub resume: crate::resume::ResumePolicy,
+    pub resume: ResumePolicy,
     pub body_cap: usize,
     /// Which `Host` and `Origin` values the faces accept.
     pub gate: FaceGate,
@@ -116,6 +116,27 @@ pub const WARM_UP: std::time::Duration = std::time::Duration::from_secs(5);
 /// A gap this long between two snapshots means the node was stopped.
 const PAUSED_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How streams cut after their first byte are continued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumePolicy {
+    /// Moves per answer at most; 0: none (`--resume off`).
+    pub limit: u8,
+}
+
+impl ResumePolicy {
+    pub const OFF: ResumePolicy = ResumePolicy { limit: 0 };
+
+    pub fn on(self) -> bool {
+        self.limit > 0
+    }
+}
+
+impl Default for ResumePolicy {
+    fn default() -> Self {
+        Self { limit: 2 }
+    }
+}
+
 /// How to build a [`ProxyState`].
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
@@ -123,7 +144,7 @@ pub struct ProxyConfig {
     pub scheduler: SchedulerConfig,
     pub timeouts: Timeouts,
     /// How a stream cut after its first byte is continued elsewhere.
-    pub resume: crate::resume::ResumePolicy,
+    pub resume: ResumePolicy,
     pub body_cap: usize,
     pub engines: Vec<LocalEngine>,
     /// Where connections are served ([`EventLoops::single`]: the caller's runtime).
@@ -458,7 +479,7 @@ pub(crate) mod tests {
                 },
                 scheduler: SchedulerConfig::new(Policy::PredictedLatency),
                 timeouts: Timeouts::default(),
-                resume: crate::resume::ResumePolicy::default(),
+                resume: ResumePolicy::default(),
                 body_cap: 1024,
                 engines: Vec::new(),
                 loops,
