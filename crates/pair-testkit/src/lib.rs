@@ -1,7 +1,7 @@
 //! Test support, in one place, used only as a dev-dependency (`xtask tidy`
 //! checks that no library or binary links it):
 //!
-//! - [`env`]: where tests find what `scripts/setup-python.sh` installs (the
+//! - [`mod@env`]: where tests find what `scripts/setup-python.sh` installs (the
 //!   Python SDKs, llama-cpp-python and its model, the coding agents).
 //! - [`process`]: child processes killed with the test, and waiting on
 //!   their output.
