@@ -35,11 +35,11 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use crate::error::{Error, Result};
+use crate::store_file;
 
 /// The key file's name in the state directory.
 pub const KEYS_FILE: &str = "keys.json";
 
-const FORMAT_VERSION: u32 = 1;
 const SECRET_PREFIX: &str = "pair-sk-";
 /// 32 bytes in base64url without padding.
 const SECRET_BODY_LEN: usize = 43;
@@ -253,6 +253,12 @@ struct StoreFile {
     keys: Vec<KeyRecord>,
 }
 
+impl store_file::Versioned for StoreFile {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
 /// Everything a reader needs, rebuilt whole on every change.
 #[derive(Debug, Default)]
 struct State {
@@ -351,10 +357,9 @@ impl KeyStore {
     /// never an empty store (that would silently forget revocations).
     pub fn open(state_dir: &Path) -> Result<Self> {
         let path = Self::default_path(state_dir);
-        pair_fs::clean_leftovers(&path);
-        let records = match pair_fs::read_optional(&path)? {
+        let records = match store_file::load::<StoreFile>(&path)? {
             None => BTreeMap::new(),
-            Some(bytes) => parse_file(&path, &bytes)?,
+            Some(file) => records_of(&path, file)?,
         };
         Ok(Self::with(Some(path), records))
     }
@@ -547,17 +552,10 @@ impl KeyStore {
             // Disk first: memory never holds a key (or lacks a revocation)
             // that a restart would forget.
             let file = StoreFile {
-                v: FORMAT_VERSION,
+                v: store_file::FORMAT_VERSION,
                 keys: next.values().cloned().collect(),
             };
-            let bytes = serde_json::to_vec_pretty(&file).map_err(|source| Error::DamagedJson {
-                path: path.clone(),
-                source,
-            })?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                pair_fs::ensure_private_dir(dir)?;
-            }
-            pair_fs::write_atomic(path, &bytes, 0o600)?;
+            store_file::save(path, &file)?;
         }
         let state = Arc::new(State::new(next));
         let mut guard = self
@@ -570,18 +568,9 @@ impl KeyStore {
     }
 }
 
-fn parse_file(path: &Path, bytes: &[u8]) -> Result<BTreeMap<KeyId, KeyRecord>> {
-    let file: StoreFile = serde_json::from_slice(bytes).map_err(|source| Error::DamagedJson {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let damaged = |reason: String| Error::Damaged {
-        path: path.to_path_buf(),
-        reason,
-    };
-    if file.v != FORMAT_VERSION {
-        return Err(damaged(format!("unsupported format version {}", file.v)));
-    }
+/// The records of a store's file, checked.
+fn records_of(path: &Path, file: StoreFile) -> Result<BTreeMap<KeyId, KeyRecord>> {
+    let damaged = |reason: String| store_file::damaged(path, reason);
     let mut records = BTreeMap::new();
     for record in file.keys {
         record.check().map_err(damaged)?;

@@ -112,6 +112,7 @@ pub mod identity;
 pub mod keys;
 pub mod protocol;
 pub mod service;
+mod store_file;
 pub mod tls;
 pub mod trust;
 pub mod wire;

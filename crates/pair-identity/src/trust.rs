@@ -15,10 +15,9 @@ use pair_core::{NodeId, Role};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fingerprint::Fingerprint;
-
-const FORMAT_VERSION: u32 = 1;
+use crate::store_file;
 
 /// One paired peer: what we pinned and when.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +61,12 @@ struct StoreFile {
     peers: Vec<PeerRecord>,
 }
 
+impl store_file::Versioned for StoreFile {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     /// `None` for an in-memory store (tests, emulated clusters).
@@ -89,10 +94,9 @@ impl TrustStore {
     /// crashed write are removed; a damaged file is an error naming it.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
-        pair_fs::clean_leftovers(&path);
-        let peers = match pair_fs::read_optional(&path)? {
+        let peers = match store_file::load::<StoreFile>(&path)? {
             None => BTreeMap::new(),
-            Some(bytes) => parse_file(&path, &bytes)?,
+            Some(file) => records_of(&path, file)?,
         };
         Ok(Self::with(Some(path), peers))
     }
@@ -290,14 +294,10 @@ impl TrustStore {
         if let Some(path) = &self.inner.path {
             // Disk first: memory never trusts what a restart would forget.
             let file = StoreFile {
-                v: FORMAT_VERSION,
+                v: store_file::FORMAT_VERSION,
                 peers: next.values().cloned().collect(),
             };
-            let bytes = serde_json::to_vec_pretty(&file).map_err(|source| Error::DamagedJson {
-                path: path.clone(),
-                source,
-            })?;
-            pair_fs::write_atomic(path, &bytes, 0o600)?;
+            store_file::save(path, &file)?;
         }
         {
             let mut guard = self
@@ -312,18 +312,9 @@ impl TrustStore {
     }
 }
 
-fn parse_file(path: &Path, bytes: &[u8]) -> Result<BTreeMap<NodeId, PeerRecord>> {
-    let file: StoreFile = serde_json::from_slice(bytes).map_err(|source| Error::DamagedJson {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let damaged = |reason: String| Error::Damaged {
-        path: path.to_path_buf(),
-        reason,
-    };
-    if file.v != FORMAT_VERSION {
-        return Err(damaged(format!("unsupported format version {}", file.v)));
-    }
+/// The records of a store's file, checked.
+fn records_of(path: &Path, file: StoreFile) -> Result<BTreeMap<NodeId, PeerRecord>> {
+    let damaged = |reason: String| store_file::damaged(path, reason);
     let mut peers = BTreeMap::new();
     for record in file.peers {
         // A record whose fingerprint does not match its certificate was
@@ -344,6 +335,7 @@ fn parse_file(path: &Path, bytes: &[u8]) -> Result<BTreeMap<NodeId, PeerRecord>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     fn record(n: u128) -> PeerRecord {
         let cert = format!("cert-{n}").into_bytes();
