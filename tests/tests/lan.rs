@@ -22,71 +22,24 @@ use pair_node::config::LanFace;
 use pair_node::control::NewKey;
 use pair_testkit::cluster::LocalCluster;
 use pair_testkit::cluster::cluster;
+use pair_testkit::netns::Joined;
 use serde_json::Value;
 
 /// The node side of the veth pair, and the client side in the namespace.
 const NODE_IP: &str = "100.64.77.1";
 const CLIENT_IP: &str = "100.64.77.2";
 
-/// A namespace with one veth to this one; removed on drop.
-struct ClientNet {
-    ns: String,
-    host_if: String,
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "`ip {}` failed: {} (this test needs root and iproute2; CI runs as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+/// The client's network: a namespace with one veth to this one.
+struct ClientNet(Joined);
 
 impl ClientNet {
     fn create() -> Self {
-        let pid = std::process::id();
-        let net = ClientNet {
-            ns: format!("pair-lan-{pid}"),
-            host_if: format!("plh{pid}"),
-        };
-        let peer_if = format!("pln{pid}");
-        ip(&["netns", "add", &net.ns]);
-        ip(&[
-            "link",
-            "add",
-            &net.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer_if,
-        ]);
-        ip(&["link", "set", &peer_if, "netns", &net.ns]);
-        ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", &net.host_if]);
-        ip(&["link", "set", &net.host_if, "up"]);
-        ip(&[
-            "-n",
-            &net.ns,
-            "addr",
-            "add",
-            &format!("{CLIENT_IP}/24"),
-            "dev",
-            &peer_if,
-        ]);
-        ip(&["-n", &net.ns, "link", "set", &peer_if, "up"]);
-        ip(&["-n", &net.ns, "link", "set", "lo", "up"]);
-        net
+        ClientNet(Joined::create("lan", NODE_IP, CLIENT_IP))
     }
 
     /// `program args...` inside the namespace.
     fn run(&self, program: &str, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns, program])
-            .args(args)
-            .output()
-            .expect("run in the namespace")
+        self.0.run(program, args)
     }
 
     /// curl from the namespace: (status, body).
@@ -103,15 +56,6 @@ impl ClientNet {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
         (code.trim().parse().unwrap_or(0), body.to_owned())
-    }
-}
-
-impl Drop for ClientNet {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
     }
 }
 

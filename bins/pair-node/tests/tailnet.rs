@@ -13,6 +13,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pair_testkit::netns::Joined;
 use pair_testkit::node::{cli, emulated_on, start_with, strip_ansi};
 use pair_testkit::process::{KillOnDrop, wait_for_output};
 const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
@@ -21,74 +22,34 @@ const A_IP: &str = "100.100.7.1";
 const B_IP: &str = "100.100.7.2";
 const MAGIC_NAME: &str = "box.tailnet.ts.net";
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "`ip {}` failed: {} (this test needs root and iproute2; CI runs as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Namespace `b` joined to this one; its hosts file names this side by a
 /// tailnet name. Removed on drop.
 struct Tailnet {
-    ns: String,
-    host_if: String,
+    net: Joined,
     etc: std::path::PathBuf,
 }
 
 impl Tailnet {
     fn create() -> Self {
-        let pid = std::process::id();
-        let t = Tailnet {
-            ns: format!("pair-tn-{pid}"),
-            host_if: format!("pth{pid}"),
-            etc: format!("/etc/netns/pair-tn-{pid}").into(),
-        };
-        let peer_if = format!("ptn{pid}");
-        ip(&["netns", "add", &t.ns]);
-        ip(&[
-            "link", "add", &t.host_if, "type", "veth", "peer", "name", &peer_if,
-        ]);
-        ip(&["link", "set", &peer_if, "netns", &t.ns]);
-        ip(&["addr", "add", &format!("{A_IP}/24"), "dev", &t.host_if]);
-        ip(&["link", "set", &t.host_if, "up"]);
-        ip(&[
-            "-n",
-            &t.ns,
-            "addr",
-            "add",
-            &format!("{B_IP}/24"),
-            "dev",
-            &peer_if,
-        ]);
-        ip(&["-n", &t.ns, "link", "set", &peer_if, "up"]);
-        ip(&["-n", &t.ns, "link", "set", "lo", "up"]);
+        let net = Joined::create("tn", A_IP, B_IP);
         // `ip netns exec` puts /etc/netns/NAME/hosts over /etc/hosts.
-        std::fs::create_dir_all(&t.etc).unwrap();
+        let etc = std::path::Path::new("/etc/netns").join(&net.ns);
+        std::fs::create_dir_all(&etc).unwrap();
         std::fs::write(
-            t.etc.join("hosts"),
+            etc.join("hosts"),
             format!("127.0.0.1 localhost\n{A_IP} {MAGIC_NAME}\n"),
         )
         .unwrap();
-        t
+        Tailnet { net, etc }
     }
 
     fn exec(&self) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns]);
-        c
+        self.net.exec()
     }
 }
 
 impl Drop for Tailnet {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
         let _ = std::fs::remove_dir_all(&self.etc);
     }
 }

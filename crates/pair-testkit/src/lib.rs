@@ -5,12 +5,14 @@
 //!   Python SDKs, llama-cpp-python and its model, the coding agents).
 //! - [`process`]: child processes killed with the test, and waiting on
 //!   their output.
+//! - [`netns`]: a network namespace joined to this one by a veth pair.
 //! - `cluster` (feature `cluster`): the in-process local cluster
 //!   (`pair_node::demo`, the demo's own) and what tests do with it.
 //! - `node` (feature `cluster`): `pair-node run` processes over emulated
 //!   engines, and the CLI run against them.
 
 pub mod env;
+pub mod netns;
 pub mod process;
 
 #[cfg(feature = "cluster")]
