@@ -10,8 +10,7 @@
 use std::time::{Duration, Instant};
 
 use pair_emulator::{FaultAction, FaultRule};
-use pair_node::demo::LocalCluster;
-use pair_testkit::cluster::{cluster, http};
+use pair_testkit::cluster::{ClusterSpec, LocalCluster, cluster, http, job_of, record};
 use serde_json::{Value, json};
 
 const MODEL: &str = "llama3.2:3b";
@@ -125,29 +124,10 @@ async fn stream(c: &LocalCluster, api: Api, pin: usize, tokens: u32) -> (String,
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "{api:?}");
-    let job = resp.headers()["x-pair-job"].to_str().unwrap().to_owned();
-    (job, resp.text().await.unwrap())
+    (job_of(&resp), resp.text().await.unwrap())
 }
 
-/// Node `node`'s terminal record of `job`.
-async fn record(c: &LocalCluster, node: usize, job: &str) -> pair_core::JobRecord {
-    let id: pair_core::JobId = serde_json::from_value(json!(job)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(r) = c.nodes[node].state.jobs.get(id)
-            && r.status.is_terminal()
-        {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no record of {job} on node {node}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn same_weights(n: usize) -> impl FnOnce(&mut pair_node::demo::ClusterSpec) {
+fn same_weights(n: usize) -> impl FnOnce(&mut ClusterSpec) {
     move |spec| {
         spec.engine_seed = Some(7);
         // Every node Ollama-flavoured but the last, OpenAI-compatible, so
@@ -231,9 +211,8 @@ async fn with_resume_off_a_cut_ends_with_an_error_and_is_never_resent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_continued_ends_with_an_error() {
     let c = cluster(2, same_weights(2)).await.unwrap();
-    // The only other owner holds no such model: qwen2.5:7b is on nodes 0
-    // and 1; with node 1's engine cut and node 0's engine too, nothing is
-    // left.
+    // Both owners' engines cut the stream: it moves once, from node 1 to
+    // node 0, and is cut there with no owner left.
     c.engines[1]
         .faults()
         .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(3)).times(1));

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use pair_core::JobStatus;
 use pair_emulator::{EmulatedEngine, FaultAction, FaultRule};
 use pair_testkit::cluster::LocalCluster;
-use pair_testkit::cluster::{attempts, cluster, http};
+use pair_testkit::cluster::{attempts, cluster, http, job_of, record};
 use serde_json::{Value, json};
 
 const MODEL: &str = "llama3.2:3b";
@@ -27,28 +27,6 @@ async fn send(c: &LocalCluster, body: &Value) -> reqwest::Response {
         .send()
         .await
         .expect("face answers")
-}
-
-fn job_of(resp: &reqwest::Response) -> String {
-    resp.headers()["x-pair-job"].to_str().unwrap().to_owned()
-}
-
-/// Waits until `node`'s job log holds a terminal record of `job`.
-async fn record(c: &LocalCluster, node: usize, job: &str) -> pair_core::JobRecord {
-    let id: pair_core::JobId = serde_json::from_value(json!(job)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(r) = c.nodes[node].state.jobs.get(id)
-            && r.status.is_terminal()
-        {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no record of {job} on node {node}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

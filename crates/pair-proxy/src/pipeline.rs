@@ -458,7 +458,9 @@ pub async fn execute(
             &mut failover,
             deadline.as_mut(),
             plan,
-            true,
+            // A stream this node routed may move after a cut; a relayed
+            // one is moved by its origin.
+            plan == Plan::Cluster,
         )
         .await
         {
@@ -634,13 +636,7 @@ fn targets(
             *shortlist = st.rank(cluster, profile, now_ms());
             shortlist
                 .iter()
-                .map(|c| Target {
-                    node: c.node,
-                    predicted: c
-                        .score
-                        .prediction()
-                        .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
-                })
+                .map(pair_scheduler::Candidate::target)
                 .collect()
         }
         // This node only, while it holds the model on a healthy engine.
@@ -678,7 +674,9 @@ fn holds(
         .is_some_and(|(e, _)| e.healthy)
 }
 
-/// One attempt on `node`, reported to the failover core.
+/// One attempt on `node`, reported to the failover core; `resumable`: a
+/// stream it commits to may move to another node on a cut
+/// ([`crate::resume`]).
 #[allow(clippy::too_many_arguments)]
 async fn attempt(
     st: &Arc<ProxyState>,
@@ -796,33 +794,31 @@ async fn attempt(
         Some(Ok(mut up)) => {
             // A stream from a node this one routed to may move on a cut:
             // below translation, in the engine's own events.
-            if resumable && plan == Plan::Cluster && st.resume.on() && up.status.is_success() {
-                let cont = resume::Api::of(out_head.path_and_query.path())
-                    .filter(|api| {
-                        Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
-                            != Framing::Whole
-                            && api.flavor() == flavor_of_path(out_head.path_and_query.path())
-                    })
-                    .map(|api| resume::Continuation {
-                        st: Arc::clone(st),
-                        head: out_head.clone(),
-                        body: out_body.clone(),
-                        api,
-                        work: req.work,
-                        route: req.route,
-                        profile: profile.clone(),
-                        job,
-                        policy: st.resume,
-                        began_on: node,
-                        log: Arc::default(),
-                        send: send_continuation,
-                    });
-                if let Some(cont) = cont {
-                    resumed = Some(Arc::clone(&cont.log));
-                    up.body = dispatch::UpBody::Translated(dispatch::BoxedBody(Box::pin(
-                        resume::Resuming::new(up.body, cont),
-                    )));
-                }
+            if resumable
+                && st.resume.on()
+                && up.status.is_success()
+                && Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
+                    != Framing::Whole
+                && let Some(api) = resume::Api::of(out_head.path_and_query.path())
+            {
+                let cont = resume::Continuation {
+                    st: Arc::clone(st),
+                    head: out_head.clone(),
+                    body: out_body.clone(),
+                    api,
+                    work: req.work,
+                    route: req.route,
+                    profile: profile.clone(),
+                    job,
+                    policy: st.resume,
+                    began_on: node,
+                    log: Arc::default(),
+                    send: send_continuation,
+                };
+                resumed = Some(Arc::clone(&cont.log));
+                up.body = dispatch::UpBody::Translated(dispatch::BoxedBody(Box::pin(
+                    resume::Resuming::new(up.body, cont),
+                )));
             }
             match translation {
                 Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, t0),
@@ -905,15 +901,6 @@ async fn attempt(
     })
 }
 
-/// The flavour a path of an engine's API is in.
-fn flavor_of_path(path: &str) -> ApiFlavor {
-    if path.starts_with("/api/") {
-        ApiFlavor::Ollama
-    } else {
-        ApiFlavor::OpenAi
-    }
-}
-
 /// [`continue_on`] as [`resume::Send`].
 fn send_continuation(
     cont: Arc<resume::Continuation>,
@@ -958,13 +945,7 @@ pub(crate) async fn continue_on(
             .iter()
             .filter(|c| !dead.contains(&c.node))
             .filter(|c| resume::continues(&cluster, c.node, &cont.profile.model, cont.api))
-            .map(|c| Target {
-                node: c.node,
-                predicted: c
-                    .score
-                    .prediction()
-                    .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
-            })
+            .map(pair_scheduler::Candidate::target)
             .collect();
         match failover.next_step(req.received.elapsed(), &targets) {
             Step::Dispatch { node, stall_after } => {

@@ -111,6 +111,20 @@ pub struct Candidate {
     pub(crate) key: SortKey,
 }
 
+impl Candidate {
+    /// What the failover core needs of it: the node, and the time to its
+    /// first byte the scheduler predicts.
+    pub fn target(&self) -> crate::Target {
+        crate::Target {
+            node: self.node,
+            predicted: self
+                .score
+                .prediction()
+                .map(|p| std::time::Duration::from_millis(u64::from(p.first_token_ms()))),
+        }
+    }
+}
+
 impl fmt::Display for Candidate {
     /// The route receipt: `predicted-latency: predicted ttft 412ms = ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

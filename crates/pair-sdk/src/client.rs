@@ -701,12 +701,14 @@ impl Client {
     /// The view's nodes for `profile`, best first, with the scheduler's
     /// reason.
     fn rank(&self, view: &View, profile: &RequestProfile) -> Vec<(Target, String)> {
-        self.rank_with(view, profile, |c| (target_of(c), c.to_string()))
+        self.rank_with(view, profile, |c| {
+            (pair_scheduler::Candidate::target(c), c.to_string())
+        })
     }
 
     /// The view's nodes for `profile`, best first (what a request tries).
     fn targets(&self, view: &View, profile: &RequestProfile) -> Vec<Target> {
-        self.rank_with(view, profile, target_of)
+        self.rank_with(view, profile, pair_scheduler::Candidate::target)
     }
 
     fn rank_with<T>(
@@ -1202,18 +1204,6 @@ impl Client {
     /// The current view without probing.
     pub fn cached_cluster(&self) -> Option<Arc<pair_core::ClusterSnapshot>> {
         self.current_view().map(|v| Arc::clone(&v.cluster))
-    }
-}
-
-/// What the failover core needs of a ranked candidate: the node, and the
-/// time to its first byte the scheduler predicts.
-fn target_of(c: &pair_scheduler::Candidate) -> Target {
-    Target {
-        node: c.node,
-        predicted: c
-            .score
-            .prediction()
-            .map(|p| Duration::from_millis(u64::from(p.first_token_ms()))),
     }
 }
 

@@ -42,6 +42,34 @@ pub fn served_by(resp: &reqwest::Response) -> Option<String> {
     Some(v[start..v.len().checked_sub(1)?].to_owned())
 }
 
+/// `x-pair-job`: the job's id.
+pub fn job_of(resp: &reqwest::Response) -> String {
+    resp.headers()["x-pair-job"]
+        .to_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Node `node`'s terminal record of `job`, once it has one (within 10 s;
+/// a panic after).
+pub async fn record(c: &LocalCluster, node: usize, job: &str) -> pair_core::JobRecord {
+    let id: pair_core::JobId = serde_json::from_value(serde_json::json!(job))
+        .unwrap_or_else(|e| panic!("job id {job:?}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(r) = c.nodes[node].state.jobs.get(id)
+            && r.status.is_terminal()
+        {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no record of {job} on node {node}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `x-pair-attempts` as a number.
 pub fn attempts(resp: &reqwest::Response) -> Option<u32> {
     resp.headers()
