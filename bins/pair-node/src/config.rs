@@ -972,6 +972,39 @@ mod tests {
     }
 
     #[test]
+    fn resume_is_on_by_default_and_set_by_file_or_flag() {
+        let resolve = |file: &str, args: RunArgs| {
+            let file: FileConfig = toml::from_str(file).unwrap();
+            NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[])
+                .unwrap()
+                .resume
+        };
+        let on = pair_proxy::resume::ResumePolicy::default();
+        assert_eq!(resolve("", RunArgs::default()), on);
+        assert_eq!(on.limit, 2);
+        assert_eq!(
+            resolve("resume = \"off\"", RunArgs::default()),
+            pair_proxy::resume::ResumePolicy::OFF
+        );
+        assert_eq!(resolve("resume-limit = 4", RunArgs::default()).limit, 4);
+        let flags = RunArgs {
+            resume: Some(Switch::On),
+            resume_limit: Some(1),
+            ..RunArgs::default()
+        };
+        assert_eq!(
+            resolve("resume = \"off\"\nresume-limit = 4", flags).limit,
+            1
+        );
+        let off = RunArgs {
+            resume: Some(Switch::Off),
+            resume_limit: Some(3),
+            ..RunArgs::default()
+        };
+        assert!(!resolve("", off).on());
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let bad = |args: RunArgs| {
             NodeConfig::resolve(

@@ -810,7 +810,6 @@ async fn attempt(
                     route: req.route,
                     profile: profile.clone(),
                     job,
-                    policy: st.resume,
                     began_on: node,
                     log: Arc::default(),
                     send: send_continuation,

@@ -325,7 +325,6 @@ pub(crate) struct Continuation {
     pub route: &'static str,
     pub profile: RequestProfile,
     pub job: JobId,
-    pub policy: ResumePolicy,
     /// The node the answer began on.
     pub began_on: NodeId,
     pub log: Arc<ResumeLog>,
@@ -372,12 +371,13 @@ const KEPT_MAX: usize = 8 << 20;
 /// when it is cut.
 pub struct Resuming {
     inner: UpBody,
+    /// The stream's framing (its API's).
     framing: Framing,
     cont: Arc<Continuation>,
-    /// Whether any event went to the client.
-    gave: bool,
     /// Events given to the client, while they are few enough to keep.
     given: Vec<Bytes>,
+    /// Bytes given (counted up to just past [`KEPT_MAX`]): above zero once
+    /// the client has had its first byte.
     given_len: usize,
     /// The start of an event still arriving.
     partial: BytesMut,
@@ -412,7 +412,6 @@ impl Resuming {
             inner,
             framing: cont.api.framing(),
             cont: Arc::new(cont),
-            gave: false,
             given: Vec::new(),
             given_len: 0,
             partial: BytesMut::new(),
@@ -450,7 +449,6 @@ impl Resuming {
         if out.is_empty() {
             return None;
         }
-        self.gave = true;
         if self.given_len <= KEPT_MAX {
             self.given_len += out.len();
             self.given.push(out.clone());
@@ -461,7 +459,7 @@ impl Resuming {
     /// Starts moving the answer after a cut, or says why it cannot move.
     fn start_move(&mut self) -> Result<(), &'static str> {
         let cont = &self.cont;
-        if usize::from(cont.policy.limit) < self.dead.len() {
+        if usize::from(cont.st.resume.limit) < self.dead.len() {
             return Err("its moves are used up");
         }
         if self.given_len > KEPT_MAX {
@@ -722,7 +720,7 @@ impl Body for Resuming {
                 Poll::Ready(Some(Err(e))) => {
                     // Before the first byte, a failure is the failover's
                     // (the request is sent again whole).
-                    if !this.gave {
+                    if this.given_len == 0 {
                         return Poll::Ready(Some(Err(e)));
                     }
                     match this.start_move() {
