@@ -10,15 +10,9 @@ import sys
 import anthropic
 import openai
 
+from checks import check, summary
+
 base, key, model = sys.argv[1:4]
-checks = 0
-
-
-def check(ok, what):
-    global checks
-    if not ok:
-        raise AssertionError(what)
-    checks += 1
 
 
 user = [{"role": "user", "content": "hi"}]
@@ -49,4 +43,4 @@ try:
 except anthropic.AuthenticationError as err:
     check(err.status_code == 401 and err.body["error"]["type"] == "authentication_error", f"anthropic 401 {err}")
 
-print(f"{checks} checks")
+print(summary())

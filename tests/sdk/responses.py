@@ -10,15 +10,9 @@ import sys
 
 import openai
 
+from checks import check, summary
+
 base, model = sys.argv[1:3]
-checks = 0
-
-
-def check(ok, what):
-    global checks
-    if not ok:
-        raise AssertionError(what)
-    checks += 1
 
 
 client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
@@ -72,4 +66,4 @@ try:
 except openai.BadRequestError as err:
     check("previous_response_id" in str(err), f"400 naming the field: {err}")
 
-print(f"{checks} checks")
+print(summary())

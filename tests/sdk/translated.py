@@ -11,19 +11,12 @@ import sys
 import anthropic
 import ollama
 
+from checks import check, summary
+
 ollama_url, openai_url, model, embed_model = sys.argv[1:5]
 mode = sys.argv[5] if len(sys.argv) > 5 else "both"
 tools_too = not mode.endswith("-basic")
 mode = mode.removesuffix("-basic")
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAILED: {what}")
-        sys.exit(1)
-    checks += 1
 
 
 user = [{"role": "user", "content": "hello there"}]
@@ -99,4 +92,4 @@ if mode in ("anthropic", "both"):
     except anthropic.APIStatusError as err:
         check(err.status_code >= 400 and "no-such-model" in str(err), f"error {err}")
 
-print(f"{checks} checks")
+print(summary())
