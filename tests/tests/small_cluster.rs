@@ -221,6 +221,58 @@ async fn a_client_that_leaves_before_the_head_leaves_a_cancelled_record() {
     c.stop().await;
 }
 
+/// A whole answer whose client resets after its head (it reads a little,
+/// then closes with RST while the rest is still being written) is recorded
+/// as what the client got: cancelled, not completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_the_client_reset_during_is_recorded_cancelled() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = cluster(1, |spec| spec.time_scale = 0.0002).await.unwrap();
+    let addr = c.nodes[0]
+        .ollama_url()
+        .trim_start_matches("http://")
+        .to_owned();
+    // About 6 MB of answer, more than loopback's socket buffers hold for a
+    // reader whose window is 4 KiB.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "long"}],
+                      "stream": false, "options": {"num_predict": 700_000}})
+    .to_string();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /api/chat HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 64];
+    let n = tcp.read(&mut head).await.unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    tcp.set_zero_linger().unwrap();
+    drop(tcp);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rec = loop {
+        if let Some(r) = c.nodes[0].state.jobs.recent(1).first()
+            && r.status.is_terminal()
+        {
+            break r.clone();
+        }
+        assert!(Instant::now() < deadline, "no record");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(rec.http_status, Some(200), "{rec:?}");
+    assert_eq!(rec.status, JobStatus::Cancelled, "{rec:?}");
+    c.stop().await;
+}
+
 /// A relayed stream cut mid-way: the node that ran it records its part
 /// failed; the origin moved the answer to its own engine and records it
 /// completed, naming both nodes. With `--resume off` both record it failed.

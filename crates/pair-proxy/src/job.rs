@@ -139,6 +139,11 @@ impl Watcher for JobWatcher {
         }
     }
 
+    fn drained(&mut self) {
+        self.guard.take();
+        self.release();
+    }
+
     fn finish(&mut self, ending: Ending, events: u32, reported: Option<Reported>) {
         let elapsed = self.t0.elapsed();
         let Some(mut rec) = self.record.take() else {

@@ -94,10 +94,15 @@ pub enum OnCut {
     Abort,
 }
 
-/// Told about progress and, exactly once, about the ending.
+/// Told about progress, that the upstream answer has ended, and, exactly
+/// once, how the client's answer ended.
 pub trait Watcher: Send + 'static {
     /// `events` stream events (about one token each) just passed through.
     fn progress(&mut self, events: u32);
+    /// The upstream's last piece is on its way to the client: the node's
+    /// work on it is over (its load can go), though the client may not
+    /// have it yet.
+    fn drained(&mut self) {}
     /// `reported`: what the engine said of its work at the answer's end
     /// (completed answers read for it only).
     fn finish(&mut self, ending: Ending, events: u32, reported: Option<Reported>);
@@ -170,9 +175,18 @@ impl<W: Watcher> AnswerBody<W> {
         }
     }
 
-    /// The answer has ended: the watcher hears it at once, before the
-    /// server writes the last piece, so a client's next request sees this
-    /// one finished (its load released, its timing learned).
+    /// The upstream's last piece is being handed over: the watcher hears
+    /// it at once, before the server writes it, so a client's next request
+    /// sees this one's load gone. How the answer ended is told later, when
+    /// the server asks past the last piece (it was written) or drops the
+    /// body before that (the client went away).
+    fn drain(&mut self) {
+        if let Some(w) = self.watcher.as_mut() {
+            w.drained();
+        }
+    }
+
+    /// The answer has ended.
     fn end(&mut self, ending: Ending) {
         self.ending.get_or_insert(ending);
         if let Some(mut w) = self.watcher.take() {
@@ -187,15 +201,11 @@ impl<W: Watcher> AnswerBody<W> {
 
 impl<W: Watcher> Drop for AnswerBody<W> {
     fn drop(&mut self) {
+        // Servers ask past the last piece ([`Body::is_end_stream`] stays
+        // false until they do): dropped before that, the client did not
+        // get it all.
         if self.ending.is_none() {
-            // A server stops polling once Content-Length bytes are out, so
-            // a whole answer may be dropped without its final `None`.
-            let ending = if self.first.is_none() && self.inner.is_end_stream() {
-                Ending::Completed
-            } else {
-                Ending::Cancelled
-            };
-            self.end(ending);
+            self.end(Ending::Cancelled);
         }
     }
 }
@@ -212,7 +222,7 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
         if let Some(first) = this.first.take() {
             this.count(&first);
             if this.inner.is_end_stream() {
-                this.end(Ending::Completed);
+                this.drain();
             }
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
@@ -226,7 +236,7 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
                     this.count(data);
                 }
                 if this.inner.is_end_stream() {
-                    this.end(Ending::Completed);
+                    this.drain();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -257,8 +267,10 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
         }
     }
 
+    /// Not until the server has asked past the last piece: that it asks
+    /// is what says the piece was written.
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && (self.ending.is_some() || self.inner.is_end_stream())
+        self.first.is_none() && self.ending.is_some()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -386,6 +398,66 @@ fn payload(framing: Framing, line: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What a watcher heard, shared with the test.
+    #[derive(Clone, Default)]
+    struct Heard(std::sync::Arc<std::sync::Mutex<(bool, Option<Ending>)>>);
+
+    impl Watcher for Heard {
+        fn progress(&mut self, _: u32) {}
+        fn drained(&mut self) {
+            self.0.lock().unwrap().0 = true;
+        }
+        fn finish(&mut self, ending: Ending, _: u32, _: Option<Reported>) {
+            let mut h = self.0.lock().unwrap();
+            assert!(h.1.is_none(), "finished twice");
+            h.1 = Some(ending);
+        }
+    }
+
+    fn body(first: Option<&'static str>, rest: Option<&'static str>) -> (AnswerBody<Heard>, Heard) {
+        let heard = Heard::default();
+        let b = AnswerBody::new(
+            first.map(Bytes::from),
+            UpBody::Fixed(rest.map(Bytes::from)),
+            Framing::Whole,
+            ApiFlavor::OpenAi,
+            OnCut::ErrorEvent,
+            heard.clone(),
+        );
+        (b, heard)
+    }
+
+    fn poll(b: &mut AnswerBody<Heard>) -> Option<Bytes> {
+        let waker = std::task::Waker::noop();
+        match Pin::new(b).poll_frame(&mut Context::from_waker(waker)) {
+            Poll::Ready(Some(Ok(f))) => f.into_data().ok(),
+            Poll::Ready(None) => None,
+            other => panic!("{:?}", other.map(|f| f.map(|r| r.is_ok()))),
+        }
+    }
+
+    #[test]
+    fn an_answer_is_completed_only_once_the_server_asks_past_its_last_piece() {
+        // A whole answer read before committing, and a stream's last frame.
+        for (first, rest) in [(Some("whole"), None), (None, Some("last"))] {
+            let (mut b, heard) = body(first, rest);
+            assert!(poll(&mut b).is_some());
+            // Its load goes at once; the client may not have it yet.
+            assert_eq!(*heard.0.lock().unwrap(), (true, None));
+            assert!(!b.is_end_stream());
+            assert!(poll(&mut b).is_none());
+            assert!(b.is_end_stream());
+            assert_eq!(heard.0.lock().unwrap().1, Some(Ending::Completed));
+            drop(b);
+            // Dropped after the last piece was handed but before the server
+            // asked past it (its write failed: the client reset).
+            let (mut b, heard) = body(first, rest);
+            assert!(poll(&mut b).is_some());
+            drop(b);
+            assert_eq!(*heard.0.lock().unwrap(), (true, Some(Ending::Cancelled)));
+        }
+    }
 
     #[test]
     fn counts_events_per_framing() {
