@@ -343,3 +343,56 @@ async fn a_head_without_a_first_byte_moves_to_the_next_node() {
     }
     c.stop().await;
 }
+
+/// `x-pair-deadline: SECONDS` bounds a request: past it, a 504 that says
+/// so (the nodes it was waiting on not blamed: they stay in routing); a
+/// malformed one is the client's 400; a request answered within it is
+/// served as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_deadline_ends_the_wait_with_a_504_that_says_so() {
+    let c = cluster(3, |_| {}).await.unwrap();
+    for e in &c.engines {
+        e.faults()
+            .slow_first_byte(Some(MODEL), Duration::from_secs(3));
+    }
+    let deadline_req = |pin: usize, deadline: &str| {
+        http()
+            .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", c.nodes[pin].id.to_string())
+            .header("x-pair-deadline", deadline)
+            .json(&chat(false))
+            .send()
+    };
+    let t = std::time::Instant::now();
+    let resp = deadline_req(1, "0.5").await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(resp.status(), 504);
+    let body: Value = resp.json().await.unwrap();
+    // Ollama's error shape: the message alone.
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("x-pair-deadline of 0.5 s passed before any node answered"),
+        "{body}"
+    );
+    assert_eq!(body["pair"]["deadline_s"], 0.5, "{body}");
+    assert!(
+        took < Duration::from_secs(3),
+        "ended at the deadline, not the engine: {took:?}"
+    );
+    // Malformed: the client's 400, naming the header.
+    let resp = deadline_req(1, "soon").await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("x-pair-deadline"),
+        "{body}"
+    );
+    // The node it waited on is not taken for hung: pinned again, it serves.
+    reset(&c);
+    let resp = deadline_req(1, "20").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(served_by(&resp), Some(c.nodes[1].id.to_string()));
+    c.stop().await;
+}

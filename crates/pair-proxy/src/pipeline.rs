@@ -317,6 +317,10 @@ pub async fn execute(
         Ok(f) => f,
         Err(e) => return invalid_request(st, &req, plan, &e),
     };
+    let client_deadline = match deadline_of(&req.head.headers) {
+        Ok(d) => d,
+        Err(why) => return bad_deadline(st, &req, plan, &why),
+    };
     let mut cluster = st.cluster();
     // A model no node holds may be an alias's (a tool's default name):
     // the request becomes one for its target before anything is ranked.
@@ -386,6 +390,7 @@ pub async fn execute(
         // As long as an engine may go without progress, a request waits
         // for an owner to come back.
         patience: st.timeouts.first_byte,
+        deadline: client_deadline,
         // A relayed request is tried once here: its origin drives the
         // retries (and may have other nodes to try).
         max_dispatches: match plan {
@@ -784,10 +789,12 @@ async fn attempt(
             g.prefill_done();
         }
     });
+    let until = failover.deadline().map(|d| t0 + d);
     let head = tokio::select! {
         biased;
         r = head => Some(r),
         () = stalled(st, &watch, sent, stall_after, deadline.as_mut()) => None,
+        () = past(until) => return past_deadline(failover, t0),
     };
     let mut resumed = None;
     let mut up = match head {
@@ -869,6 +876,7 @@ async fn attempt(
                 biased;
                 r = read => Some(r),
                 () = stalled(st, &watch, Instant::now(), stall_after, deadline.as_mut()) => None,
+                () = past(until) => return past_deadline(failover, t0),
             };
             let outcome = match &first {
                 Some(Ok(_)) => Outcome::FirstByte,
@@ -1090,6 +1098,43 @@ async fn stalled(
     }
 }
 
+/// The client's bound on a request: `x-pair-deadline: SECONDS` (a
+/// positive number, fractions allowed, at most a day).
+pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-pair-deadline");
+
+/// The request's [`DEADLINE_HEADER`], or what is wrong with it.
+fn deadline_of(headers: &Headers) -> Result<Option<Duration>, String> {
+    let Some(v) = headers.get(&DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map(|s| Some(Duration::from_secs_f64(s)))
+        .ok_or_else(|| {
+            format!(
+                "x-pair-deadline must be a number of seconds above 0 and at most 86400, not {:?}",
+                String::from_utf8_lossy(v)
+            )
+        })
+}
+
+/// Resolves at `until`; never without one.
+async fn past(until: Option<Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reports an attempt the client's deadline cut (the node is not blamed).
+#[cold]
+fn past_deadline(failover: &mut Failover, t0: Instant) -> Attempted {
+    failover.report(t0.elapsed(), Outcome::PastDeadline);
+    Attempted::Failed(None)
+}
+
 /// Reports a stalled attempt; a stalled local engine leaves routing.
 #[cold]
 fn stall(failover: &mut Failover, watch: &Watch, t0: Instant) -> Attempted {
@@ -1179,6 +1224,22 @@ pub enum Plan {
 
 #[cold]
 #[inline(never)]
+fn bad_deadline(st: &ProxyState, req: &Inference, plan: Plan, why: &str) -> Reply {
+    if plan == Plan::Cluster {
+        st.metrics.count_request(req.route, 400, "none");
+    }
+    json_error(
+        StatusCode::BAD_REQUEST,
+        req.flavor,
+        "invalid_request",
+        why,
+        None,
+    )
+    .into()
+}
+
+#[cold]
+#[inline(never)]
 fn invalid_request(st: &ProxyState, req: &Inference, plan: Plan, e: &body::BodyError) -> Reply {
     if plan == Plan::Cluster {
         st.metrics.count_request(req.route, 400, "none");
@@ -1248,6 +1309,30 @@ fn gave_up(
             // Nothing was tried: no job to record.
             pending.take();
             return no_eligible_node(st, req, profile, cluster);
+        }
+        (GiveUp::Deadline, _) => {
+            let d = failover.deadline().unwrap_or_default();
+            let tried: Vec<String> = attempts
+                .iter()
+                .map(|a| format!("{} ({})", a.name, a.outcome))
+                .collect();
+            let resp = json_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                req.flavor,
+                "deadline_exceeded",
+                &format!(
+                    "x-pair-deadline of {} s passed before any node answered '{}'{}",
+                    d.as_secs_f64(),
+                    profile.model,
+                    if tried.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (before that: {})", tried.join(", "))
+                    }
+                ),
+                Some(json!({ "attempts": attempts, "job": job, "deadline_s": d.as_secs_f64() })),
+            );
+            (resp.into(), "deadline passed")
         }
         (GiveUp::OwnersGone, _) => {
             let mut resp = json_error(

@@ -27,6 +27,10 @@
 //!   candidate never tried still is: a stalled attempt alone can use up the
 //!   patience), and at most [`FailoverConfig::max_dispatches`] attempts are
 //!   made.
+//! - A request with a deadline (the client's own bound) starts no attempt
+//!   and no wait past it; an attempt still out at the deadline is cut by
+//!   the shell ([`Outcome::PastDeadline`]), and the request gives up
+//!   ([`GiveUp::Deadline`]).
 //! - An attempt is cut when its node makes no progress for its stall
 //!   allowance: [`FailoverConfig::stall_floor`], or a multiple of the
 //!   scheduler's predicted time to first byte when that is longer (a queue
@@ -59,6 +63,9 @@ pub struct FailoverConfig {
     pub backoff_max: Duration,
     /// How often to look again when no owner of the model is left.
     pub owner_poll: Duration,
+    /// The client's bound on the whole request (since its arrival), when
+    /// it set one: past it, nothing more is tried.
+    pub deadline: Option<Duration>,
 }
 
 impl Default for FailoverConfig {
@@ -71,6 +78,7 @@ impl Default for FailoverConfig {
             backoff_base: Duration::from_millis(200),
             backoff_max: Duration::from_secs(5),
             owner_poll: Duration::from_millis(250),
+            deadline: None,
         }
     }
 }
@@ -108,6 +116,9 @@ pub enum Outcome {
     },
     /// The node made no progress within the attempt's stall allowance.
     Stalled,
+    /// The request's deadline came while the attempt was out (no sign
+    /// that the node is at fault).
+    PastDeadline,
 }
 
 /// What the shell does after [`Failover::report`].
@@ -145,6 +156,8 @@ pub enum GiveUp {
     /// Every owner left in the middle of the retries and none came back
     /// within the request's patience.
     OwnersGone,
+    /// The client's deadline passed before an answer was committed.
+    Deadline,
 }
 
 /// One failed attempt, for receipts, job records and error bodies.
@@ -240,6 +253,9 @@ impl Failover {
         if let Some(why) = self.gave_up {
             return Step::GiveUp(why);
         }
+        if self.cfg.deadline.is_some_and(|d| now >= d) {
+            return self.give_up(GiveUp::Deadline);
+        }
         if self.stopped || self.dispatched >= self.cfg.max_dispatches {
             return self.give_up(self.exhausted());
         }
@@ -295,8 +311,14 @@ impl Failover {
     }
 
     /// A wait until `at`, or `None` when that is past the request's
-    /// patience.
+    /// patience; a wait past the deadline ends at the deadline (where the
+    /// request gives up).
     fn wait_until(&self, now: Duration, at: Duration) -> Option<Step> {
+        if let Some(d) = self.cfg.deadline
+            && at > d
+        {
+            return Some(Step::Wait(d.saturating_sub(now)));
+        }
         (at <= self.cfg.patience).then(|| Step::Wait(at.saturating_sub(now)))
     }
 
@@ -334,6 +356,11 @@ impl Failover {
             (_, Outcome::FirstByte) => {
                 self.phase = Phase::Done;
                 return Decision::Commit;
+            }
+            (_, Outcome::PastDeadline) => {
+                self.phase = Phase::Done;
+                self.gave_up = Some(GiveUp::Deadline);
+                return Decision::Next;
             }
             (
                 Phase::Out(_),
@@ -424,6 +451,11 @@ impl Failover {
     /// [`GiveUp::NoCandidate`].
     pub fn owners_down(&mut self) {
         self.owners_gone = true;
+    }
+
+    /// The client's deadline, since the request's arrival, when it set one.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.cfg.deadline
     }
 
     /// Dispatches made so far (the committed one included).
@@ -699,6 +731,38 @@ mod tests {
         assert_eq!(
             f.next_step(Duration::from_millis(250), &[]),
             Step::GiveUp(GiveUp::OwnersGone)
+        );
+    }
+
+    #[test]
+    fn the_deadline_ends_the_request_saying_so() {
+        let cfg = FailoverConfig {
+            deadline: Some(Duration::from_millis(500)),
+            ..FailoverConfig::default()
+        };
+        // Cut at the deadline while out: given up, the node not blamed.
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        assert_eq!(
+            f.report(Duration::from_millis(500), Outcome::PastDeadline),
+            Decision::Next
+        );
+        assert!(f.failed().is_empty());
+        assert_eq!(
+            f.next_step(Duration::from_millis(500), &[t(1), t(2)]),
+            Step::GiveUp(GiveUp::Deadline)
+        );
+        // A back-off that would run past it ends at it.
+        let mut f = Failover::new(cfg);
+        dispatch(&mut f, ZERO, &[t(1)]);
+        f.report(Duration::from_millis(400), head(503));
+        let Step::Wait(d) = f.next_step(Duration::from_millis(400), &[t(1)]) else {
+            panic!("expected a wait")
+        };
+        assert!(d <= Duration::from_millis(100), "{d:?}");
+        assert_eq!(
+            f.next_step(Duration::from_millis(500), &[t(1)]),
+            Step::GiveUp(GiveUp::Deadline)
         );
     }
 

@@ -3,7 +3,9 @@
 //! commit (no resend after the first byte), a client error ends the
 //! request at once, a node is tried again only after it refused for now,
 //! untried candidates go first and in ranking order, no wait runs past the
-//! request's patience, and the request ends committed or given up.
+//! request's patience, and the request ends committed or given up; with a
+//! deadline, no attempt or wait starts past it and a request that reaches
+//! it gives up saying so.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
@@ -91,11 +93,34 @@ fn drive(answers: &[Vec<Answer>], present: usize, cfg: FailoverConfig) -> (End, 
                 assert!(d > Duration::ZERO || now <= cfg.patience);
                 now += d;
                 assert!(now <= cfg.patience, "waited past the patience");
+                assert!(
+                    cfg.deadline.is_none_or(|dl| now <= dl),
+                    "waited past the deadline"
+                );
                 continue;
             }
-            Step::GiveUp(why) => return (End::GaveUp(why), sent),
+            Step::GiveUp(why) => {
+                if cfg.deadline.is_some_and(|dl| now >= dl) {
+                    assert_eq!(why, GiveUp::Deadline, "gave up at the deadline");
+                }
+                return (End::GaveUp(why), sent);
+            }
         };
         assert!(now <= cfg.patience, "dispatched past the patience");
+        assert!(
+            cfg.deadline.is_none_or(|dl| now < dl),
+            "dispatched at or past the deadline"
+        );
+        // An attempt takes 10 ms; one the deadline comes during is cut
+        // there by the shell.
+        if let Some(dl) = cfg.deadline
+            && now + Duration::from_millis(10) > dl
+        {
+            sent.push(targets.iter().position(|t| t.node == node).unwrap());
+            now = dl;
+            assert_eq!(f.report(now, Outcome::PastDeadline), Decision::Next);
+            continue;
+        }
         let i = targets.iter().position(|t| t.node == node).unwrap();
         sent.push(i);
         let a = answers[i][taken[i].min(answers[i].len() - 1)];
@@ -185,6 +210,25 @@ proptest! {
                     prop_assert!(matches!(why, GiveUp::Exhausted { .. }), "gave up: {:?}", why);
                 }
             }
+        }
+    }
+
+    /// A deadline bounds every step: nothing starts past it, and a request
+    /// that reaches it ends saying so (checked in `drive`).
+    #[test]
+    fn the_deadline_bounds_every_step(
+        answers in proptest::collection::vec(proptest::collection::vec(answer(), 1..4), 1..7),
+        deadline_ms in 0u64..200,
+    ) {
+        let cfg = FailoverConfig {
+            deadline: Some(Duration::from_millis(deadline_ms)),
+            ..FailoverConfig::default()
+        };
+        let (end, sent) = drive(&answers, answers.len(), cfg);
+        prop_assert!(sent.len() <= cfg.max_dispatches);
+        if deadline_ms == 0 {
+            prop_assert_eq!(end, End::GaveUp(GiveUp::Deadline));
+            prop_assert!(sent.is_empty());
         }
     }
 

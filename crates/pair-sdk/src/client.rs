@@ -1160,7 +1160,9 @@ impl Client {
                 model: model.to_owned(),
                 probed: self.current_view().map_or(0, |v| v.nodes.len()),
             },
-            (GiveUp::Exhausted { .. }, None) => Error::Exhausted {
+            // The SDK sets no deadline of its own (its caller's timeout
+            // bounds the call).
+            (GiveUp::Exhausted { .. } | GiveUp::Deadline, None) => Error::Exhausted {
                 model: model.to_owned(),
                 attempts,
             },
