@@ -396,3 +396,45 @@ async fn a_client_deadline_ends_the_wait_with_a_504_that_says_so() {
     assert_eq!(served_by(&resp), Some(c.nodes[1].id.to_string()));
     c.stop().await;
 }
+
+/// An engine that sends its head and then nothing (its health checks
+/// still answering) is left for the next owner after the stall allowance,
+/// whether it is the origin's own engine or a peer's behind the relay,
+/// streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_then_silence_moves_to_the_next_node_relayed_or_local() {
+    let c = cluster(3, |spec| spec.first_byte_timeout = Duration::from_secs(1))
+        .await
+        .unwrap();
+    // Peers 1 and 2 behind the relay, then node 0's own engine twice.
+    for (faulty, stream) in [(1usize, false), (2, true), (0, false), (0, true)] {
+        let case = format!("node {faulty}, stream={stream}");
+        reset(&c);
+        if faulty == 0 && stream {
+            // Node 0's engine stalled a moment ago and left routing for
+            // its cooldown (the first-byte timeout): let every view see
+            // it back.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        c.engines[faulty]
+            .faults()
+            .add(pair_emulator::FaultRule::for_model(
+                MODEL,
+                FaultAction::SilentAfterChunks(0),
+            ));
+        let resp = send(&c, faulty, &chat(stream)).await;
+        assert_eq!(resp.status(), 200, "{case}");
+        assert_eq!(attempts(&resp), Some(2), "{case}");
+        assert_ne!(
+            served_by(&resp),
+            Some(c.nodes[faulty].id.to_string()),
+            "{case}"
+        );
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.contains("content") && !text.contains("error"),
+            "{case}: {text}"
+        );
+    }
+    c.stop().await;
+}

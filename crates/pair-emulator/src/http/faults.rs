@@ -22,6 +22,10 @@ pub enum FaultAction {
     Hang,
     /// Send the headers and this many body chunks, then drop the connection.
     CloseAfterChunks(u32),
+    /// Send the headers and this many body chunks, then nothing more, the
+    /// connection held open (until shutdown): an engine hung mid-answer
+    /// while its health checks still answer.
+    SilentAfterChunks(u32),
     /// Hold the response headers back this long (real time, not scaled).
     SlowFirstByteMs(u64),
     /// Add this much delay before every response it matches, listings
@@ -70,6 +74,7 @@ pub(crate) struct Applied {
     pub status: Option<u16>,
     pub hang: bool,
     pub close_after_chunks: Option<u32>,
+    pub silent_after_chunks: Option<u32>,
     pub first_byte_delay: Duration,
 }
 
@@ -168,6 +173,9 @@ impl Faults {
                 FaultAction::Hang => out.hang = true,
                 FaultAction::CloseAfterChunks(n) => {
                     out.close_after_chunks = Some(out.close_after_chunks.map_or(n, |m| m.min(n)));
+                }
+                FaultAction::SilentAfterChunks(n) => {
+                    out.silent_after_chunks = Some(out.silent_after_chunks.map_or(n, |m| m.min(n)));
                 }
                 FaultAction::SlowFirstByteMs(ms) | FaultAction::ExtraDelayMs(ms) => {
                     out.first_byte_delay += Duration::from_millis(ms);

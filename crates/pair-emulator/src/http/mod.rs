@@ -511,6 +511,10 @@ async fn fault_layer(State(app): State<App>, req: Request, next: Next) -> Respon
         Some(n) => cut_after(resp, n),
         None => resp,
     };
+    let resp = match applied.silent_after_chunks {
+        Some(n) => silent_after(resp, n, app.shutdown.clone()),
+        None => resp,
+    };
     match tag {
         Some(t) => count_completion(resp, app.hits.clone(), t),
         None => resp,
@@ -561,6 +565,24 @@ fn cut_after(resp: Response, n: u32) -> Response {
             // Let hyper flush the chunks already sent before the reset.
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             Err::<Bytes, _>(std::io::Error::other("emulated fault: connection closed"))
+        }));
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+/// Sends `n` body chunks, then nothing until `shutdown`, the connection
+/// held open.
+fn silent_after(resp: Response, n: u32, shutdown: CancellationToken) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let stream = body
+        .into_data_stream()
+        .take(n as usize)
+        .map(|r| r.map_err(std::io::Error::other))
+        .chain(futures_util::stream::once(async move {
+            shutdown.cancelled().await;
+            Err::<Bytes, _>(std::io::Error::other(
+                "emulated fault: silent until shutdown",
+            ))
         }));
     Response::from_parts(parts, Body::from_stream(stream))
 }
