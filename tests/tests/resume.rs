@@ -333,3 +333,45 @@ async fn cut_to_first_resumed_token_figures() {
     );
     c.stop().await;
 }
+
+/// An engine that goes silent mid-answer (its health checks still
+/// answering) is a cut once nothing came for the no-progress bound
+/// (`--first-byte-timeout`): the answer goes on from another node, the
+/// same as the unbroken one; with `--resume off` the stream ends with its
+/// error event instead of leaving the client waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_silent_mid_answer_is_a_cut() {
+    for resume in [true, false] {
+        let c = cluster(3, |spec| {
+            same_weights(3)(spec);
+            spec.first_byte_timeout = Duration::from_secs(1);
+            if !resume {
+                spec.resume = pair_proxy::resume::ResumePolicy::OFF;
+            }
+        })
+        .await
+        .unwrap();
+        let api = Api::OpenAiChat;
+        let (_, unbroken) = stream(&c, api, 2, 24).await;
+        let (want, _, _) = api.answer(&unbroken);
+        c.engines[1]
+            .faults()
+            .add(FaultRule::for_model(MODEL, FaultAction::SilentAfterChunks(6)).times(1));
+        let t = Instant::now();
+        let (job, text) = stream(&c, api, 1, 24).await;
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(10), "resume {resume}: {took:?}");
+        let rec = record(&c, 0, &job).await;
+        if resume {
+            let (got, _, _) = api.answer(&text);
+            assert_eq!(got, want, "{text}");
+            assert_eq!(rec.resumed.len(), 1, "{rec:?}");
+        } else {
+            assert!(text.contains("stream_interrupted"), "{text}");
+            assert_eq!(rec.status, pair_core::JobStatus::Failed);
+            // The peer cut its own silent engine and its relay with it.
+            assert!(rec.error.is_some(), "{rec:?}");
+        }
+        c.stop().await;
+    }
+}

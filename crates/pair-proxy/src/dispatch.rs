@@ -254,6 +254,9 @@ pub enum UpBodyError {
     Engine(#[from] ClientError),
     #[error("peer connection: {0}")]
     Peer(#[from] hyper::Error),
+    /// Nothing came for the stream's no-progress bound after its start.
+    #[error("no progress for {0:?} mid-answer")]
+    Stalled(std::time::Duration),
 }
 
 impl UpBodyError {
@@ -264,7 +267,66 @@ impl UpBodyError {
             UpBodyError::Peer(e) if e.is_incomplete_message() => "upstream-closed",
             UpBodyError::Peer(e) if e.is_timeout() => "upstream-timeout",
             UpBodyError::Peer(_) => "upstream-error",
+            UpBodyError::Stalled(_) => "stalled",
         }
+    }
+}
+
+impl UpBody {
+    /// This stream, failing with [`UpBodyError::Stalled`] when no frame
+    /// comes for `bound` after its first one: an engine (or a peer) that
+    /// went silent mid-answer is a cut, continued elsewhere or ended with
+    /// an error event, never a client left waiting. Until the first frame,
+    /// the attempt's own stall allowance (which knows a long prefill is
+    /// coming) applies.
+    pub fn watched(self, bound: std::time::Duration) -> UpBody {
+        UpBody::Translated(BoxedBody(Box::pin(Watched {
+            inner: self,
+            bound,
+            timer: None,
+        })))
+    }
+}
+
+/// [`UpBody::watched`]'s body.
+struct Watched {
+    inner: UpBody,
+    bound: std::time::Duration,
+    /// Armed at the first frame, moved on at each.
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = UpBodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, UpBodyError>>> {
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            std::task::Poll::Pending => {
+                if let Some(timer) = this.timer.as_mut()
+                    && timer.as_mut().poll(cx).is_ready()
+                {
+                    return std::task::Poll::Ready(Some(Err(UpBodyError::Stalled(this.bound))));
+                }
+                std::task::Poll::Pending
+            }
+            ready => {
+                let at = tokio::time::Instant::now() + this.bound;
+                match this.timer.as_mut() {
+                    Some(timer) => timer.as_mut().reset(at),
+                    None => this.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+                ready
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }
 

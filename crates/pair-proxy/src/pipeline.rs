@@ -799,13 +799,19 @@ async fn attempt(
     let mut resumed = None;
     let mut up = match head {
         Some(Ok(mut up)) => {
+            let streamed = up.status.is_success()
+                && Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
+                    != Framing::Whole;
+            if streamed {
+                // Silent mid-answer for as long as a hung engine may be:
+                // a cut.
+                up.body = up.body.watched(st.timeouts.first_byte);
+            }
             // A stream from a node this one routed to may move on a cut:
             // below translation, in the engine's own events.
             if resumable
                 && st.resume.on()
-                && up.status.is_success()
-                && Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
-                    != Framing::Whole
+                && streamed
                 && let Some(api) = resume::Api::of(out_head.path_and_query.path())
             {
                 let cont = resume::Continuation {
