@@ -900,3 +900,52 @@ async fn a_whole_answers_prompt_stops_counting_once_its_first_token_is_due() {
     assert!(body.contains("\"done\":true"), "{body}");
     c.stop().await;
 }
+
+/// Requests that arrive at the same instant are ranked one after the
+/// other, each seeing those before it, even when the node's event loops
+/// take them at once: in a burst of four over two idle nodes, the requests
+/// a node got saw 0, 1, 2, ... ahead of them there (`x-pair-route`), never
+/// two the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_the_same_instant_each_see_the_ones_before() {
+    let c = identical_warm_cluster(2, 1.0).await;
+    let url = format!("{}/api/generate", c.nodes[0].ollama_url());
+    for round in 0..10 {
+        wait_settled(&c, "llama3.2:3b").await;
+        let sends = (0..4).map(|i| {
+            let url = url.clone();
+            async move {
+                let r = http()
+                    .post(url)
+                    .header("x-pair-explain", "1")
+                    .json(&json!({"model": "llama3.2:3b", "prompt": format!("q{i}"),
+                                  "stream": true, "options": {"num_predict": 32}}))
+                    .send()
+                    .await
+                    .unwrap();
+                let who = served_by(&r).unwrap();
+                let why = r.headers()["x-pair-route"].to_str().unwrap().to_owned();
+                assert!(r.text().await.unwrap().contains("\"done\":true"));
+                // "... [2 ahead on 4 slots; ...]"
+                let ahead: u32 = why
+                    .split('[')
+                    .nth(1)
+                    .and_then(|w| w.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("no count ahead in {why}"));
+                (who, ahead)
+            }
+        });
+        let seen = futures_util::future::join_all(sends).await;
+        let mut per_node: std::collections::HashMap<String, Vec<u32>> = Default::default();
+        for (who, ahead) in &seen {
+            per_node.entry(who.clone()).or_default().push(*ahead);
+        }
+        for (node, mut aheads) in per_node {
+            aheads.sort_unstable();
+            let want: Vec<u32> = (0..u32::try_from(aheads.len()).unwrap()).collect();
+            assert_eq!(aheads, want, "round {round}, node {node}: {seen:?}");
+        }
+    }
+    c.stop().await;
+}

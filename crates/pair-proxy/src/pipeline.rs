@@ -404,6 +404,7 @@ pub async fn execute(
     let mut held: Option<Held> = None;
     let mut shortlist = Shortlist::new();
     let committed = loop {
+        let turn = st.dispatch_turn().await;
         let now = t0.elapsed();
         let targets = targets(
             st,
@@ -416,6 +417,7 @@ pub async fn execute(
         );
         if targets.is_empty() && failover.dispatched() == 0 {
             if !st.warming_up().is_zero() {
+                drop(turn);
                 // Just started: the engine's first poll or the peers'
                 // first reports may be what is missing.
                 deadline
@@ -432,12 +434,14 @@ pub async fn execute(
         let (node, stall_after) = match failover.next_step(now, &targets) {
             Step::Dispatch { node, stall_after } => (node, stall_after),
             Step::Wait(d) => {
+                drop(turn);
                 deadline.as_mut().reset(Instant::now() + d);
                 deadline.as_mut().await;
                 cluster = st.cluster();
                 continue;
             }
             Step::GiveUp(why) => {
+                drop(turn);
                 return gave_up(
                     st,
                     &req,
@@ -466,6 +470,7 @@ pub async fn execute(
             // A stream this node routed may move after a cut; a relayed
             // one is moved by its origin.
             plan == Plan::Cluster,
+            turn,
         )
         .await
         {
@@ -695,6 +700,7 @@ async fn attempt(
     mut deadline: Pin<&mut Sleep>,
     plan: Plan,
     resumable: bool,
+    turn: tokio::sync::MutexGuard<'_, ()>,
 ) -> Attempted {
     let t0 = req.received;
     let hop = match hop_for(st, cluster, node, &profile.model, req.flavor) {
@@ -765,6 +771,8 @@ async fn attempt(
     } else {
         (None, Some(st.reserve(node, profile, unix_ms_at(sent))))
     };
+    // Counted: the next request may be ranked.
+    drop(turn);
     let watch = match &hop {
         Hop::Local(engine) => Watch::Engine(Arc::clone(&engine.progress)),
         Hop::Peer(_) => Watch::Peer(node),
@@ -952,6 +960,7 @@ pub(crate) async fn continue_on(
     let deadline = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(deadline);
     loop {
+        let turn = st.dispatch_turn().await;
         let cluster = st.cluster();
         let targets: SmallVec<[Target; MAX_ATTEMPTS]> = st
             .rank(&cluster, &cont.profile, now_ms())
@@ -974,6 +983,7 @@ pub(crate) async fn continue_on(
                     deadline.as_mut(),
                     Plan::Cluster,
                     false,
+                    turn,
                 )
                 .await;
                 match attempted {
@@ -997,6 +1007,7 @@ pub(crate) async fn continue_on(
                 }
             }
             Step::Wait(d) => {
+                drop(turn);
                 deadline.as_mut().reset(Instant::now() + d);
                 deadline.as_mut().await;
             }

@@ -97,6 +97,11 @@ pub struct ProxyState {
     /// see changes in the same order (a reservation gets the same id in
     /// each).
     sched_writes: Mutex<()>,
+    /// Held from a request's ranking to its node's counting it (a
+    /// reservation, or this node's load): requests the event loops take at
+    /// the same instant are ranked one after the other, each seeing the
+    /// ones before it (`ProxyState::dispatch_turn`).
+    turn: tokio::sync::Mutex<()>,
     policy: Policy,
     pub load: Arc<LocalLoad>,
     bindings: Arc<Bindings>,
@@ -197,6 +202,7 @@ impl ProxyState {
                 })
             }),
             sched_writes: Mutex::new(()),
+            turn: tokio::sync::Mutex::new(()),
             node: config.node,
             timeouts: config.timeouts,
             resume: config.resume,
@@ -283,6 +289,15 @@ impl ProxyState {
 
     pub fn peer_links(&self) -> Arc<HashMap<NodeId, PeerLink>> {
         self.peers.links()
+    }
+
+    /// A request's turn to be ranked and counted on the node it goes to:
+    /// hold it from [`ProxyState::rank`] until the attempt's reservation or
+    /// load is taken (nothing is awaited in between), so that requests
+    /// arriving at once on different event loops spread as the ranking
+    /// says instead of each picking the node the others just picked.
+    pub async fn dispatch_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
     }
 
     /// Ranks `request` over `cluster`, with this node's own workload read
