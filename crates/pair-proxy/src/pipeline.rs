@@ -404,7 +404,7 @@ pub async fn execute(
     let mut held: Option<Held> = None;
     let mut shortlist = Shortlist::new();
     let committed = loop {
-        let turn = st.dispatch_turn().await;
+        let turn = st.dispatch_turn();
         let now = t0.elapsed();
         let targets = targets(
             st,
@@ -431,8 +431,14 @@ pub async fn execute(
                 failover.owners_down();
             }
         }
-        let (node, stall_after) = match failover.next_step(now, &targets) {
-            Step::Dispatch { node, stall_after } => (node, stall_after),
+        let (node, stall_after, counted) = match failover.next_step(now, &targets) {
+            Step::Dispatch { node, stall_after } => {
+                // Counted before the turn passes: the next request ranked
+                // sees this one.
+                let counted = count(st, &cluster, &profile, req.flavor, node);
+                drop(turn);
+                (node, stall_after, counted)
+            }
             Step::Wait(d) => {
                 drop(turn);
                 deadline.as_mut().reset(Instant::now() + d);
@@ -470,7 +476,7 @@ pub async fn execute(
             // A stream this node routed may move after a cut; a relayed
             // one is moved by its origin.
             plan == Plan::Cluster,
-            turn,
+            counted,
         )
         .await
         {
@@ -700,8 +706,13 @@ async fn attempt(
     mut deadline: Pin<&mut Sleep>,
     plan: Plan,
     resumable: bool,
-    turn: tokio::sync::MutexGuard<'_, ()>,
+    counted: Counted<'_>,
 ) -> Attempted {
+    let Counted {
+        mut guard,
+        reservation,
+        prefilled_in,
+    } = counted;
     let t0 = req.received;
     let hop = match hop_for(st, cluster, node, &profile.model, req.flavor) {
         Ok(h) => h,
@@ -750,29 +761,6 @@ async fn attempt(
         },
     };
     let sent = Instant::now();
-    // A local dispatch is counted by its load guard, which ranking reads
-    // live for this node (it ignores reservations there); a peer's by a
-    // reservation, until the peer's reports show it.
-    let local = matches!(hop, Hop::Local(_));
-    // A whole answer from this node's engine shows no first token: its
-    // prompt stops counting as prefill work once the prediction (from the
-    // work ahead of it) says its first token is due, as a streamed one's
-    // does when the token comes.
-    let prefilled_in = if local && !profile.streaming {
-        st.first_token_eta(cluster, profile, req.flavor)
-    } else {
-        None
-    };
-    let (mut guard, reservation) = if local {
-        let load = st
-            .load
-            .begin(profile.prompt_tokens, profile.max_output_tokens);
-        (Some(load), None)
-    } else {
-        (None, Some(st.reserve(node, profile, unix_ms_at(sent))))
-    };
-    // Counted: the next request may be ranked.
-    drop(turn);
     let watch = match &hop {
         Hop::Local(engine) => Watch::Engine(Arc::clone(&engine.progress)),
         Hop::Peer(_) => Watch::Peer(node),
@@ -960,7 +948,7 @@ pub(crate) async fn continue_on(
     let deadline = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(deadline);
     loop {
-        let turn = st.dispatch_turn().await;
+        let turn = st.dispatch_turn();
         let cluster = st.cluster();
         let targets: SmallVec<[Target; MAX_ATTEMPTS]> = st
             .rank(&cluster, &cont.profile, now_ms())
@@ -971,6 +959,8 @@ pub(crate) async fn continue_on(
             .collect();
         match failover.next_step(req.received.elapsed(), &targets) {
             Step::Dispatch { node, stall_after } => {
+                let counted = count(st, &cluster, &cont.profile, req.flavor, node);
+                drop(turn);
                 let attempted = attempt(
                     st,
                     &req,
@@ -983,7 +973,7 @@ pub(crate) async fn continue_on(
                     deadline.as_mut(),
                     Plan::Cluster,
                     false,
-                    turn,
+                    counted,
                 )
                 .await;
                 match attempted {
@@ -1011,7 +1001,10 @@ pub(crate) async fn continue_on(
                 deadline.as_mut().reset(Instant::now() + d);
                 deadline.as_mut().await;
             }
-            Step::GiveUp(_) => return None,
+            Step::GiveUp(_) => {
+                drop(turn);
+                return None;
+            }
         }
     }
 }
@@ -1029,6 +1022,47 @@ impl Drop for Holding {
         self.guard.take();
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
+        }
+    }
+}
+
+/// A dispatch counted on its node: a local one by its load guard, which
+/// ranking reads live for this node (it ignores reservations there); a
+/// peer's by a reservation, until the peer's reports show it.
+struct Counted<'a> {
+    guard: Option<pair_cluster::LoadGuard>,
+    reservation: Option<crate::state::Reservation<'a>>,
+    /// A whole answer from this node's engine shows no first token: its
+    /// prompt stops counting as prefill work once the prediction (from the
+    /// work ahead of it) says its first token is due, as a streamed one's
+    /// does when the token comes.
+    prefilled_in: Option<Duration>,
+}
+
+/// Counts a dispatch to `node` (taken while the dispatch turn is held).
+fn count<'a>(
+    st: &'a ProxyState,
+    cluster: &ClusterSnapshot,
+    profile: &RequestProfile,
+    flavor: ApiFlavor,
+    node: NodeId,
+) -> Counted<'a> {
+    if node == st.node.id {
+        Counted {
+            prefilled_in: (!profile.streaming)
+                .then(|| st.first_token_eta(cluster, profile, flavor))
+                .flatten(),
+            guard: Some(
+                st.load
+                    .begin(profile.prompt_tokens, profile.max_output_tokens),
+            ),
+            reservation: None,
+        }
+    } else {
+        Counted {
+            guard: None,
+            reservation: Some(st.reserve(node, profile, now_ms())),
+            prefilled_in: None,
         }
     }
 }

@@ -101,7 +101,7 @@ pub struct ProxyState {
     /// reservation, or this node's load): requests the event loops take at
     /// the same instant are ranked one after the other, each seeing the
     /// ones before it (`ProxyState::dispatch_turn`).
-    turn: tokio::sync::Mutex<()>,
+    turn: Mutex<()>,
     policy: Policy,
     pub load: Arc<LocalLoad>,
     bindings: Arc<Bindings>,
@@ -202,7 +202,7 @@ impl ProxyState {
                 })
             }),
             sched_writes: Mutex::new(()),
-            turn: tokio::sync::Mutex::new(()),
+            turn: Mutex::new(()),
             node: config.node,
             timeouts: config.timeouts,
             resume: config.resume,
@@ -292,12 +292,15 @@ impl ProxyState {
     }
 
     /// A request's turn to be ranked and counted on the node it goes to:
-    /// hold it from [`ProxyState::rank`] until the attempt's reservation or
-    /// load is taken (nothing is awaited in between), so that requests
-    /// arriving at once on different event loops spread as the ranking
-    /// says instead of each picking the node the others just picked.
-    pub async fn dispatch_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.turn.lock().await
+    /// held from [`ProxyState::rank`] until its reservation or load is
+    /// taken (nothing is awaited in between; a plain lock, held for a
+    /// ranking's microsecond), so that requests arriving at once on
+    /// different event loops spread as the ranking says instead of each
+    /// picking the node the others just picked.
+    pub fn dispatch_turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.turn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Ranks `request` over `cluster`, with this node's own workload read
