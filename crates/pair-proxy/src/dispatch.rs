@@ -16,10 +16,11 @@ use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use pair_cluster::{PeerLink, Progress};
-use pair_core::{EngineKind, JobId, NodeId, RetryAdvice};
+use pair_core::{EngineKind, JobId, NodeId};
 use pair_http::client::{ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts};
 use pair_http::h1::Headers;
 use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
+use pair_scheduler::drive::Classified;
 
 /// An engine on this machine, behind the node's proxy.
 #[derive(Clone, Debug)]
@@ -105,17 +106,6 @@ impl LocalEngine {
 /// it under the same id as its origin.
 pub const JOB_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-job");
 
-/// `Retry-After` (seconds, or an HTTP date) as a wait from `now`.
-pub fn retry_after(value: &[u8], now: std::time::SystemTime) -> Option<Duration> {
-    let text = std::str::from_utf8(value).ok()?.trim_ascii();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        // Digits only (RFC 9110 delay-seconds); past u64, as long as can be.
-        return Some(Duration::from_secs(text.parse::<u64>().unwrap_or(u64::MAX)));
-    }
-    let at = httpdate::parse_http_date(text).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
-}
-
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
 pub enum Hop {
@@ -160,6 +150,8 @@ pub enum DispatchError {
     Deadline(Duration),
     #[error("no route to peer {0} (not paired or not reachable)")]
     NoLink(NodeId),
+    #[error("the answer's body failed before its first byte")]
+    Cut,
 }
 
 impl DispatchError {
@@ -174,50 +166,54 @@ impl DispatchError {
         }
         out
     }
+}
 
-    /// Every dispatch failure happens before anything reached the client,
-    /// and each depends on the hop (its address, its connection, a relay
-    /// URI that a peer hop makes longer), so another candidate may take the
-    /// request. Part of the error contract callers (the edge SDK) rely on.
-    pub fn retry(&self) -> RetryAdvice {
-        RetryAdvice::BeforeFirstByte
-    }
-
-    /// Whether the node refused only for now (a refused or reset
-    /// connection, closed before any answer): it may take the request again
-    /// after a back-off.
-    pub fn transient(&self) -> bool {
-        use std::io::ErrorKind::{BrokenPipe, ConnectionRefused, ConnectionReset};
-        match self {
-            DispatchError::Engine { source } => match source {
-                ClientError::Connect { source } => source.kind() == ConnectionRefused,
-                ClientError::Closed => true,
-                ClientError::Io(e) => matches!(e.kind(), ConnectionReset | BrokenPipe),
-                ClientError::Framing(_) => false,
-            },
-            DispatchError::Peer {
-                source: pair_cluster::ClusterError::Transport { source },
-            } => source.is_connect(),
-            _ => false,
-        }
-    }
-
-    /// A short, stable label for receipts, job records and metrics.
-    pub fn class(&self) -> &'static str {
+/// Every dispatch failure happens before anything reached the client, and
+/// each depends on the hop (its address, its connection, a relay URI that
+/// a peer hop makes longer), so another candidate may take the request.
+impl Classified for DispatchError {
+    /// A short, stable label for receipts, job records and metrics; a
+    /// peer's failure classifies itself as the edge SDK reads it.
+    fn class(&self) -> &'static str {
         match self {
             DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => "bad-request",
             DispatchError::NoHost => "connect",
             DispatchError::Engine {
                 source: ClientError::Connect { .. },
             } => "connect",
-            DispatchError::Peer {
-                source: pair_cluster::ClusterError::Transport { source },
-            } if source.is_connect() => "connect",
-            DispatchError::Peer { .. } | DispatchError::Engine { .. } => "transport",
-            DispatchError::Body { .. } => "body",
+            DispatchError::Engine { source } if engine_reset(source) => "reset",
+            DispatchError::Engine { .. } => "transport",
+            DispatchError::Peer { source } => source.class(),
+            DispatchError::Body { .. } | DispatchError::Cut => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
         }
+    }
+
+    /// Whether the node refused only for now (a refused or reset
+    /// connection, closed before any answer): it may take the request again
+    /// after a back-off.
+    fn transient(&self) -> bool {
+        match self {
+            DispatchError::Engine { source } => match source {
+                ClientError::Connect { source } => {
+                    source.kind() == std::io::ErrorKind::ConnectionRefused
+                }
+                other => engine_reset(other),
+            },
+            DispatchError::Peer { source } => source.transient(),
+            _ => false,
+        }
+    }
+}
+
+/// An engine connection closed or reset before its answer's head.
+fn engine_reset(e: &ClientError) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+    match e {
+        ClientError::Closed => true,
+        ClientError::Io(e) => matches!(e.kind(), ConnectionReset | BrokenPipe),
+        _ => false,
     }
 }
 
@@ -533,11 +529,11 @@ pub(crate) fn refresh_inventory(hop: &Hop) {
 }
 
 /// Reads until the first data frame (trailers-only bodies end the same way).
-pub(crate) async fn first_data(body: &mut UpBody) -> Result<Option<Bytes>, &'static str> {
+pub(crate) async fn first_data(body: &mut UpBody) -> Result<Option<Bytes>, DispatchError> {
     loop {
         match body.frame().await {
             None => return Ok(None),
-            Some(Err(_)) => return Err("body"),
+            Some(Err(_)) => return Err(DispatchError::Cut),
             Some(Ok(f)) => {
                 if let Ok(data) = f.into_data()
                     && !data.is_empty()
@@ -560,26 +556,7 @@ mod tests {
             DispatchError::NoLink(NodeId::from_u128(1)),
             DispatchError::Deadline(std::time::Duration::from_secs(1)),
         ] {
-            assert!(e.retry().may_retry(), "{e}");
-        }
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_and_dates() {
-        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
-        let ra = |v: &str| retry_after(v.as_bytes(), now);
-        assert_eq!(ra("5"), Some(Duration::from_secs(5)));
-        assert_eq!(ra(" 0 "), Some(Duration::ZERO));
-        assert_eq!(
-            ra("99999999999999999999999"),
-            Some(Duration::from_secs(u64::MAX))
-        );
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        assert_eq!(ra(&later), Some(Duration::from_secs(90)));
-        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
-        assert_eq!(ra(&earlier), Some(Duration::ZERO));
-        for bad in ["", "+5", "-1", "5s", "soon", "\u{a0}5"] {
-            assert_eq!(ra(bad), None, "{bad:?}");
+            assert!(e.advice().may_retry(), "{e}");
         }
     }
 }

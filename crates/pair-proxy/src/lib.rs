@@ -18,6 +18,7 @@
 //!
 //! Only this crate knows inference routes.
 
+pub(crate) mod attempt;
 pub mod body;
 pub mod conversation;
 pub mod dispatch;

@@ -96,6 +96,7 @@
 
 mod affinity;
 mod batching;
+pub mod drive;
 mod error;
 pub mod failover;
 mod learner;

@@ -1,0 +1,682 @@
+//! One request's attempts: the node's half of the failover driver
+//! ([`pair_scheduler::drive`]). [`Attempts`] is the per-request context
+//! every attempt reads (the request, its profile and job, its plan); the
+//! driver asks it for the candidates, has it send to a node and read the
+//! answer's head and first byte, and asks it what shows the node's
+//! progress. Everything that decides (retry, cut, deadline, what is kept)
+//! is the driver's.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use pair_cluster::Progress;
+use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
+use pair_http::RequestHead;
+use pair_http::h1::Headers;
+use pair_scheduler::drive::{self, Driven, Exchange, Rearmed};
+use pair_scheduler::{Candidate, Failover, FailoverConfig, ReservationId, Step, Target};
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use crate::dispatch::{self, DispatchError, Hop, first_data, refresh_inventory};
+use crate::pipeline::{Inference, PAIR_MADE, Plan, hop_for};
+use crate::resume;
+use crate::state::{MAX_ATTEMPTS, ProxyState, now_ms};
+use crate::stream::Framing;
+use crate::translate;
+
+/// How often a request that came in while the node was starting looks
+/// again for a node that serves its model.
+const WARM_UP_POLL: Duration = Duration::from_millis(100);
+/// A whole (non-streamed) answer up to this size is read to its end before
+/// its first byte goes to the client, so an answer cut mid-body is retried
+/// like any other failure before the first byte; a larger one streams.
+const WHOLE_CAP: usize = 8 * 1024 * 1024;
+/// Of an answer that was not committed (a 503, say), this much body is
+/// kept, in case it is the one the client gets.
+const HELD_CAP: usize = 64 * 1024;
+/// And it is read for at most this long.
+const HELD_READ: Duration = Duration::from_secs(2);
+
+/// Which nodes the attempts may go to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Reach<'a> {
+    /// The request's plan: the cluster as ranked, or this node alone.
+    Plan(Plan),
+    /// A cut stream's continuation: any owner that can continue it, but
+    /// the nodes it was cut on.
+    Continuation {
+        dead: &'a [NodeId],
+        api: resume::Api,
+    },
+}
+
+/// One request's context for its attempts.
+pub(crate) struct Attempts<'a> {
+    pub st: &'a Arc<ProxyState>,
+    pub req: &'a Inference,
+    pub profile: &'a RequestProfile,
+    pub job: JobId,
+    pub reach: Reach<'a>,
+    /// The candidate entry of each dispatch is kept for the receipt.
+    pub explain: bool,
+}
+
+/// What choosing a node counted on it: a local dispatch by its load
+/// guard, which ranking reads live for this node (it ignores reservations
+/// there); a peer's by a reservation, until the peer's reports show it.
+pub(crate) struct Ticket<'a> {
+    cluster: Arc<ClusterSnapshot>,
+    guard: Option<pair_cluster::LoadGuard>,
+    reservation: Option<crate::state::Reservation<'a>>,
+    /// A whole answer from this node's engine shows no first token: its
+    /// prompt stops counting as prefill work once the prediction (from the
+    /// work ahead of it) says its first token is due, as a streamed one's
+    /// does when the token comes.
+    prefilled_in: Option<Duration>,
+    chosen: Option<Candidate>,
+}
+
+/// An answer's head, its body not yet read.
+pub(crate) struct Head<'a> {
+    up: dispatch::Upstream,
+    first: Option<Bytes>,
+    ticket: Ticket<'a>,
+    watch: Watch,
+    resumed: Option<Arc<resume::ResumeLog>>,
+}
+
+/// The answer the driver committed to.
+pub(crate) struct Committed {
+    pub up: dispatch::Upstream,
+    /// What was read of its body before committing (the first frame, or
+    /// a whole answer).
+    pub first: Option<Bytes>,
+    pub guard: Option<pair_cluster::LoadGuard>,
+    /// The peer's reservation, released when the answer ends.
+    pub reservation: Option<ReservationId>,
+    pub engine: Option<Arc<Progress>>,
+    /// Where the answer moved after a cut, when it may move.
+    pub resumed: Option<Arc<resume::ResumeLog>>,
+    /// The snapshot it was routed by, and the node's place in its ranking.
+    pub cluster: Arc<ClusterSnapshot>,
+    pub chosen: Option<Candidate>,
+}
+
+/// An answer that was not committed, kept in case it is the last.
+pub(crate) struct Held {
+    pub node: NodeId,
+    pub status: StatusCode,
+    pub headers: Headers,
+    pub body: Bytes,
+}
+
+impl<'a> Attempts<'a> {
+    /// Runs the request's failover to its end, on the connection's timer.
+    pub(crate) async fn run(
+        &self,
+        failover: &mut Failover,
+        timer: Pin<&mut tokio::time::Sleep>,
+    ) -> Driven<Committed, Held> {
+        drive::drive(
+            self,
+            failover,
+            std::pin::pin!(Rearmed::new(timer, self.req.received)),
+        )
+        .await
+    }
+
+    fn plan(&self) -> Plan {
+        match self.reach {
+            Reach::Plan(p) => p,
+            Reach::Continuation { .. } => Plan::Cluster,
+        }
+    }
+
+    /// The request's candidates, best first, and the shortlist they came
+    /// from (for the receipt).
+    fn targets(
+        &self,
+        cluster: &ClusterSnapshot,
+    ) -> (SmallVec<[Target; MAX_ATTEMPTS]>, crate::state::Shortlist) {
+        let st = self.st;
+        match self.reach {
+            Reach::Plan(Plan::Cluster) => {
+                let shortlist = st.rank(cluster, self.profile, now_ms());
+                let t = shortlist.iter().map(Candidate::target).collect();
+                (t, shortlist)
+            }
+            // This node only, while it holds the model on a healthy engine.
+            Reach::Plan(Plan::ThisNode { .. }) => (
+                holds(st, cluster, self.profile, self.req.flavor)
+                    .then_some(Target {
+                        node: st.node.id,
+                        predicted: None,
+                    })
+                    .into_iter()
+                    .collect(),
+                SmallVec::new(),
+            ),
+            Reach::Continuation { dead, api } => (
+                st.rank(cluster, self.profile, now_ms())
+                    .iter()
+                    .filter(|c| !dead.contains(&c.node))
+                    .filter(|c| resume::continues(cluster, c.node, &self.profile.model, api))
+                    .map(Candidate::target)
+                    .collect(),
+                SmallVec::new(),
+            ),
+        }
+    }
+
+    /// Counts a dispatch to `node` (while the dispatch turn is held).
+    fn count(&self, cluster: Arc<ClusterSnapshot>, node: NodeId) -> Ticket<'a> {
+        let st: &'a ProxyState = self.st;
+        let profile = self.profile;
+        if node == st.node.id {
+            Ticket {
+                prefilled_in: (!profile.streaming)
+                    .then(|| st.first_token_eta(&cluster, profile, self.req.flavor))
+                    .flatten(),
+                guard: Some(
+                    st.load
+                        .begin(profile.prompt_tokens, profile.max_output_tokens),
+                ),
+                reservation: None,
+                cluster,
+                chosen: None,
+            }
+        } else {
+            Ticket {
+                guard: None,
+                reservation: Some(st.reserve(node, profile, now_ms())),
+                prefilled_in: None,
+                cluster,
+                chosen: None,
+            }
+        }
+    }
+
+    /// The answer's head from `node`, its stream watched for silence and,
+    /// on a request this node routed, wrapped to move on a cut.
+    async fn head(&self, node: NodeId, ticket: Ticket<'a>) -> Result<Head<'a>, DispatchError> {
+        let (st, req, profile) = (self.st, self.req, self.profile);
+        let mut ticket = ticket;
+        let hop = hop_for(st, &ticket.cluster, node, &profile.model, req.flavor)?;
+        // An engine that does not speak the client's API gets it translated;
+        // a request that cannot be is the client's 400, never retried.
+        let peer_engine = match &hop {
+            Hop::Peer(_) => ticket
+                .cluster
+                .node(node)
+                .and_then(|n| n.find_model(&profile.model, req.flavor))
+                .map(|(e, _)| e.kind),
+            Hop::Local(_) => None,
+        };
+        let watch = match &hop {
+            Hop::Local(engine) => Watch::Engine(Arc::clone(&engine.progress)),
+            Hop::Peer(_) => Watch::Peer,
+        };
+        let translation = match translate::needed(
+            &hop,
+            req.flavor,
+            req.head.path_and_query.path(),
+            peer_engine,
+        ) {
+            None => None,
+            Some((route, kind)) => match translate::request(route, kind, &req.head, &req.body) {
+                Ok(t) => Some((route, t)),
+                Err(e) => {
+                    ticket.guard = None;
+                    ticket.reservation = None;
+                    return Ok(Head {
+                        up: translate::refused(&e, req.flavor),
+                        first: None,
+                        ticket,
+                        watch,
+                        resumed: None,
+                    });
+                }
+            },
+        };
+        let job_header = matches!(self.plan(), Plan::Cluster).then_some(self.job);
+        let (out_head, out_body) = match &translation {
+            Some((_, t)) => (&t.head, t.body.clone()),
+            None => (&req.head, req.body.clone()),
+        };
+        let sent = async {
+            dispatch::request(
+                st.local_pool(),
+                &hop,
+                out_head,
+                out_body.clone(),
+                job_header,
+            )?
+            .await
+        };
+        let mut up = marking(sent, ticket.prefilled_in, || {
+            if let Some(g) = ticket.guard.as_mut() {
+                g.prefill_done();
+            }
+        })
+        .await
+        .inspect_err(|e| tracing::debug!(%node, error = %e, "attempt failed"))?;
+        let streamed = up.status.is_success()
+            && Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
+                != Framing::Whole;
+        if streamed {
+            // Silent mid-answer for as long as a hung engine may be: a cut.
+            up.body = up.body.watched(st.timeouts.first_byte);
+        }
+        // A stream from a node this one routed to may move on a cut: below
+        // translation, in the engine's own events.
+        let mut resumed = None;
+        if matches!(self.reach, Reach::Plan(Plan::Cluster))
+            && st.resume.on()
+            && streamed
+            && let Some(api) = resume::Api::of(out_head.path_and_query.path())
+        {
+            let cont = resume::Continuation {
+                st: Arc::clone(st),
+                head: out_head.clone(),
+                body: out_body.clone(),
+                api,
+                work: req.work,
+                route: req.route,
+                profile: profile.clone(),
+                job: self.job,
+                began_on: node,
+                log: Arc::default(),
+                send: send_continuation,
+            };
+            resumed = Some(Arc::clone(&cont.log));
+            up.body = dispatch::UpBody::Translated(dispatch::BoxedBody(Box::pin(
+                resume::Resuming::new(up.body, cont),
+            )));
+        }
+        let up = match translation {
+            Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, req.received),
+            None => up,
+        };
+        watch.touch();
+        if up.status == StatusCode::NOT_FOUND {
+            refresh_inventory(&hop);
+        }
+        Ok(Head {
+            up,
+            first: None,
+            ticket,
+            watch,
+            resumed,
+        })
+    }
+}
+
+impl<'a> Exchange for Attempts<'a> {
+    type Head = Head<'a>;
+    type Answer = Committed;
+    type Kept = Held;
+    type Ticket = Ticket<'a>;
+    type Error = DispatchError;
+
+    fn now(&self) -> Duration {
+        self.req.received.elapsed()
+    }
+
+    fn sleep_until(&self, at: Duration) -> impl Future<Output = ()> {
+        tokio::time::sleep_until(self.req.received + at)
+    }
+
+    fn choose(
+        &self,
+        first: bool,
+        decide: &mut dyn FnMut(&[Target], bool) -> Step,
+    ) -> (Step, Option<Ticket<'a>>) {
+        let st = self.st;
+        // Ranking to counting is one turn: the next request ranked sees
+        // this one.
+        let turn = st.dispatch_turn();
+        let cluster = st.cluster();
+        let (targets, shortlist) = self.targets(&cluster);
+        let mut owners_down = false;
+        if targets.is_empty() && first {
+            let warming = st.warming_up();
+            if !warming.is_zero() {
+                // Just started: the engine's first poll or the peers'
+                // first reports may be what is missing.
+                return (Step::Wait(WARM_UP_POLL.min(warming)), None);
+            }
+            owners_down = owned(&cluster, self.profile, self.req.flavor);
+        }
+        let step = decide(&targets, owners_down);
+        let Step::Dispatch { node, .. } = step else {
+            return (step, None);
+        };
+        let mut ticket = self.count(cluster, node);
+        drop(turn);
+        if self.explain {
+            ticket.chosen = shortlist.iter().find(|c| c.node == node).copied();
+        }
+        (step, Some(ticket))
+    }
+
+    async fn send(
+        &self,
+        node: NodeId,
+        ticket: Option<Ticket<'a>>,
+    ) -> Result<Head<'a>, DispatchError> {
+        let Some(ticket) = ticket else {
+            return Err(DispatchError::NoLink(node));
+        };
+        self.head(node, ticket).await
+    }
+
+    fn status(&self, _node: NodeId, head: &Head<'a>) -> (u16, Option<Duration>) {
+        let retry_after = head
+            .up
+            .headers
+            .get(&http::header::RETRY_AFTER)
+            .and_then(|v| drive::retry_after(v, std::time::SystemTime::now()));
+        (head.up.status.as_u16(), retry_after)
+    }
+
+    /// A 2xx head is not yet a commitment: the first byte to the client
+    /// is. Streams commit at their first frame; a whole answer is read to
+    /// its end first (up to a cap), so one cut mid-body is retried.
+    async fn first_byte(&self, head: &mut Head<'a>) -> Result<(), DispatchError> {
+        let whole = Framing::from_content_type(head.up.headers.get(&http::header::CONTENT_TYPE))
+            == Framing::Whole;
+        head.first = if whole {
+            read_whole(&mut head.up.body, &head.watch).await?
+        } else {
+            first_data(&mut head.up.body).await?
+        };
+        Ok(())
+    }
+
+    fn commit(&self, _node: NodeId, head: Head<'a>) -> Committed {
+        let Ticket {
+            cluster,
+            guard,
+            reservation,
+            chosen,
+            ..
+        } = head.ticket;
+        Committed {
+            up: head.up,
+            first: head.first,
+            guard,
+            reservation: reservation.and_then(crate::state::Reservation::keep),
+            engine: match head.watch {
+                Watch::Engine(p) => Some(p),
+                Watch::Peer => None,
+            },
+            resumed: head.resumed,
+            cluster,
+            chosen,
+        }
+    }
+
+    /// An answer the engine gave is kept in case it is the last; one a
+    /// relaying peer made itself (it had nothing from its engine) is not.
+    async fn keep(&self, node: NodeId, head: Head<'a>) -> Option<Held> {
+        if head.up.headers.contains(&PAIR_MADE) {
+            return None;
+        }
+        Some(hold(node, head.up).await)
+    }
+
+    /// This node's engine: anything it sends, on any request. A peer: that
+    /// it stays in routing (reporting, answering its probes); it watches
+    /// its own engine.
+    fn last_progress(&self, node: NodeId) -> Option<Duration> {
+        let st = self.st;
+        let cluster = st.cluster();
+        if node != st.node.id {
+            return cluster
+                .node(node)
+                .is_some_and(|n| n.liveness.is_routable())
+                .then(|| self.now());
+        }
+        match hop_for(st, &cluster, node, &self.profile.model, self.req.flavor) {
+            Ok(Hop::Local(engine)) => Some(
+                engine
+                    .progress
+                    .last()
+                    .saturating_duration_since(self.req.received),
+            ),
+            _ => None,
+        }
+    }
+
+    /// A stalled local engine leaves routing.
+    fn stalled(&self, node: NodeId) {
+        let st = self.st;
+        if node == st.node.id
+            && let Ok(Hop::Local(engine)) = hop_for(
+                st,
+                &st.cluster(),
+                node,
+                &self.profile.model,
+                self.req.flavor,
+            )
+        {
+            engine.progress.mark_stalled();
+        }
+    }
+
+    fn failed(&self, failover: &Failover) {
+        if let Some(last) = failover.failed().last() {
+            self.st
+                .metrics
+                .failovers
+                .get_or_create(&crate::metrics::FailoverLabels {
+                    reason: last.outcome.label().into_owned(),
+                })
+                .inc();
+        }
+    }
+}
+
+/// Whether any node the snapshot holds lists the model, on a healthy
+/// engine or not, routable or not: it has owners, down for now.
+fn owned(cluster: &ClusterSnapshot, profile: &RequestProfile, flavor: ApiFlavor) -> bool {
+    cluster.nodes().iter().flat_map(|n| &n.engines).any(|e| {
+        e.kind.serves(flavor)
+            && e.models
+                .iter()
+                .any(|m| m.name.matches(&profile.model, e.kind))
+    })
+}
+
+/// Whether this node holds the model on a healthy engine.
+pub(crate) fn holds(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    profile: &RequestProfile,
+    flavor: ApiFlavor,
+) -> bool {
+    cluster
+        .node(st.node.id)
+        .and_then(|n| n.find_model(&profile.model, flavor))
+        .is_some_and(|(e, _)| e.healthy)
+}
+
+/// What shows that an attempt's node is getting anywhere.
+enum Watch {
+    /// A local engine: anything it sends, on any request.
+    Engine(Arc<Progress>),
+    /// A peer: that it stays in routing.
+    Peer,
+}
+
+impl Watch {
+    fn touch(&self) {
+        if let Watch::Engine(p) = self {
+            p.touch();
+        }
+    }
+}
+
+/// Runs `fut`, calling `mark` once if it is still pending `after` (never
+/// without one).
+async fn marking<T>(
+    fut: impl Future<Output = T>,
+    after: Option<Duration>,
+    mark: impl FnOnce(),
+) -> T {
+    let Some(after) = after else {
+        return fut.await;
+    };
+    tokio::pin!(fut);
+    tokio::select! {
+        biased;
+        r = &mut fut => return r,
+        () = tokio::time::sleep(after) => mark(),
+    }
+    fut.await
+}
+
+/// A whole answer's body, read to its end (up to [`WHOLE_CAP`]; past it,
+/// what was read, the rest to stream). Every frame is progress.
+async fn read_whole(
+    body: &mut dispatch::UpBody,
+    watch: &Watch,
+) -> Result<Option<Bytes>, DispatchError> {
+    let mut got = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Ok((!got.is_empty()).then(|| got.freeze())),
+            Some(Err(_)) => return Err(DispatchError::Cut),
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data() {
+                    watch.touch();
+                    got.extend_from_slice(&data);
+                    if got.len() >= WHOLE_CAP {
+                        return Ok(Some(got.freeze()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Keeps an answer that was not committed (its status, headers and up to
+/// [`HELD_CAP`] of its body) in case it is the last.
+#[cold]
+async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
+    let read = async {
+        let mut got = BytesMut::new();
+        while got.len() < HELD_CAP {
+            match up.body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        got.extend_from_slice(&d);
+                    }
+                }
+                _ => break,
+            }
+        }
+        got.truncate(HELD_CAP);
+        got.freeze()
+    };
+    let body = tokio::time::timeout(HELD_READ, read)
+        .await
+        .unwrap_or_default();
+    Held {
+        node,
+        status: up.status,
+        headers: up.headers,
+        body,
+    }
+}
+
+/// [`continue_on`] as [`resume::Send`].
+fn send_continuation(
+    cont: Arc<resume::Continuation>,
+    head: RequestHead,
+    body: Bytes,
+    dead: SmallVec<[NodeId; 3]>,
+) -> Pin<Box<dyn Future<Output = Option<resume::Moved>> + Send>> {
+    Box::pin(async move { continue_on(&cont, head, body, &dead).await })
+}
+
+/// Sends a cut stream's continuation to the best owner of its model that
+/// the stream was not cut on, as any request is sent (the same driver,
+/// stall allowance and failover); its answer, committed at its first
+/// byte, or `None` when no owner takes it.
+pub(crate) async fn continue_on(
+    cont: &resume::Continuation,
+    head: RequestHead,
+    body: Bytes,
+    dead: &[NodeId],
+) -> Option<resume::Moved> {
+    let st = &cont.st;
+    let req = Inference {
+        head,
+        body,
+        flavor: cont.api.flavor(),
+        work: cont.work,
+        route: cont.route,
+        received: Instant::now(),
+        key: None,
+    };
+    let attempts = Attempts {
+        st,
+        req: &req,
+        profile: &cont.profile,
+        job: cont.job,
+        reach: Reach::Continuation {
+            dead,
+            api: cont.api,
+        },
+        explain: false,
+    };
+    let mut failover = Failover::new(FailoverConfig {
+        stall_floor: st.timeouts.first_byte,
+        patience: st.timeouts.first_byte,
+        ..FailoverConfig::default()
+    });
+    let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    match attempts.run(&mut failover, timer).await {
+        Driven::Committed { node, answer } if answer.up.status.is_success() => {
+            Some(resume::Moved {
+                node,
+                first: answer.first,
+                body: answer.up.body,
+                holding: Box::new(Holding {
+                    st: Arc::clone(st),
+                    guard: answer.guard,
+                    reservation: answer.reservation,
+                }),
+            })
+        }
+        Driven::Committed { node, answer } => {
+            tracing::info!(%node, status = %answer.up.status, "a continuation was refused");
+            None
+        }
+        Driven::GaveUp { .. } => None,
+    }
+}
+
+/// What a continuation's attempt holds until the answer ends: its load on
+/// this node's engine, or its reservation on a peer.
+struct Holding {
+    st: Arc<ProxyState>,
+    guard: Option<pair_cluster::LoadGuard>,
+    reservation: Option<ReservationId>,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.guard.take();
+        if let Some(id) = self.reservation.take() {
+            self.st.release(id);
+        }
+    }
+}
