@@ -1,4 +1,4 @@
-//! Fuzz target: the `Retry-After` parser (`pair_proxy::dispatch::retry_after`)
+//! Fuzz target: the `Retry-After` parser (`pair_scheduler::drive::retry_after`)
 //! on a header value from an engine or a relaying peer, read at three
 //! clocks (the epoch, 2026, the last second of 9999). Never panics; a value
 //! of digits is that many seconds whatever the clock; any other accepted
@@ -13,7 +13,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use libfuzzer_sys::fuzz_target;
-use pair_proxy::dispatch::retry_after;
+use pair_scheduler::drive::retry_after;
 
 const CLOCKS: [u64; 3] = [0, 1_767_225_600, 253_402_300_799];
 

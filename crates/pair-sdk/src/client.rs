@@ -1,6 +1,6 @@
-//! The client: candidates, probe rounds, the cached ranking, and requests
-//! sent straight to a node's cluster port with failover by the nodes' own
-//! rules ([`pair_scheduler::Failover`]).
+//! The client: candidates, probe rounds, the cached ranking and the links;
+//! requests ([`send`]) go straight to a node's cluster port with failover
+//! by the nodes' own driver.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -10,17 +10,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
-use http_body_util::{BodyExt, Full};
 use pair_cluster::PeerLink;
 use pair_cluster::edge;
 use pair_core::Role;
-use pair_core::{ApiFlavor, NodeId, RequestProfile, RetryAdvice, SessionKey};
+use pair_core::{ApiFlavor, NodeId, RequestProfile, SessionKey};
 use pair_discovery::Discovery;
 use pair_identity::{Identity, PeerRecord, TrustStore};
-use pair_scheduler::{
-    Decision, Failover, GiveUp, Outcome, Ranking, Reservations, Scheduler, SchedulerConfig, Step,
-    Target,
-};
+use pair_scheduler::{Ranking, Reservations, Scheduler, SchedulerConfig, Target};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::time::Instant;
@@ -28,10 +24,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Mdns};
-use crate::error::{Attempts, Error, Result, Tried};
+use crate::error::{Error, Result};
 use crate::probe::{ProbeFailure, Probed, Prober};
-use crate::response::Response;
 use crate::view::{NodeView, View};
+
+mod send;
 
 /// A request as it goes to a node: an inference route of either API, or
 /// any other route a node's relay takes (listings).
@@ -857,335 +854,6 @@ impl Client {
             .then(|| owners.iter().map(|n| n.name.clone()).collect())
     }
 
-    // ---- requests ---------------------------------------------------------
-
-    /// Sends `req` to the best node for it and fails over by the nodes'
-    /// rules: connect refused, timeouts, a 404 for the model and 5xx before
-    /// the first byte move to the next node of the cached ranking (no new
-    /// probe round); other 4xx come back as they are. The answer is the
-    /// node's, whatever its status, once its first byte is read.
-    pub async fn send(&self, req: Request) -> Result<Response> {
-        let started = Instant::now();
-        let view = self.view().await?;
-        let Some(profile) = req.profile() else {
-            return self.send_listing(req, &view).await;
-        };
-        // A model no node holds may be a model alias a node advertises
-        // (a tool's default name): the request becomes one for its target.
-        let (req, profile) = aliased(&view, req, profile)?;
-        let model = profile.model.clone();
-        if !view.holds(&model, profile.flavor) {
-            return Err(Error::NoNodeServes {
-                model,
-                probed: view.nodes.len(),
-            });
-        }
-        let mut failover = Failover::new(self.inner.cfg.failover);
-        // The last answer every attempt got, for the error when all fail.
-        let mut last_answer: Option<(NodeId, u16, Bytes)> = None;
-        loop {
-            let view = self.current_view().unwrap_or_else(|| Arc::clone(&view));
-            let targets = self.targets(&view, &profile);
-            if targets.is_empty() {
-                if let Some(nodes) = self.all_owners_refuse(&view, &profile) {
-                    return Err(Error::Refused { model, nodes });
-                }
-                // Its owners failed and are being probed again: wait for
-                // one (within the request's patience) rather than give up.
-                failover.owners_down();
-            }
-            match failover.next_step(started.elapsed(), &targets) {
-                Step::Wait(d) => tokio::time::sleep(d).await,
-                Step::GiveUp(why) => {
-                    self.confirm_refusals(&failover).await;
-                    return Err(self.give_up(why, &model, &failover, last_answer));
-                }
-                Step::Dispatch { node, stall_after } => {
-                    let Some(link) = self.link(node) else {
-                        failover.report(
-                            started.elapsed(),
-                            Outcome::Failed {
-                                class: "no-link",
-                                advice: RetryAdvice::BeforeFirstByte,
-                                transient: false,
-                            },
-                        );
-                        self.node_failed(node);
-                        continue;
-                    };
-                    let reservation = self.reserve(node, &profile);
-                    let sent = Instant::now();
-                    let attempt =
-                        tokio::time::timeout(stall_after, link.send(relay_request(&link, &req)?))
-                            .await;
-                    let resp = match attempt {
-                        Err(_) => {
-                            self.release(reservation);
-                            failover.report(started.elapsed(), Outcome::Stalled);
-                            self.node_failed(node);
-                            continue;
-                        }
-                        Ok(Err(e)) => {
-                            self.release(reservation);
-                            let (class, transient) = classify(&e);
-                            failover.report(
-                                started.elapsed(),
-                                Outcome::Failed {
-                                    class,
-                                    advice: RetryAdvice::BeforeFirstByte,
-                                    transient,
-                                },
-                            );
-                            // A node that refused this client is up: it
-                            // stays ranked (another request may be let in
-                            // once vouching reaches it).
-                            if class == TLS_REFUSED {
-                                self.set_refused(node, true);
-                            } else if !transient {
-                                self.node_failed(node);
-                            }
-                            continue;
-                        }
-                        Ok(Ok(resp)) => resp,
-                    };
-                    let status = resp.status().as_u16();
-                    let retry_after = resp
-                        .headers()
-                        .get(http::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|s| s.trim().parse::<u64>().ok())
-                        .map(Duration::from_secs);
-                    match failover.report(
-                        started.elapsed(),
-                        Outcome::Head {
-                            status,
-                            retry_after,
-                        },
-                    ) {
-                        Decision::Commit => {
-                            self.release(reservation);
-                            return Ok(self.answer(node, resp, None, sent, &failover));
-                        }
-                        Decision::Next => {
-                            self.release(reservation);
-                            let body = read_short(resp).await;
-                            if status >= 500 && status != 503 {
-                                self.node_failed(node);
-                            }
-                            last_answer = Some((node, status, body));
-                        }
-                        Decision::AwaitFirstByte => {
-                            let (parts, mut body) = resp.into_parts();
-                            let first =
-                                tokio::time::timeout(stall_after, next_data(&mut body)).await;
-                            self.release(reservation);
-                            match first {
-                                Ok(Ok(first)) => {
-                                    failover.report(started.elapsed(), Outcome::FirstByte);
-                                    if let Some(session) = profile.session
-                                        && let Ok(mut s) = self.inner.sched.lock()
-                                    {
-                                        s.scheduler.bind_session(session, node, unix_ms());
-                                    }
-                                    let resp = http::Response::from_parts(parts, body);
-                                    return Ok(self.answer(node, resp, first, sent, &failover));
-                                }
-                                Ok(Err(())) => {
-                                    failover.report(
-                                        started.elapsed(),
-                                        Outcome::Failed {
-                                            class: "body",
-                                            advice: RetryAdvice::BeforeFirstByte,
-                                            transient: false,
-                                        },
-                                    );
-                                    self.node_failed(node);
-                                }
-                                Err(_) => {
-                                    failover.report(started.elapsed(), Outcome::Stalled);
-                                    self.node_failed(node);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// A route without a model (a listing): the nearest node that answers.
-    async fn send_listing(&self, req: Request, view: &View) -> Result<Response> {
-        let mut nodes: Vec<&NodeView> = view
-            .nodes
-            .values()
-            .filter(|n| !view.down.contains(&n.id))
-            .collect();
-        nodes.sort_by_key(|n| n.rtt_us);
-        let mut tried = Vec::new();
-        for n in nodes.into_iter().take(pair_scheduler::MAX_DISPATCHES) {
-            let Some(link) = self.link(n.id) else {
-                continue;
-            };
-            let sent = Instant::now();
-            match tokio::time::timeout(
-                self.inner.cfg.failover.stall_floor,
-                link.send(relay_request(&link, &req)?),
-            )
-            .await
-            {
-                Ok(Ok(resp)) if !resp.status().is_server_error() => {
-                    let failover = Failover::new(self.inner.cfg.failover);
-                    return Ok(self.answer(n.id, resp, None, sent, &failover));
-                }
-                Ok(Ok(resp)) => tried.push(Tried {
-                    node: n.id,
-                    name: n.name.clone(),
-                    what: resp.status().as_u16().to_string(),
-                }),
-                Ok(Err(e)) => {
-                    tried.push(Tried {
-                        node: n.id,
-                        name: n.name.clone(),
-                        what: classify(&e).0.into(),
-                    });
-                    self.node_failed(n.id);
-                }
-                Err(_) => tried.push(Tried {
-                    node: n.id,
-                    name: n.name.clone(),
-                    what: "timeout".into(),
-                }),
-            }
-        }
-        Err(Error::Exhausted {
-            model: "-".into(),
-            attempts: Attempts(tried),
-        })
-    }
-
-    fn answer(
-        &self,
-        node: NodeId,
-        resp: http::Response<hyper::body::Incoming>,
-        first: Option<Bytes>,
-        sent: Instant,
-        failover: &Failover,
-    ) -> Response {
-        let name = self.node_name(node);
-        Response::new(
-            resp,
-            first,
-            node,
-            name,
-            failover.dispatched(),
-            sent.elapsed(),
-        )
-    }
-
-    fn node_name(&self, id: NodeId) -> String {
-        self.current_view()
-            .and_then(|v| v.nodes.get(&id).map(|n| n.name.clone()))
-            .or_else(|| self.inner.trust.get(id).map(|r| r.name))
-            .unwrap_or_else(|| id.short())
-    }
-
-    /// When some node refused this client's certificate, the others that
-    /// failed may have too, their alert lost with the connection (hyper
-    /// ends a refused connection quietly when it reads the alert first):
-    /// a probe of each says which. Only when the request gives up, so it
-    /// costs a failover nothing.
-    async fn confirm_refusals(&self, failover: &Failover) {
-        let failed = failover.failed();
-        let refused = |n: NodeId| self.inner.refused.lock().is_ok_and(|r| r.contains(&n));
-        if !failed.iter().any(|f| refused(f.node)) {
-            return;
-        }
-        let unsure: Vec<(SocketAddr, Option<NodeId>)> = failed
-            .iter()
-            .filter(|f| !refused(f.node))
-            .filter_map(|f| self.known_addr(f.node).map(|a| (a, Some(f.node))))
-            .collect();
-        for r in self.inner.prober.round(unsure).await {
-            if let Err(f) = r
-                && f.is_refusal()
-                && let Some(id) = f.expected
-            {
-                self.set_refused(id, true);
-            }
-        }
-    }
-
-    fn give_up(
-        &self,
-        why: GiveUp,
-        model: &str,
-        failover: &Failover,
-        last_answer: Option<(NodeId, u16, Bytes)>,
-    ) -> Error {
-        let attempts = Attempts(
-            failover
-                .failed()
-                .iter()
-                .map(|f| Tried {
-                    node: f.node,
-                    name: self.node_name(f.node),
-                    what: f.outcome.label().into_owned(),
-                })
-                .collect(),
-        );
-        let refused = |t: &Tried| {
-            t.what == TLS_REFUSED || self.inner.refused.lock().is_ok_and(|r| r.contains(&t.node))
-        };
-        if !attempts.0.is_empty() && attempts.0.iter().all(refused) {
-            let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
-            nodes.dedup();
-            return Error::Refused {
-                model: model.to_owned(),
-                nodes,
-            };
-        }
-        match (why, last_answer) {
-            (GiveUp::OwnersGone, _) => Error::OwnersGone {
-                model: model.to_owned(),
-                attempts,
-            },
-            (_, Some((node, status, body))) => Error::Status {
-                model: model.to_owned(),
-                node: self.node_name(node),
-                status,
-                body: String::from_utf8_lossy(&body).into_owned(),
-                attempts,
-            },
-            (GiveUp::NoCandidate, None) => Error::NoNodeServes {
-                model: model.to_owned(),
-                probed: self.current_view().map_or(0, |v| v.nodes.len()),
-            },
-            // The SDK sets no deadline of its own (its caller's timeout
-            // bounds the call).
-            (GiveUp::Exhausted { .. } | GiveUp::Deadline, None) => Error::Exhausted {
-                model: model.to_owned(),
-                attempts,
-            },
-        }
-    }
-
-    fn reserve(
-        &self,
-        node: NodeId,
-        profile: &RequestProfile,
-    ) -> Option<pair_scheduler::ReservationId> {
-        let mut s = self.inner.sched.lock().ok()?;
-        Some(s.reservations.reserve(node, profile, unix_ms()))
-    }
-
-    fn release(&self, id: Option<pair_scheduler::ReservationId>) {
-        if let Some(id) = id
-            && let Ok(mut s) = self.inner.sched.lock()
-        {
-            s.reservations.release(id, unix_ms());
-        }
-    }
-
     /// The links to every node of the current ranking (for `serve`, which
     /// routes through the node's own pipeline over them).
     pub fn links(&self) -> HashMap<NodeId, PeerLink> {
@@ -1233,82 +901,6 @@ async fn resolve(seed: &str) -> std::io::Result<Vec<SocketAddr>> {
     v.sort();
     v.dedup();
     Ok(v)
-}
-
-/// The request as the node's relay takes it.
-fn relay_request(link: &PeerLink, req: &Request) -> Result<http::Request<Full<Bytes>>> {
-    let uri = link
-        .relay_uri(&req.path)
-        .map_err(|e| Error::InvalidRequest(format!("path {:?}: {e}", req.path)))?;
-    let mut b = http::Request::builder().method(req.method.clone()).uri(uri);
-    if let Some(h) = b.headers_mut() {
-        h.extend(req.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    }
-    b.body(Full::new(req.body.clone()))
-        .map_err(|e| Error::InvalidRequest(e.to_string()))
-}
-
-/// The failure label of a refused TLS handshake.
-const TLS_REFUSED: &str = "tls-refused";
-
-/// A transport failure's label, and whether the node only refused for now
-/// (refused or reset: the process is up, or restarting).
-fn classify(e: &pair_cluster::ClusterError) -> (&'static str, bool) {
-    use std::error::Error as _;
-    let mut src: Option<&(dyn std::error::Error + 'static)> = e.source();
-    while let Some(s) = src {
-        let tls = s.downcast_ref::<rustls::Error>().is_some()
-            || s.downcast_ref::<std::io::Error>()
-                .and_then(std::io::Error::get_ref)
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-        if tls {
-            // The node refused this client's certificate (or the node's
-            // certificate is not the one pinned): not a node failure.
-            return (TLS_REFUSED, false);
-        }
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => ("connect", false),
-                std::io::ErrorKind::ConnectionReset => ("reset", true),
-                std::io::ErrorKind::TimedOut => ("connect-timeout", false),
-                _ => ("transport", false),
-            };
-        }
-        src = s.source();
-    }
-    if let pair_cluster::ClusterError::Transport { source } = e
-        && source.is_connect()
-    {
-        return ("connect", false);
-    }
-    ("transport", false)
-}
-
-/// The next data frame of a body: `Ok` with the bytes (empty at a clean end
-/// with no data), `Err` when the body fails first.
-async fn next_data(body: &mut hyper::body::Incoming) -> std::result::Result<Option<Bytes>, ()> {
-    loop {
-        match body.frame().await {
-            None => return Ok(None),
-            Some(Err(_)) => return Err(()),
-            Some(Ok(f)) => {
-                if let Ok(d) = f.into_data()
-                    && !d.is_empty()
-                {
-                    return Ok(Some(d));
-                }
-            }
-        }
-    }
-}
-
-/// Up to 64 KiB of an answer that will not be used, for error messages.
-async fn read_short(resp: http::Response<hyper::body::Incoming>) -> Bytes {
-    let limited = http_body_util::Limited::new(resp.into_body(), 64 * 1024);
-    match tokio::time::timeout(Duration::from_secs(5), limited.collect()).await {
-        Ok(Ok(c)) => c.to_bytes(),
-        _ => Bytes::new(),
-    }
 }
 
 fn unix_ms() -> u64 {

@@ -1,0 +1,464 @@
+//! Requests: the client's half of the failover driver
+//! ([`pair_scheduler::drive`], the one a node's pipeline runs too). A
+//! request goes to the best node of the cached ranking (no new probe
+//! round); the driver moves it on by the nodes' own rules and this side
+//! does only the I/O and the bookkeeping: reservations, nodes marked
+//! failed or refusing, the session kept.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use pair_cluster::{ClusterError, PeerLink, TLS_REFUSED};
+use pair_core::{NodeId, RequestProfile, RetryAdvice};
+use pair_scheduler::drive::{self, Classified, Driven, Exchange, Rearmed};
+use pair_scheduler::{Failover, GiveUp, ReservationId, Step, Target};
+use tokio::time::Instant;
+
+use super::{Client, Request, unix_ms};
+use crate::error::{Attempts, Error, Result, Tried};
+use crate::response::Response;
+use crate::view::View;
+
+/// Why an attempt from the client failed.
+#[derive(Debug)]
+enum SendError {
+    /// The node has no address in the view, or no link could be made.
+    NoLink,
+    /// The link failed (it classifies itself, as a node reads it).
+    Link(ClusterError),
+    /// The request cannot be put on any node's relay route (the reason
+    /// is kept for the caller's error).
+    Invalid,
+    /// The answer's body failed before its first byte.
+    Cut,
+}
+
+impl Classified for SendError {
+    fn class(&self) -> &'static str {
+        match self {
+            SendError::NoLink => "no-link",
+            SendError::Link(e) => e.class(),
+            SendError::Invalid => "bad-request",
+            SendError::Cut => "body",
+        }
+    }
+    fn advice(&self) -> RetryAdvice {
+        match self {
+            SendError::Invalid => RetryAdvice::Never,
+            _ => RetryAdvice::BeforeFirstByte,
+        }
+    }
+    fn transient(&self) -> bool {
+        matches!(self, SendError::Link(e) if e.transient())
+    }
+}
+
+/// A reservation on a node, released when the attempt is done with it.
+struct Reserved<'a> {
+    client: &'a Client,
+    id: Option<ReservationId>,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take()
+            && let Ok(mut s) = self.client.inner.sched.lock()
+        {
+            s.reservations.release(id, unix_ms());
+        }
+    }
+}
+
+struct Head<'a> {
+    resp: http::Response<Incoming>,
+    first: Option<Bytes>,
+    sent: Instant,
+    _reserved: Option<Reserved<'a>>,
+}
+
+/// What the driver committed to.
+struct Answer {
+    resp: http::Response<Incoming>,
+    first: Option<Bytes>,
+    sent: Instant,
+}
+
+/// One request's attempts.
+struct Sending<'a> {
+    client: &'a Client,
+    req: &'a Request,
+    /// `None`: a route without a model (a listing), sent to the nearest
+    /// node that answers.
+    profile: Option<&'a RequestProfile>,
+    /// The view the request started with (the current one when there is).
+    view: Arc<View>,
+    t0: Instant,
+    /// Every owner refuses this client's certificate: their names.
+    refused: Mutex<Option<Vec<String>>>,
+    /// A request no node can take as it is.
+    invalid: Mutex<Option<String>>,
+}
+
+impl<'a> Exchange for Sending<'a> {
+    type Head = Head<'a>;
+    type Answer = Answer;
+    type Kept = (NodeId, u16, Bytes);
+    type Ticket = Reserved<'a>;
+    type Error = SendError;
+
+    fn now(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn sleep_until(&self, at: Duration) -> impl Future<Output = ()> {
+        tokio::time::sleep_until(self.t0 + at)
+    }
+
+    fn choose(
+        &self,
+        _first: bool,
+        decide: &mut dyn FnMut(&[Target], bool) -> Step,
+    ) -> (Step, Option<Reserved<'a>>) {
+        let client = self.client;
+        let view = client
+            .current_view()
+            .unwrap_or_else(|| Arc::clone(&self.view));
+        let Some(profile) = self.profile else {
+            return (decide(&nearest(&view), false), None);
+        };
+        let targets = client.targets(&view, profile);
+        if targets.is_empty()
+            && let Some(nodes) = client.all_owners_refuse(&view, profile)
+        {
+            if let Ok(mut r) = self.refused.lock() {
+                *r = Some(nodes);
+            }
+            return (Step::GiveUp(GiveUp::NoCandidate), None);
+        }
+        // With no candidate, its owners failed and are being probed
+        // again: wait for one (within the request's patience).
+        let step = decide(&targets, targets.is_empty());
+        let ticket = match step {
+            Step::Dispatch { node, .. } => Some(Reserved {
+                client,
+                id: client
+                    .inner
+                    .sched
+                    .lock()
+                    .ok()
+                    .map(|mut s| s.reservations.reserve(node, profile, unix_ms())),
+            }),
+            _ => None,
+        };
+        (step, ticket)
+    }
+
+    async fn send(
+        &self,
+        node: NodeId,
+        ticket: Option<Reserved<'a>>,
+    ) -> Result<Head<'a>, SendError> {
+        let client = self.client;
+        let Some(link) = client.link(node) else {
+            client.node_failed(node);
+            return Err(SendError::NoLink);
+        };
+        let out = relay_request(&link, self.req).map_err(|e| {
+            if let Ok(mut i) = self.invalid.lock() {
+                *i = Some(e.clone());
+            }
+            SendError::Invalid
+        })?;
+        let sent = Instant::now();
+        match link.send(out).await {
+            Ok(resp) => Ok(Head {
+                resp,
+                first: None,
+                sent,
+                _reserved: ticket,
+            }),
+            Err(e) => {
+                // A node that refused this client is up: it stays ranked
+                // (another request may be let in once vouching reaches
+                // it). One that refused the connection or is gone is
+                // probed again; a reset one is retried after a back-off.
+                match e.class() {
+                    TLS_REFUSED => client.set_refused(node, true),
+                    "reset" => {}
+                    _ => client.node_failed(node),
+                }
+                Err(SendError::Link(e))
+            }
+        }
+    }
+
+    fn status(&self, _node: NodeId, head: &Head<'a>) -> (u16, Option<Duration>) {
+        let retry_after = head
+            .resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| drive::retry_after(v.as_bytes(), std::time::SystemTime::now()));
+        (head.resp.status().as_u16(), retry_after)
+    }
+
+    async fn first_byte(&self, head: &mut Head<'a>) -> Result<(), SendError> {
+        head.first = next_data(head.resp.body_mut())
+            .await
+            .map_err(|()| SendError::Cut)?;
+        Ok(())
+    }
+
+    fn commit(&self, node: NodeId, head: Head<'a>) -> Answer {
+        if head.resp.status().is_success()
+            && let Some(session) = self.profile.and_then(|p| p.session)
+            && let Ok(mut s) = self.client.inner.sched.lock()
+        {
+            s.scheduler.bind_session(session, node, unix_ms());
+        }
+        Answer {
+            resp: head.resp,
+            first: head.first,
+            sent: head.sent,
+        }
+    }
+
+    async fn keep(&self, node: NodeId, head: Head<'a>) -> Option<(NodeId, u16, Bytes)> {
+        let status = head.resp.status().as_u16();
+        if status >= 500 && status != 503 {
+            self.client.node_failed(node);
+        }
+        Some((node, status, read_short(head.resp).await))
+    }
+
+    /// The client sees no progress on a node but its answer: an attempt
+    /// gets its stall allowance, then moves on.
+    fn last_progress(&self, _node: NodeId) -> Option<Duration> {
+        None
+    }
+
+    fn stalled(&self, node: NodeId) {
+        self.client.node_failed(node);
+    }
+}
+
+/// The view's nodes that are up, nearest first (for a listing).
+fn nearest(view: &View) -> Vec<Target> {
+    let mut nodes: Vec<_> = view
+        .nodes
+        .values()
+        .filter(|n| !view.down.contains(&n.id))
+        .collect();
+    nodes.sort_by_key(|n| n.rtt_us);
+    nodes
+        .into_iter()
+        .map(|n| Target {
+            node: n.id,
+            predicted: None,
+        })
+        .collect()
+}
+
+impl Client {
+    /// Sends `req` to the best node for it and fails over by the nodes'
+    /// rules: connect refused, timeouts, a 404 for the model and 5xx before
+    /// the first byte move to the next node of the cached ranking (no new
+    /// probe round); other 4xx come back as they are. The answer is the
+    /// node's, whatever its status, once its first byte is read. A route
+    /// without a model (a listing) goes to the nearest node that answers.
+    pub async fn send(&self, req: Request) -> Result<Response> {
+        let t0 = Instant::now();
+        let view = self.view().await?;
+        let (req, profile) = match req.profile() {
+            None => (req, None),
+            Some(profile) => {
+                // A model no node holds may be a model alias a node
+                // advertises (a tool's default name): the request becomes
+                // one for its target.
+                let (req, profile) = super::aliased(&view, req, profile)?;
+                if !view.holds(&profile.model, profile.flavor) {
+                    return Err(Error::NoNodeServes {
+                        model: profile.model,
+                        probed: view.nodes.len(),
+                    });
+                }
+                (req, Some(profile))
+            }
+        };
+        let sending = Sending {
+            client: self,
+            req: &req,
+            profile: profile.as_ref(),
+            view,
+            t0,
+            refused: Mutex::new(None),
+            invalid: Mutex::new(None),
+        };
+        let mut failover = Failover::new(self.inner.cfg.failover);
+        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        let driven = drive::drive(
+            &sending,
+            &mut failover,
+            std::pin::pin!(Rearmed::new(timer, t0)),
+        )
+        .await;
+        let model = profile.as_ref().map_or("-", |p| p.model.as_str());
+        match driven {
+            Driven::Committed { node, answer } => Ok(Response::new(
+                answer.resp,
+                answer.first,
+                node,
+                self.node_name(node),
+                failover.dispatched(),
+                answer.sent.elapsed(),
+            )),
+            Driven::GaveUp { why, kept } => {
+                if let Some(why) = sending.invalid.lock().ok().and_then(|mut i| i.take()) {
+                    return Err(Error::InvalidRequest(why));
+                }
+                if let Some(nodes) = sending.refused.lock().ok().and_then(|mut r| r.take()) {
+                    return Err(Error::Refused {
+                        model: model.to_owned(),
+                        nodes,
+                    });
+                }
+                self.confirm_refusals(&failover).await;
+                Err(self.give_up(why, model, &failover, kept))
+            }
+        }
+    }
+
+    fn node_name(&self, id: NodeId) -> String {
+        self.current_view()
+            .and_then(|v| v.nodes.get(&id).map(|n| n.name.clone()))
+            .or_else(|| self.inner.trust.get(id).map(|r| r.name))
+            .unwrap_or_else(|| id.short())
+    }
+
+    /// When some node refused this client's certificate, the others that
+    /// failed may have too, their alert lost with the connection (hyper
+    /// ends a refused connection quietly when it reads the alert first):
+    /// a probe of each says which. Only when the request gives up, so it
+    /// costs a failover nothing.
+    async fn confirm_refusals(&self, failover: &Failover) {
+        let failed = failover.failed();
+        let refused = |n: NodeId| self.inner.refused.lock().is_ok_and(|r| r.contains(&n));
+        if !failed.iter().any(|f| refused(f.node)) {
+            return;
+        }
+        let unsure: Vec<(std::net::SocketAddr, Option<NodeId>)> = failed
+            .iter()
+            .filter(|f| !refused(f.node))
+            .filter_map(|f| self.known_addr(f.node).map(|a| (a, Some(f.node))))
+            .collect();
+        for r in self.inner.prober.round(unsure).await {
+            if let Err(f) = r
+                && f.is_refusal()
+                && let Some(id) = f.expected
+            {
+                self.set_refused(id, true);
+            }
+        }
+    }
+
+    fn give_up(
+        &self,
+        why: GiveUp,
+        model: &str,
+        failover: &Failover,
+        last_answer: Option<(NodeId, u16, Bytes)>,
+    ) -> Error {
+        let attempts = Attempts(
+            failover
+                .failed()
+                .iter()
+                .map(|f| Tried {
+                    node: f.node,
+                    name: self.node_name(f.node),
+                    what: f.outcome.label().into_owned(),
+                })
+                .collect(),
+        );
+        let refused = |t: &Tried| {
+            t.what == TLS_REFUSED || self.inner.refused.lock().is_ok_and(|r| r.contains(&t.node))
+        };
+        if !attempts.0.is_empty() && attempts.0.iter().all(refused) {
+            let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
+            nodes.dedup();
+            return Error::Refused {
+                model: model.to_owned(),
+                nodes,
+            };
+        }
+        match (why, last_answer) {
+            (GiveUp::OwnersGone, _) => Error::OwnersGone {
+                model: model.to_owned(),
+                attempts,
+            },
+            (_, Some((node, status, body))) => Error::Status {
+                model: model.to_owned(),
+                node: self.node_name(node),
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+                attempts,
+            },
+            (GiveUp::NoCandidate, None) if model != "-" => Error::NoNodeServes {
+                model: model.to_owned(),
+                probed: self.current_view().map_or(0, |v| v.nodes.len()),
+            },
+            // The SDK sets no deadline of its own (its caller's timeout
+            // bounds the call).
+            (GiveUp::Exhausted { .. } | GiveUp::Deadline | GiveUp::NoCandidate, None) => {
+                Error::Exhausted {
+                    model: model.to_owned(),
+                    attempts,
+                }
+            }
+        }
+    }
+}
+
+/// The request as the node's relay takes it.
+fn relay_request(
+    link: &PeerLink,
+    req: &Request,
+) -> std::result::Result<http::Request<Full<Bytes>>, String> {
+    let uri = link
+        .relay_uri(&req.path)
+        .map_err(|e| format!("path {:?}: {e}", req.path))?;
+    let mut b = http::Request::builder().method(req.method.clone()).uri(uri);
+    if let Some(h) = b.headers_mut() {
+        h.extend(req.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    b.body(Full::new(req.body.clone()))
+        .map_err(|e| e.to_string())
+}
+
+/// The next data frame of a body: `Ok` with the bytes (empty at a clean end
+/// with no data), `Err` when the body fails first.
+async fn next_data(body: &mut Incoming) -> std::result::Result<Option<Bytes>, ()> {
+    loop {
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(_)) => return Err(()),
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data()
+                    && !d.is_empty()
+                {
+                    return Ok(Some(d));
+                }
+            }
+        }
+    }
+}
+
+/// Up to 64 KiB of an answer that will not be used, for error messages.
+async fn read_short(resp: http::Response<Incoming>) -> Bytes {
+    let limited = http_body_util::Limited::new(resp.into_body(), 64 * 1024);
+    match tokio::time::timeout(Duration::from_secs(5), limited.collect()).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => Bytes::new(),
+    }
+}
