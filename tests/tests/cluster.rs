@@ -91,16 +91,7 @@ async fn warm_cluster(profiles: &[&str], time_scale: f64) -> pair_testkit::clust
 /// it loaded and idle everywhere, so cold loads and stale views do not
 /// decide what a test measures.
 async fn warm_everywhere(c: &pair_testkit::cluster::LocalCluster, model: &str) {
-    for node in &c.nodes {
-        let r = http()
-            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
-            .header("x-pair-node-pin", node.id.to_string())
-            .json(&json!({"model": model, "prompt": "warm", "stream": false}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
+    pair_testkit::cluster::warm(c, model).await;
     wait_settled(c, model).await;
 }
 

@@ -13,7 +13,7 @@ use pair_core::{NodeId, Role};
 use pair_sdk::api::openai;
 use pair_sdk::{Client, Config, Error, Request};
 use pair_testkit::cluster::LocalCluster;
-use pair_testkit::cluster::{cluster, http};
+use pair_testkit::cluster::{cluster, http, wait_loaded};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -109,31 +109,6 @@ fn chat_request(model: &str, tokens: u32) -> Request {
         serde_json::to_vec(&chat(model, tokens)).unwrap().into(),
     )
     .unwrap()
-}
-
-/// Waits until node 0 sees `model` loaded on each of `nodes`.
-async fn wait_loaded(c: &LocalCluster, model: &str, nodes: &[NodeId]) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let s = c.nodes[0].state.cluster();
-        let loaded = nodes.iter().all(|id| {
-            s.node(*id).is_some_and(|n| {
-                n.engines.iter().any(|e| {
-                    e.models
-                        .iter()
-                        .any(|m| m.name.as_str() == model && m.loaded)
-                })
-            })
-        });
-        if loaded {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{model} never loaded on {nodes:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

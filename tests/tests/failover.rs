@@ -110,6 +110,9 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
     let c = cluster(3, |s| s.first_byte_timeout = Duration::from_millis(800))
         .await
         .unwrap();
+    // Engines that hang with the model loaded (one still loading it is
+    // waited for as long as its weights may take to read).
+    pair_testkit::cluster::warm(&c, MODEL).await;
     c.engines[2].faults().hang(Some(MODEL));
     let resp = send(&c, 2, &chat(true)).await;
     assert_eq!(resp.status(), 200);
@@ -436,5 +439,45 @@ async fn a_head_then_silence_moves_to_the_next_node_relayed_or_local() {
             "{case}: {text}"
         );
     }
+    c.stop().await;
+}
+
+/// Slow is not hung: an engine still loading the model (it answers its
+/// polls, and does not list the model loaded yet) is waited for well past
+/// the no-progress bound and past the stall allowance of the predicted
+/// cold load; a request on it ends with a 200, not a cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_load_longer_than_every_bound_is_waited_for_while_the_engine_reports_loading() {
+    let c = cluster(1, |s| {
+        s.nodes[0].profile = "cpu".into();
+        // The cpu profile loads llama3.2:3b in about 1.6 s: 13 s here.
+        s.time_scale = 8.0;
+        s.first_byte_timeout = Duration::from_secs(2);
+        // Nothing known about the node: the scheduler predicts its
+        // fallback 3 s load, so the stall allowance is about 9 s.
+        s.seed_perf = false;
+    })
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let resp = http()
+        .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+        .json(&json!({"model": MODEL, "prompt": "hi", "stream": false, "options": {"num_predict": 2}}))
+        .send()
+        .await
+        .expect("face answers");
+    let took = started.elapsed();
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    assert_eq!(attempts(&resp), Some(1));
+    assert!(
+        took > Duration::from_secs(10),
+        "the load took {took:?}: not past the allowance, the test proves nothing"
+    );
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["done"], true, "{body}");
+    assert!(
+        body["load_duration"].as_u64().unwrap_or(0) > 10_000_000_000,
+        "{body}"
+    );
     c.stop().await;
 }

@@ -50,6 +50,9 @@ impl Default for Progress {
 impl Progress {
     /// An engine that stays out of routing for `cooldown` after a stall.
     pub fn with_cooldown(cooldown: Duration) -> Self {
+        // The stamps count from the first engine made, not from the first
+        // stamp read.
+        epoch();
         Self {
             last: AtomicU64::new(0),
             stalled_until: AtomicU64::new(0),
@@ -74,9 +77,31 @@ impl Progress {
         }
     }
 
+    /// Its poller saw its token counters move at `unix_ms` (work on a
+    /// prompt, or for a client pair does not see): progress as of then.
+    pub fn worked_at(&self, unix_ms: u64) {
+        let ago = pair_core::unix_ms(std::time::SystemTime::now()).saturating_sub(unix_ms);
+        let at = Instant::now()
+            .checked_sub(Duration::from_millis(ago))
+            .unwrap_or_else(epoch);
+        if stamp(at) > self.last.load(Relaxed) {
+            self.last.fetch_max(stamp(at).max(1), Relaxed);
+            self.stalled_until.store(0, Relaxed);
+            self.strikes.store(0, Relaxed);
+        }
+    }
+
     /// When it last sent anything (the epoch if never).
     pub fn last(&self) -> Instant {
         epoch() + Duration::from_millis(self.last.load(Relaxed))
+    }
+
+    /// When it last sent anything, if it ever did.
+    pub fn last_seen(&self) -> Option<Instant> {
+        match self.last.load(Relaxed) {
+            0 => None,
+            ms => Some(epoch() + Duration::from_millis(ms)),
+        }
     }
 
     /// An attempt on it made no progress within its allowance.
@@ -115,6 +140,22 @@ mod tests {
         p.mark_stalled();
         p.touch();
         assert!(!p.stalled(), "progress ends it at once");
+    }
+
+    #[tokio::test]
+    async fn token_counters_that_moved_are_progress_and_end_a_stall() {
+        let p = Progress::default();
+        p.touch();
+        let first = p.last();
+        p.mark_stalled();
+        // Counters that moved before the last progress change nothing.
+        p.worked_at(pair_core::unix_ms(std::time::SystemTime::now()) - 60_000);
+        assert!(p.stalled());
+        assert_eq!(p.last(), first);
+        tokio::time::sleep(Duration::from_millis(2 * TICK_MS)).await;
+        p.worked_at(pair_core::unix_ms(std::time::SystemTime::now()));
+        assert!(!p.stalled(), "the engine is working");
+        assert!(p.last() > first);
     }
 
     #[tokio::test(start_paused = true)]

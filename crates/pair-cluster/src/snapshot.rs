@@ -109,7 +109,10 @@ impl LocalReport {
         let now = now_ms();
         let mut n = NodeSnapshot::new(self.id, self.name.clone());
         n.engines = self.engines.iter().map(EngineHandle::snapshot).collect();
-        for (e, p) in n.engines.iter_mut().zip(&self.progress) {
+        for ((e, h), p) in n.engines.iter_mut().zip(&self.engines).zip(&self.progress) {
+            if let Some(at) = h.worked_at_ms() {
+                p.worked_at(at);
+            }
             e.healthy &= !p.stalled();
         }
         for e in &mut n.engines {

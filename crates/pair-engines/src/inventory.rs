@@ -293,6 +293,40 @@ pub fn parse_llamacpp_slots(body: &[u8]) -> Result<Option<u16>, EngineError> {
 const RUNNING: [&str; 2] = ["vllm:num_requests_running", "llamacpp:requests_processing"];
 const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "llamacpp:requests_deferred"];
 
+/// Token counters: what an engine has processed since it started.
+const WORK: [&str; 4] = [
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:tokens_predicted_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+];
+
+/// Each sample of a Prometheus text exposition: its metric name and its
+/// value (finite, not negative).
+fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter_map(|line| {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        // The value follows the label set (which may contain spaces inside
+        // quoted values), then an optional timestamp.
+        let after_labels = match line[name_end..].strip_prefix('{') {
+            Some(labels) => labels.rfind('}').map(|i| &labels[i + 1..]),
+            None => Some(&line[name_end..]),
+        };
+        let value = after_labels?
+            .split_whitespace()
+            .next()?
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)?;
+        Some((name, value))
+    })
+}
+
 /// Queue gauges from a Prometheus text exposition. Values are summed over
 /// label sets (vLLM labels by model and engine). `None` when neither gauge
 /// is present: the server exports no queue figures.
@@ -300,39 +334,33 @@ pub fn parse_queue_metrics(text: &str) -> Option<QueueDepth> {
     let mut found = false;
     let mut running = 0.0_f64;
     let mut waiting = 0.0_f64;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        let slot = if RUNNING.contains(&name) {
-            &mut running
+    for (name, v) in samples(text) {
+        if RUNNING.contains(&name) {
+            running += v;
         } else if WAITING.contains(&name) {
-            &mut waiting
+            waiting += v;
         } else {
             continue;
-        };
-        // The value follows the label set (which may contain spaces inside
-        // quoted values), then an optional timestamp.
-        let after_labels = match line[name_end..].strip_prefix('{') {
-            Some(labels) => labels.rfind('}').map(|i| &labels[i + 1..]),
-            None => Some(&line[name_end..]),
-        };
-        let value = after_labels
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 0.0);
-        if let Some(v) = value {
-            *slot += v;
-            found = true;
         }
+        found = true;
     }
     found.then(|| QueueDepth {
         running: to_count(running),
         waiting: to_count(waiting),
     })
+}
+
+/// The engine's token counters summed (prompt and generated tokens since
+/// it started): when the sum moves, the engine is working, whether or not
+/// a token reached pair. `None` when it exports none.
+pub fn parse_work_tokens(text: &str) -> Option<u64> {
+    let mut total: Option<f64> = None;
+    for (name, v) in samples(text) {
+        if WORK.contains(&name) {
+            *total.get_or_insert(0.0) += v;
+        }
+    }
+    total.map(|t| t.min(u64::MAX as f64) as u64)
 }
 
 fn to_count(v: f64) -> u32 {
@@ -565,6 +593,23 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen2.5-1.5B-Instruct"} 0.
         );
         assert_eq!(parse_queue_metrics("vllm:num_requests_running NaN\n"), None);
         assert_eq!(parse_queue_metrics(""), None);
+    }
+
+    #[test]
+    fn token_counters_sum_prompt_and_generated_tokens() {
+        // As llama.cpp's server exports them (with --metrics).
+        let llama = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n\
+# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 1200\n\
+# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 345\n\
+llamacpp:requests_processing 1\n";
+        assert_eq!(parse_work_tokens(llama), Some(1545));
+        // vLLM labels by model and engine: summed.
+        let vllm = "vllm:prompt_tokens_total{model_name=\"q\"} 10.0\n\
+vllm:generation_tokens_total{model_name=\"q\"} 5.0\n\
+vllm:generation_tokens_total{model_name=\"r\"} 2.0\n";
+        assert_eq!(parse_work_tokens(vllm), Some(17));
+        assert_eq!(parse_work_tokens(LLAMA_METRICS), None);
+        assert_eq!(parse_work_tokens(VLLM_METRICS), None);
     }
 
     proptest! {

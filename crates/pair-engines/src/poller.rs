@@ -37,6 +37,11 @@ impl EngineHandle {
         self.rx.borrow().snapshot.clone()
     }
 
+    /// When the engine's token counters last moved (ms since the epoch).
+    pub fn worked_at_ms(&self) -> Option<u64> {
+        self.rx.borrow().worked_at_ms
+    }
+
     /// A receiver that wakes when the report changes materially (health,
     /// models, slots, queue, version, failure kind).
     pub fn subscribe(&self) -> watch::Receiver<EngineReport> {

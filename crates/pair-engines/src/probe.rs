@@ -10,6 +10,7 @@ use pair_core::{EngineKind, ModelEntry};
 use crate::inventory::{
     merge_ollama, parse_llamacpp_slots, parse_lmstudio_v0, parse_lmstudio_v1, parse_ollama_ps,
     parse_ollama_tags, parse_ollama_version, parse_openai_models, parse_queue_metrics,
+    parse_work_tokens,
 };
 use crate::{EngineConfig, EngineError, InventoryRead, Observation, PortUse, ProbeFailure};
 
@@ -177,6 +178,7 @@ impl EngineProbe {
             slots: None,
             queue: None,
             version: Some(version),
+            work_tokens: None,
         }
     }
 
@@ -215,6 +217,7 @@ impl EngineProbe {
                         slots: None,
                         queue: None,
                         version: None,
+                        work_tokens: None,
                     };
                 }
                 // An older LM Studio: try the next listing.
@@ -243,12 +246,15 @@ impl EngineProbe {
             slots: None,
             queue: None,
             version: None,
+            work_tokens: None,
         };
         if self.has_metrics != Some(false) {
             match self.get("/metrics").await {
                 Ok(b) => {
-                    obs.queue = parse_queue_metrics(&String::from_utf8_lossy(&b));
-                    self.has_metrics = Some(obs.queue.is_some());
+                    let text = String::from_utf8_lossy(&b);
+                    obs.queue = parse_queue_metrics(&text);
+                    obs.work_tokens = parse_work_tokens(&text);
+                    self.has_metrics = Some(obs.queue.is_some() || obs.work_tokens.is_some());
                 }
                 Err(ProbeFailure::Status(404 | 405 | 501)) => self.has_metrics = Some(false),
                 Err(_) => {}

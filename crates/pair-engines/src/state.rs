@@ -126,6 +126,9 @@ pub struct Observation {
     pub queue: Option<QueueDepth>,
     /// Engine version (Ollama `/api/version`).
     pub version: Option<String>,
+    /// Tokens the engine has processed since it started (prompt and
+    /// generated, from its `/metrics` counters), when it exports them.
+    pub work_tokens: Option<u64>,
 }
 
 impl Observation {
@@ -137,6 +140,7 @@ impl Observation {
             slots: None,
             queue: None,
             version: None,
+            work_tokens: None,
         }
     }
 }
@@ -158,6 +162,11 @@ pub struct EngineReport {
     pub last_ok_ms: Option<u64>,
     /// When the model list was last read, ms since the epoch.
     pub inventory_at_ms: Option<u64>,
+    /// When the engine's token counters last moved, ms since the epoch: it
+    /// was working (on a prompt, or for a client pair does not see), even
+    /// with nothing streamed through pair.
+    #[serde(default)]
+    pub worked_at_ms: Option<u64>,
 }
 
 impl EngineReport {
@@ -176,6 +185,7 @@ impl EngineReport {
             consecutive_failures: 0,
             last_ok_ms: None,
             inventory_at_ms: None,
+            worked_at_ms: None,
         }
     }
 
@@ -204,6 +214,8 @@ pub struct EngineState {
     refresh_due: bool,
     tracker: HealthTracker,
     report: EngineReport,
+    /// The token counters' last reading.
+    work_tokens: Option<u64>,
 }
 
 impl EngineState {
@@ -222,6 +234,7 @@ impl EngineState {
             refresh_due: true,
             tracker: HealthTracker::new(fail_threshold),
             report: EngineReport::initial(config.kind, configured_slots.unwrap_or(1)),
+            work_tokens: None,
         }
     }
 
@@ -274,6 +287,12 @@ impl EngineState {
                 if obs.version.is_some() {
                     r.version = obs.version;
                 }
+                if let Some(tokens) = obs.work_tokens {
+                    if self.work_tokens.is_some_and(|before| tokens > before) {
+                        r.worked_at_ms = Some(now_ms);
+                    }
+                    self.work_tokens = Some(tokens);
+                }
             }
             Err(f) => {
                 r.last_failure = Some(f);
@@ -282,6 +301,7 @@ impl EngineState {
                 self.refresh_due = true;
                 self.reported_slots = None;
                 self.most_running = 0;
+                self.work_tokens = None;
                 r.queue = None;
             }
         }
@@ -334,6 +354,7 @@ mod tests {
             slots: None,
             queue: None,
             version: None,
+            work_tokens: None,
         }
     }
 
@@ -344,6 +365,33 @@ mod tests {
 
     /// vLLM says nothing of its slots but shows how many requests run: as
     /// many as it was seen running at once, it has; until it restarts.
+    #[test]
+    fn moving_token_counters_are_work_and_still_ones_are_not() {
+        let mut s = state(None);
+        let tokens = |n: u64| Observation {
+            work_tokens: Some(n),
+            ..ok(None)
+        };
+        s.apply(tokens(100), 1);
+        assert_eq!(
+            s.report().worked_at_ms,
+            None,
+            "a first reading is no change"
+        );
+        s.apply(tokens(100), 2);
+        assert_eq!(s.report().worked_at_ms, None);
+        s.apply(tokens(140), 3);
+        assert_eq!(s.report().worked_at_ms, Some(3));
+        s.apply(tokens(140), 4);
+        assert_eq!(s.report().worked_at_ms, Some(3));
+        // A restarted engine counts from zero again: no work until it moves.
+        s.apply(Observation::failed(ProbeFailure::Refused), 5);
+        s.apply(tokens(7), 6);
+        assert_eq!(s.report().worked_at_ms, Some(3));
+        s.apply(tokens(9), 7);
+        assert_eq!(s.report().worked_at_ms, Some(7));
+    }
+
     #[test]
     fn requests_seen_running_at_once_are_slots() {
         let mut s = state(None);

@@ -431,9 +431,13 @@ impl<'a> Exchange for Attempts<'a> {
         Some(hold(node, head.up).await)
     }
 
-    /// This node's engine: anything it sends, on any request. A peer: that
-    /// it stays in routing (reporting, answering its probes); it watches
-    /// its own engine.
+    /// This node's engine: anything it sends on any request, its token
+    /// counters moving (its poller reads them), or a reason to wait: the
+    /// model is still loading (the engine answers its polls and does not
+    /// list the model loaded yet), for as long as the slowest healthy disk
+    /// takes to read its weights ([`pair_scheduler::prior::cold_load_bound`]).
+    /// A peer: that it stays in routing
+    /// (reporting, answering its probes); it watches its own engine.
     fn last_progress(&self, node: NodeId) -> Option<Duration> {
         let st = self.st;
         let cluster = st.cluster();
@@ -443,13 +447,16 @@ impl<'a> Exchange for Attempts<'a> {
                 .is_some_and(|n| n.liveness.is_routable())
                 .then(|| self.now());
         }
+        if let Some(size) = loading(&cluster, node, self.profile, self.req.flavor)
+            && self.now() < pair_scheduler::prior::cold_load_bound(size)
+        {
+            return Some(self.now());
+        }
         match hop_for(st, &cluster, node, &self.profile.model, self.req.flavor) {
-            Ok(Hop::Local(engine)) => Some(
-                engine
-                    .progress
-                    .last()
-                    .saturating_duration_since(self.req.received),
-            ),
+            Ok(Hop::Local(engine)) => engine
+                .progress
+                .last_seen()
+                .map(|at| at.saturating_duration_since(self.req.received)),
             _ => None,
         }
     }
@@ -492,6 +499,22 @@ fn owned(cluster: &ClusterSnapshot, profile: &RequestProfile, flavor: ApiFlavor)
                 .iter()
                 .any(|m| m.name.matches(&profile.model, e.kind))
     })
+}
+
+/// Whether `node`'s engine for the model is loading it (the engine is up,
+/// answering its polls, not stalled, and does not list it loaded yet),
+/// with the model's size when known.
+fn loading(
+    cluster: &ClusterSnapshot,
+    node: NodeId,
+    profile: &RequestProfile,
+    flavor: ApiFlavor,
+) -> Option<Option<u64>> {
+    cluster
+        .node(node)
+        .and_then(|n| n.find_model(&profile.model, flavor))
+        .filter(|(e, m)| e.healthy && !m.loaded)
+        .map(|(_, m)| m.size_bytes)
 }
 
 /// Whether this node holds the model on a healthy engine.

@@ -64,6 +64,22 @@ pub fn from_hardware(gpus: &[GpuDevice], size_bytes: Option<u64>) -> Option<Mode
     })
 }
 
+/// The slowest load a healthy machine shows: weights read at 100 MB/s (a
+/// spinning disk, a USB drive, a network share), after a runner start-up.
+const LOAD_FLOOR_BYTES_PER_S: u64 = 100_000_000;
+const LOAD_STARTUP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a cold load of a model of `size_bytes` may take on the slowest
+/// healthy machine: while an engine is loading the model, a request on it
+/// is waited for this long with no other sign of progress (an engine that
+/// hangs before it loads anything is left after it).
+pub fn cold_load_bound(size_bytes: Option<u64>) -> std::time::Duration {
+    let weights = size_bytes
+        .filter(|&b| b > 0)
+        .unwrap_or(DEFAULT_WEIGHT_BYTES);
+    LOAD_STARTUP + std::time::Duration::from_millis(weights / (LOAD_FLOOR_BYTES_PER_S / 1_000))
+}
+
 fn bandwidth_of(name: &str) -> Option<f32> {
     BANDWIDTH_GBPS
         .iter()
@@ -76,6 +92,33 @@ fn bandwidth_of(name: &str) -> Option<f32> {
 fn contains_ignoring_case(hay: &str, needle: &str) -> bool {
     let (h, n) = (hay.as_bytes(), needle.as_bytes());
     n.len() <= h.len() && h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_cold_load_is_bounded_by_the_slowest_disk_read_of_the_weights() {
+        // 2 GB at 100 MB/s, plus the start-up.
+        assert_eq!(
+            cold_load_bound(Some(2_000_000_000)),
+            Duration::from_secs(25)
+        );
+        // A 70B model at Q4 (about 40 GB): minutes.
+        assert_eq!(
+            cold_load_bound(Some(40_000_000_000)),
+            Duration::from_secs(405)
+        );
+        // Unknown size: an 8B model's weights.
+        assert_eq!(
+            cold_load_bound(None),
+            cold_load_bound(Some(DEFAULT_WEIGHT_BYTES))
+        );
+        assert_eq!(cold_load_bound(Some(0)), cold_load_bound(None));
+        assert!(cold_load_bound(Some(u64::MAX)) > Duration::from_secs(3600));
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,50 @@ pub async fn cluster(n: usize, tweak: impl FnOnce(&mut ClusterSpec)) -> Result<L
     Ok(c)
 }
 
+/// Waits until node 0's view of the cluster shows `model` loaded on each
+/// of `nodes` (peers' reports arrive every gossip interval, engines are
+/// polled every second).
+pub async fn wait_loaded(c: &LocalCluster, model: &str, nodes: &[pair_core::NodeId]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = c.nodes[0].state.cluster();
+        let loaded = nodes.iter().all(|id| {
+            s.node(*id).is_some_and(|n| {
+                n.engines.iter().any(|e| {
+                    e.models
+                        .iter()
+                        .any(|m| m.name.as_str() == model && m.loaded)
+                })
+            })
+        });
+        if loaded {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{model} never loaded on {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Loads `model` on every node (a request pinned to each, through node 0's
+/// Ollama face) and waits until node 0 sees it loaded everywhere.
+pub async fn warm(c: &LocalCluster, model: &str) {
+    for node in &c.nodes {
+        let r = http()
+            .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+            .header("x-pair-node-pin", node.id.to_string())
+            .json(&serde_json::json!({"model": model, "prompt": "warm", "stream": false}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("warming {model} on {}: {e}", node.name));
+        assert_eq!(r.status(), 200, "warming {model} on {}", node.name);
+    }
+    let ids: Vec<pair_core::NodeId> = c.nodes.iter().map(|n| n.id).collect();
+    wait_loaded(c, model, &ids).await;
+}
+
 /// A plain HTTP client for the faces (no proxy, no TLS).
 pub fn http() -> reqwest::Client {
     pair_identity::install_crypto_provider();
