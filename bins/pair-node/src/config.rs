@@ -243,9 +243,10 @@ pub struct RunArgs {
     /// mDNS UDP port (5353 on a real LAN).
     #[arg(long, env = "PAIR_MDNS_PORT")]
     pub mdns_port: Option<u16>,
-    /// How long an engine may show no progress on any request before it is
-    /// taken as hung and routed around (default 30s; a predicted queue or
-    /// model load is waited for longer); also how long a request waits for
+    /// How long an engine may show no progress and give no reason to wait
+    /// before it is taken as hung and routed around (default 10s; a model
+    /// it is loading, its token counters moving, or a predicted queue or
+    /// prefill are waited for longer); also how long a request waits for
     /// an owner of its model to come back.
     #[arg(long, env = "PAIR_FIRST_BYTE_TIMEOUT")]
     pub first_byte_timeout: Option<String>,

@@ -23,6 +23,7 @@
 pub mod bindings;
 pub mod config;
 pub mod edge;
+pub mod failover;
 pub mod gossip;
 pub mod keys;
 pub mod learning;
@@ -39,6 +40,7 @@ use std::time::{Duration, SystemTime};
 
 pub use bindings::Bindings;
 pub use config::GossipConfig;
+pub use failover::{Rearmed, TLS_REFUSED};
 pub use link::{PeerLink, RELAY_PREFIX};
 pub use links::{AddrBook, Peers};
 pub use load::{LoadGuard, LocalLoad};
@@ -69,49 +71,6 @@ pub enum ClusterError {
     Deadline(Duration),
     #[error(transparent)]
     Tls(#[from] pair_identity::Error),
-}
-
-/// The label of a refused TLS handshake: the node refused this client's
-/// certificate, or its own is not the one pinned. Not a node failure.
-pub const TLS_REFUSED: &str = "tls-refused";
-
-/// How a failure to reach a peer classifies itself for failover: a node
-/// and the edge SDK read it the same way.
-impl pair_scheduler::drive::Classified for ClusterError {
-    fn class(&self) -> &'static str {
-        use std::error::Error as _;
-        let mut src: Option<&(dyn std::error::Error + 'static)> = self.source();
-        while let Some(s) = src {
-            let tls = s.downcast_ref::<rustls::Error>().is_some()
-                || s.downcast_ref::<std::io::Error>()
-                    .and_then(std::io::Error::get_ref)
-                    .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-            if tls {
-                return TLS_REFUSED;
-            }
-            if let Some(io) = s.downcast_ref::<std::io::Error>() {
-                return match io.kind() {
-                    std::io::ErrorKind::ConnectionRefused => "connect",
-                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => "reset",
-                    std::io::ErrorKind::TimedOut => "connect-timeout",
-                    _ => "transport",
-                };
-            }
-            src = s.source();
-        }
-        match self {
-            ClusterError::Transport { source } if source.is_connect() => "connect",
-            ClusterError::BadUri { .. } | ClusterError::BadRequest { .. } => "bad-request",
-            ClusterError::Deadline(_) => "first-byte-timeout",
-            _ => "transport",
-        }
-    }
-
-    /// A refused or reset connection: the node's process is up, or
-    /// restarting, and may take the request after a back-off.
-    fn transient(&self) -> bool {
-        matches!(self.class(), "connect" | "reset")
-    }
 }
 
 /// The wall clock in Unix milliseconds (what snapshots and reports carry).

@@ -60,12 +60,16 @@ impl Default for Timeouts {
     fn default() -> Self {
         // PAIR waits 10 s to connect and 120 s for the first byte. On a LAN a
         // connect that takes over 2 s means the node is gone. The first-byte
-        // floor only catches engines that hang: a queue or a cold load is
-        // waited for as long as it makes progress or was predicted, so the
-        // floor can sit well inside a client's usual 60 s deadline.
+        // floor is the bound for silence with no reason: a model loading,
+        // token counters moving, tokens on any request, or a prefill or
+        // queue the scheduler predicts (three times over) are waited for
+        // past it. The longest reasonless silence of a healthy engine
+        // measured (reference/engine-figures.md §1: a whole 2 k context
+        // prefilled on the 2-core CPU box, 0.03 s + 2.65 ms a token, 5.5 s
+        // with no token) fits in it twice over.
         Self {
             connect: Duration::from_secs(2),
-            first_byte: Duration::from_secs(30),
+            first_byte: Duration::from_secs(10),
         }
     }
 }

@@ -12,20 +12,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::StatusCode;
+use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
 use pair_cluster::Progress;
+use pair_cluster::Rearmed;
 use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
 use pair_http::RequestHead;
 use pair_http::h1::Headers;
-use pair_scheduler::drive::{self, Driven, Exchange, Rearmed};
+use pair_identity::keys::KeyRecord;
+use pair_scheduler::drive::{self, Driven, Exchange};
 use pair_scheduler::{Candidate, Failover, FailoverConfig, ReservationId, Step, Target};
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::dispatch::{self, DispatchError, Hop, first_data, refresh_inventory};
-use crate::pipeline::{Inference, PAIR_MADE, Plan, hop_for};
+use crate::dispatch::{self, DispatchError, Hop, LocalEngine, first_data, refresh_inventory};
 use crate::resume;
+use crate::route::Work;
 use crate::state::{MAX_ATTEMPTS, ProxyState, now_ms};
 use crate::stream::Framing;
 use crate::translate;
@@ -42,6 +44,38 @@ const WHOLE_CAP: usize = 8 * 1024 * 1024;
 const HELD_CAP: usize = 64 * 1024;
 /// And it is read for at most this long.
 const HELD_READ: Duration = Duration::from_secs(2);
+
+/// On an answer a node made itself rather than pass on from an engine (a
+/// relaying peer's own error): an origin does not hand it to its client as
+/// the last answer.
+pub const PAIR_MADE: HeaderName = HeaderName::from_static("x-pair-made");
+
+/// An inference request, as the executor needs it.
+#[derive(Debug)]
+pub struct Inference {
+    pub head: RequestHead,
+    pub body: Bytes,
+    pub flavor: ApiFlavor,
+    pub work: Work,
+    pub route: &'static str,
+    /// When the request was read whole (its time to first byte and
+    /// duration count from here).
+    pub received: Instant,
+    /// The API key it came with (the LAN face).
+    pub key: Option<KeyRecord>,
+}
+
+/// Which nodes a request may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Any node of the cluster, as the scheduler ranks them (a face's
+    /// request).
+    Cluster,
+    /// This node only, never re-routed (a request a peer relayed here, so
+    /// a request cannot loop). The origin keeps the receipt, and gets the
+    /// engine's answer as it is; both record the job.
+    ThisNode { origin: NodeId },
+}
 
 /// Which nodes the attempts may go to.
 #[derive(Clone, Copy, Debug)]
@@ -515,6 +549,33 @@ fn loading(
         .and_then(|n| n.find_model(&profile.model, flavor))
         .filter(|(e, m)| e.healthy && !m.loaded)
         .map(|(_, m)| m.size_bytes)
+}
+
+/// The local engine that holds the model, or the peer's link.
+pub(crate) fn hop_for(
+    st: &ProxyState,
+    cluster: &ClusterSnapshot,
+    node: NodeId,
+    model: &str,
+    flavor: ApiFlavor,
+) -> Result<Hop, DispatchError> {
+    if node != st.node.id {
+        return st
+            .peer(node)
+            .map(|l| Hop::Peer(Box::new(l)))
+            .ok_or(DispatchError::NoLink(node));
+    }
+    let kind = cluster
+        .node(node)
+        .and_then(|n| n.find_model(model, flavor))
+        .map(|(e, _)| e.kind);
+    let engines = st.engines();
+    engines
+        .iter()
+        .find(|e| Some(e.kind) == kind)
+        .or_else(|| engines.iter().find(|e| e.kind.serves(flavor)))
+        .map(LocalEngine::hop)
+        .ok_or(DispatchError::NoLink(node))
 }
 
 /// Whether this node holds the model on a healthy engine.

@@ -38,14 +38,15 @@ use serde_json::json;
 use tokio::time::{Instant, Sleep};
 
 use crate::attempt::{Attempts, Committed, Held, Reach, holds};
+pub use crate::attempt::{Inference, PAIR_MADE, Plan};
 use crate::body::{self, RequestFacts};
-use crate::dispatch::{DispatchError, Hop, JOB_HEADER, LocalEngine};
+use crate::dispatch::JOB_HEADER;
 use crate::error::json_error;
 use crate::job::{JobWatcher, PendingJob, millis, new_record};
 use crate::listing;
 use crate::passthrough;
 use crate::receipt::{self, Receipt};
-use crate::route::{self, Face, RouteClass, Work};
+use crate::route::{self, Face, RouteClass};
 use crate::state::{ProxyState, unix_ms_at};
 use crate::stream::{AnswerBody, Framing, OnCut};
 
@@ -263,10 +264,6 @@ async fn node_route(app: &Router, face: Face, req: Request) -> Reply {
 pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
 /// Names a conversation for session affinity.
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session");
-/// On an answer a node made itself rather than pass on from an engine (a
-/// relaying peer's own error): an origin does not hand it to its client as
-/// the last answer.
-pub const PAIR_MADE: HeaderName = HeaderName::from_static("x-pair-made");
 /// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
 pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
 
@@ -277,21 +274,6 @@ pub struct Attempt {
     pub name: String,
     /// An HTTP status or a transport class (`connect`, `first-byte-timeout`).
     pub outcome: String,
-}
-
-/// An inference request, as the executor needs it.
-#[derive(Debug)]
-pub struct Inference {
-    pub head: RequestHead,
-    pub body: Bytes,
-    pub flavor: ApiFlavor,
-    pub work: Work,
-    pub route: &'static str,
-    /// When the request was read whole (its time to first byte and
-    /// duration count from here).
-    pub received: Instant,
-    /// The API key it came with (the LAN face).
-    pub key: Option<KeyRecord>,
 }
 
 /// Routes one inference request. `deadline` is the connection's timer,
@@ -527,18 +509,6 @@ fn deadline_of(headers: &Headers) -> Result<Option<Duration>, String> {
 
 // The paths below are taken only when something failed: `#[cold]` keeps
 // them out of `execute`'s code.
-
-/// Which nodes a request may run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plan {
-    /// Any node of the cluster, as the scheduler ranks them (a face's
-    /// request).
-    Cluster,
-    /// This node only, never re-routed (a request a peer relayed here, so
-    /// a request cannot loop). The origin keeps the receipt, and gets the
-    /// engine's answer as it is; both record the job.
-    ThisNode { origin: NodeId },
-}
 
 #[cold]
 #[inline(never)]
@@ -839,33 +809,6 @@ fn profile_for(
         }
     }
     (p, first_turn)
-}
-
-/// The local engine that holds the model, or the peer's link.
-pub(crate) fn hop_for(
-    st: &ProxyState,
-    cluster: &ClusterSnapshot,
-    node: NodeId,
-    model: &str,
-    flavor: ApiFlavor,
-) -> Result<Hop, DispatchError> {
-    if node != st.node.id {
-        return st
-            .peer(node)
-            .map(|l| Hop::Peer(Box::new(l)))
-            .ok_or(DispatchError::NoLink(node));
-    }
-    let kind = cluster
-        .node(node)
-        .and_then(|n| n.find_model(model, flavor))
-        .map(|(e, _)| e.kind);
-    let engines = st.engines();
-    engines
-        .iter()
-        .find(|e| Some(e.kind) == kind)
-        .or_else(|| engines.iter().find(|e| e.kind.serves(flavor)))
-        .map(LocalEngine::hop)
-        .ok_or(DispatchError::NoLink(node))
 }
 
 /// A node's name from the snapshot (its short id if it has left).

@@ -8,7 +8,8 @@
 //! kept of answers that were not committed. The shells own only I/O and
 //! their own bookkeeping (a load guard, a reservation, a node marked
 //! failed). Time is the shell's too ([`Exchange::now`], [`Timer`]), so the
-//! driver runs on any runtime and, in tests, on virtual time.
+//! driver runs on any runtime (pair's shells lend it a tokio timer,
+//! `pair_cluster::Rearmed`) and, in tests, on virtual time.
 //!
 //! Errors say how they fail ([`Classified`]), as pingora's do: a short
 //! label, whether another node may take the request, and whether the node
@@ -43,38 +44,6 @@ pub trait Classified {
 pub trait Timer: Future<Output = ()> {
     /// Fires at `at`, on the request's clock (since its arrival).
     fn rearm(self: Pin<&mut Self>, at: Duration);
-}
-
-/// A tokio timer on a request's clock (a node lends its connection's).
-#[cfg(feature = "tokio")]
-#[derive(Debug)]
-pub struct Rearmed<'a> {
-    sleep: Pin<&'a mut tokio::time::Sleep>,
-    t0: tokio::time::Instant,
-}
-
-#[cfg(feature = "tokio")]
-impl<'a> Rearmed<'a> {
-    /// `sleep` as a timer for the request that arrived at `t0`.
-    pub fn new(sleep: Pin<&'a mut tokio::time::Sleep>, t0: tokio::time::Instant) -> Self {
-        Self { sleep, t0 }
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Future for Rearmed<'_> {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        self.sleep.as_mut().poll(cx)
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Timer for Rearmed<'_> {
-    fn rearm(mut self: Pin<&mut Self>, at: Duration) {
-        let at = self.t0 + at;
-        self.sleep.as_mut().reset(at);
-    }
 }
 
 /// The shell's half of one request's failover.

@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use pair_cluster::{ClusterError, PeerLink, TLS_REFUSED};
+use pair_cluster::{ClusterError, PeerLink, Rearmed, TLS_REFUSED};
 use pair_core::{NodeId, RequestProfile, RetryAdvice};
-use pair_scheduler::drive::{self, Classified, Driven, Exchange, Rearmed};
+use pair_scheduler::drive::{self, Classified, Driven, Exchange};
 use pair_scheduler::{Failover, GiveUp, ReservationId, Step, Target};
 use tokio::time::Instant;
 
