@@ -49,21 +49,26 @@ struct FaceDoor {
     app: Router,
 }
 
-/// The face's router: `/metrics`, the daemon's own routes (`control`:
-/// `/_pair/...`, `/ui`), and every other request into the pipeline. Only
+/// The node's own routes on a face: `/metrics` and the daemon's (`control`:
+/// `/_pair/...`, `/ui`). The pipeline sends them here straight from its
+/// route step; a path under them that no route serves is a 404 here, in
+/// the face's flavour, never a second trip through the pipeline. Only
 /// loopback connections ever reach it: [`serve`] decides once per
 /// connection.
 pub fn router(st: Arc<ProxyState>, face: Face, control: Router) -> Router {
-    let door = FaceDoor {
-        st,
-        face,
-        app: Router::new(),
-    };
     Router::new()
         .route("/metrics", get(metrics))
-        .fallback(from_router)
-        .with_state(door)
+        .with_state(st)
         .merge(control)
+        .fallback(move || async move {
+            json_error(
+                StatusCode::NOT_FOUND,
+                face.flavor(),
+                "not_found",
+                "this route of the node is not served here",
+                None,
+            )
+        })
 }
 
 /// What a connection from another machine gets, whatever it asks: 403 with
@@ -372,8 +377,8 @@ pub async fn serve_lan(
     Ok(())
 }
 
-async fn metrics(State(door): State<FaceDoor>) -> impl IntoResponse {
-    metrics_text(&door.st)
+async fn metrics(State(st): State<Arc<ProxyState>>) -> impl IntoResponse {
+    metrics_text(&st)
 }
 
 /// The node's metrics in Prometheus' text format.
@@ -390,10 +395,6 @@ fn metrics_text(st: &ProxyState) -> impl IntoResponse + use<> {
 }
 
 /// What the router does not serve itself goes into the pipeline.
-async fn from_router(State(door): State<FaceDoor>, req: Request) -> Response<Body> {
-    door.hyper_request(req).await
-}
-
 /// 503 for a connection beyond the cap, in the face's flavour.
 fn busy(face: Face) -> Response<Body> {
     let mut resp = json_error(
@@ -463,12 +464,14 @@ mod tests {
         face: Face,
         req: http::Request<Body>,
     ) -> (StatusCode, serde_json::Value) {
-        let app = if is_local(SocketAddr::from((from, 40000))) {
-            router(state(), face, Router::new())
+        let resp = if is_local(SocketAddr::from((from, 40000))) {
+            // As a connection on the face serves it: the pipeline first.
+            let st = state();
+            let app = router(Arc::clone(&st), face, Router::new());
+            FaceDoor { st, face, app }.hyper_request(req).await
         } else {
-            forbidden(face)
+            forbidden(face).oneshot(req).await.unwrap()
         };
-        let resp = app.oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (
@@ -530,6 +533,24 @@ mod tests {
         .await;
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert!(v["error"].as_str().unwrap().contains("model"));
+    }
+
+    #[tokio::test]
+    async fn the_node_s_own_routes_are_answered_by_its_router_alone() {
+        let get = |p: &str| http::Request::get(p).body(Body::empty()).unwrap();
+        let (s, _) = call([127, 0, 0, 1], Face::Ollama, get("/metrics")).await;
+        assert_eq!(s, StatusCode::OK);
+        // A control path no route serves: the router's 404 in the face's
+        // flavour, not a second trip through the pipeline.
+        let (s, v) = call([127, 0, 0, 1], Face::OpenAi, get("/_pair/v1/nothing")).await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        assert_eq!(v["error"]["code"], "not_found", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("route of the node")
+        );
     }
 
     #[tokio::test]
