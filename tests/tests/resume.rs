@@ -375,3 +375,63 @@ async fn an_engine_silent_mid_answer_is_a_cut() {
         c.stop().await;
     }
 }
+
+/// The edge SDK holds its caller's stream itself: a stream it gets from a
+/// node whose engine dies mid-answer goes on from another owner, through
+/// the same stitcher and driver, and the caller's answer is the unbroken
+/// one, token for token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_stream_cut_mid_way_goes_on_from_another_node() {
+    use pair_sdk::{Client, Config, Request};
+    let c = cluster(3, same_weights(3)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(dir.path());
+    cfg.seeds = vec![c.nodes[0].cluster_addr.to_string()];
+    let client = Client::open(cfg).await.unwrap();
+    let pin = c.nodes[0]
+        .pairing
+        .open_invite(std::time::SystemTime::now())
+        .unwrap();
+    client
+        .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.nodes.iter().all(|n| n.trust.get(client.id()).is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not learn the client"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for api in [Api::OllamaChat, Api::OpenAiChat] {
+        let path = match api {
+            Api::OllamaChat => "/api/chat",
+            _ => "/v1/chat/completions",
+        };
+        let send = |faulty: usize| {
+            let mut req = Request::json(path, api.body(24).to_string().into()).unwrap();
+            req.headers.insert(
+                "x-pair-node-pin",
+                c.nodes[faulty].id.to_string().parse().unwrap(),
+            );
+            client.send(req)
+        };
+        let unbroken = send(1).await.unwrap().bytes().await.unwrap();
+        let (want, want_count, _) = api.answer(std::str::from_utf8(&unbroken).unwrap());
+        assert_eq!(want.split_whitespace().count(), 24, "{api:?}: {want}");
+        c.engines[1]
+            .faults()
+            .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(6)).times(1));
+        let resp = send(1).await.unwrap();
+        assert_eq!(resp.node, c.nodes[1].id, "{api:?}: the pin is honoured");
+        let text = resp.bytes().await.unwrap();
+        let (got, count, last) = api.answer(std::str::from_utf8(&text).unwrap());
+        assert_eq!(got, want, "{api:?}");
+        assert_eq!(count, want_count, "{api:?}: token counts summed");
+        let moved = &last["x_pair"]["resumed"][0];
+        assert!(moved["at_token"].as_u64().unwrap() > 0, "{api:?}: {last}");
+        assert_ne!(moved["node_id"], json!(c.nodes[1].id), "{api:?}");
+    }
+    c.stop().await;
+}

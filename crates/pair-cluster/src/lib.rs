@@ -33,6 +33,7 @@ pub mod load;
 pub mod port;
 pub mod progress;
 pub mod reports;
+pub mod resume;
 pub mod routes;
 pub mod snapshot;
 

@@ -313,25 +313,21 @@ impl<'a> Attempts<'a> {
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
-            && let Some(api) = resume::Api::of(out_head.path_and_query.path())
+            && let Some(api) = resume::api_of(out_head.path_and_query.path())
         {
             let cont = resume::Continuation {
                 st: Arc::clone(st),
                 head: out_head.clone(),
-                body: out_body.clone(),
                 api,
                 work: req.work,
                 route: req.route,
                 profile: profile.clone(),
                 job: self.job,
-                began_on: node,
                 log: Arc::default(),
                 send: send_continuation,
             };
             resumed = Some(Arc::clone(&cont.log));
-            up.body = dispatch::UpBody::Translated(dispatch::BoxedBody(Box::pin(
-                resume::Resuming::new(up.body, cont),
-            )));
+            up.body = resume::resuming(up.body, cont, out_body.clone(), node);
         }
         let up = match translation {
             Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, req.received),
@@ -685,7 +681,7 @@ fn send_continuation(
     cont: Arc<resume::Continuation>,
     head: RequestHead,
     body: Bytes,
-    dead: SmallVec<[NodeId; 3]>,
+    dead: pair_cluster::resume::Dead,
 ) -> Pin<Box<dyn Future<Output = Option<resume::Moved>> + Send>> {
     Box::pin(async move { continue_on(&cont, head, body, &dead).await })
 }
@@ -704,7 +700,7 @@ pub(crate) async fn continue_on(
     let req = Inference {
         head,
         body,
-        flavor: cont.api.flavor(),
+        flavor: resume::flavor(cont.api),
         work: cont.work,
         route: cont.route,
         received: Instant::now(),

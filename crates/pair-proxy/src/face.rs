@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use http::{HeaderValue, Method, Response, StatusCode, header};

@@ -1,291 +1,56 @@
-//! Mid-stream continuation: a stream cut after its first byte (the node
-//! killed, its engine crashed, the link cut) goes on from another owner of
-//! the model. The node holding the client's connection sends the same
-//! request there with the text already streamed as the answer's start (a
-//! final assistant message the engine continues, or the text appended to
-//! a raw prompt), its token limit lowered by what was streamed, and
-//! splices the new stream onto the client's: one stream, no text
-//! repeated, one final event with the counts summed and an `x_pair`
-//! receipt naming where the answer moved.
+//! Mid-stream continuation on a node: a stream this node routed, cut after
+//! its first byte (the node killed, its engine crashed, the link cut),
+//! goes on from another owner of the model. The stream's state and the
+//! continuation request are pair-translate's
+//! ([`pair_translate::resume::Stitcher`]), the body that moves is
+//! pair-cluster's ([`pair_cluster::resume::Resuming`], the edge SDK wraps
+//! its streams in the same); here is how a node sends the continuation
+//! (the pipeline's `continue_on`: the same driver and attempts, the nodes
+//! the stream was cut on left out) and records each move in the job.
 //!
-//! It works below translation, on the stream the engine speaks (OpenAI's
-//! chat or completions events, Ollama's chat or generate lines): an
+//! It works below translation, on the stream the engine speaks: an
 //! Anthropic or Responses client's stream is translated from the spliced
-//! one, so it continues the same way. Nothing is parsed while a stream
-//! flows; only complete events are passed on (so a splice never lands
-//! inside one), and the events given are kept (shared bytes) to read the
-//! text back at a cut.
-//!
-//! What cannot be continued ends as before, with the stream's error event:
-//! a tool call or a thought under way, `n > 1`, log probabilities, an
-//! Ollama generate with a templated prompt, a cut with no other owner, and
-//! more moves than [`ResumePolicy::limit`].
+//! one, so it continues the same way.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
-use http_body::{Body, Frame, SizeHint};
+use pair_cluster::resume::{Dead, Mover, Resuming};
 use pair_core::{ApiFlavor, JobId, NodeId, RequestProfile, Resumption};
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
-use serde_json::{Map, Value, json};
-use smallvec::SmallVec;
+pub(crate) use pair_translate::resume::Api;
+use pair_translate::resume::Stitcher;
+use serde_json::{Value, json};
 
-use crate::dispatch::{UpBody, UpBodyError};
+use crate::dispatch::{BoxedBody, UpBody};
 use crate::route::Work;
 use crate::state::ProxyState;
-use crate::stream::Framing;
 
 pub use crate::state::ResumePolicy;
 
-/// The API of a stream below translation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Api {
-    OpenAiChat,
-    OpenAiCompletion,
-    OllamaChat,
-    OllamaGenerate,
-}
-
-impl Api {
-    /// The API of a request sent to `path`, where it streams text.
-    pub(crate) fn of(path: &str) -> Option<Api> {
-        Some(match path {
-            "/v1/chat/completions" => Api::OpenAiChat,
-            "/v1/completions" => Api::OpenAiCompletion,
-            "/api/chat" => Api::OllamaChat,
-            "/api/generate" => Api::OllamaGenerate,
-            _ => return None,
-        })
-    }
-
-    fn framing(self) -> Framing {
-        match self {
-            Api::OpenAiChat | Api::OpenAiCompletion => Framing::Sse,
-            Api::OllamaChat | Api::OllamaGenerate => Framing::Ndjson,
-        }
-    }
-
-    /// The flavour a continuation is sent as.
-    pub(crate) fn flavor(self) -> ApiFlavor {
-        match self {
-            Api::OpenAiChat | Api::OpenAiCompletion => ApiFlavor::OpenAi,
-            Api::OllamaChat | Api::OllamaGenerate => ApiFlavor::Ollama,
-        }
-    }
-
-    fn is_chat(self) -> bool {
-        matches!(self, Api::OpenAiChat | Api::OllamaChat)
-    }
-}
-
-/// The JSON events of a piece of a stream (complete events only): SSE
-/// `data:` payloads other than `[DONE]`, or NDJSON lines.
-fn payloads(framing: Framing, chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
-    chunk.split(|&b| b == b'\n').filter_map(move |line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        match framing {
-            Framing::Sse => {
-                let data = line.strip_prefix(b"data:")?;
-                let data = data.strip_prefix(b" ").unwrap_or(data);
-                (data != b"[DONE]").then_some(data)
-            }
-            _ => (!line.iter().all(u8::is_ascii_whitespace)).then_some(line),
-        }
+/// The API of a request sent to `path`, where its stream can be continued.
+pub(crate) fn api_of(path: &str) -> Option<Api> {
+    Some(match path {
+        "/v1/chat/completions" => Api::OpenAiChat,
+        "/v1/completions" => Api::OpenAiCompletion,
+        "/api/chat" => Api::OllamaChat,
+        "/api/generate" => Api::OllamaGenerate,
+        _ => return None,
     })
 }
 
-/// What the client has of an answer, read back from the events it was
-/// given.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Transcript {
-    /// The answer's text so far.
-    pub text: String,
-    /// Events that carried text: about one token each.
-    pub tokens: u32,
-    /// Why it cannot be continued, when it cannot.
-    pub unresumable: Option<&'static str>,
-    /// Its final event went by: nothing is missing but the stream's end.
-    pub finished: bool,
-}
-
-impl Transcript {
-    pub(crate) fn read<'a>(api: Api, events: impl IntoIterator<Item = &'a Bytes>) -> Transcript {
-        let mut t = Transcript::default();
-        for chunk in events {
-            for payload in payloads(api.framing(), chunk) {
-                let Ok(v) = serde_json::from_slice::<Value>(payload) else {
-                    t.unresumable.get_or_insert("an event that is not JSON");
-                    continue;
-                };
-                t.event(api, &v);
-            }
-        }
-        t
+/// The flavour a continuation in `api` is sent as.
+pub(crate) fn flavor(api: Api) -> ApiFlavor {
+    if api.is_openai() {
+        ApiFlavor::OpenAi
+    } else {
+        ApiFlavor::Ollama
     }
-
-    fn event(&mut self, api: Api, v: &Value) {
-        if v.get("error").is_some() {
-            self.unresumable.get_or_insert("an error event");
-            return;
-        }
-        let (text, done) = match api {
-            Api::OpenAiChat | Api::OpenAiCompletion => {
-                let choice = v.pointer("/choices/0");
-                if v["choices"].as_array().is_some_and(|c| c.len() > 1)
-                    || choice.and_then(|c| c.get("index")).and_then(Value::as_u64) > Some(0)
-                {
-                    self.unresumable.get_or_insert("n > 1");
-                }
-                let delta = choice.and_then(|c| c.get("delta"));
-                if delta
-                    .and_then(|d| d.get("tool_calls"))
-                    .is_some_and(|c| !c.is_null())
-                {
-                    self.unresumable.get_or_insert("a tool call");
-                }
-                if delta
-                    .and_then(|d| d.get("reasoning_content").or_else(|| d.get("reasoning")))
-                    .and_then(Value::as_str)
-                    .is_some_and(|r| !r.is_empty())
-                {
-                    self.unresumable.get_or_insert("a thought under way");
-                }
-                let text = match api {
-                    Api::OpenAiChat => delta.and_then(|d| d.get("content")),
-                    _ => choice.and_then(|c| c.get("text")),
-                };
-                let done = choice
-                    .and_then(|c| c.get("finish_reason"))
-                    .is_some_and(|f| !f.is_null())
-                    || v.get("usage").is_some_and(|u| !u.is_null());
-                (text.and_then(Value::as_str), done)
-            }
-            Api::OllamaChat | Api::OllamaGenerate => {
-                let message = v.get("message");
-                if message
-                    .and_then(|m| m.get("tool_calls"))
-                    .is_some_and(|c| !c.is_null())
-                {
-                    self.unresumable.get_or_insert("a tool call");
-                }
-                if message
-                    .and_then(|m| m.get("thinking"))
-                    .or_else(|| v.get("thinking"))
-                    .and_then(Value::as_str)
-                    .is_some_and(|r| !r.is_empty())
-                {
-                    self.unresumable.get_or_insert("a thought under way");
-                }
-                let text = match api {
-                    Api::OllamaChat => message.and_then(|m| m.get("content")),
-                    _ => v.get("response"),
-                };
-                (
-                    text.and_then(Value::as_str),
-                    v.get("done").and_then(Value::as_bool) == Some(true),
-                )
-            }
-        };
-        if let Some(text) = text.filter(|t| !t.is_empty()) {
-            self.text.push_str(text);
-            self.tokens = self.tokens.saturating_add(1);
-        }
-        self.finished |= done;
-    }
-}
-
-/// The request that continues an answer, or why there is none. `Ok(None)`:
-/// its token limit is used up (the answer is whole).
-pub(crate) fn continuation(
-    api: Api,
-    request: &[u8],
-    t: &Transcript,
-) -> Result<Option<Vec<u8>>, &'static str> {
-    if let Some(why) = t.unresumable {
-        return Err(why);
-    }
-    let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(request) else {
-        return Err("a request that is not a JSON object");
-    };
-    if req.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
-        return Err("n > 1");
-    }
-    if req
-        .get("logprobs")
-        .is_some_and(|l| !matches!(l, Value::Null | Value::Bool(false)))
-        || req.get("top_logprobs").is_some_and(|l| !l.is_null())
-    {
-        return Err("log probabilities");
-    }
-    if !lower_limit(&mut req, api, t.tokens) {
-        return Ok(None);
-    }
-    match api {
-        Api::OpenAiChat | Api::OllamaChat => {
-            let Some(Value::Array(messages)) = req.get_mut("messages") else {
-                return Err("a chat without messages");
-            };
-            messages.push(json!({ "role": "assistant", "content": t.text }));
-            if api == Api::OpenAiChat {
-                // vLLM continues a final assistant message only when told
-                // to; llama.cpp's server does on its own.
-                req.insert("continue_final_message".into(), true.into());
-                req.insert("add_generation_prompt".into(), false.into());
-            }
-        }
-        Api::OpenAiCompletion | Api::OllamaGenerate => {
-            if api == Api::OllamaGenerate && req.get("raw").and_then(Value::as_bool) != Some(true) {
-                return Err("a templated prompt (Ollama generate without raw)");
-            }
-            if req.get("suffix").is_some_and(|s| !s.is_null()) {
-                return Err("a fill-in-the-middle suffix");
-            }
-            let Some(Value::String(prompt)) = req.get_mut("prompt") else {
-                return Err("a prompt that is not one string");
-            };
-            prompt.push_str(&t.text);
-        }
-    }
-    Ok(Some(
-        serde_json::to_vec(&Value::Object(req)).map_err(|_| "a request that cannot be written")?,
-    ))
-}
-
-/// Lowers every token limit the request sets by `streamed`; false when
-/// one is used up.
-fn lower_limit(req: &mut Map<String, Value>, api: Api, streamed: u32) -> bool {
-    let mut left = true;
-    let mut lower = |v: &mut Value| {
-        if let Some(n) = v.as_i64().filter(|n| *n > 0) {
-            let rest = n - i64::from(streamed);
-            left &= rest > 0;
-            *v = rest.max(1).into();
-        }
-    };
-    match api {
-        Api::OllamaChat | Api::OllamaGenerate => {
-            if let Some(v) = req
-                .get_mut("options")
-                .and_then(|o| o.get_mut("num_predict"))
-            {
-                lower(v);
-            }
-        }
-        Api::OpenAiChat | Api::OpenAiCompletion => {
-            for field in ["max_tokens", "max_completion_tokens"] {
-                if let Some(v) = req.get_mut(field) {
-                    lower(v);
-                }
-            }
-        }
-    }
-    left
 }
 
 /// What the node records of an answer's moves, shared by the stream that
@@ -315,18 +80,15 @@ impl ResumeLog {
 }
 
 /// Everything a continuation needs: the request as it went to the engine
-/// (after any translation) and where it may go.
+/// (after any translation; its body is the stitcher's) and where it may go.
 pub(crate) struct Continuation {
     pub st: Arc<ProxyState>,
     pub head: RequestHead,
-    pub body: Bytes,
     pub api: Api,
     pub work: Work,
     pub route: &'static str,
     pub profile: RequestProfile,
     pub job: JobId,
-    /// The node the answer began on.
-    pub began_on: NodeId,
     pub log: Arc<ResumeLog>,
     /// Sends a continuation to the best owner not cut on
     /// (the pipeline's `continue_on`).
@@ -339,423 +101,63 @@ pub(crate) type Send = fn(
     Arc<Continuation>,
     RequestHead,
     Bytes,
-    SmallVec<[NodeId; 3]>,
+    Dead,
 ) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>>;
 
-/// An answer continued elsewhere: the node, its answer's body (the first
-/// frame already read), and what it holds until the answer ends.
-pub(crate) struct Moved {
-    pub node: NodeId,
-    pub first: Option<Bytes>,
-    pub body: UpBody,
-    pub holding: Box<dyn std::marker::Send>,
-}
+/// An answer continued on another node.
+pub(crate) type Moved = pair_cluster::resume::Moved<UpBody>;
 
-/// A continuation under way: it finds the next owner and sends it the
-/// request (the pipeline's `continue_on`).
-type Moving = Pin<Box<dyn Future<Output = Option<Arrived>> + std::marker::Send>>;
+impl Mover for Continuation {
+    type Body = UpBody;
 
-/// A continuation that answered: its stream, the receipt so far, and the
-/// tokens the client had before it.
-struct Arrived {
-    moved: Moved,
-    receipt: Vec<Value>,
-    before: u32,
-}
-
-/// Most bytes of given events kept to read a cut answer back; a longer
-/// answer is not continued.
-const KEPT_MAX: usize = 8 << 20;
-
-/// An engine's stream on its way to the client, continued on another node
-/// when it is cut.
-pub struct Resuming {
-    inner: UpBody,
-    /// The stream's framing (its API's).
-    framing: Framing,
-    cont: Arc<Continuation>,
-    /// Events given to the client, while they are few enough to keep.
-    given: Vec<Bytes>,
-    /// Bytes given (counted up to just past [`KEPT_MAX`]): above zero once
-    /// the client has had its first byte.
-    given_len: usize,
-    /// The start of an event still arriving.
-    partial: BytesMut,
-    /// A continuation's first frame, not yet passed on.
-    queued: Option<Bytes>,
-    moving: Option<Moving>,
-    /// The cut a move is for: what the client gets if none is made.
-    cut: Option<UpBodyError>,
-    splice: Option<Splice>,
-    /// Nodes whose stream was cut.
-    dead: SmallVec<[NodeId; 3]>,
-    holding: Vec<Box<dyn std::marker::Send>>,
-    /// The stream's last piece, made here (a `[DONE]` after a cut that
-    /// came after the final event).
-    closing: Option<Bytes>,
-    done: bool,
-}
-
-impl std::fmt::Debug for Resuming {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resuming")
-            .field("api", &self.cont.api)
-            .field("dead", &self.dead)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Resuming {
-    pub(crate) fn new(inner: UpBody, cont: Continuation) -> Self {
-        let began = cont.began_on;
-        Self {
-            inner,
-            framing: cont.api.framing(),
-            cont: Arc::new(cont),
-            given: Vec::new(),
-            given_len: 0,
-            partial: BytesMut::new(),
-            queued: None,
-            moving: None,
-            cut: None,
-            splice: None,
-            dead: smallvec::smallvec![began],
-            holding: Vec::new(),
-            closing: None,
-            done: false,
-        }
-    }
-
-    /// The complete events in `data` (with what was held of the one it
-    /// finishes), spliced if this is a continuation; `None` while an event
-    /// is still incomplete.
-    fn complete(&mut self, data: Bytes) -> Option<Bytes> {
-        let sep: &[u8] = if self.framing == Framing::Sse {
-            b"\n\n"
-        } else {
-            b"\n"
+    fn send(
+        self: Arc<Self>,
+        request: Bytes,
+        dead: Dead,
+    ) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>> {
+        let mut headers = self.head.headers.clone().into_map(1);
+        headers.insert(CONTENT_LENGTH, http::HeaderValue::from(request.len()));
+        let head = RequestHead {
+            method: self.head.method.clone(),
+            path_and_query: self.head.path_and_query.clone(),
+            headers: Headers::Map(headers),
         };
-        let whole = if self.partial.is_empty() && data.ends_with(sep) {
-            data
-        } else {
-            self.partial.extend_from_slice(&data);
-            let end = memchr::memmem::rfind(&self.partial, sep)? + sep.len();
-            self.partial.split_to(end).freeze()
-        };
-        let out = match &self.splice {
-            Some(s) => s.rewrite(self.framing, &whole),
-            None => whole,
-        };
-        if out.is_empty() {
-            return None;
-        }
-        if self.given_len <= KEPT_MAX {
-            self.given_len += out.len();
-            self.given.push(out.clone());
-        }
-        Some(out)
+        (self.send)(Arc::clone(&self), head, request, dead)
     }
 
-    /// Starts moving the answer after a cut, or says why it cannot move.
-    fn start_move(&mut self) -> Result<(), &'static str> {
-        let cont = &self.cont;
-        if usize::from(cont.st.resume.limit) < self.dead.len() {
-            return Err("its moves are used up");
-        }
-        if self.given_len > KEPT_MAX {
-            return Err("too long to read back");
-        }
-        let t = Transcript::read(cont.api, &self.given);
-        if t.finished {
-            self.end_whole();
-            return Ok(());
-        }
-        let Some(body) = continuation(cont.api, &cont.body, &t)? else {
-            // Its limit is reached: what was given is the whole answer.
-            self.closing = Some(closing(cont.api, &cont.profile.model, self.splice.as_ref()));
-            self.done = true;
-            return Ok(());
-        };
-        let cont = Arc::clone(&self.cont);
-        let dead = self.dead.clone();
-        let before = t.tokens;
-        let mut receipt = self
-            .splice
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.receipt.clone());
-        self.moving = Some(Box::pin(async move {
-            let mut headers = cont.head.headers.clone().into_map(1);
-            headers.insert(CONTENT_LENGTH, http::HeaderValue::from(body.len()));
-            let head = RequestHead {
-                method: cont.head.method.clone(),
-                path_and_query: cont.head.path_and_query.clone(),
-                headers: Headers::Map(headers),
-            };
-            let moved = (cont.send)(Arc::clone(&cont), head, Bytes::from(body), dead).await?;
-            cont.log.push(Resumption {
-                node: moved.node,
-                at_token: before,
-            });
-            let name = cont
-                .st
-                .cluster()
-                .node(moved.node)
-                .map_or_else(|| moved.node.short(), |n| n.name.clone());
-            tracing::info!(job = %cont.job, node = %name, at_token = before, "a cut stream moved");
-            receipt.push(json!({ "node": name, "node_id": moved.node, "at_token": before }));
-            Some(Arrived {
-                moved,
-                receipt,
-                before,
-            })
-        }));
-        Ok(())
+    fn moved(&self, node: NodeId, at_token: u32) -> Value {
+        self.log.push(Resumption { node, at_token });
+        let name = self
+            .st
+            .cluster()
+            .node(node)
+            .map_or_else(|| node.short(), |n| n.name.clone());
+        tracing::info!(job = %self.job, node = %name, at_token, "a cut stream moved");
+        json!({ "node": name, "node_id": node, "at_token": at_token })
     }
 
-    /// The cut came after the final event: only the stream's end is
-    /// missing.
-    fn end_whole(&mut self) {
-        if self.framing == Framing::Sse {
-            self.closing = Some(Bytes::from_static(b"data: [DONE]\n\n"));
-        }
-        self.done = true;
+    fn stopped(&self, why: &'static str) {
+        tracing::info!(job = %self.job, why, "a cut stream cannot go on");
     }
 }
 
-/// The final event of an answer whose token limit ran out at a cut.
-fn closing(api: Api, model: &str, splice: Option<&Splice>) -> Bytes {
-    let receipt = splice.map_or_else(Vec::new, |s| s.receipt.clone());
-    let mut end = match api {
-        Api::OpenAiChat => json!({ "object": "chat.completion.chunk", "model": model,
-            "choices": [{ "index": 0, "delta": {}, "finish_reason": "length" }] }),
-        Api::OpenAiCompletion => json!({ "object": "text_completion", "model": model,
-            "choices": [{ "index": 0, "text": "", "finish_reason": "length" }] }),
-        Api::OllamaChat => json!({ "model": model, "done": true, "done_reason": "length",
-            "message": { "role": "assistant", "content": "" } }),
-        Api::OllamaGenerate => json!({ "model": model, "done": true, "done_reason": "length",
-            "response": "" }),
-    };
-    if !receipt.is_empty() {
-        end["x_pair"] = json!({ "resumed": receipt });
-    }
-    Bytes::from(match api.framing() {
-        Framing::Sse => format!("data: {end}\n\ndata: [DONE]\n\n"),
-        _ => format!("{end}\n"),
-    })
-}
-
-/// Rewrites a continuation's events as the rest of the client's stream:
-/// its opening (a role-only chunk) goes, and its final event counts the
-/// tokens streamed before it and says where the answer moved.
-#[derive(Debug)]
-struct Splice {
-    api: Api,
-    /// Tokens the client had before this continuation.
-    before: u32,
-    /// `x_pair.resumed`: one entry per move.
-    receipt: Vec<Value>,
-}
-
-impl Splice {
-    fn rewrite(&self, framing: Framing, events: &Bytes) -> Bytes {
-        let sep: &[u8] = if framing == Framing::Sse {
-            b"\n\n"
-        } else {
-            b"\n"
-        };
-        let mut out = BytesMut::with_capacity(events.len() + 64);
-        let mut changed = false;
-        let mut rest: &[u8] = events;
-        while !rest.is_empty() {
-            let (event, tail) = match memchr::memmem::find(rest, sep) {
-                Some(at) => rest.split_at(at + sep.len()),
-                None => (rest, &[][..]),
-            };
-            rest = tail;
-            let Some(payload) = payloads(framing, event).next() else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            let Ok(mut v) = serde_json::from_slice::<Value>(payload) else {
-                out.extend_from_slice(event);
-                continue;
-            };
-            match self.event(&mut v) {
-                Edit::Keep => out.extend_from_slice(event),
-                Edit::Drop => changed = true,
-                Edit::Changed => {
-                    changed = true;
-                    match framing {
-                        Framing::Sse => out.extend_from_slice(format!("data: {v}\n\n").as_bytes()),
-                        _ => out.extend_from_slice(format!("{v}\n").as_bytes()),
-                    }
-                }
-            }
-        }
-        if changed {
-            out.freeze()
-        } else {
-            events.clone()
-        }
-    }
-
-    fn event(&self, v: &mut Value) -> Edit {
-        let before = u64::from(self.before);
-        let mut last = false;
-        match self.api {
-            Api::OpenAiChat | Api::OpenAiCompletion => {
-                let finish = v
-                    .pointer("/choices/0/finish_reason")
-                    .is_some_and(|f| !f.is_null());
-                if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
-                    let prompt = u["prompt_tokens"]
-                        .as_u64()
-                        .unwrap_or(0)
-                        .saturating_sub(before);
-                    let completion = u["completion_tokens"].as_u64().unwrap_or(0) + before;
-                    u["prompt_tokens"] = prompt.into();
-                    u["completion_tokens"] = completion.into();
-                    u["total_tokens"] = (prompt + completion).into();
-                    last = true;
-                }
-                if !finish && !last && self.api == Api::OpenAiChat {
-                    let delta = v.pointer("/choices/0/delta");
-                    let says = |k: &str| {
-                        delta
-                            .and_then(|d| d.get(k))
-                            .is_some_and(|x| !x.is_null() && x != "")
-                    };
-                    if !says("content")
-                        && !says("tool_calls")
-                        && !says("reasoning_content")
-                        && !says("reasoning")
-                    {
-                        // The continuation's opening: the role, again.
-                        return Edit::Drop;
-                    }
-                }
-                last |= finish;
-            }
-            Api::OllamaChat | Api::OllamaGenerate => {
-                if v.get("done").and_then(Value::as_bool) == Some(true) {
-                    if let Some(n) = v.get("eval_count").and_then(Value::as_u64) {
-                        v["eval_count"] = (n + before).into();
-                    }
-                    if let Some(n) = v.get("prompt_eval_count").and_then(Value::as_u64) {
-                        v["prompt_eval_count"] = n.saturating_sub(before).into();
-                    }
-                    last = true;
-                }
-            }
-        }
-        if !last {
-            return Edit::Keep;
-        }
-        v["x_pair"] = json!({ "resumed": self.receipt });
-        Edit::Changed
-    }
-}
-
-enum Edit {
-    Keep,
-    Drop,
-    Changed,
-}
-
-impl Body for Resuming {
-    type Data = Bytes;
-    type Error = UpBodyError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, UpBodyError>>> {
-        let this = &mut *self;
-        loop {
-            if let Some(moving) = this.moving.as_mut() {
-                match moving.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(None) => {
-                        tracing::info!(job = %this.cont.job, "a cut stream found no node to move to");
-                        this.moving = None;
-                        this.done = true;
-                        return Poll::Ready(this.cut.take().map(Err));
-                    }
-                    Poll::Ready(Some(a)) => {
-                        this.moving = None;
-                        this.cut = None;
-                        this.dead.push(a.moved.node);
-                        this.inner = a.moved.body;
-                        this.queued = a.moved.first;
-                        this.partial.clear();
-                        this.holding.push(a.moved.holding);
-                        this.splice = Some(Splice {
-                            api: this.cont.api,
-                            before: a.before,
-                            receipt: a.receipt,
-                        });
-                        continue;
-                    }
-                }
-            }
-            if let Some(first) = this.queued.take() {
-                if let Some(out) = this.complete(first) {
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
-                }
-                continue;
-            }
-            if this.done {
-                return Poll::Ready(this.closing.take().map(|b| Ok(Frame::data(b))));
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        if let Some(out) = this.complete(data) {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Poll::Ready(Some(Err(e))) => {
-                    // Before the first byte, a failure is the failover's
-                    // (the request is sent again whole).
-                    if this.given_len == 0 {
-                        return Poll::Ready(Some(Err(e)));
-                    }
-                    match this.start_move() {
-                        Ok(()) => this.cut = Some(e),
-                        Err(why) => {
-                            tracing::info!(job = %this.cont.job, why, "a cut stream cannot move");
-                            this.done = true;
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                    }
-                }
-                Poll::Ready(None) => {
-                    this.done = true;
-                    if this.partial.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    // A last event without its line end.
-                    let rest = this.partial.split().freeze();
-                    let out = match &this.splice {
-                        Some(s) => s.rewrite(this.framing, &rest),
-                        None => rest,
-                    };
-                    return Poll::Ready(Some(Ok(Frame::data(out))));
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done && self.closing.is_none() && self.moving.is_none() && self.queued.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
+/// `body`, begun on `began_on`, moving on a cut: `request` is its body as
+/// the engine got it.
+pub(crate) fn resuming(
+    body: UpBody,
+    cont: Continuation,
+    request: Bytes,
+    began_on: NodeId,
+) -> UpBody {
+    let stitch = Stitcher::new(
+        cont.api,
+        request,
+        cont.profile.model.clone(),
+        cont.st.resume.limit,
+    );
+    UpBody::Translated(BoxedBody(Box::pin(Resuming::new(
+        body, None, stitch, cont, began_on,
+    ))))
 }
 
 /// Whether `node`'s engine for `model` can continue an answer in `api`:
@@ -770,147 +172,9 @@ pub(crate) fn continues(
 ) -> bool {
     let Some((engine, _)) = cluster
         .node(node)
-        .and_then(|n| n.find_model(model, api.flavor()))
+        .and_then(|n| n.find_model(model, flavor(api)))
     else {
         return false;
     };
     !api.is_chat() || engine.kind != pair_core::EngineKind::LmStudio
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    fn sse(events: &[Value]) -> Bytes {
-        let mut s = String::new();
-        for e in events {
-            s.push_str(&format!("data: {e}\n\n"));
-        }
-        Bytes::from(s)
-    }
-
-    fn chunk(content: &str) -> Value {
-        json!({"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
-    }
-
-    #[test]
-    fn a_chat_stream_is_read_back_as_its_text() {
-        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": null}]});
-        let events = [sse(&[role, chunk("Hello")]), sse(&[chunk(" world")])];
-        let t = Transcript::read(Api::OpenAiChat, &events);
-        assert_eq!(t.text, "Hello world");
-        assert_eq!(t.tokens, 2);
-        assert_eq!(t.unresumable, None);
-        assert!(!t.finished);
-        let lines = [Bytes::from(
-            "{\"message\":{\"role\":\"assistant\",\"content\":\"Hi\"},\"done\":false}\n{\"message\":{\"role\":\"assistant\",\"content\":\" there\"},\"done\":false}\n",
-        )];
-        let t = Transcript::read(Api::OllamaChat, &lines);
-        assert_eq!((t.text.as_str(), t.tokens), ("Hi there", 2));
-    }
-
-    #[test]
-    fn tool_calls_thoughts_and_several_choices_are_not_continued() {
-        let tool = json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]}, "finish_reason": null}]});
-        let t = Transcript::read(Api::OpenAiChat, &[sse(&[tool])]);
-        assert_eq!(t.unresumable, Some("a tool call"));
-        let think = json!({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": null}]});
-        let t = Transcript::read(Api::OpenAiChat, &[sse(&[think])]);
-        assert_eq!(t.unresumable, Some("a thought under way"));
-        let second =
-            json!({"choices": [{"index": 1, "delta": {"content": "x"}, "finish_reason": null}]});
-        let t = Transcript::read(Api::OpenAiChat, &[sse(&[second])]);
-        assert_eq!(t.unresumable, Some("n > 1"));
-        assert!(continuation(Api::OpenAiChat, b"{}", &t).is_err());
-    }
-
-    #[test]
-    fn a_continuation_ends_with_the_text_and_asks_for_the_rest() {
-        let t = Transcript {
-            text: "Hello world".into(),
-            tokens: 2,
-            ..Transcript::default()
-        };
-        let req = json!({"model": "m", "max_tokens": 10, "stream": true,
-                         "messages": [{"role": "user", "content": "hi"}]});
-        let body = continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t)
-            .unwrap()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["max_tokens"], 8);
-        assert_eq!(
-            v["messages"][1],
-            json!({"role": "assistant", "content": "Hello world"})
-        );
-        assert_eq!(v["continue_final_message"], true);
-        // Ollama's limit, and a raw prompt.
-        let req =
-            json!({"model": "m", "prompt": "Q: ", "raw": true, "options": {"num_predict": 5}});
-        let v: Value = serde_json::from_slice(
-            &continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
-                .unwrap()
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            (v["prompt"].as_str(), v["options"]["num_predict"].as_i64()),
-            (Some("Q: Hello world"), Some(3))
-        );
-        // A templated generate cannot be continued; a used-up limit needs no continuation.
-        let req = json!({"model": "m", "prompt": "Q"});
-        assert!(continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t).is_err());
-        let req = json!({"model": "m", "max_tokens": 2, "prompt": "Q"});
-        assert_eq!(
-            continuation(Api::OpenAiCompletion, req.to_string().as_bytes(), &t),
-            Ok(None)
-        );
-        let req = json!({"model": "m", "logprobs": true, "messages": []});
-        assert!(continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t).is_err());
-    }
-
-    #[test]
-    fn a_splice_drops_the_opening_and_sums_the_final_counts() {
-        let splice = Splice {
-            api: Api::OpenAiChat,
-            before: 4,
-            receipt: vec![json!({"node": "b", "at_token": 4})],
-        };
-        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
-        let end = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
-        let usage = json!({"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17}});
-        let mut events = sse(&[role, chunk(" more"), end, usage]).to_vec();
-        events.extend_from_slice(b"data: [DONE]\n\n");
-        let out = splice.rewrite(Framing::Sse, &Bytes::from(events));
-        let text = String::from_utf8(out.to_vec()).unwrap();
-        let datas: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .collect();
-        assert_eq!(datas.len(), 4, "{text}");
-        assert!(datas[0].contains(" more"));
-        let end: Value = serde_json::from_str(datas[1]).unwrap();
-        assert_eq!(end["x_pair"]["resumed"][0]["at_token"], 4);
-        let usage: Value = serde_json::from_str(datas[2]).unwrap();
-        assert_eq!(
-            usage["usage"],
-            json!({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17})
-        );
-        assert_eq!(datas[3], "[DONE]");
-        // Ollama's last line.
-        let splice = Splice {
-            api: Api::OllamaChat,
-            ..splice
-        };
-        let line = Bytes::from("{\"done\":true,\"eval_count\":3,\"prompt_eval_count\":20}\n");
-        let v: Value = serde_json::from_slice(&splice.rewrite(Framing::Ndjson, &line)).unwrap();
-        assert_eq!(
-            (v["eval_count"].as_u64(), v["prompt_eval_count"].as_u64()),
-            (Some(7), Some(16))
-        );
-        assert!(v["x_pair"]["resumed"].is_array());
-        // Events it does not change pass as they came.
-        let plain = sse(&[chunk("x")]);
-        assert_eq!(splice.rewrite(Framing::Sse, &plain), plain);
-    }
 }

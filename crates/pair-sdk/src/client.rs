@@ -121,6 +121,13 @@ impl Request {
             .session
             .as_deref()
             .map(|s| SessionKey::of(s.as_bytes()));
+        // As on a node's face: `x-pair-node-pin: UUID` tries that node
+        // first while it is eligible.
+        p.pinned = self
+            .headers
+            .get("x-pair-node-pin")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
         Some(p)
     }
 }

@@ -42,6 +42,9 @@ pub struct Config {
     /// Attempts, stall allowance, back-off and patience per request (the
     /// nodes' rules).
     pub failover: FailoverConfig,
+    /// How many times a stream cut after its first byte may go on from
+    /// another node (0: never; it ends in [`crate::Error::Interrupted`]).
+    pub resume_limit: u8,
 }
 
 impl Config {
@@ -61,6 +64,7 @@ impl Config {
                 patience: Duration::from_secs(60),
                 ..FailoverConfig::default()
             },
+            resume_limit: 2,
         }
     }
 
@@ -145,6 +149,12 @@ impl ClientBuilder {
 
     pub fn failover(mut self, failover: FailoverConfig) -> Self {
         self.cfg.failover = failover;
+        self
+    }
+
+    /// Moves a cut stream may make (0: none; see [`Config::resume_limit`]).
+    pub fn resume_limit(mut self, limit: u8) -> Self {
+        self.cfg.resume_limit = limit;
         self
     }
 

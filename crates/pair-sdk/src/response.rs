@@ -14,12 +14,15 @@ use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use http::{HeaderMap, StatusCode};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use pair_core::NodeId;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Attempts, Error, Result};
 pub use pair_translate::frame::{Event, Framing, Splitter};
+
+/// A node's answer body: its stream as it comes, or one that goes on from
+/// another node when it is cut.
+pub type AnswerBody = http_body_util::combinators::UnsyncBoxBody<Bytes, hyper::Error>;
 
 /// A node's answer.
 #[derive(Debug)]
@@ -35,12 +38,12 @@ pub struct Response {
     /// stream, its first chunk) arrived.
     pub first_byte: Duration,
     first: Option<Bytes>,
-    body: Incoming,
+    body: AnswerBody,
 }
 
 impl Response {
     pub(crate) fn new(
-        resp: http::Response<Incoming>,
+        resp: http::Response<AnswerBody>,
         first: Option<Bytes>,
         node: NodeId,
         node_name: String,
@@ -140,7 +143,7 @@ fn status_error(model: &str, node: &str, status: StatusCode, body: &[u8]) -> Err
 #[derive(Debug)]
 pub struct BodyStream {
     first: Option<Bytes>,
-    body: Option<Incoming>,
+    body: Option<AnswerBody>,
     node: String,
     done: bool,
 }

@@ -19,6 +19,7 @@ pub mod fields;
 pub mod frame;
 pub mod ollama;
 pub mod responses;
+pub mod resume;
 
 use serde_json::{Map, Value, json};
 

@@ -5,21 +5,25 @@
 //! does only the I/O and the bookkeeping: reservations, nodes marked
 //! failed or refusing, the session kept.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use pair_cluster::resume::{Dead, Moved, Mover, Resuming};
 use pair_cluster::{ClusterError, PeerLink, Rearmed, TLS_REFUSED};
 use pair_core::{NodeId, RequestProfile, RetryAdvice};
 use pair_scheduler::drive::{self, Classified, Driven, Exchange};
 use pair_scheduler::{Failover, GiveUp, ReservationId, Step, Target};
+use pair_translate::resume::{Api, Stitcher};
 use tokio::time::Instant;
 
 use super::{Client, Request, unix_ms};
 use crate::error::{Attempts, Error, Result, Tried};
-use crate::response::Response;
+use crate::response::{AnswerBody, Response};
 use crate::view::View;
 
 /// Why an attempt from the client failed.
@@ -100,6 +104,8 @@ struct Sending<'a> {
     refused: Mutex<Option<Vec<String>>>,
     /// A request no node can take as it is.
     invalid: Mutex<Option<String>>,
+    /// Nodes left out (those a continued stream was cut on).
+    exclude: &'a [NodeId],
 }
 
 impl<'a> Exchange for Sending<'a> {
@@ -129,7 +135,8 @@ impl<'a> Exchange for Sending<'a> {
         let Some(profile) = self.profile else {
             return (decide(&nearest(&view), false), None);
         };
-        let targets = client.targets(&view, profile);
+        let mut targets = client.targets(&view, profile);
+        targets.retain(|t| !self.exclude.contains(&t.node));
         if targets.is_empty()
             && let Some(nodes) = client.all_owners_refuse(&view, profile)
         {
@@ -244,6 +251,72 @@ impl<'a> Exchange for Sending<'a> {
     }
 }
 
+/// How the client sends a cut stream's continuation.
+struct Continue {
+    client: Client,
+    /// The request as first sent (its body is replaced).
+    req: Request,
+    profile: RequestProfile,
+}
+
+impl Mover for Continue {
+    type Body = Incoming;
+
+    fn send(
+        self: Arc<Self>,
+        request: Bytes,
+        dead: Dead,
+    ) -> Pin<Box<dyn Future<Output = Option<Moved<Incoming>>> + Send>> {
+        Box::pin(async move {
+            let mut req = self.req.clone();
+            req.body = request;
+            req.headers.remove(http::header::CONTENT_LENGTH);
+            let client = &self.client;
+            let view = client.current_view()?;
+            let t0 = Instant::now();
+            let sending = Sending {
+                client,
+                req: &req,
+                profile: Some(&self.profile),
+                view,
+                t0,
+                refused: Mutex::new(None),
+                invalid: Mutex::new(None),
+                exclude: &dead,
+            };
+            let mut failover = Failover::new(client.inner.cfg.failover);
+            let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+            let driven = drive::drive(
+                &sending,
+                &mut failover,
+                std::pin::pin!(Rearmed::new(timer, t0)),
+            )
+            .await;
+            match driven {
+                Driven::Committed { node, answer } if answer.resp.status().is_success() => {
+                    Some(Moved {
+                        node,
+                        first: answer.first,
+                        body: answer.resp.into_body(),
+                        holding: Box::new(()),
+                    })
+                }
+                _ => None,
+            }
+        })
+    }
+
+    fn moved(&self, node: NodeId, at_token: u32) -> serde_json::Value {
+        let name = self.client.node_name(node);
+        tracing::info!(node = %name, at_token, "a cut stream moved");
+        serde_json::json!({ "node": name, "node_id": node, "at_token": at_token })
+    }
+
+    fn stopped(&self, why: &'static str) {
+        tracing::info!(why, "a cut stream cannot go on");
+    }
+}
+
 /// The view's nodes that are up, nearest first (for a listing).
 fn nearest(view: &View) -> Vec<Target> {
     let mut nodes: Vec<_> = view
@@ -295,6 +368,7 @@ impl Client {
             t0,
             refused: Mutex::new(None),
             invalid: Mutex::new(None),
+            exclude: &[],
         };
         let mut failover = Failover::new(self.inner.cfg.failover);
         let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
@@ -306,14 +380,21 @@ impl Client {
         .await;
         let model = profile.as_ref().map_or("-", |p| p.model.as_str());
         match driven {
-            Driven::Committed { node, answer } => Ok(Response::new(
-                answer.resp,
-                answer.first,
-                node,
-                self.node_name(node),
-                failover.dispatched(),
-                answer.sent.elapsed(),
-            )),
+            Driven::Committed { node, answer } => {
+                let first_byte = answer.sent.elapsed();
+                let (resp, first) = match profile {
+                    Some(profile) => self.resuming(req, profile, node, answer.resp, answer.first),
+                    None => (answer.resp.map(BodyExt::boxed_unsync), answer.first),
+                };
+                Ok(Response::new(
+                    resp,
+                    first,
+                    node,
+                    self.node_name(node),
+                    failover.dispatched(),
+                    first_byte,
+                ))
+            }
             Driven::GaveUp { why, kept } => {
                 if let Some(why) = sending.invalid.lock().ok().and_then(|mut i| i.take()) {
                     return Err(Error::InvalidRequest(why));
@@ -328,6 +409,50 @@ impl Client {
                 Err(self.give_up(why, model, &failover, kept))
             }
         }
+    }
+
+    /// A stream of an API that can be continued goes on from another
+    /// owner of the model when it is cut after its first byte, as on a
+    /// node ([`pair_cluster::resume`]): the same request with the text
+    /// streamed as the answer's start, sent by the same driver with the
+    /// nodes it was cut on left out, spliced on.
+    fn resuming(
+        &self,
+        req: Request,
+        profile: RequestProfile,
+        node: NodeId,
+        resp: http::Response<Incoming>,
+        first: Option<Bytes>,
+    ) -> (http::Response<AnswerBody>, Option<Bytes>) {
+        let limit = self.inner.cfg.resume_limit;
+        let streamed = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream") || t.contains("ndjson"));
+        let api = match req.path.as_str() {
+            "/v1/chat/completions" => Some(Api::OpenAiChat),
+            "/v1/completions" => Some(Api::OpenAiCompletion),
+            "/api/chat" => Some(Api::OllamaChat),
+            "/api/generate" => Some(Api::OllamaGenerate),
+            _ => None,
+        };
+        let (Some(api), true, true) = (api, streamed && profile.streaming, limit > 0) else {
+            return (resp.map(BodyExt::boxed_unsync), first);
+        };
+        if !resp.status().is_success() {
+            return (resp.map(BodyExt::boxed_unsync), first);
+        }
+        let stitch = Stitcher::new(api, req.body.clone(), profile.model.clone(), limit);
+        let mover = Continue {
+            client: self.clone(),
+            req,
+            profile,
+        };
+        (
+            resp.map(|body| Resuming::new(body, first, stitch, mover, node).boxed_unsync()),
+            None,
+        )
     }
 
     fn node_name(&self, id: NodeId) -> String {

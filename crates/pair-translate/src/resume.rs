@@ -1,0 +1,686 @@
+//! Mid-stream continuation, without I/O: what a stream cut after its first
+//! byte needs to go on from another node. The [`Stitcher`] sits on the
+//! stream the engine speaks (OpenAI's chat or completions events, Ollama's
+//! chat or generate lines): it passes only complete events on (so a splice
+//! never lands inside one) and keeps them (shared bytes, nothing parsed
+//! while the stream flows). At a cut it reads the text back and writes the
+//! request that continues the answer: a final assistant message the
+//! engine continues, or the text appended to a raw prompt, with the token
+//! limits lowered by what was streamed. The continuation's events are then
+//! rewritten as the rest of the client's stream: its opening role chunk
+//! dropped, its final counts summed, and an `x_pair.resumed` receipt
+//! added. A node's pipeline and the edge SDK drive it the same way.
+//!
+//! What cannot be continued says so: a tool call or a thought under way,
+//! `n > 1`, log probabilities, an Ollama generate with a templated prompt,
+//! a fill-in-the-middle suffix.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{Map, Value, json};
+
+use crate::frame::Framing;
+
+/// The API of a stream below translation (the shells know which route
+/// is which).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    OpenAiChat,
+    OpenAiCompletion,
+    OllamaChat,
+    OllamaGenerate,
+}
+
+impl Api {
+    /// How its stream is framed.
+    pub fn framing(self) -> Framing {
+        match self {
+            Api::OpenAiChat | Api::OpenAiCompletion => Framing::Sse,
+            Api::OllamaChat | Api::OllamaGenerate => Framing::JsonLines,
+        }
+    }
+
+    /// An OpenAI API (else Ollama's): the flavour a continuation is sent as.
+    pub fn is_openai(self) -> bool {
+        matches!(self, Api::OpenAiChat | Api::OpenAiCompletion)
+    }
+
+    /// A chat (continued by a final assistant message).
+    pub fn is_chat(self) -> bool {
+        matches!(self, Api::OpenAiChat | Api::OllamaChat)
+    }
+}
+
+/// The JSON events of a piece of a stream (complete events only): SSE
+/// `data:` payloads other than `[DONE]`, or NDJSON lines.
+fn payloads(framing: Framing, chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
+    chunk.split(|&b| b == b'\n').filter_map(move |line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        match framing {
+            Framing::Sse => {
+                let data = line.strip_prefix(b"data:")?;
+                let data = data.strip_prefix(b" ").unwrap_or(data);
+                (data != b"[DONE]").then_some(data)
+            }
+            _ => (!line.iter().all(u8::is_ascii_whitespace)).then_some(line),
+        }
+    })
+}
+
+/// What the client has of an answer, read back from the events it was
+/// given.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Transcript {
+    /// The answer's text so far.
+    pub text: String,
+    /// Events that carried text: about one token each.
+    pub tokens: u32,
+    /// Why it cannot be continued, when it cannot.
+    pub unresumable: Option<&'static str>,
+    /// Its final event went by: nothing is missing but the stream's end.
+    pub finished: bool,
+}
+
+impl Transcript {
+    pub fn read<'a>(api: Api, events: impl IntoIterator<Item = &'a Bytes>) -> Transcript {
+        let mut t = Transcript::default();
+        for chunk in events {
+            for payload in payloads(api.framing(), chunk) {
+                let Ok(v) = serde_json::from_slice::<Value>(payload) else {
+                    t.unresumable.get_or_insert("an event that is not JSON");
+                    continue;
+                };
+                t.event(api, &v);
+            }
+        }
+        t
+    }
+
+    fn event(&mut self, api: Api, v: &Value) {
+        if v.get("error").is_some() {
+            self.unresumable.get_or_insert("an error event");
+            return;
+        }
+        let (text, done) = match api {
+            Api::OpenAiChat | Api::OpenAiCompletion => {
+                let choice = v.pointer("/choices/0");
+                if v["choices"].as_array().is_some_and(|c| c.len() > 1)
+                    || choice.and_then(|c| c.get("index")).and_then(Value::as_u64) > Some(0)
+                {
+                    self.unresumable.get_or_insert("n > 1");
+                }
+                let delta = choice.and_then(|c| c.get("delta"));
+                if delta
+                    .and_then(|d| d.get("tool_calls"))
+                    .is_some_and(|c| !c.is_null())
+                {
+                    self.unresumable.get_or_insert("a tool call");
+                }
+                if delta
+                    .and_then(|d| d.get("reasoning_content").or_else(|| d.get("reasoning")))
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| !r.is_empty())
+                {
+                    self.unresumable.get_or_insert("a thought under way");
+                }
+                let text = match api {
+                    Api::OpenAiChat => delta.and_then(|d| d.get("content")),
+                    _ => choice.and_then(|c| c.get("text")),
+                };
+                let done = choice
+                    .and_then(|c| c.get("finish_reason"))
+                    .is_some_and(|f| !f.is_null())
+                    || v.get("usage").is_some_and(|u| !u.is_null());
+                (text.and_then(Value::as_str), done)
+            }
+            Api::OllamaChat | Api::OllamaGenerate => {
+                let message = v.get("message");
+                if message
+                    .and_then(|m| m.get("tool_calls"))
+                    .is_some_and(|c| !c.is_null())
+                {
+                    self.unresumable.get_or_insert("a tool call");
+                }
+                if message
+                    .and_then(|m| m.get("thinking"))
+                    .or_else(|| v.get("thinking"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| !r.is_empty())
+                {
+                    self.unresumable.get_or_insert("a thought under way");
+                }
+                let text = match api {
+                    Api::OllamaChat => message.and_then(|m| m.get("content")),
+                    _ => v.get("response"),
+                };
+                (
+                    text.and_then(Value::as_str),
+                    v.get("done").and_then(Value::as_bool) == Some(true),
+                )
+            }
+        };
+        if let Some(text) = text.filter(|t| !t.is_empty()) {
+            self.text.push_str(text);
+            self.tokens = self.tokens.saturating_add(1);
+        }
+        self.finished |= done;
+    }
+}
+
+/// The request that continues an answer, or why there is none. `Ok(None)`:
+/// its token limit is used up (the answer is whole).
+pub fn continuation(
+    api: Api,
+    request: &[u8],
+    t: &Transcript,
+) -> Result<Option<Vec<u8>>, &'static str> {
+    if let Some(why) = t.unresumable {
+        return Err(why);
+    }
+    let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(request) else {
+        return Err("a request that is not a JSON object");
+    };
+    if req.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err("n > 1");
+    }
+    if req
+        .get("logprobs")
+        .is_some_and(|l| !matches!(l, Value::Null | Value::Bool(false)))
+        || req.get("top_logprobs").is_some_and(|l| !l.is_null())
+    {
+        return Err("log probabilities");
+    }
+    if !lower_limit(&mut req, api, t.tokens) {
+        return Ok(None);
+    }
+    match api {
+        Api::OpenAiChat | Api::OllamaChat => {
+            let Some(Value::Array(messages)) = req.get_mut("messages") else {
+                return Err("a chat without messages");
+            };
+            messages.push(json!({ "role": "assistant", "content": t.text }));
+            if api == Api::OpenAiChat {
+                // vLLM continues a final assistant message only when told
+                // to; llama.cpp's server does on its own.
+                req.insert("continue_final_message".into(), true.into());
+                req.insert("add_generation_prompt".into(), false.into());
+            }
+        }
+        Api::OpenAiCompletion | Api::OllamaGenerate => {
+            if api == Api::OllamaGenerate && req.get("raw").and_then(Value::as_bool) != Some(true) {
+                return Err("a templated prompt (Ollama generate without raw)");
+            }
+            if req.get("suffix").is_some_and(|s| !s.is_null()) {
+                return Err("a fill-in-the-middle suffix");
+            }
+            let Some(Value::String(prompt)) = req.get_mut("prompt") else {
+                return Err("a prompt that is not one string");
+            };
+            prompt.push_str(&t.text);
+        }
+    }
+    Ok(Some(
+        serde_json::to_vec(&Value::Object(req)).map_err(|_| "a request that cannot be written")?,
+    ))
+}
+
+/// Lowers every token limit the request sets by `streamed`; false when
+/// one is used up.
+fn lower_limit(req: &mut Map<String, Value>, api: Api, streamed: u32) -> bool {
+    let mut left = true;
+    let mut lower = |v: &mut Value| {
+        if let Some(n) = v.as_i64().filter(|n| *n > 0) {
+            let rest = n - i64::from(streamed);
+            left &= rest > 0;
+            *v = rest.max(1).into();
+        }
+    };
+    match api {
+        Api::OllamaChat | Api::OllamaGenerate => {
+            if let Some(v) = req
+                .get_mut("options")
+                .and_then(|o| o.get_mut("num_predict"))
+            {
+                lower(v);
+            }
+        }
+        Api::OpenAiChat | Api::OpenAiCompletion => {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                if let Some(v) = req.get_mut(field) {
+                    lower(v);
+                }
+            }
+        }
+    }
+    left
+}
+
+/// The final event of an answer whose token limit ran out at a cut.
+fn closing(api: Api, model: &str, splice: Option<&Splice>) -> Bytes {
+    let receipt = splice.map_or_else(Vec::new, |s| s.receipt.clone());
+    let mut end = match api {
+        Api::OpenAiChat => json!({ "object": "chat.completion.chunk", "model": model,
+            "choices": [{ "index": 0, "delta": {}, "finish_reason": "length" }] }),
+        Api::OpenAiCompletion => json!({ "object": "text_completion", "model": model,
+            "choices": [{ "index": 0, "text": "", "finish_reason": "length" }] }),
+        Api::OllamaChat => json!({ "model": model, "done": true, "done_reason": "length",
+            "message": { "role": "assistant", "content": "" } }),
+        Api::OllamaGenerate => json!({ "model": model, "done": true, "done_reason": "length",
+            "response": "" }),
+    };
+    if !receipt.is_empty() {
+        end["x_pair"] = json!({ "resumed": receipt });
+    }
+    Bytes::from(match api.framing() {
+        Framing::Sse => format!("data: {end}\n\ndata: [DONE]\n\n"),
+        _ => format!("{end}\n"),
+    })
+}
+
+/// Rewrites a continuation's events as the rest of the client's stream:
+/// its opening (a role-only chunk) goes, and its final event counts the
+/// tokens streamed before it and says where the answer moved.
+#[derive(Debug)]
+struct Splice {
+    api: Api,
+    /// Tokens the client had before this continuation.
+    before: u32,
+    /// `x_pair.resumed`: one entry per move.
+    receipt: Vec<Value>,
+}
+
+impl Splice {
+    fn rewrite(&self, framing: Framing, events: &Bytes) -> Bytes {
+        let sep: &[u8] = if framing == Framing::Sse {
+            b"\n\n"
+        } else {
+            b"\n"
+        };
+        let mut out = BytesMut::with_capacity(events.len() + 64);
+        let mut changed = false;
+        let mut rest: &[u8] = events;
+        while !rest.is_empty() {
+            let (event, tail) = match memchr::memmem::find(rest, sep) {
+                Some(at) => rest.split_at(at + sep.len()),
+                None => (rest, &[][..]),
+            };
+            rest = tail;
+            let Some(payload) = payloads(framing, event).next() else {
+                out.extend_from_slice(event);
+                continue;
+            };
+            let Ok(mut v) = serde_json::from_slice::<Value>(payload) else {
+                out.extend_from_slice(event);
+                continue;
+            };
+            match self.event(&mut v) {
+                Edit::Keep => out.extend_from_slice(event),
+                Edit::Drop => changed = true,
+                Edit::Changed => {
+                    changed = true;
+                    match framing {
+                        Framing::Sse => out.extend_from_slice(format!("data: {v}\n\n").as_bytes()),
+                        _ => out.extend_from_slice(format!("{v}\n").as_bytes()),
+                    }
+                }
+            }
+        }
+        if changed {
+            out.freeze()
+        } else {
+            events.clone()
+        }
+    }
+
+    fn event(&self, v: &mut Value) -> Edit {
+        let before = u64::from(self.before);
+        let mut last = false;
+        match self.api {
+            Api::OpenAiChat | Api::OpenAiCompletion => {
+                let finish = v
+                    .pointer("/choices/0/finish_reason")
+                    .is_some_and(|f| !f.is_null());
+                if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
+                    let prompt = u["prompt_tokens"]
+                        .as_u64()
+                        .unwrap_or(0)
+                        .saturating_sub(before);
+                    let completion = u["completion_tokens"].as_u64().unwrap_or(0) + before;
+                    u["prompt_tokens"] = prompt.into();
+                    u["completion_tokens"] = completion.into();
+                    u["total_tokens"] = (prompt + completion).into();
+                    last = true;
+                }
+                if !finish && !last && self.api == Api::OpenAiChat {
+                    let delta = v.pointer("/choices/0/delta");
+                    let says = |k: &str| {
+                        delta
+                            .and_then(|d| d.get(k))
+                            .is_some_and(|x| !x.is_null() && x != "")
+                    };
+                    if !says("content")
+                        && !says("tool_calls")
+                        && !says("reasoning_content")
+                        && !says("reasoning")
+                    {
+                        // The continuation's opening: the role, again.
+                        return Edit::Drop;
+                    }
+                }
+                last |= finish;
+            }
+            Api::OllamaChat | Api::OllamaGenerate => {
+                if v.get("done").and_then(Value::as_bool) == Some(true) {
+                    if let Some(n) = v.get("eval_count").and_then(Value::as_u64) {
+                        v["eval_count"] = (n + before).into();
+                    }
+                    if let Some(n) = v.get("prompt_eval_count").and_then(Value::as_u64) {
+                        v["prompt_eval_count"] = n.saturating_sub(before).into();
+                    }
+                    last = true;
+                }
+            }
+        }
+        if !last {
+            return Edit::Keep;
+        }
+        v["x_pair"] = json!({ "resumed": self.receipt });
+        Edit::Changed
+    }
+}
+
+enum Edit {
+    Keep,
+    Drop,
+    Changed,
+}
+
+/// Most bytes of given events kept to read a cut answer back; a longer
+/// answer is not continued.
+pub const KEPT_MAX: usize = 8 << 20;
+
+/// What to do about a cut after the client's first byte.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Send `request` (the continuation) to another owner of the model;
+    /// the client has `before` tokens of the answer.
+    Move { request: Bytes, before: u32 },
+    /// The answer is whole (its final event went by, or its token limit is
+    /// used up): give the client these last bytes, if any, and end.
+    End(Option<Bytes>),
+    /// It cannot be continued, for this reason.
+    Stop(&'static str),
+}
+
+/// One stream's continuation state, without I/O: feed it the stream's
+/// pieces and pass on what it returns; at a cut, do what [`Stitcher::cut`]
+/// says, and once a continuation answers, call [`Stitcher::moved`] and
+/// feed it the continuation's stream.
+#[derive(Debug)]
+pub struct Stitcher {
+    api: Api,
+    framing: Framing,
+    /// The request as it went to the engine.
+    request: Bytes,
+    model: String,
+    /// Moves allowed.
+    limit: usize,
+    moves: usize,
+    /// Events given to the client, while they are few enough to keep.
+    given: Vec<Bytes>,
+    /// Bytes given (counted up to just past [`KEPT_MAX`]): above zero once
+    /// the client has had its first byte.
+    given_len: usize,
+    /// The start of an event still arriving.
+    partial: BytesMut,
+    splice: Option<Splice>,
+}
+
+impl Stitcher {
+    /// A stream of `api` answering `request` (as sent to the engine) for
+    /// `model`, which may move `limit` times.
+    pub fn new(api: Api, request: Bytes, model: impl Into<String>, limit: u8) -> Self {
+        Self {
+            api,
+            framing: api.framing(),
+            request,
+            model: model.into(),
+            limit: usize::from(limit),
+            moves: 0,
+            given: Vec::new(),
+            given_len: 0,
+            partial: BytesMut::new(),
+            splice: None,
+        }
+    }
+
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// Whether the client has had its first byte (before it, a failure is
+    /// the failover's: the request is sent again whole).
+    pub fn began(&self) -> bool {
+        self.given_len > 0
+    }
+
+    /// The complete events in `data` (with what was held of the one it
+    /// finishes), spliced after a move; `None` while an event is still
+    /// incomplete.
+    pub fn feed(&mut self, data: Bytes) -> Option<Bytes> {
+        let sep: &[u8] = if self.framing == Framing::Sse {
+            b"\n\n"
+        } else {
+            b"\n"
+        };
+        let whole = if self.partial.is_empty() && data.ends_with(sep) {
+            data
+        } else {
+            self.partial.extend_from_slice(&data);
+            let end = memchr::memmem::rfind(&self.partial, sep)? + sep.len();
+            self.partial.split_to(end).freeze()
+        };
+        let out = match &self.splice {
+            Some(s) => s.rewrite(self.framing, &whole),
+            None => whole,
+        };
+        if out.is_empty() {
+            return None;
+        }
+        if self.given_len <= KEPT_MAX {
+            self.given_len += out.len();
+            self.given.push(out.clone());
+        }
+        Some(out)
+    }
+
+    /// The stream was cut after the client's first byte: what to do.
+    pub fn cut(&mut self) -> Cut {
+        if self.moves >= self.limit {
+            return Cut::Stop("its moves are used up");
+        }
+        if self.given_len > KEPT_MAX {
+            return Cut::Stop("too long to read back");
+        }
+        let t = Transcript::read(self.api, &self.given);
+        if t.finished {
+            // Only the stream's end is missing.
+            return Cut::End(
+                (self.framing == Framing::Sse).then(|| Bytes::from_static(b"data: [DONE]\n\n")),
+            );
+        }
+        match continuation(self.api, &self.request, &t) {
+            Err(why) => Cut::Stop(why),
+            // Its limit is reached: what was given is the whole answer.
+            Ok(None) => Cut::End(Some(closing(self.api, &self.model, self.splice.as_ref()))),
+            Ok(Some(body)) => Cut::Move {
+                request: Bytes::from(body),
+                before: t.tokens,
+            },
+        }
+    }
+
+    /// The continuation sent at `before` tokens answered: its stream is
+    /// fed from here, rewritten as the rest of the client's; `entry` is
+    /// the move's receipt (`x_pair.resumed`).
+    pub fn moved(&mut self, before: u32, entry: Value) {
+        self.moves += 1;
+        let mut receipt = self.splice.take().map(|s| s.receipt).unwrap_or_default();
+        receipt.push(entry);
+        self.partial.clear();
+        self.splice = Some(Splice {
+            api: self.api,
+            before,
+            receipt,
+        });
+    }
+
+    /// The stream ended: a last event that came without its line end.
+    pub fn rest(&mut self) -> Option<Bytes> {
+        if self.partial.is_empty() {
+            return None;
+        }
+        let rest = self.partial.split().freeze();
+        Some(match &self.splice {
+            Some(s) => s.rewrite(self.framing, &rest),
+            None => rest,
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn sse(events: &[Value]) -> Bytes {
+        let mut s = String::new();
+        for e in events {
+            s.push_str(&format!("data: {e}\n\n"));
+        }
+        Bytes::from(s)
+    }
+
+    fn chunk(content: &str) -> Value {
+        json!({"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
+    }
+
+    #[test]
+    fn a_chat_stream_is_read_back_as_its_text() {
+        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": null}]});
+        let events = [sse(&[role, chunk("Hello")]), sse(&[chunk(" world")])];
+        let t = Transcript::read(Api::OpenAiChat, &events);
+        assert_eq!(t.text, "Hello world");
+        assert_eq!(t.tokens, 2);
+        assert_eq!(t.unresumable, None);
+        assert!(!t.finished);
+        let lines = [Bytes::from(
+            "{\"message\":{\"role\":\"assistant\",\"content\":\"Hi\"},\"done\":false}\n{\"message\":{\"role\":\"assistant\",\"content\":\" there\"},\"done\":false}\n",
+        )];
+        let t = Transcript::read(Api::OllamaChat, &lines);
+        assert_eq!((t.text.as_str(), t.tokens), ("Hi there", 2));
+    }
+
+    #[test]
+    fn tool_calls_thoughts_and_several_choices_are_not_continued() {
+        let tool = json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]}, "finish_reason": null}]});
+        let t = Transcript::read(Api::OpenAiChat, &[sse(&[tool])]);
+        assert_eq!(t.unresumable, Some("a tool call"));
+        let think = json!({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": null}]});
+        let t = Transcript::read(Api::OpenAiChat, &[sse(&[think])]);
+        assert_eq!(t.unresumable, Some("a thought under way"));
+        let second =
+            json!({"choices": [{"index": 1, "delta": {"content": "x"}, "finish_reason": null}]});
+        let t = Transcript::read(Api::OpenAiChat, &[sse(&[second])]);
+        assert_eq!(t.unresumable, Some("n > 1"));
+        assert!(continuation(Api::OpenAiChat, b"{}", &t).is_err());
+    }
+
+    #[test]
+    fn a_continuation_ends_with_the_text_and_asks_for_the_rest() {
+        let t = Transcript {
+            text: "Hello world".into(),
+            tokens: 2,
+            ..Transcript::default()
+        };
+        let req = json!({"model": "m", "max_tokens": 10, "stream": true,
+                         "messages": [{"role": "user", "content": "hi"}]});
+        let body = continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t)
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["max_tokens"], 8);
+        assert_eq!(
+            v["messages"][1],
+            json!({"role": "assistant", "content": "Hello world"})
+        );
+        assert_eq!(v["continue_final_message"], true);
+        // Ollama's limit, and a raw prompt.
+        let req =
+            json!({"model": "m", "prompt": "Q: ", "raw": true, "options": {"num_predict": 5}});
+        let v: Value = serde_json::from_slice(
+            &continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (v["prompt"].as_str(), v["options"]["num_predict"].as_i64()),
+            (Some("Q: Hello world"), Some(3))
+        );
+        // A templated generate cannot be continued; a used-up limit needs no continuation.
+        let req = json!({"model": "m", "prompt": "Q"});
+        assert!(continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t).is_err());
+        let req = json!({"model": "m", "max_tokens": 2, "prompt": "Q"});
+        assert_eq!(
+            continuation(Api::OpenAiCompletion, req.to_string().as_bytes(), &t),
+            Ok(None)
+        );
+        let req = json!({"model": "m", "logprobs": true, "messages": []});
+        assert!(continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t).is_err());
+    }
+
+    #[test]
+    fn a_splice_drops_the_opening_and_sums_the_final_counts() {
+        let splice = Splice {
+            api: Api::OpenAiChat,
+            before: 4,
+            receipt: vec![json!({"node": "b", "at_token": 4})],
+        };
+        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
+        let end = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        let usage = json!({"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17}});
+        let mut events = sse(&[role, chunk(" more"), end, usage]).to_vec();
+        events.extend_from_slice(b"data: [DONE]\n\n");
+        let out = splice.rewrite(Framing::Sse, &Bytes::from(events));
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let datas: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(datas.len(), 4, "{text}");
+        assert!(datas[0].contains(" more"));
+        let end: Value = serde_json::from_str(datas[1]).unwrap();
+        assert_eq!(end["x_pair"]["resumed"][0]["at_token"], 4);
+        let usage: Value = serde_json::from_str(datas[2]).unwrap();
+        assert_eq!(
+            usage["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17})
+        );
+        assert_eq!(datas[3], "[DONE]");
+        // Ollama's last line.
+        let splice = Splice {
+            api: Api::OllamaChat,
+            ..splice
+        };
+        let line = Bytes::from("{\"done\":true,\"eval_count\":3,\"prompt_eval_count\":20}\n");
+        let v: Value = serde_json::from_slice(&splice.rewrite(Framing::JsonLines, &line)).unwrap();
+        assert_eq!(
+            (v["eval_count"].as_u64(), v["prompt_eval_count"].as_u64()),
+            (Some(7), Some(16))
+        );
+        assert!(v["x_pair"]["resumed"].is_array());
+        // Events it does not change pass as they came.
+        let plain = sse(&[chunk("x")]);
+        assert_eq!(splice.rewrite(Framing::Sse, &plain), plain);
+    }
+}
