@@ -30,11 +30,7 @@ pub trait Mover: Send + Sync + 'static {
     /// Sends `request` (the continuation) to the best owner of the model
     /// outside `dead`; its answer once committed (its first frame read),
     /// or `None` when no owner takes it.
-    fn send(
-        self: Arc<Self>,
-        request: Bytes,
-        dead: Dead,
-    ) -> Sending<Self::Body>;
+    fn send(self: Arc<Self>, request: Bytes, dead: Dead) -> Sending<Self::Body>;
 
     /// The answer moved to `node` after `at_token` tokens: the move's
     /// receipt entry (`x_pair.resumed`), recorded where the shell keeps its

@@ -374,7 +374,10 @@ impl<'a> Exchange for Attempts<'a> {
         let cluster = st.cluster();
         let (targets, shortlist) = self.targets(&cluster);
         let mut owners_down = false;
-        if targets.is_empty() && first {
+        // A continuation neither waits for a starting node nor for owners
+        // to come back: its client is mid-answer, and the nodes left out
+        // are the ones it was cut on.
+        if targets.is_empty() && first && matches!(self.reach, Reach::Plan(_)) {
             let warming = st.warming_up();
             if !warming.is_zero() {
                 // Just started: the engine's first poll or the peers'

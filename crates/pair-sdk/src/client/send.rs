@@ -146,8 +146,9 @@ impl<'a> Exchange for Sending<'a> {
             return (Step::GiveUp(GiveUp::NoCandidate), None);
         }
         // With no candidate, its owners failed and are being probed
-        // again: wait for one (within the request's patience).
-        let step = decide(&targets, targets.is_empty());
+        // again: wait for one (within the request's patience). A
+        // continuation does not wait: its caller is mid-answer.
+        let step = decide(&targets, targets.is_empty() && self.exclude.is_empty());
         let ticket = match step {
             Step::Dispatch { node, .. } => Some(Reserved {
                 client,
