@@ -1,5 +1,5 @@
 //! The client: candidates, probe rounds, the cached ranking and the links;
-//! requests ([`send`]) go straight to a node's cluster port with failover
+//! requests (`client/send.rs`) go straight to a node's cluster port with failover
 //! by the nodes' own driver.
 
 use std::collections::{BTreeMap, HashMap};
