@@ -108,6 +108,33 @@ struct Sending<'a> {
     exclude: &'a [NodeId],
 }
 
+impl<'a> Sending<'a> {
+    fn new(
+        client: &'a Client,
+        req: &'a Request,
+        profile: Option<&'a RequestProfile>,
+        view: Arc<View>,
+        exclude: &'a [NodeId],
+    ) -> Self {
+        Self {
+            client,
+            req,
+            profile,
+            view,
+            t0: Instant::now(),
+            refused: Mutex::new(None),
+            invalid: Mutex::new(None),
+            exclude,
+        }
+    }
+
+    /// The request's failover, run to its end.
+    async fn run(&self, failover: &mut Failover) -> Driven<Answer, (NodeId, u16, Bytes)> {
+        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        drive::drive(self, failover, std::pin::pin!(Rearmed::new(timer, self.t0))).await
+    }
+}
+
 impl<'a> Exchange for Sending<'a> {
     type Head = Head<'a>;
     type Answer = Answer;
@@ -269,30 +296,25 @@ impl Mover for Continue {
         dead: Dead,
     ) -> Pin<Box<dyn Future<Output = Option<Moved<Incoming>>> + Send>> {
         Box::pin(async move {
+            let client = &self.client;
+            // A node that cut the stream because it no longer lets this
+            // client in (unpaired, revoked) is not a failure to go around:
+            // the answer does not move, the caller learns it is refused.
+            let cut_on = *dead.last()?;
+            if let Some(addr) = client.known_addr(cut_on)
+                && let Err(f) = client.inner.prober.probe(addr, Some(cut_on)).await
+                && f.is_refusal()
+            {
+                client.set_refused(cut_on, true);
+                return None;
+            }
             let mut req = self.req.clone();
             req.body = request;
             req.headers.remove(http::header::CONTENT_LENGTH);
-            let client = &self.client;
             let view = client.current_view()?;
-            let t0 = Instant::now();
-            let sending = Sending {
-                client,
-                req: &req,
-                profile: Some(&self.profile),
-                view,
-                t0,
-                refused: Mutex::new(None),
-                invalid: Mutex::new(None),
-                exclude: &dead,
-            };
+            let sending = Sending::new(client, &req, Some(&self.profile), view, &dead);
             let mut failover = Failover::new(client.inner.cfg.failover);
-            let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
-            let driven = drive::drive(
-                &sending,
-                &mut failover,
-                std::pin::pin!(Rearmed::new(timer, t0)),
-            )
-            .await;
+            let driven = sending.run(&mut failover).await;
             match driven {
                 Driven::Committed { node, answer } if answer.resp.status().is_success() => {
                     Some(Moved {
@@ -343,7 +365,6 @@ impl Client {
     /// node's, whatever its status, once its first byte is read. A route
     /// without a model (a listing) goes to the nearest node that answers.
     pub async fn send(&self, req: Request) -> Result<Response> {
-        let t0 = Instant::now();
         let view = self.view().await?;
         let (req, profile) = match req.profile() {
             None => (req, None),
@@ -361,24 +382,9 @@ impl Client {
                 (req, Some(profile))
             }
         };
-        let sending = Sending {
-            client: self,
-            req: &req,
-            profile: profile.as_ref(),
-            view,
-            t0,
-            refused: Mutex::new(None),
-            invalid: Mutex::new(None),
-            exclude: &[],
-        };
+        let sending = Sending::new(self, &req, profile.as_ref(), view, &[]);
         let mut failover = Failover::new(self.inner.cfg.failover);
-        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
-        let driven = drive::drive(
-            &sending,
-            &mut failover,
-            std::pin::pin!(Rearmed::new(timer, t0)),
-        )
-        .await;
+        let driven = sending.run(&mut failover).await;
         let model = profile.as_ref().map_or("-", |p| p.model.as_str());
         match driven {
             Driven::Committed { node, answer } => {
