@@ -87,14 +87,7 @@ async fn join(c: &LocalCluster, i: usize, client: &Client) {
         .await
         .unwrap();
     assert_eq!(record.id, node.id);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.nodes.iter().all(|n| n.trust.get(client.id()).is_some()) {
-        assert!(
-            Instant::now() < deadline,
-            "the cluster did not learn the client"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pair_testkit::cluster::wait_trusted(c, client.id()).await;
 }
 
 fn chat(model: &str, tokens: u32) -> openai::ChatRequest {

@@ -396,14 +396,7 @@ async fn an_sdk_stream_cut_mid_way_goes_on_from_another_node() {
         .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.nodes.iter().all(|n| n.trust.get(client.id()).is_some()) {
-        assert!(
-            Instant::now() < deadline,
-            "the cluster did not learn the client"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pair_testkit::cluster::wait_trusted(&c, client.id()).await;
     for api in [Api::OllamaChat, Api::OpenAiChat] {
         let path = match api {
             Api::OllamaChat => "/api/chat",

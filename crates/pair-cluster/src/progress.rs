@@ -66,7 +66,10 @@ impl Progress {
         let now = stamp(Instant::now()).max(1);
         // Every token of every stream lands here: write the shared stamp
         // only when it moves by a tick.
-        if now.saturating_sub(self.last.load(Relaxed)) >= TICK_MS {
+        let last = self.last.load(Relaxed);
+        // The first stamp always lands (one within a tick of the epoch
+        // would otherwise read as none).
+        if last == 0 || now.saturating_sub(last) >= TICK_MS {
             self.last.fetch_max(now, Relaxed);
         }
         if self.stalled_until.load(Relaxed) != 0 {
@@ -89,11 +92,6 @@ impl Progress {
             self.stalled_until.store(0, Relaxed);
             self.strikes.store(0, Relaxed);
         }
-    }
-
-    /// When it last sent anything (the epoch if never).
-    pub fn last(&self) -> Instant {
-        epoch() + Duration::from_millis(self.last.load(Relaxed))
     }
 
     /// When it last sent anything, if it ever did.
@@ -132,7 +130,7 @@ mod tests {
         let p = Progress::default();
         let before = Instant::now();
         p.touch();
-        assert!(p.last() >= before - Duration::from_millis(1));
+        assert!(p.last_seen().unwrap() >= before - Duration::from_millis(1));
         p.mark_stalled();
         assert!(p.stalled());
         tokio::time::advance(STALL_COOLDOWN + Duration::from_millis(5)).await;
@@ -146,16 +144,16 @@ mod tests {
     async fn token_counters_that_moved_are_progress_and_end_a_stall() {
         let p = Progress::default();
         p.touch();
-        let first = p.last();
+        let first = p.last_seen().unwrap();
         p.mark_stalled();
         // Counters that moved before the last progress change nothing.
         p.worked_at(pair_core::unix_ms(std::time::SystemTime::now()) - 60_000);
         assert!(p.stalled());
-        assert_eq!(p.last(), first);
+        assert_eq!(p.last_seen(), Some(first));
         tokio::time::sleep(Duration::from_millis(2 * TICK_MS)).await;
         p.worked_at(pair_core::unix_ms(std::time::SystemTime::now()));
         assert!(!p.stalled(), "the engine is working");
-        assert!(p.last() > first);
+        assert!(p.last_seen().unwrap() > first);
     }
 
     #[tokio::test(start_paused = true)]

@@ -165,7 +165,7 @@ impl<'a> Attempts<'a> {
         .await
     }
 
-    fn plan(&self) -> Plan {
+    pub(crate) fn plan(&self) -> Plan {
         match self.reach {
             Reach::Plan(p) => p,
             Reach::Continuation { .. } => Plan::Cluster,
@@ -653,24 +653,7 @@ async fn read_whole(
 /// [`HELD_CAP`] of its body) in case it is the last.
 #[cold]
 async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
-    let read = async {
-        let mut got = BytesMut::new();
-        while got.len() < HELD_CAP {
-            match up.body.frame().await {
-                Some(Ok(f)) => {
-                    if let Ok(d) = f.into_data() {
-                        got.extend_from_slice(&d);
-                    }
-                }
-                _ => break,
-            }
-        }
-        got.truncate(HELD_CAP);
-        got.freeze()
-    };
-    let body = tokio::time::timeout(HELD_READ, read)
-        .await
-        .unwrap_or_default();
+    let body = dispatch::read_prefix(&mut up.body, HELD_CAP, HELD_READ).await;
     Held {
         node,
         status: up.status,

@@ -528,6 +528,27 @@ pub(crate) fn refresh_inventory(hop: &Hop) {
     }
 }
 
+/// Up to `cap` bytes of a body that will not be streamed (an answer kept
+/// for an error), read for at most `within`.
+pub(crate) async fn read_prefix(body: &mut UpBody, cap: usize, within: Duration) -> Bytes {
+    let read = async {
+        let mut got = bytes::BytesMut::new();
+        while got.len() < cap {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        got.extend_from_slice(&d);
+                    }
+                }
+                _ => break,
+            }
+        }
+        got.truncate(cap);
+        got.freeze()
+    };
+    tokio::time::timeout(within, read).await.unwrap_or_default()
+}
+
 /// Reads until the first data frame (trailers-only bodies end the same way).
 pub(crate) async fn first_data(body: &mut UpBody) -> Result<Option<Bytes>, DispatchError> {
     loop {

@@ -81,23 +81,5 @@ fn plain_error<B>(resp: &http::Response<B>) -> bool {
 
 /// The start of an error's body (enough to say what went wrong).
 async fn read_some(mut body: dispatch::UpBody) -> Bytes {
-    const MOST: usize = 1024;
-    let read = async {
-        let mut got = bytes::BytesMut::new();
-        while got.len() < MOST {
-            match http_body_util::BodyExt::frame(&mut body).await {
-                Some(Ok(f)) => {
-                    if let Ok(d) = f.into_data() {
-                        got.extend_from_slice(&d);
-                    }
-                }
-                _ => break,
-            }
-        }
-        got.truncate(MOST);
-        got.freeze()
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(2), read)
-        .await
-        .unwrap_or_default()
+    dispatch::read_prefix(&mut body, 1024, std::time::Duration::from_secs(2)).await
 }

@@ -578,10 +578,7 @@ impl Attempts<'_> {
         held: Option<Held>,
     ) -> Reply {
         let (st, req, profile, job) = (&**self.st, self.req, self.profile, self.job);
-        let plan = match self.reach {
-            Reach::Plan(p) => p,
-            Reach::Continuation { .. } => Plan::Cluster,
-        };
+        let plan = self.plan();
         let cluster = &*st.cluster();
         let attempts: Vec<Attempt> = failover
             .failed()

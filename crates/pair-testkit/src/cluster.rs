@@ -69,6 +69,19 @@ pub async fn warm(c: &LocalCluster, model: &str) {
     wait_loaded(c, model, &ids).await;
 }
 
+/// Waits until every node of `c` lets the client `id` in (the node it
+/// paired with at once, the others through vouching).
+pub async fn wait_trusted(c: &LocalCluster, id: pair_core::NodeId) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.nodes.iter().all(|n| n.trust.get(id).is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not learn the client"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A plain HTTP client for the faces (no proxy, no TLS).
 pub fn http() -> reqwest::Client {
     pair_identity::install_crypto_provider();
