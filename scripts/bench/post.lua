@@ -12,6 +12,10 @@ local pin = os.getenv("BENCH_PIN")
 if pin and pin ~= "" then
   wrk.headers["x-pair-node-pin"] = pin
 end
+local key = os.getenv("BENCH_KEY")
+if key and key ~= "" then
+  wrk.headers["Authorization"] = "Bearer " .. key
+end
 local mode = os.getenv("BENCH_MODE")
 if mode and mode ~= "" then
   wrk.headers["x-bench"] = mode

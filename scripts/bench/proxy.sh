@@ -165,7 +165,7 @@ run_wrk() {
     local threads=1 out c0 c1 x0 x1 cpu=""
     [ "$3" -gt 1 ] && threads=2
     [ -n "${CPU_PIDS:-}" ] && c0=$(cpu_ticks $CPU_PIDS) && x0=$(ctx_switches $CPU_PIDS)
-    out=$(BENCH_PIN=${6:-} BENCH_MODE=${7:-} wrk -t"$threads" -c"$3" -d"${DUR}s" \
+    out=$(BENCH_PIN=${6:-} BENCH_MODE=${7:-} BENCH_KEY=${BENCH_KEY:-} wrk -t"$threads" -c"$3" -d"${DUR}s" \
         -s "$HERE/post.lua" "$5" | grep '^RESULT') || die "wrk $1/$2 c=$3"
     if [ -n "${CPU_PIDS:-}" ]; then
         c1=$(cpu_ticks $CPU_PIDS)
@@ -177,7 +177,7 @@ run_wrk() {
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${out#RESULT }$cpu" >>"$TSV"
 }
 warm() { # url [pin]: a short untimed run (connections, pools, caches)
-    BENCH_PIN=${2:-} wrk -t1 -c32 -d1s -s "$HERE/post.lua" "$1" >/dev/null
+    BENCH_PIN=${2:-} BENCH_KEY=${BENCH_KEY:-} wrk -t1 -c32 -d1s -s "$HERE/post.lua" "$1" >/dev/null
 }
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -185,11 +185,21 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # ===================================================== 1. local face
 NGX_PIDS="$(cat "$WORK/proxy.pid") $(pgrep -P "$(cat "$WORK/proxy.pid")" | tr '\n' ' ')"
 if want face || want ttfb; then
-    start_node solo "$P_ENGINE" "${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}"
+    # The same node opens its LAN face too: the face section measures it
+    # beside the loopback face (its door: the Host check, the API key, the
+    # key's rate), with a key made as a user makes one.
+    P_LAN=$(free_port)
+    EXTRA="--lan-face 127.0.0.1:$P_LAN --lan-max-per-address 64" \
+        start_node solo "$P_ENGINE" "${PORTS[3]}" "${PORTS[4]}" "${PORTS[5]}"
     sleep 2
     SOLO_IDLE_KB=$(rss_kb "${NODE_PID[solo]}")
     SOLO_URL="http://127.0.0.1:${PORTS[4]}/v1/chat/completions"
     wait_routable "$SOLO_URL"
+    LAN_KEY=$("$PAIR_NODE" keys add bench --rate 100000000 --control "http://127.0.0.1:${PORTS[3]}" \
+        --state-dir "$WORK/solo" --json | $PY -c 'import json, sys; print(json.load(sys.stdin)["secret"])') ||
+        die "keys add"
+    LAN_URL="http://127.0.0.1:$P_LAN/v1/chat/completions"
+    wait_routable "$LAN_URL" "authorization: Bearer $LAN_KEY"
 fi
 if want face; then
     log "1. local face vs nginx (engine: nginx fixed answer)"
@@ -230,6 +240,7 @@ if want face; then
         warm "$RAW_URL"
     fi
     for u in "$DIRECT_URL" "$NGX_URL" "$SOLO_URL"; do warm "$u"; done
+    BENCH_KEY=$LAN_KEY warm "$LAN_URL"
     [ -n "${FLOOR_PID:-}" ] && warm "$FLOOR_URL" && warm "$PINNED_URL"
     # The variants of one run, in an order that rotates from run to run:
     # on this box the variant measured second of two did better in every
@@ -239,7 +250,7 @@ if want face; then
     VARIANTS=(direct nginx)
     [ -n "${FLOOR_PID:-}" ] && VARIANTS+=(floor floor2)
     [ -n "${RAW_PID:-}" ] && VARIANTS+=(raw)
-    VARIANTS+=(pair)
+    VARIANTS+=(pair pair-lan)
     [ -n "${ALT_URL:-}" ] && VARIANTS+=(pair-alt)
     face_variant() { # VARIANT CONC RUN
         case $1 in
@@ -285,6 +296,7 @@ if want face; then
                 fi
                 ;;
             pair-alt) CPU_PIDS=${NODE_PID[alt]} run_wrk face pair-alt "$2" "$3" "$ALT_URL" ;;
+            pair-lan) BENCH_KEY=$LAN_KEY CPU_PIDS=${NODE_PID[solo]} run_wrk face pair-lan "$2" "$3" "$LAN_URL" ;;
         esac
     }
     for ((r = 1; r <= RUNS; r++)); do

@@ -19,11 +19,11 @@ def optional(section, variant, conc, key, digits):
     vals = [r[key] for r in rows[(section, variant, conc)] if key in r]
     return f"{statistics.median(vals):.{digits}f}" if vals else "—"
 
-def paired_runs(conc, key, f, variant="pair"):
-    """f(variant, nginx) for each run that measured both, in run order."""
+def paired_runs(conc, key, f, variant="pair", against="nginx"):
+    """f(variant, against) for each run that measured both, in run order."""
     by_run = lambda v: {r["run"]: r[key] for r in rows[("face", v, conc)]}
-    ours, ngx = by_run(variant), by_run("nginx")
-    return [f(ours[r], ngx[r]) for r in sorted(ours) if r in ngx]
+    ours, base = by_run(variant), by_run(against)
+    return [f(ours[r], base[r]) for r in sorted(ours) if r in base]
 
 def interval(xs, unit, digits):
     iv = median_interval(xs)
@@ -49,7 +49,7 @@ if "face" in sections:
     w("|---|---|---|---|---|---|---|---|")
     for c in (1, 32):
         base = med("face", "direct", c, "p50_us")
-        for v in ("direct", "nginx", "floor", "floor2", "raw", "pair", "pair-alt"):
+        for v in ("direct", "nginx", "floor", "floor2", "raw", "pair", "pair-lan", "pair-alt"):
             if not rows[("face", v, c)]:
                 continue
             p50 = med("face", v, c, "p50_us")
@@ -91,6 +91,23 @@ if "face" in sections:
         ratio = statistics.median(ratios)
         targets.append(f"| {label}, c=1: added p50 ≤ 50 µs | {added:.0f} µs (nginx {ngx1:.0f} µs) | {verdict(added <= 50)} |")
         targets.append(f"| {label}, c=32: throughput ≥ 0.8× nginx | {ratio:.2f}× run by run ({interval(ratios, '×', 2)}) | {verdict(ratio >= 0.8)} |")
+    # The LAN face (the same node's, with an API key) against its loopback
+    # face, run by run: its door's cost.
+    if rows[("face", "pair-lan", 1)]:
+        w("")
+        w("The LAN face (API key, Host check, the key's rate) against the same")
+        w("node's loopback face, run by run:")
+        w("")
+        w("| c | measure | median | 95 % interval |")
+        w("|---|---|---|---|")
+        for c in (1, 32):
+            p50 = paired_runs(c, "p50_us", lambda l, p: l - p, "pair-lan", "pair")
+            rps = paired_runs(c, "rps", lambda l, p: l / p, "pair-lan", "pair")
+            w(f"| {c} | LAN p50 − loopback p50 | {statistics.median(p50):.0f} µs | {interval(p50, ' µs', 0)} |")
+            w(f"| {c} | LAN req/s ÷ loopback req/s | {statistics.median(rps):.2f}× | {interval(rps, '×', 2)} |")
+            if c == 1:
+                lan_added = statistics.median(p50)
+        targets.append(f"| LAN face, c=1: added p50 over the loopback face < 10 µs | {lan_added:.0f} µs run by run | {verdict(lan_added < 10)} |")
 if "hop" in sections:
     w("")
     w("### 2. One peer hop over mTLS")

@@ -251,6 +251,31 @@ async fn claude_code_and_codex_talk_to_a_real_llama_cpp_engine() {
     )
     .await;
     assert!(result["result"].as_str().is_some(), "{result}");
+    // Claude Code's token count, from the real engine's own tokenizer and
+    // chat template: no estimate, and a longer prompt counts more.
+    let count = |text: &str| {
+        let url = format!("{}/v1/messages/count_tokens", c.nodes[0].openai_url());
+        let body = serde_json::json!({"model": "smollm2",
+            "messages": [{"role": "user", "content": text}]});
+        async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let short = count("Say hello.").await;
+    let long = count("Say hello to every one of the people in this room, one by one.").await;
+    assert!(short.get("estimated").is_none(), "{short}");
+    let (short, long) = (
+        short["input_tokens"].as_u64().unwrap(),
+        long["input_tokens"].as_u64().unwrap(),
+    );
+    assert!(short > 0 && long > short + 5, "{short} {long}");
     codex(
         &c.nodes[0].openai_url(),
         "smollm2",

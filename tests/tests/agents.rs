@@ -20,6 +20,8 @@ fn claude_code_request(model: &str, stream: bool) -> Value {
         "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "a greeting", "signature": "c2ln"},
+                                              {"type": "text", "text": "Hi."}]},
             {"role": "system", "content": "<system-reminder>cwd is /tmp</system-reminder>"},
             {"role": "user", "content": "go on"}
         ],
@@ -66,7 +68,8 @@ async fn claude_codes_requests_reach_a_local_model_through_an_alias_set_on_anoth
         assert_eq!(header(&resp, "x-pair-model").as_deref(), Some("qwen2.5:7b"));
         let dropped = header(&resp, "x-pair-dropped").unwrap();
         assert_eq!(
-            dropped, "context_management,metadata,output_config.effort",
+            dropped,
+            "cache_control,context_management,messages[].content[].thinking,metadata,output_config.effort",
             "stream {stream}"
         );
         let text = resp.text().await.unwrap();
@@ -143,7 +146,8 @@ async fn claude_codes_requests_reach_a_local_model_through_an_alias_set_on_anoth
 async fn bad_agent_input_is_the_clients_400_or_404_in_its_own_shape_and_reaches_no_engine() {
     let c = cluster(1, |_| {}).await.unwrap();
     let openai = c.nodes[0].openai_url();
-    let hits = |c: &pair_testkit::cluster::LocalCluster| c.engines[0].hits();
+    // Requests for the model (health and inventory polls name none).
+    let hits = |c: &pair_testkit::cluster::LocalCluster| c.engines[0].hits_for_model("llama3.2:3b");
     let before = hits(&c);
     for (path, body, status, field) in [
         // A field that changes the text and cannot be had.

@@ -281,6 +281,26 @@ async fn an_unknown_model_is_a_404_naming_it_and_the_models_the_cluster_holds() 
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "not_found_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no-such-model") && message.contains("qwen2.5:7b"),
+        "{message}"
+    );
+    // The Responses API's: OpenAI's shape, the models listed.
+    let resp = http()
+        .post(format!("{}/v1/responses", c.nodes[0].openai_url()))
+        .json(&json!({"model": "no-such-model", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_found");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no-such-model") && message.contains("llama3.2:3b"),
+        "{message}"
+    );
     c.stop().await;
 }
 

@@ -946,6 +946,62 @@ mod tests {
         assert_eq!(c.engines[0].kind, EngineKind::Ollama);
         assert_eq!(c.policy, Policy::PredictedLatency);
         assert_eq!(c.mdns, Mdns::Lan);
+        assert!(c.lan.is_none(), "the LAN face is opt-in");
+        assert!(c.aliases.is_empty());
+    }
+
+    #[test]
+    fn aliases_and_the_lan_face_come_from_the_file_unless_flags_name_them() {
+        let resolve = |file: &str, args: RunArgs| {
+            let file: FileConfig = toml::from_str(file).unwrap();
+            NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[])
+        };
+        let file = r#"
+            aliases = ["claude-*=qwen2.5:7b", "gpt-4o=llama3.2:3b"]
+            lan-face = "0.0.0.0:8080"
+            allowed-origins = ["http://nas.lan:3000"]
+            lan-max-per-address = 4
+            "#;
+        let c = resolve(file, RunArgs::default()).unwrap();
+        let aliases: Vec<_> = c
+            .aliases
+            .iter()
+            .map(|a| (a.pattern.as_str(), a.target.to_string()))
+            .collect();
+        assert_eq!(
+            aliases,
+            [
+                ("claude-*", "qwen2.5:7b".to_owned()),
+                ("gpt-4o", "llama3.2:3b".to_owned())
+            ]
+        );
+        let lan = c.lan.unwrap();
+        assert_eq!(lan.addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(lan.origins, ["http://nas.lan:3000"]);
+        assert_eq!(lan.per_address, 4);
+
+        let flags = RunArgs {
+            aliases: vec!["claude-haiku-*=llama3.2:3b".into()],
+            lan_face: Some("127.0.0.1:9090".parse().unwrap()),
+            allowed_origins: vec!["http://localhost:5173".into()],
+            ..RunArgs::default()
+        };
+        let c = resolve(file, flags).unwrap();
+        assert_eq!(c.aliases.len(), 1);
+        assert_eq!(c.aliases[0].pattern, "claude-haiku-*");
+        let lan = c.lan.unwrap();
+        assert_eq!(lan.addr, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(lan.origins, ["http://localhost:5173"]);
+        assert_eq!(lan.per_address, 4, "the file's cap stands");
+
+        let lan = resolve("lan-face = \"0.0.0.0:8080\"", RunArgs::default())
+            .unwrap()
+            .lan
+            .unwrap();
+        assert_eq!(lan.per_address, pair_proxy::lan::DEFAULT_PER_ADDRESS);
+        let err = resolve("aliases = [\"claude-*\"]", RunArgs::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::Alias { .. }), "{err}");
+        assert!(err.to_string().contains("claude-*"), "{err}");
     }
 
     #[test]

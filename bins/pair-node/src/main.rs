@@ -438,6 +438,11 @@ async fn demo(d: Demo, threads: usize) -> anyhow::Result<()> {
     }
     let o = first.ollama_url();
     let a = first.openai_url();
+    // The edge client's own state, as fresh as the demo's nodes (gone
+    // with them).
+    let client_dir = tempfile::Builder::new()
+        .prefix("pair-client-demo-")
+        .tempdir()?;
     println!("Ollama face {o}");
     println!("OpenAI face {a}");
     println!(
@@ -452,10 +457,10 @@ Try:
   pair-node jobs --control {o}
 Join it from pair-client (a machine without an engine; here, this one):
   pair-node pair invite --control {o} --state-dir {state}
-  pair-client --state-dir /tmp/pair-client-demo pair join {cluster} --pin PIN
-  pair-client --state-dir /tmp/pair-client-demo probe
-  pair-client --state-dir /tmp/pair-client-demo chat -m llama3.2:3b "hi"
-  pair-client --state-dir /tmp/pair-client-demo serve --ollama-face 127.0.0.1:11444 --openai-face 127.0.0.1:1244
+  pair-client --state-dir {client} pair join {cluster} --pin PIN
+  pair-client --state-dir {client} probe
+  pair-client --state-dir {client} chat -m llama3.2:3b "hi"
+  pair-client --state-dir {client} serve --ollama-face 127.0.0.1:11444 --openai-face 127.0.0.1:1244
 Coding agents (model aliases: {aliases}):
   ANTHROPIC_BASE_URL={a} ANTHROPIC_API_KEY=local claude
   PAIR_KEY=local codex -c model_provider=pair -c 'model_providers.pair={{name="pair",base_url="{a}/v1",wire_api="responses",env_key="PAIR_KEY"}}' -m qwen2.5:7b
@@ -466,6 +471,7 @@ Ctrl-C to stop."#,
             .state_dir(0)
             .map_or_else(String::new, |p| p.display().to_string()),
         cluster = first.cluster_addr,
+        client = client_dir.path().display(),
     );
     wait_for_signal().await;
     eprintln!("stopping…");

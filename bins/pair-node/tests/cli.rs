@@ -334,6 +334,10 @@ fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
             "127.0.0.1:0",
             "--alias",
             "claude-*=llama3.2:3b",
+            "--allowed-host",
+            "box.tailnet.ts.net",
+            "--lan-max-per-address",
+            "3",
         ],
     );
     let lan = lan_addr(&node);
@@ -368,8 +372,55 @@ fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(chat(&secret), "200");
+    // A name given with --allowed-host is this node's; others are not.
+    let named = |host: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("authorization: Bearer {secret}"))
+            .args(["-H", &format!("host: {host}")])
+            .arg(format!("http://{lan}/v1/models"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(named("box.tailnet.ts.net"), "200");
+    assert_eq!(named("rebound.example"), "403");
+    // One address holds three connections at most: a fourth is refused.
+    {
+        use std::io::{Read, Write};
+        let held: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(&lan).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut fourth = std::net::TcpStream::connect(&lan).unwrap();
+        fourth
+            .write_all(format!("GET /v1/models HTTP/1.1\r\nhost: {lan}\r\n\r\n").as_bytes())
+            .unwrap();
+        fourth
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = fourth.read_to_end(&mut got);
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 503"), "{got}");
+        drop(held);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(chat(&secret), "200", "the address's connections are freed");
     let status = cli(&node, &["status"]);
     assert_eq!(status["aliases"][0]["alias"], "claude-*=llama3.2:3b");
+    let human = Command::new(pair_testkit::node::bin())
+        .args(["status", "--control", &node.face, "--state-dir"])
+        .arg(node.dir.path())
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human
+            .lines()
+            .any(|l| l.starts_with("aliases") && l.contains("claude-*=llama3.2:3b (this node)")),
+        "{human}"
+    );
     // Revoked: refused at once on this node.
     let revoked = cli(&node, &["keys", "revoke", "laptop"]);
     assert_eq!(revoked[0]["name"], "laptop");

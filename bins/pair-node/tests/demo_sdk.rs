@@ -1,6 +1,7 @@
 //! `pair-node demo` as a user runs it (the real binary), driven by the real
 //! `openai` and `ollama` Python SDKs: chat, streaming chat, completions,
-//! generate, embeddings, listings and error handling.
+//! generate, embeddings, listings and error handling; then joined from
+//! `pair-client` with the lines it prints, as printed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -35,6 +36,7 @@ fn python_sdks_work_against_the_demo() {
     let stdout = child.stdout.take().expect("stdout");
     let demo = KillOnDrop(child);
     let (mut ollama, mut openai) = (None, None);
+    let mut printed = Vec::new();
     wait_for_output(stdout, Duration::from_secs(60), |line| {
         if let Some(u) = line.strip_prefix("Ollama face ") {
             ollama = Some(u.trim().to_owned());
@@ -42,7 +44,8 @@ fn python_sdks_work_against_the_demo() {
         if let Some(u) = line.strip_prefix("OpenAI face ") {
             openai = Some(u.trim().to_owned());
         }
-        ollama.is_some() && openai.is_some()
+        printed.push(line.to_owned());
+        line.starts_with("Ctrl-C to stop")
     })
     .expect("demo did not start");
     let (ollama, openai) = (ollama.expect("ollama url"), openai.expect("openai url"));
@@ -59,5 +62,66 @@ fn python_sdks_work_against_the_demo() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.trim_end().ends_with("checks"), "{stdout}");
+    join_as_printed(&printed);
     drop(demo);
+}
+
+/// The demo's "Join it from pair-client" lines, run as printed (the PIN
+/// the first gives put into the second): the first probe after the join
+/// lists every node.
+fn join_as_printed(printed: &[String]) {
+    let line = |starts: &str, has: &str| {
+        printed
+            .iter()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with(starts) && l.contains(has))
+            .unwrap_or_else(|| panic!("no `{starts} ... {has}` line: {printed:#?}"))
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let client = pair_testkit::node::bin().with_file_name("pair-client");
+    assert!(
+        client.exists(),
+        "{} is built by `cargo test --workspace` (or `cargo build -p pair-client`)",
+        client.display()
+    );
+    let run = |program: &std::path::Path, args: &[String]| {
+        let out = Command::new(program)
+            .args(args)
+            .env("PAIR_LOG", "warn")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said
+    };
+    let invited = run(
+        std::path::Path::new(env!("CARGO_BIN_EXE_pair-node")),
+        &line("pair-node pair invite", ""),
+    );
+    let pin = invited
+        .split_whitespace()
+        .skip_while(|w| *w != "PIN")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no PIN in {invited}"))
+        .to_owned();
+    let join: Vec<String> = line("pair-client", " pair join ")
+        .into_iter()
+        .map(|a| if a == "PIN" { pin.clone() } else { a })
+        .collect();
+    let said = run(&client, &join);
+    assert!(said.contains("paired with node-1"), "{said}");
+    let table = run(&client, &line("pair-client", " probe"));
+    for node in ["node-1-rtx4090", "node-2-rtx3060", "node-3-laptop"] {
+        assert!(
+            table.contains(node),
+            "the first probe lists {node}: {table}"
+        );
+    }
 }

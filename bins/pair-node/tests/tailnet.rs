@@ -4,7 +4,8 @@
 //! names the other by a MagicDNS-style name (`box.tailnet.ts.net`, in the
 //! namespace's own hosts file as Tailscale's resolver would answer). They
 //! pair with `pair join box.tailnet.ts.net:PORT`, keep it as a static
-//! `--peer`, and route requests to each other.
+//! `--peer`, and route requests to each other; an edge client on the
+//! tailnet joins with `pair-client pair join` by the same name.
 //!
 //! Needs root for `ip netns` (CI runs as root); fails loudly otherwise.
 
@@ -202,6 +203,52 @@ fn tailnet_peers_pair_by_magicdns_name_and_route() {
     assert!(
         peers.to_string().contains(B_IP),
         "a knows b at its tailnet address: {peers}"
+    );
+
+    // An edge client on the tailnet joins by the same name, and its first
+    // probe lists both nodes.
+    let client = pair_testkit::node::bin().with_file_name("pair-client");
+    assert!(
+        client.exists(),
+        "{} is built by `cargo test --workspace` (or `cargo build -p pair-client`)",
+        client.display()
+    );
+    let pin = cli(&a, &["pair", "invite"])["pin"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client_dir = tempfile::tempdir().unwrap();
+    let pair_client = |args: &[&str]| {
+        let out = net
+            .exec()
+            .arg(&client)
+            .arg("--state-dir")
+            .arg(client_dir.path())
+            .args(args)
+            .env("PAIR_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pair-client {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = pair_client(&["pair", "join", &peer, "--pin", &pin]);
+    assert!(said.contains("paired with alpha"), "{said}");
+    let probe: serde_json::Value =
+        serde_json::from_str(&pair_client(&["probe", "--json"])).unwrap();
+    let names: Vec<&str> = probe["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"alpha") && names.contains(&"beta"),
+        "the first probe lists both nodes: {probe}"
     );
     drop(b_proc);
     drop(net);

@@ -114,6 +114,26 @@ pub struct BodyPermit {
     len: usize,
 }
 
+impl BodyPermit {
+    /// Takes `more` bytes on top of what the permit holds (a body of
+    /// unknown length, as it arrives); `false`, holding what it held, when
+    /// they are not there.
+    pub fn grow(&mut self, more: usize) -> bool {
+        let cap = self.budget.cap;
+        let grown = self
+            .budget
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(more).filter(|&n| n <= cap)
+            })
+            .is_ok();
+        if grown {
+            self.len += more;
+        }
+        grown
+    }
+}
+
 impl Drop for BodyPermit {
     fn drop(&mut self) {
         self.budget.held.fetch_sub(self.len, Ordering::AcqRel);
@@ -307,6 +327,19 @@ mod tests {
         );
         let slow = t + Duration::from_secs(1);
         assert_eq!(d.body_deadline(t, 0, slow), t + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_permit_grows_while_the_budget_has_room() {
+        let b = BodyBudget::new(100);
+        let mut p = b.take(0).unwrap();
+        assert!(p.grow(60));
+        assert!(!p.grow(41), "past the cap");
+        assert_eq!(b.held(), 60, "a refused step holds nothing more");
+        assert!(p.grow(40));
+        assert!(b.take(1).is_none());
+        drop(p);
+        assert_eq!(b.held(), 0);
     }
 
     #[test]

@@ -101,6 +101,12 @@ pub trait Answer:
     fn body_budget(&self) -> Option<&Arc<BodyBudget>> {
         None
     }
+    /// A look at a request's head before its body is read (and takes its
+    /// share of the budget): the answer to a request refused on its head
+    /// alone, or `None` to read on.
+    fn screen(&self, _method: &Method, _path: &str, _headers: &h1::Fields) -> Option<Reply> {
+        None
+    }
     /// The answer to a request whose body the budget has no room for.
     fn over_budget(&self, _method: &Method, _path: &str) -> Response<Body> {
         let mut resp = Response::new(Body::from(
@@ -217,6 +223,11 @@ async fn run<A: Answer>(
         }
         let len = usize::try_from(len).map_err(|_| "body too large")?;
         if buf.len() < len {
+            if let Some(resp) = svc.screen(&head.method, target.path(), &head.headers) {
+                write_response(&mut tcp, &mut buf, &mut out, resp, head_request, true).await?;
+                close_lingering(&mut tcp, &mut buf, len as u64).await;
+                return Ok(());
+            }
             // A body still to come holds its share of the node's budget
             // while it arrives; with no room, the client is told to come
             // back rather than let in.

@@ -726,7 +726,7 @@ impl Default for FailureLimits {
 /// (a single host is routinely handed a whole /64). IPv4-mapped IPv6
 /// addresses count as their IPv4 address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum AddrGroup {
+pub enum AddrGroup {
     V4([u8; 4]),
     V6([u8; 8]),
 }

@@ -21,7 +21,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use pair_core::{ApiFlavor, RequestProfile};
-use pair_http::conns::ClientDeadlines;
+use pair_http::conns::{BodyBudget, ClientDeadlines};
 
 use crate::error::json_error;
 use crate::route::Work;
@@ -650,12 +650,31 @@ pub fn too_large(cap: usize, flavor: ApiFlavor) -> Response<Body> {
 /// An error answer, made once the caller knows the flavour to give it in.
 pub type ErrorFn = Box<dyn FnOnce(ApiFlavor) -> Response<Body> + Send>;
 
+/// 503 for a body the node's budget has no room for, in the API's shape.
+pub fn over_budget(flavor: ApiFlavor) -> Response<Body> {
+    let mut resp = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        flavor,
+        "bodies_budget_spent",
+        "pair-node holds as many request bodies as it may while they arrive (--body-budget-mib); retry shortly",
+        None,
+    );
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    resp
+}
+
 /// Reads the whole body up to `cap` bytes (kept for replay on failover).
+/// With a `budget`, the body holds its share while it arrives, as on the
+/// hand-framed path: a declared length is taken before any byte is read,
+/// a body of unknown length (chunked) takes its bytes as they come; with
+/// no room, the answer is [`over_budget`].
 pub async fn read_capped<B>(
     body: B,
     headers: &http::HeaderMap,
     cap: usize,
     deadlines: &ClientDeadlines,
+    budget: Option<&std::sync::Arc<BodyBudget>>,
 ) -> Result<Bytes, ErrorFn>
 where
     B: http_body::Body<Data = Bytes>,
@@ -669,6 +688,14 @@ where
     if declared.is_some_and(|n| n > cap as u64) {
         return Err(Box::new(too_big));
     }
+    let declared = declared.and_then(|n| usize::try_from(n).ok());
+    let mut permit = match budget {
+        None => None,
+        Some(b) => match b.take(declared.unwrap_or(0)) {
+            Some(p) => Some(p),
+            None => return Err(Box::new(over_budget)),
+        },
+    };
     // As on the hand-framed path: a body must keep arriving, and its
     // buffer grows with what arrived.
     let start = tokio::time::Instant::now();
@@ -711,6 +738,15 @@ where
                 }
             };
         if let Ok(data) = frame.into_data() {
+            // The permit covers the declared length, or what came so far.
+            let covered = got.len().max(declared.unwrap_or(0));
+            let more = (got.len() + data.len()).saturating_sub(covered);
+            if let Some(p) = permit.as_mut()
+                && more > 0
+                && !p.grow(more)
+            {
+                return Err(Box::new(over_budget));
+            }
             got.extend_from_slice(&data);
         }
     }

@@ -27,7 +27,7 @@ use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::body::{read_capped, too_large};
+use crate::body::{over_budget, read_capped, too_large};
 use crate::error::json_error;
 use crate::lan::{Admitted, Lan};
 use crate::pipeline::{self, Door};
@@ -135,9 +135,15 @@ async fn read_whole(
     flavor: impl FnOnce(&Method, &str) -> pair_core::ApiFlavor,
 ) -> Result<pipeline::Request, Response<Body>> {
     let (parts, body) = req.into_parts();
-    let received = read_capped(body, &parts.headers, st.body_cap, &st.deadlines)
-        .await
-        .map_err(|resp| resp(flavor(&parts.method, parts.uri.path())))?;
+    let received = read_capped(
+        body,
+        &parts.headers,
+        st.body_cap,
+        &st.deadlines,
+        Some(&st.body_budget),
+    )
+    .await
+    .map_err(|resp| resp(flavor(&parts.method, parts.uri.path())))?;
     Ok(pipeline::Request {
         method: parts.method,
         target: parts
@@ -199,20 +205,6 @@ impl server::Answer for FaceDoor {
                 .unwrap_or_else(|| self.face.flavor()),
         )
     }
-}
-
-/// 503 for a body the budget has no room for, in the API's shape.
-fn over_budget(flavor: pair_core::ApiFlavor) -> Response<Body> {
-    let mut resp = json_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        flavor,
-        "bodies_budget_spent",
-        "pair-node holds as many request bodies as it may while they arrive (--body-budget-mib); retry shortly",
-        None,
-    );
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    resp
 }
 
 /// Serves a face until `shutdown`, then lets in-flight requests finish
@@ -303,6 +295,14 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for LanDoor {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let door = self.clone();
         Box::pin(async move {
+            // The head first: a request refused on it reads no body.
+            let head = Headers::Map(req.headers().clone());
+            if let Some(reply) = door
+                .lan
+                .screen(door.peer, req.method(), req.uri().path(), &head)
+            {
+                return Ok(reply.into_response());
+            }
             let req = match read_whole(&door.st, req.map(Body::new), crate::lan::flavor_of).await {
                 Ok(r) => r,
                 Err(resp) => return Ok(resp),
@@ -336,6 +336,19 @@ impl server::Answer for LanDoor {
 
     fn over_budget(&self, method: &Method, path: &str) -> Response<Body> {
         over_budget(crate::lan::flavor_of(method, path))
+    }
+
+    /// A body still to come is read only for a request with a valid key
+    /// (and the door's other rules but the rate, which the whole request
+    /// meets in [`LanDoor::request`]).
+    fn screen(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &pair_http::h1::Fields,
+    ) -> Option<Reply> {
+        self.lan
+            .screen(self.peer, method, path, &Headers::Raw(headers.clone()))
     }
 }
 

@@ -26,7 +26,9 @@ use http::{HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use pair_core::ApiFlavor;
 use pair_http::Reply;
 use pair_http::h1::Headers;
-use pair_identity::keys::{FailureGate, KeyRecord, KeyStore, RateLimiter, parse_presented};
+use pair_identity::keys::{
+    AddrGroup, FailureGate, KeyRecord, KeyStore, RateLimiter, parse_presented,
+};
 use std::time::Instant;
 
 use crate::error::json_error;
@@ -60,7 +62,8 @@ pub struct Lan {
     per_address: usize,
     limiter: Mutex<RateLimiter>,
     failures: Mutex<FailureGate>,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections open per address (an IPv6 /64 counts as one).
+    open: Mutex<HashMap<AddrGroup, usize>>,
 }
 
 /// An admitted request's key (and the CORS origin its answer carries),
@@ -75,16 +78,16 @@ pub enum Admitted {
 #[derive(Debug)]
 pub struct AddressSlot {
     lan: Arc<Lan>,
-    ip: IpAddr,
+    group: AddrGroup,
 }
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
         let mut open = self.lan.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = open.get_mut(&self.ip) {
+        if let Some(n) = open.get_mut(&self.group) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.ip);
+                open.remove(&self.group);
             }
         }
     }
@@ -115,12 +118,13 @@ impl Lan {
         })
     }
 
-    /// Counts a new connection from `peer`; `None` when its address holds
-    /// as many as it may.
+    /// Counts a new connection from `peer`; `None` when its address (an
+    /// IPv6 /64 counts as one: a host is routinely given a whole /64)
+    /// holds as many as it may.
     pub fn connect(self: &Arc<Self>, peer: SocketAddr) -> Option<AddressSlot> {
-        let ip = peer.ip().to_canonical();
+        let group = AddrGroup::from(peer.ip());
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = open.entry(ip).or_insert(0);
+        let n = open.entry(group).or_insert(0);
         if *n >= self.per_address {
             return None;
         }
@@ -128,7 +132,7 @@ impl Lan {
         drop(open);
         Some(AddressSlot {
             lan: Arc::clone(self),
-            ip,
+            group,
         })
     }
 
@@ -136,6 +140,34 @@ impl Lan {
     /// origin, a CORS preflight, `Host`, the routes that are not here, the
     /// address's record of wrong keys, the key, the key's rate.
     pub fn admit(&self, peer: IpAddr, method: &Method, path: &str, headers: &Headers) -> Admitted {
+        self.rules(peer, method, path, headers, true)
+    }
+
+    /// The same rules but the rate, on a request's head before its body is
+    /// read: a client with no valid key holds none of the node's body
+    /// budget. The answer to a refused head; `None` to read the body (and
+    /// [`Lan::admit`] the whole request).
+    pub fn screen(
+        &self,
+        peer: IpAddr,
+        method: &Method,
+        path: &str,
+        headers: &Headers,
+    ) -> Option<Reply> {
+        match self.rules(peer, method, path, headers, false) {
+            Admitted::Key(..) => None,
+            Admitted::Answered(reply) => Some(*reply),
+        }
+    }
+
+    fn rules(
+        &self,
+        peer: IpAddr,
+        method: &Method,
+        path: &str,
+        headers: &Headers,
+        rate: bool,
+    ) -> Admitted {
         let flavor = flavor_of(method, path);
         let origin = headers.get(&header::ORIGIN);
         let cors = match origin {
@@ -215,7 +247,8 @@ impl Lan {
             return Admitted::answered(with_cors(reply, cors));
         };
         self.failures().succeeded(ip);
-        if let Some(rate) = key.rate_per_min
+        if rate
+            && let Some(rate) = key.rate_per_min
             && let Err(wait) = self
                 .limiter
                 .lock()
@@ -519,5 +552,14 @@ mod tests {
         assert!(lan.connect(b).is_some());
         drop(s1);
         assert!(lan.connect(a).is_some());
+        // One IPv6 /64 is one address, whatever its host part.
+        let v6 = |host: &str| format!("[2001:db8:1:2::{host}]:5000").parse().unwrap();
+        let _t1 = lan.connect(v6("1")).unwrap();
+        let _t2 = lan.connect(v6("ff")).unwrap();
+        assert!(lan.connect(v6("abcd")).is_none());
+        assert!(
+            lan.connect("[2001:db8:1:3::1]:5000".parse().unwrap())
+                .is_some()
+        );
     }
 }

@@ -39,7 +39,9 @@ async fn relay(
         .strip_prefix(RELAY_PREFIX)
         .and_then(|inner| inner.parse().ok())
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let body = match read_capped(body, &parts.headers, st.body_cap, &st.deadlines).await {
+    // Not budgeted: a paired peer sends a body its origin already holds
+    // whole, at link speed.
+    let body = match read_capped(body, &parts.headers, st.body_cap, &st.deadlines, None).await {
         Ok(b) => b,
         Err(resp) => {
             let flavor = route::classify(&parts.method, target.path())

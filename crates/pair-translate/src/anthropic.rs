@@ -105,10 +105,12 @@ fn chat(
     if let Some(n) = max_tokens {
         out.insert("max_tokens".into(), n.into());
     }
+    let mut sorted = Sorted::default();
     let mut messages = Vec::new();
     match req.remove("system") {
         None | Some(Value::Null) => {}
         Some(system) => {
+            cache_hints(system.as_array().map_or(&[], Vec::as_slice), &mut sorted);
             messages.push(json!({"role": "system", "content": system_text("system", &system)?}))
         }
     }
@@ -117,7 +119,7 @@ fn chat(
         _ => return Err(TranslateError::new("messages", "an array is required")),
     };
     for (i, turn) in turns.into_iter().enumerate() {
-        messages.extend(turn_messages(i, turn)?);
+        messages.extend(turn_messages(i, turn, &mut sorted)?);
     }
     out.insert("messages".into(), Value::Array(messages));
     if let Some(stop) = req.remove("stop_sequences").filter(|v| !v.is_null()) {
@@ -128,8 +130,13 @@ fn chat(
             out.insert(k.into(), v);
         }
     }
-    if let Some(Value::Array(tools)) = req.remove("tools") {
-        out.insert("tools".into(), Value::Array(tools_of(tools)?));
+    match req.remove("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) => {
+            cache_hints(&tools, &mut sorted);
+            out.insert("tools".into(), Value::Array(tools_of(tools)?));
+        }
+        Some(other) => return Err(expected_array("tools", &other)),
     }
     if let Some(choice) = req.remove("tool_choice").filter(|v| !v.is_null()) {
         let oa = match choice["type"].as_str() {
@@ -178,7 +185,6 @@ fn chat(
     if let Some(format) = format.filter(|f| !f.is_null()) {
         out.insert("response_format".into(), response_format(&format)?);
     }
-    let mut sorted = Sorted::default();
     sorted.rest(&req, "", &[fields::ANTHROPIC_MESSAGES], HANDLED)?;
     if streaming {
         out.insert("stream".into(), Value::Bool(true));
@@ -187,6 +193,22 @@ fn chat(
         out.insert("stream".into(), Value::Bool(false));
     }
     Ok((out, model, streaming, thinking, sorted.dropped))
+}
+
+/// Notes a prompt-cache hint on any of `blocks` (system text, message
+/// content, tools) as the dropped `cache_control`.
+fn cache_hints(blocks: &[Value], sorted: &mut Sorted) {
+    let hinted = |b: &Value| {
+        b.get("cache_control")
+            .is_some_and(|c| !c.is_null() && c.as_object().is_none_or(|o| !o.is_empty()))
+    };
+    if blocks.iter().any(hinted) {
+        sorted.drop_field("cache_control");
+    }
+}
+
+fn expected_array(at: &str, got: &Value) -> TranslateError {
+    TranslateError::new(at, format!("an array expected, got {}", kind_of(got)))
 }
 
 /// A system prompt (a string or text blocks) as one text.
@@ -254,7 +276,7 @@ fn response_format(f: &Value) -> Result<Value, TranslateError> {
 /// One Anthropic turn as OpenAI messages: a user turn's `tool_result`
 /// blocks become `tool` messages (before its other content), an
 /// assistant turn's `tool_use` blocks its `tool_calls`.
-fn turn_messages(i: usize, turn: Value) -> Result<Vec<Value>, TranslateError> {
+fn turn_messages(i: usize, turn: Value, sorted: &mut Sorted) -> Result<Vec<Value>, TranslateError> {
     let role = turn["role"]
         .as_str()
         .filter(|r| matches!(*r, "user" | "assistant" | "system"))
@@ -265,6 +287,10 @@ fn turn_messages(i: usize, turn: Value) -> Result<Vec<Value>, TranslateError> {
             )
         })?
         .to_owned();
+    cache_hints(
+        turn["content"].as_array().map_or(&[], Vec::as_slice),
+        sorted,
+    );
     if role == "system" {
         // A system message in the conversation (Claude Code sends them):
         // kept at its place; `place_system` merges it into the leading
@@ -326,7 +352,9 @@ fn turn_messages(i: usize, turn: Value) -> Result<Vec<Value>, TranslateError> {
                     json!({"role": "tool", "tool_call_id": b["tool_use_id"], "content": content}),
                 );
             }
-            Some("thinking" | "redacted_thinking") => {}
+            Some("thinking" | "redacted_thinking") => {
+                sorted.drop_field("messages[].content[].thinking");
+            }
             other => {
                 return Err(TranslateError::new(
                     at() + ".type",
@@ -810,6 +838,36 @@ mod tests {
         assert_eq!(e.field, "max_tokens");
     }
 
+    #[test]
+    fn an_earlier_turns_thinking_is_dropped_and_named() {
+        let t = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"},
+                {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},
+                    {"type":"redacted_thinking","data":"x"},{"type":"text","text":"Hi."}]},
+                {"role":"user","content":"again"}],
+                "tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}]}"#,
+            AT,
+        )
+        .unwrap();
+        assert_eq!(
+            t.dropped,
+            ["cache_control", "messages[].content[].thinking"]
+        );
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": "Hi."})
+        );
+        let e = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[],"tools":{"name":"f"}}"#,
+            AT,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "tools");
+    }
+
     /// What Claude Code's first request carries beyond the basics.
     const CLAUDE_CODE: &[u8] = br#"{"model":"qwen2.5:7b","max_tokens":32000,"stream":true,
         "system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
@@ -833,7 +891,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             t.dropped,
-            ["context_management", "metadata", "output_config.effort"]
+            [
+                "cache_control",
+                "context_management",
+                "metadata",
+                "output_config.effort"
+            ]
         );
         let b: Value = serde_json::from_slice(&t.body).unwrap();
         let roles: Vec<&str> = b["messages"]

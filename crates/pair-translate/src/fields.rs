@@ -95,7 +95,11 @@ pub const ANTHROPIC_MESSAGES: &[Field] = &[
     ),
     dropped(
         "cache_control",
-        "a prompt-cache hint for Anthropic's servers",
+        "a prompt-cache hint for Anthropic's servers, on the request or on any block or tool",
+    ),
+    dropped(
+        "messages[].content[].thinking",
+        "an earlier turn's thinking (or redacted thinking), signed for Anthropic's servers; a chat template takes no earlier reasoning back",
     ),
     dropped("inference_geo", "where Anthropic runs the request"),
     dropped("container", "Anthropic's code-execution container"),
@@ -170,6 +174,23 @@ pub const OPENAI_RESPONSES: &[Field] = &[
         "client_metadata",
         "the client's ids for OpenAI's logs (Codex sends its session and turn)",
     ),
+    dropped(
+        "input[].reasoning",
+        "an earlier turn's reasoning, encrypted or summarised by OpenAI; a chat template takes no earlier reasoning back",
+    ),
+    dropped("tools.web_search", HOSTED),
+    dropped("tools.web_search_preview", HOSTED),
+    dropped("tools.web_search_2025_08_26", HOSTED),
+    dropped("tools.file_search", HOSTED),
+    dropped("tools.code_interpreter", HOSTED),
+    dropped("tools.image_generation", HOSTED),
+    dropped("tools.computer_use_preview", HOSTED),
+    dropped("tools.tool_search", HOSTED),
+    dropped("tools.mcp", HOSTED),
+    dropped(
+        "tools[].format",
+        "a custom tool's grammar: the engine cannot hold the model to it, so the model is told it in the tool's description (named `tools[i].format`)",
+    ),
     refused(
         "previous_response_id",
         "pair keeps no responses (it has no store): send the whole conversation in `input`",
@@ -224,6 +245,12 @@ pub const OLLAMA_OPTIONS: &[Field] = &[
     refused("options.penalize_newline", SAMPLER),
 ];
 
+/// A tool OpenAI's servers run (search, code, images, remote MCP): a
+/// local engine cannot, so it is dropped and the model answers without
+/// it. Refusing it would refuse every request of clients that offer one
+/// by default (Codex offers `web_search`).
+const HOSTED: &str = "a tool OpenAI's servers run; the engine cannot, and the model answers without it (Codex offers web_search by default)";
+
 const RUNTIME: &str =
     "where and how the engine runs the model, fixed when an OpenAI-compatible engine starts";
 const SAMPLER: &str = "a sampler setting an OpenAI-compatible engine does not take";
@@ -248,7 +275,7 @@ pub const OLLAMA_COMMON: &[Field] = &[
 /// Where an answer's sorted fields go.
 #[derive(Debug, Default)]
 pub struct Sorted {
-    /// The dropped fields' names, in the order met.
+    /// The dropped fields' names, sorted, each once.
     pub dropped: Vec<String>,
 }
 
@@ -272,7 +299,7 @@ impl Sorted {
             let name = format!("{prefix}{k}");
             match lookup(tables, &name) {
                 Some(Rule::Mapped) => {}
-                Some(Rule::Dropped(_)) => self.dropped.push(name),
+                Some(Rule::Dropped(_)) => self.drop_field(name),
                 Some(Rule::Refused(why)) => return Err(TranslateError::new(name, why)),
                 Some(Rule::Nested) => match v {
                     Value::Object(inner) => {
@@ -296,9 +323,12 @@ impl Sorted {
         Ok(())
     }
 
-    /// Notes one field as dropped (a translation that decided it).
+    /// Notes one field as dropped (a translation that decided it), once.
     pub fn drop_field(&mut self, name: impl Into<String>) {
-        self.dropped.push(name.into());
+        let name = name.into();
+        if let Err(at) = self.dropped.binary_search(&name) {
+            self.dropped.insert(at, name);
+        }
     }
 }
 
@@ -380,10 +410,15 @@ mod tests {
                 if let Rule::Dropped(why) | Rule::Refused(why) = f.rule {
                     assert!(why.len() > 10, "{api}: {} needs a reason", f.name);
                 }
+                // A nested field's object is in the table; a rule for a
+                // part of a mapped field (`tools.web_search`, a block of
+                // `messages[]`) names that field.
                 if let Some((parent, _)) = f.name.rsplit_once('.') {
-                    assert_eq!(
-                        lookup(&[table], parent),
-                        Some(Rule::Nested),
+                    let nested =
+                        !parent.contains('[') && lookup(&[table], parent) == Some(Rule::Nested);
+                    let top = parent.split('[').next().unwrap_or(parent);
+                    assert!(
+                        nested || lookup(&[table], top) == Some(Rule::Mapped),
                         "{api}: {parent}"
                     );
                 }

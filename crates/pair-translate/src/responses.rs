@@ -29,22 +29,14 @@ enum ToolKind {
     LocalShell,
 }
 
-/// Tools OpenAI's servers run (search, code, images, remote MCP): a local
-/// engine cannot, so they are dropped (named `tools.TYPE` in
-/// `x-pair-dropped`) and the model answers without them. Refusing them
-/// would refuse every request of clients that offer one by default (Codex
-/// offers `web_search`).
-const HOSTED_TOOLS: &[&str] = &[
-    "web_search",
-    "web_search_preview",
-    "web_search_2025_08_26",
-    "file_search",
-    "code_interpreter",
-    "image_generation",
-    "computer_use_preview",
-    "tool_search",
-    "mcp",
-];
+/// A tool OpenAI's servers run: the Responses table drops it as
+/// `tools.TYPE` (see [`fields::OPENAI_RESPONSES`]).
+fn hosted(ty: &str) -> bool {
+    matches!(
+        fields::lookup(&[fields::OPENAI_RESPONSES], &format!("tools.{ty}")),
+        Some(fields::Rule::Dropped(_))
+    )
+}
 
 /// The function a `local_shell` tool is on the engine.
 const LOCAL_SHELL: &str = "local_shell";
@@ -65,6 +57,7 @@ pub(crate) fn request(
     };
     let mut out = Map::new();
     out.insert("model".into(), Value::String(model.clone()));
+    let mut sorted = Sorted::default();
     let mut messages = Vec::new();
     match req.remove("instructions") {
         None | Some(Value::Null) => {}
@@ -77,7 +70,7 @@ pub(crate) fn request(
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => {
             for (i, item) in items.into_iter().enumerate() {
-                input_item(i, item, &mut messages)?;
+                input_item(i, item, &mut messages, &mut sorted)?;
             }
         }
         Some(other) => {
@@ -87,7 +80,6 @@ pub(crate) fn request(
     out.insert("messages".into(), Value::Array(messages));
     crate::place_system(&mut out, traits);
 
-    let mut sorted = Sorted::default();
     // What a response object repeats of the request.
     let mut echo = Map::new();
     let mut kinds = Vec::new();
@@ -114,9 +106,7 @@ pub(crate) fn request(
                             ));
                         }
                     },
-                    Some(hosted) if HOSTED_TOOLS.contains(&hosted) => {
-                        sorted.drop_field(format!("tools.{hosted}"));
-                    }
+                    Some(ty) if hosted(ty) => sorted.drop_field(format!("tools.{ty}")),
                     _ => offered.push((format!("tools[{i}]"), t)),
                 }
             }
@@ -217,7 +207,12 @@ fn expected(field: &str, what: &str, got: &Value) -> TranslateError {
 }
 
 /// One `input` item as chat messages, appended to `messages`.
-fn input_item(i: usize, item: Value, messages: &mut Vec<Value>) -> Result<(), TranslateError> {
+fn input_item(
+    i: usize,
+    item: Value,
+    messages: &mut Vec<Value>,
+    sorted: &mut Sorted,
+) -> Result<(), TranslateError> {
     let at = |f: &str| format!("input[{i}].{f}");
     let Value::Object(mut item) = item else {
         return Err(expected(&format!("input[{i}]"), "an object", &item));
@@ -311,7 +306,7 @@ fn input_item(i: usize, item: Value, messages: &mut Vec<Value>) -> Result<(), Tr
         }
         // Reasoning from an earlier turn is left out: OpenAI's is encrypted
         // or summarised, and chat takes no reasoning back from the client.
-        "reasoning" => {}
+        "reasoning" => sorted.drop_field("input[].reasoning"),
         "item_reference" => {
             return Err(TranslateError::new(
                 at("type"),
@@ -1485,7 +1480,7 @@ mod tests {
             AT,
         )
         .unwrap();
-        assert_eq!(t.dropped, ["tools.web_search", "client_metadata"]);
+        assert_eq!(t.dropped, ["client_metadata", "tools.web_search"]);
         let b: Value = serde_json::from_slice(&t.body).unwrap();
         let names: Vec<&str> = b["tools"]
             .as_array()
@@ -1506,10 +1501,8 @@ mod tests {
             AT,
         )
         .unwrap();
-        let mut d = t.dropped;
-        d.sort();
         assert_eq!(
-            d,
+            t.dropped,
             [
                 "include",
                 "prompt_cache_key",
@@ -1518,6 +1511,21 @@ mod tests {
                 "tools[0].format"
             ]
         );
+    }
+
+    #[test]
+    fn an_earlier_turns_reasoning_is_dropped_and_named() {
+        let t = translate(
+            Route::OpenAiResponses,
+            br#"{"model":"m","input":[{"role":"user","content":"hi"},
+                {"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"xyz"},
+                {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi."}]}]}"#,
+            AT,
+        )
+        .unwrap();
+        assert_eq!(t.dropped, ["input[].reasoning"]);
+        let b: Value = serde_json::from_slice(&t.body).unwrap();
+        assert_eq!(b["messages"].as_array().unwrap().len(), 2);
     }
 
     fn answer(req: &str) -> Answer {
