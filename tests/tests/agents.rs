@@ -60,6 +60,9 @@ async fn claude_codes_requests_reach_a_local_model_through_an_alias_set_on_anoth
                 "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
             )
             .header("x-api-key", "sk-local")
+            // Claude Code asks for up to 32,000 tokens; a model stops long
+            // before, and so does the emulated one when told its length.
+            .header("x-emulator-answer-tokens", "12")
             .json(&claude_code_request("claude-sonnet-4-5-20250929", stream))
             .send()
             .await
@@ -94,6 +97,7 @@ async fn claude_codes_requests_reach_a_local_model_through_an_alias_set_on_anoth
         json!([{"role": "user", "content": r#"Bash({"command": "echo pair-tool-ok"})"#}]);
     let v: Value = http()
         .post(format!("{}/v1/messages", c.nodes[1].openai_url()))
+        .header("x-emulator-answer-tokens", "12")
         .json(&req)
         .send()
         .await

@@ -123,11 +123,20 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
+    // Every test of every target, each its own process, several at once
+    // (.config/nextest.toml); doctests below, which nextest does not run.
+    nextest(root)?;
     let mut test = Command::new("cargo");
     test.current_dir(root)
-        .args(["test", "--workspace", "--all-targets"])
+        .args([
+            "nextest",
+            "run",
+            "--workspace",
+            "--all-targets",
+            "--no-fail-fast",
+        ])
         .envs(py.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    status(test, "cargo test")?;
+    status(test, "cargo nextest run")?;
     run(root, "cargo", &["test", "--workspace", "--doc"])?;
     let mut doc = Command::new("cargo");
     doc.current_dir(root)
@@ -215,9 +224,27 @@ fn run(root: &Path, program: &str, args: &[&str]) -> Result<()> {
 
 fn status(mut cmd: Command, what: &str) -> Result<()> {
     eprintln!("xtask: {what}");
+    let started = std::time::Instant::now();
     let st = cmd.status().with_context(|| format!("starting {what}"))?;
     if !st.success() {
         bail!("{what} failed ({st})");
     }
+    eprintln!(
+        "xtask: {what}: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
+}
+
+/// cargo-nextest, CI's test runner: this machine's, or installed once.
+fn nextest(root: &Path) -> Result<()> {
+    let there = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if there {
+        return Ok(());
+    }
+    run(root, "cargo", &["install", "--locked", "cargo-nextest"])
 }

@@ -25,6 +25,7 @@
 //! --all-targets` runs it, a few requests of each kind only); `EDGE_N` (requests per path, 2000),
 //! `EDGE_ROUNDS` (probe rounds, 50), `EDGE_CYCLES` (refused-node
 //! failovers, 100), `EDGE_TIMEOUTS` (timed-out-node failovers, 20),
+//! `EDGE_NODES` (nodes probed in a round, 16; 4 in the smoke run),
 //! `EDGE_TIME_SCALE` (emulated engine time, 1e-6) change the sizes;
 //! `EDGE_ONLY=13` runs some parts only; `EDGE_DEBUG=1` prints each
 //! failover cycle.
@@ -61,10 +62,18 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        // libtest's terse list, for cargo nextest: the smoke run is one test.
+        if !args.iter().any(|a| a == "--ignored") {
+            println!("smoke: test");
+        }
+        return;
+    }
     pair_identity::install_crypto_provider();
     // `cargo test --all-targets` runs this without `--bench`: then a few
     // requests of each kind only, to show the bench still works.
-    let bench = std::env::args().any(|a| a == "--bench");
+    let bench = args.iter().any(|a| a == "--bench");
     let size =
         |name: &str, full: usize, smoke: usize| env_or(name, if bench { full } else { smoke });
     let time_scale: f64 = env_or("EDGE_TIME_SCALE", 1e-6);
@@ -72,6 +81,8 @@ fn main() {
     let rounds = size("EDGE_ROUNDS", 50, 2);
     let cycles = size("EDGE_CYCLES", 100, 2);
     let timeouts = size("EDGE_TIMEOUTS", 20, 1);
+    // Pairing is a PAKE per node: 16 take most of a minute unoptimised.
+    let probed = size("EDGE_NODES", 16, 4);
     // The nodes (and their engines and background work) run on their own
     // runtime; each node's faces and cluster port on its own event loops.
     // The client side runs on one current-thread runtime, as in an app.
@@ -100,7 +111,7 @@ fn main() {
         failover(&nodes_rt, &client_rt, time_scale, cycles, timeouts);
     }
     if only.contains('2') {
-        probe_rounds(&nodes_rt, &client_rt, time_scale, rounds);
+        probe_rounds(&nodes_rt, &client_rt, time_scale, rounds, probed);
     }
     println!("\nwhole run: {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -405,13 +416,18 @@ async fn exchange(send: &mut SendRequest<Full<Bytes>>, req: http::Request<Full<B
     body
 }
 
-// ---- 2. a probe round over 16 nodes --------------------------------------
+// ---- 2. a probe round over 16 nodes (EDGE_NODES) --------------------------------------
 
-fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds: usize) {
-    const NODES: usize = 16;
-    println!("\n== 2. a probe round over {NODES} nodes ==");
+fn probe_rounds(
+    nodes_rt: &Runtime,
+    client_rt: &Runtime,
+    time_scale: f64,
+    rounds: usize,
+    count: usize,
+) {
+    println!("\n== 2. a probe round over {count} nodes ==");
     let t = Instant::now();
-    let mut spec = ClusterSpec::new(NODES);
+    let mut spec = ClusterSpec::new(count);
     spec.time_scale = time_scale;
     spec.mdns = pair_testkit::cluster::Mdns::Off;
     // Not paired with each other (no gossip among 16 nodes on two cores);
@@ -421,7 +437,7 @@ fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds
     let cluster = nodes_rt.block_on(LocalCluster::start(spec)).unwrap();
     nodes_rt.block_on(wait_ready(&cluster.nodes));
     println!(
-        "{NODES} nodes started and ready in {:.1} s",
+        "{count} nodes started and ready in {:.1} s",
         t.elapsed().as_secs_f64()
     );
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +447,7 @@ fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds
         let t = Instant::now();
         let client = paired_client(dir.path(), seeds, &nodes).await;
         println!(
-            "client paired with {NODES} nodes (PIN + SPAKE2 each) in {:.2} s",
+            "client paired with {count} nodes (PIN + SPAKE2 each) in {:.2} s",
             t.elapsed().as_secs_f64()
         );
         let mut refresh = Vec::with_capacity(rounds);
@@ -456,7 +472,7 @@ fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds
             let t = Instant::now();
             let survey = client.refresh().await.unwrap();
             let took = t.elapsed();
-            assert_eq!(survey.nodes.len(), NODES, "{:?}", survey.failures);
+            assert_eq!(survey.nodes.len(), count, "{:?}", survey.failures);
             assert!(survey.failures.is_empty(), "{:?}", survey.failures);
             tokio::time::sleep(Duration::from_millis(20)).await;
             let t = Instant::now();
@@ -466,7 +482,7 @@ fn probe_rounds(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, rounds
             tokio::time::sleep(Duration::from_millis(20)).await;
             let t = Instant::now();
             prober
-                .probe(targets[round % NODES].0, targets[round % NODES].1)
+                .probe(targets[round % count].0, targets[round % count].1)
                 .await
                 .unwrap();
             let took_one = t.elapsed();
