@@ -163,28 +163,9 @@ fn ci(root: &Path) -> Result<()> {
             "test_*.py",
         ],
     )?;
-    let sim = |args: &[&str]| {
-        let mut all = vec!["run", "--quiet", "-p", "pair-sim", "--"];
-        all.extend_from_slice(args);
-        run(root, "cargo", &all)
-    };
-    sim(&["run", "scenarios/ci-smoke.toml", "--policy", "all"])?;
-    // Its live twin: real pair-node processes over emulated engines; the
-    // policies the simulator puts at least 2x apart (mean TTFT) must come
-    // out in the same order (closer ones swap from run to run at 8 users).
-    run(root, "cargo", &["build", "--quiet", "-p", "pair-node"])?;
-    sim(&[
-        "live",
-        "scenarios/ci-smoke.toml",
-        "--time-scale",
-        "0.1",
-        "--duration",
-        "240",
-        "--no-search",
-        "--check-ranking",
-        "--margin",
-        "2",
-    ])?;
+    // The simulator's smoke run and its live twin (real pair-node
+    // processes) are tests of pair-sim (bins/pair-sim/tests): they ran
+    // above, among the others.
     // Every fuzz target builds and survives a short run from its seeds
     // (longer runs are on demand: docs/fuzzing.md).
     ci::fuzz(root)?;
