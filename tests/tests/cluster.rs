@@ -671,7 +671,7 @@ async fn an_oversized_upload_gets_its_413_not_a_reset() {
 /// although reports that look fresh keep coming for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_whose_address_answers_as_another_node_is_not_routed_to() {
-    let mut c = cluster(3, |s| s.mdns = pair_node::config::Mdns::Off)
+    let mut c = cluster(3, |s| s.mdns = pair_daemon::config::Mdns::Off)
         .await
         .unwrap();
     let b = c.nodes.remove(1);

@@ -520,7 +520,11 @@ async fn a_cold_load_of_130_s_ends_200_under_the_default_settings() {
     .await
     .unwrap();
     let started = std::time::Instant::now();
-    let resp = http()
+    // The test client's own 30 s timeout would end it first.
+    let resp = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
         .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
         .json(&json!({"model": MODEL, "prompt": "hi", "stream": false, "options": {"num_predict": 1}}))
         .send()

@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pair_node::cli::ControlClient;
-use pair_node::config::LanFace;
-use pair_node::control::NewKey;
+use pair_daemon::cli::ControlClient;
+use pair_daemon::config::LanFace;
+use pair_daemon::control::NewKey;
 use pair_testkit::cluster::LocalCluster;
 use pair_testkit::cluster::cluster;
 use pair_testkit::netns::Joined;

@@ -49,6 +49,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     problems.extend(module_cycles(root)?);
     problems.extend(outside_links(root)?);
     problems.extend(missing_headers(root)?);
+    problems.extend(thick_binaries(root)?);
     if problems.is_empty() {
         eprintln!("xtask tidy: ok");
         Ok(())
@@ -160,11 +161,11 @@ pub(crate) fn reachable_any(
 /// The binaries (`bins/*`): no library may depend on one.
 const BINARIES: &[&str] = &["pair-node", "pair-sim", "pair-client"];
 /// Test support: linked only by tests (a dev-dependency, or the test
-/// crates'). It starts the daemon, so it is the one library-shaped crate
-/// that may depend on a binary; nothing it links reaches a build.
+/// crates'). It starts the daemon through its library (pair-daemon) and
+/// the `pair-node` binary as a process, never as a dependency.
 const TEST_SUPPORT: &str = "pair-testkit";
 /// Crates that are tests themselves (and so may link binaries).
-const TEST_CRATES: &[&str] = &["pair-tests", "pair-fuzz", TEST_SUPPORT];
+const TEST_CRATES: &[&str] = &["pair-tests", "pair-fuzz"];
 
 /// What the dev-dependencies may not break: a library's tests, benches and
 /// examples link no binary crate (they reach the daemon through the test
@@ -534,6 +535,45 @@ fn missing_headers(root: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Lines of Rust a binary's `src/` may hold: its command line and the
+/// wiring of libraries. Whatever another program could use (the node's
+/// configuration, the simulator, the SDK's client) lives in a library
+/// crate under `crates/`.
+pub(crate) const BINARY_SRC_LINES: usize = 800;
+
+/// Binaries (`bins/*/src`) over [`BINARY_SRC_LINES`].
+fn thick_binaries(root: &Path) -> Result<Vec<String>> {
+    let mut sizes = Vec::new();
+    for entry in std::fs::read_dir(root.join("bins")).context("reading bins/")? {
+        let dir = entry?.path();
+        let mut lines = 0;
+        walk(&dir.join("src"), &mut |path| {
+            if path.extension().is_some_and(|e| e == "rs") {
+                lines += std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?
+                    .lines()
+                    .count();
+            }
+            Ok(())
+        })?;
+        sizes.push((dir.display().to_string(), lines));
+    }
+    Ok(over_budget(&sizes, BINARY_SRC_LINES))
+}
+
+/// The binaries whose `src/` holds more than `budget` lines.
+pub(crate) fn over_budget(sizes: &[(String, usize)], budget: usize) -> Vec<String> {
+    sizes
+        .iter()
+        .filter(|(_, lines)| *lines > budget)
+        .map(|(bin, lines)| {
+            format!(
+                "{bin}/src has {lines} lines, over a binary's {budget}: move what is not its command line into a library crate"
+            )
+        })
+        .collect()
+}
+
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
@@ -555,6 +595,20 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_over_its_line_budget_is_named() {
+        let sizes = [
+            ("bins/thin".to_owned(), 400),
+            ("bins/thick".to_owned(), 1_200),
+        ];
+        let problems = over_budget(&sizes, BINARY_SRC_LINES);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("bins/thick/src has 1200 lines"));
+        // This workspace's binaries are within it.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        assert_eq!(thick_binaries(&root).unwrap(), Vec::<String>::new());
+    }
 
     /// The tidy rule itself runs in `cargo test`: pair-core and
     /// pair-scheduler must not reach tokio, hyper, rustls or nvml-wrapper.
@@ -649,8 +703,8 @@ mod tests {
     }
 
     /// The dev-dependency rules can fail: a library whose bench links the
-    /// daemon, and a binary that links the test kit, are caught; a library
-    /// whose tests reach the daemon through the test kit is not.
+    /// daemon's binary, and a binary that links the test kit, are caught; a
+    /// library whose tests reach the daemon through the test kit is not.
     #[test]
     fn the_dev_dependency_rules_catch_what_they_forbid() {
         let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
@@ -660,8 +714,9 @@ mod tests {
             ("pair-sdk", &[][..], &["pair-node"][..]),
             ("pair-jobs", &[], &["pair-testkit"]),
             ("pair-client", &["pair-testkit"], &[]),
-            ("pair-testkit", &["pair-node"], &[]),
-            ("pair-node", &[], &["pair-testkit"]),
+            ("pair-testkit", &["pair-daemon"], &[]),
+            ("pair-daemon", &[], &[]),
+            ("pair-node", &["pair-daemon"], &["pair-testkit"]),
         ] {
             normal.insert(krate.to_owned(), names(n));
             dev.insert(krate.to_owned(), names(d));
@@ -675,6 +730,13 @@ mod tests {
         );
         // Normal dependencies alone miss the first: the old rule's blind spot.
         assert_eq!(layering(&normal).unwrap(), Vec::<String>::new());
+        // The test kit is a library like the others: linking the binary
+        // would be caught.
+        normal.insert("pair-testkit".to_owned(), names(&["pair-node"]));
+        assert_eq!(
+            layering(&normal).unwrap(),
+            ["library pair-testkit depends on binary pair-node"]
+        );
     }
 
     #[test]

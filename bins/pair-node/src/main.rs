@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use pair_node::cli::{self, ControlClient};
-use pair_node::config::{ConfigError, FileConfig, NodeConfig, RunArgs};
-use pair_node::daemon::{self, Listeners};
+use pair_daemon::cli::{self, ControlClient};
+use pair_daemon::config::{ConfigError, FileConfig, NodeConfig, RunArgs};
+use pair_daemon::daemon::{self, Listeners};
 #[cfg(feature = "demo")]
-use pair_node::demo::{ClusterSpec, LocalCluster};
+use pair_daemon::demo::{ClusterSpec, LocalCluster};
 use tokio_util::sync::CancellationToken;
 
 /// glibc malloc is slow when buffers are freed on another thread than the
@@ -188,7 +188,7 @@ impl ClientArgs {
     fn owner(&self) -> anyhow::Result<ControlClient> {
         let dir = match &self.state_dir {
             Some(d) => d.clone(),
-            None => pair_node::config::default_state_dir(
+            None => pair_daemon::config::default_state_dir(
                 std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
                 std::env::var_os("HOME").map(Into::into),
             )?,
@@ -273,7 +273,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             )?;
             let mut cfg = cfg;
             cfg.event_loops = threads;
-            let setup = pair_node::engines::set_up(&cfg).await?;
+            let setup = pair_daemon::engines::set_up(&cfg).await?;
             cfg.engines = setup.engines;
             let supervisor = setup.supervisor;
             let listeners = Listeners::bind(&cfg).await?;
@@ -489,7 +489,7 @@ async fn keys(action: KeysAction) -> anyhow::Result<()> {
         } => {
             let made = client
                 .owner()?
-                .add_key(&pair_node::control::NewKey {
+                .add_key(&pair_daemon::control::NewKey {
                     name,
                     models,
                     rate_per_min: rate,

@@ -31,9 +31,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use pair_daemon::cli::ControlClient;
 use pair_emulator::{EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Flavor, RequestHits};
 use pair_identity::ControlToken;
-use pair_node::cli::ControlClient;
 use serde_json::{Value, json};
 const BIN: &str = env!("CARGO_BIN_EXE_pair-node");
 

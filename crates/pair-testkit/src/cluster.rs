@@ -1,4 +1,4 @@
-//! The local cluster tests start (`pair_node::demo`'s, re-exported here)
+//! The local cluster tests start (`pair_daemon::demo`'s, re-exported here)
 //! and what tests do with it: a converged cluster in one call, a plain
 //! HTTP client, small assertions on route receipts, the Python SDK checks
 //! of a node's translated faces, and a real llama.cpp server.
@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-pub use pair_node::config::Mdns;
-pub use pair_node::daemon::Node;
-pub use pair_node::demo::{ClusterSpec, DEMO_PROFILES, LocalCluster, NodeSpec};
+pub use pair_daemon::config::Mdns;
+pub use pair_daemon::daemon::Node;
+pub use pair_daemon::demo::{ClusterSpec, DEMO_PROFILES, LocalCluster, NodeSpec};
 
 use crate::process::KillOnDrop;
 

@@ -7,7 +7,7 @@
 //!   their output.
 //! - [`netns`]: a network namespace joined to this one by a veth pair.
 //! - `cluster` (feature `cluster`): the in-process local cluster
-//!   (`pair_node::demo`, the demo's own) and what tests do with it.
+//!   (`pair_daemon::demo`, the demo's own) and what tests do with it.
 //! - `node` (feature `cluster`): `pair-node run` processes over emulated
 //!   engines, and the CLI run against them.
 

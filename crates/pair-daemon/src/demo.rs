@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn f() -> anyhow::Result<()> {
-//! use pair_node::demo::{LocalCluster, ClusterSpec};
+//! use pair_daemon::demo::{LocalCluster, ClusterSpec};
 //! let cluster = LocalCluster::start(ClusterSpec::new(3)).await?;
 //! cluster.wait_converged(std::time::Duration::from_secs(10)).await?;
 //! let url = cluster.nodes[0].ollama_url();

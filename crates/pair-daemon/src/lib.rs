@@ -1,4 +1,5 @@
-//! pair-node: the daemon (`daemon`), its configuration (`config`), the
+//! The node as a library, under `pair-node`'s command line: the daemon
+//! (`daemon`), its configuration (`config`), the
 //! engines it fronts (`engines`: named, started, or detected), the local
 //! control API and Jobs view (`control`, `ui`), the CLI client (`cli`), the
 //! GPU of an emulated engine (`emulated`) and, with feature `demo`, the
