@@ -256,81 +256,121 @@ async fn what_cannot_be_continued_ends_with_an_error() {
 /// `cargo test -p pair-tests --test resume -- --ignored --nocapture`):
 /// for cut streams at real engine speed, the time from the last token
 /// before the cut to the first after it, beside the new node's own time
-/// to first token for the same request unbroken.
+/// to first token for the same request unbroken; through a node's face
+/// (the node continues the stream) and through the edge SDK (the client
+/// continues it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "prints figures; run on demand"]
 async fn cut_to_first_resumed_token_figures() {
     use futures_util::StreamExt;
+    use pair_sdk::{Client, Config, Request};
     let c = cluster(3, |spec| {
         same_weights(3)(spec);
         spec.time_scale = 1.0;
     })
     .await
     .unwrap();
-    let rounds = 30;
-    let (mut gaps, mut ttfts) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let api = [Api::OllamaChat, Api::OpenAiChat][round % 2];
-        let faulty = 1 + round % 2;
-        c.engines[faulty].faults().clear();
-        c.engines[faulty]
-            .faults()
-            .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(8)).times(1));
-        let timed = |pin: usize| {
-            let req = http()
-                .post(api.url(&c))
-                .header("x-pair-node-pin", c.nodes[pin].id.to_string())
-                .json(&api.body(16));
-            async move {
-                let sent = Instant::now();
-                let resp = req.send().await.unwrap();
-                let mut at = Vec::new();
-                let mut text = String::new();
-                let mut s = resp.bytes_stream();
-                while let Some(chunk) = s.next().await {
-                    let chunk = chunk.unwrap();
-                    let piece = String::from_utf8_lossy(&chunk).into_owned();
-                    for e in api.events(&piece) {
-                        let t = match api {
-                            Api::OllamaChat => e["message"]["content"].as_str(),
-                            _ => e["choices"][0]["delta"]["content"].as_str(),
-                        };
-                        if t.is_some_and(|t| !t.is_empty()) {
-                            at.push(sent.elapsed());
-                        }
-                    }
-                    text.push_str(&piece);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(dir.path());
+    cfg.seeds = vec![c.nodes[0].cluster_addr.to_string()];
+    let client = Client::open(cfg).await.unwrap();
+    let pin = c.nodes[0]
+        .pairing
+        .open_invite(std::time::SystemTime::now())
+        .unwrap();
+    client
+        .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
+        .await
+        .unwrap();
+    pair_testkit::cluster::wait_trusted(&c, client.id()).await;
+    // When each token of a stream arrived, and its text.
+    async fn tokens<E: std::fmt::Debug>(
+        api: Api,
+        sent: Instant,
+        mut s: impl futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    ) -> (Vec<Duration>, String) {
+        let mut at = Vec::new();
+        let mut text = String::new();
+        while let Some(chunk) = s.next().await {
+            let piece = String::from_utf8_lossy(&chunk.unwrap()).into_owned();
+            for e in api.events(&piece) {
+                let t = match api {
+                    Api::OllamaChat => e["message"]["content"].as_str(),
+                    _ => e["choices"][0]["delta"]["content"].as_str(),
+                };
+                if t.is_some_and(|t| !t.is_empty()) {
+                    at.push(sent.elapsed());
                 }
-                (at, text)
             }
-        };
-        let (at, text) = timed(faulty).await;
-        let (_, _, last) = api.answer(&text);
-        let Some(k) = last["x_pair"]["resumed"][0]["at_token"].as_u64() else {
-            panic!("round {round}: not moved: {text}");
-        };
-        let k = usize::try_from(k).unwrap();
-        gaps.push(at[k] - at[k - 1]);
-        let moved_to = c
-            .nodes
-            .iter()
-            .position(|n| json!(n.id) == last["x_pair"]["resumed"][0]["node_id"])
-            .unwrap();
-        let (unbroken, _) = timed(moved_to).await;
-        ttfts.push(unbroken[0]);
+            text.push_str(&piece);
+        }
+        (at, text)
     }
-    let pct = |v: &mut Vec<Duration>, p: f64| {
-        v.sort();
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
-    println!(
-        "{rounds} cut streams: last token before the cut to the first after: p50 {:?}, p95 {:?}; \
-         the new node's own time to first token: p50 {:?}, p95 {:?}",
-        pct(&mut gaps, 0.5),
-        pct(&mut gaps, 0.95),
-        pct(&mut ttfts, 0.5),
-        pct(&mut ttfts, 0.95),
-    );
+    let rounds = 30;
+    for sdk in [false, true] {
+        let (mut gaps, mut ttfts) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let api = [Api::OllamaChat, Api::OpenAiChat][round % 2];
+            let faulty = 1 + round % 2;
+            c.engines[faulty].faults().clear();
+            c.engines[faulty]
+                .faults()
+                .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(8)).times(1));
+            let timed = |pin: usize| {
+                let node = c.nodes[pin].id.to_string();
+                let url = api.url(&c);
+                let body = api.body(16);
+                let client = &client;
+                async move {
+                    let sent = Instant::now();
+                    if sdk {
+                        let path = url.split_once("//").unwrap().1;
+                        let path = &path[path.find('/').unwrap()..];
+                        let mut req = Request::json(path, body.to_string().into()).unwrap();
+                        req.headers.insert("x-pair-node-pin", node.parse().unwrap());
+                        let resp = client.send(req).await.unwrap();
+                        tokens(api, sent, resp.into_stream()).await
+                    } else {
+                        let resp = http()
+                            .post(url)
+                            .header("x-pair-node-pin", node)
+                            .json(&body)
+                            .send()
+                            .await
+                            .unwrap();
+                        tokens(api, sent, resp.bytes_stream()).await
+                    }
+                }
+            };
+            let (at, text) = timed(faulty).await;
+            let (_, _, last) = api.answer(&text);
+            let Some(k) = last["x_pair"]["resumed"][0]["at_token"].as_u64() else {
+                panic!("round {round}: not moved: {text}");
+            };
+            let k = usize::try_from(k).unwrap();
+            gaps.push(at[k] - at[k - 1]);
+            let moved_to = c
+                .nodes
+                .iter()
+                .position(|n| json!(n.id) == last["x_pair"]["resumed"][0]["node_id"])
+                .unwrap();
+            let (unbroken, _) = timed(moved_to).await;
+            ttfts.push(unbroken[0]);
+        }
+        let pct = |v: &mut Vec<Duration>, p: f64| {
+            v.sort();
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        };
+        println!(
+            "through {}: {rounds} cut streams: last token before the cut to the first after: p50 {:?}, p95 {:?}; \
+             the new node's own time to first token: p50 {:?}, p95 {:?}",
+            if sdk { "the edge SDK" } else { "a node's face" },
+            pct(&mut gaps, 0.5),
+            pct(&mut gaps, 0.95),
+            pct(&mut ttfts, 0.5),
+            pct(&mut ttfts, 0.95),
+        );
+    }
     c.stop().await;
 }
 
