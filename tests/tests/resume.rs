@@ -252,6 +252,24 @@ async fn what_cannot_be_continued_ends_with_an_error() {
     c.stop().await;
 }
 
+/// An edge client with its state in `dir`, joined through node 0 and let
+/// in by every node.
+async fn joined_client(c: &LocalCluster, dir: &std::path::Path) -> pair_sdk::Client {
+    let mut cfg = pair_sdk::Config::new(dir);
+    cfg.seeds = vec![c.nodes[0].cluster_addr.to_string()];
+    let client = pair_sdk::Client::open(cfg).await.unwrap();
+    let pin = c.nodes[0]
+        .pairing
+        .open_invite(std::time::SystemTime::now())
+        .unwrap();
+    client
+        .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
+        .await
+        .unwrap();
+    pair_testkit::cluster::wait_trusted(c, client.id()).await;
+    client
+}
+
 /// The figures RELIABILITY.md quotes (not a pass/fail check; run with
 /// `cargo test -p pair-tests --test resume -- --ignored --nocapture`):
 /// for cut streams at real engine speed, the time from the last token
@@ -263,7 +281,7 @@ async fn what_cannot_be_continued_ends_with_an_error() {
 #[ignore = "prints figures; run on demand"]
 async fn cut_to_first_resumed_token_figures() {
     use futures_util::StreamExt;
-    use pair_sdk::{Client, Config, Request};
+    use pair_sdk::Request;
     let c = cluster(3, |spec| {
         same_weights(3)(spec);
         spec.time_scale = 1.0;
@@ -271,18 +289,7 @@ async fn cut_to_first_resumed_token_figures() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new(dir.path());
-    cfg.seeds = vec![c.nodes[0].cluster_addr.to_string()];
-    let client = Client::open(cfg).await.unwrap();
-    let pin = c.nodes[0]
-        .pairing
-        .open_invite(std::time::SystemTime::now())
-        .unwrap();
-    client
-        .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
-        .await
-        .unwrap();
-    pair_testkit::cluster::wait_trusted(&c, client.id()).await;
+    let client = joined_client(&c, dir.path()).await;
     // When each token of a stream arrived, and its text.
     async fn tokens<E: std::fmt::Debug>(
         api: Api,
@@ -422,21 +429,10 @@ async fn an_engine_silent_mid_answer_is_a_cut() {
 /// one, token for token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sdk_stream_cut_mid_way_goes_on_from_another_node() {
-    use pair_sdk::{Client, Config, Request};
+    use pair_sdk::Request;
     let c = cluster(3, same_weights(3)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new(dir.path());
-    cfg.seeds = vec![c.nodes[0].cluster_addr.to_string()];
-    let client = Client::open(cfg).await.unwrap();
-    let pin = c.nodes[0]
-        .pairing
-        .open_invite(std::time::SystemTime::now())
-        .unwrap();
-    client
-        .join(&c.nodes[0].cluster_addr.to_string(), pin.reveal())
-        .await
-        .unwrap();
-    pair_testkit::cluster::wait_trusted(&c, client.id()).await;
+    let client = joined_client(&c, dir.path()).await;
     for api in [Api::OllamaChat, Api::OpenAiChat] {
         let path = match api {
             Api::OllamaChat => "/api/chat",
