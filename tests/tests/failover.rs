@@ -256,51 +256,45 @@ async fn an_unknown_model_is_a_404_naming_it_and_the_models_the_cluster_holds() 
         .sum();
     assert_eq!(model_hits, 0, "no engine is asked for a model none holds");
 
-    // OpenAI face, OpenAI error shape.
-    let resp = http()
-        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
-        .json(&json!({"model": "no-such-model", "messages": []}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-    let body: Value = resp.json().await.unwrap();
+    // Every other API: a 404 in its own shape.
+    let not_found = |path: &'static str, body: Value| {
+        let url = format!("{}{path}", c.nodes[0].openai_url());
+        async move {
+            let resp = http().post(url).json(&body).send().await.unwrap();
+            assert_eq!(resp.status(), 404, "{path}");
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let body = not_found(
+        "/v1/chat/completions",
+        json!({"model": "no-such-model", "messages": []}),
+    )
+    .await;
     assert_eq!(body["error"]["code"], "model_not_found");
     assert_eq!(
         body["pair"]["models"],
         json!(["llama3.2:3b", "nomic-embed-text:latest", "qwen2.5:7b"])
     );
-    // Anthropic's face and shape too.
-    let resp = http()
-        .post(format!("{}/v1/messages", c.nodes[0].openai_url()))
-        .json(&json!({"model": "no-such-model", "max_tokens": 5, "messages": []}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-    let body: Value = resp.json().await.unwrap();
+    let body = not_found(
+        "/v1/messages",
+        json!({"model": "no-such-model", "max_tokens": 5, "messages": []}),
+    )
+    .await;
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "not_found_error");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("no-such-model") && message.contains("qwen2.5:7b"),
-        "{message}"
-    );
-    // The Responses API's: OpenAI's shape, the models listed.
-    let resp = http()
-        .post(format!("{}/v1/responses", c.nodes[0].openai_url()))
-        .json(&json!({"model": "no-such-model", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "model_not_found");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("no-such-model") && message.contains("llama3.2:3b"),
-        "{message}"
-    );
+    let body2 = not_found(
+        "/v1/responses",
+        json!({"model": "no-such-model", "input": "hi"}),
+    )
+    .await;
+    assert_eq!(body2["error"]["code"], "model_not_found");
+    for body in [&body, &body2] {
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("no-such-model") && message.contains("qwen2.5:7b"),
+            "the models the cluster holds are listed: {message}"
+        );
+    }
     c.stop().await;
 }
 
