@@ -363,6 +363,25 @@ pub fn parse_work_tokens(text: &str) -> Option<u64> {
     total.map(|t| t.min(u64::MAX as f64) as u64)
 }
 
+/// llama.cpp server `GET /slots` (on by default, unlike its `/metrics`):
+/// the tokens its slots have decoded for the requests they hold, summed.
+/// A request's count starts again at 0, so a change of the sum, either
+/// way, is work. `None` when the body is not a list of slots.
+pub fn parse_llamacpp_slot_work(body: &[u8]) -> Option<u64> {
+    let slots: Vec<serde_json::Value> = serde_json::from_slice(body).ok()?;
+    Some(
+        slots
+            .iter()
+            .map(|slot| {
+                // An object in current servers, a list of one in older ones.
+                let next = &slot["next_token"];
+                let next = next.as_array().and_then(|a| a.first()).unwrap_or(next);
+                next["n_decoded"].as_u64().unwrap_or(0)
+            })
+            .fold(0_u64, u64::saturating_add),
+    )
+}
+
 fn to_count(v: f64) -> u32 {
     // Gauges are counts exported as floats ("2.0"); clamp anything absurd.
     if v >= f64::from(u32::MAX) {
@@ -557,6 +576,18 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="Qwen/Qwen2.5-1.5B-Instruct"} 0.
         assert!(!lms[0].loaded);
 
         assert!(parse_openai_models(k, OLLAMA_TAGS.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn llamacpp_slots_show_decoded_tokens() {
+        let now = br#"[{"id":0,"is_processing":true,"next_token":{"has_next_token":true,"n_remain":90,"n_decoded":10}},
+                        {"id":1,"is_processing":false,"next_token":{"has_next_token":false,"n_remain":-1,"n_decoded":0}}]"#;
+        assert_eq!(parse_llamacpp_slot_work(now), Some(10));
+        let older =
+            br#"[{"id":0,"next_token":[{"n_decoded":3}]},{"id":1,"next_token":[{"n_decoded":4}]}]"#;
+        assert_eq!(parse_llamacpp_slot_work(older), Some(7));
+        assert_eq!(parse_llamacpp_slot_work(b"[]"), Some(0));
+        assert_eq!(parse_llamacpp_slot_work(br#"{"error":"no"}"#), None);
     }
 
     #[test]

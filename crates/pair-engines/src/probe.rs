@@ -8,9 +8,9 @@ use std::time::Duration;
 use pair_core::{EngineKind, ModelEntry};
 
 use crate::inventory::{
-    merge_ollama, parse_llamacpp_slots, parse_lmstudio_v0, parse_lmstudio_v1, parse_ollama_ps,
-    parse_ollama_tags, parse_ollama_version, parse_openai_models, parse_queue_metrics,
-    parse_work_tokens,
+    merge_ollama, parse_llamacpp_slot_work, parse_llamacpp_slots, parse_lmstudio_v0,
+    parse_lmstudio_v1, parse_ollama_ps, parse_ollama_tags, parse_ollama_version,
+    parse_openai_models, parse_queue_metrics, parse_work_tokens,
 };
 use crate::{EngineConfig, EngineError, InventoryRead, Observation, PortUse, ProbeFailure};
 
@@ -63,6 +63,7 @@ pub struct EngineProbe {
     has_health_route: Option<bool>,
     has_metrics: Option<bool>,
     has_props: Option<bool>,
+    has_slots: Option<bool>,
 }
 
 impl EngineProbe {
@@ -80,6 +81,7 @@ impl EngineProbe {
             has_health_route: None,
             has_metrics: None,
             has_props: None,
+            has_slots: None,
         }
     }
 
@@ -144,6 +146,7 @@ impl EngineProbe {
         self.has_health_route = None;
         self.has_metrics = None;
         self.has_props = None;
+        self.has_slots = None;
     }
 
     async fn get(&self, path: &str) -> Result<bytes::Bytes, ProbeFailure> {
@@ -257,6 +260,18 @@ impl EngineProbe {
                     self.has_metrics = Some(obs.queue.is_some() || obs.work_tokens.is_some());
                 }
                 Err(ProbeFailure::Status(404 | 405 | 501)) => self.has_metrics = Some(false),
+                Err(_) => {}
+            }
+        }
+        // llama.cpp serves `/metrics` only with `--metrics`, `/slots` by
+        // default: where there are no counters, its slots show the work.
+        if self.has_metrics == Some(false) && self.has_slots != Some(false) {
+            match self.get("/slots").await {
+                Ok(b) => {
+                    obs.work_tokens = parse_llamacpp_slot_work(&b);
+                    self.has_slots = Some(obs.work_tokens.is_some());
+                }
+                Err(ProbeFailure::Status(_)) => self.has_slots = Some(false),
                 Err(_) => {}
             }
         }

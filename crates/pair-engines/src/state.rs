@@ -126,8 +126,10 @@ pub struct Observation {
     pub queue: Option<QueueDepth>,
     /// Engine version (Ollama `/api/version`).
     pub version: Option<String>,
-    /// Tokens the engine has processed since it started (prompt and
-    /// generated, from its `/metrics` counters), when it exports them.
+    /// A count of the engine's work whose change means it is working:
+    /// tokens processed since it started (its `/metrics` counters), or
+    /// where it exports none, the tokens its slots have decoded (llama.cpp
+    /// `/slots`).
     pub work_tokens: Option<u64>,
 }
 
@@ -288,7 +290,10 @@ impl EngineState {
                     r.version = obs.version;
                 }
                 if let Some(tokens) = obs.work_tokens {
-                    if self.work_tokens.is_some_and(|before| tokens > before) {
+                    // Either way: a slot's count restarts with its next
+                    // request (a counter only restarts with the engine,
+                    // whose failed poll forgets it first).
+                    if self.work_tokens.is_some_and(|before| tokens != before) {
                         r.worked_at_ms = Some(now_ms);
                     }
                     self.work_tokens = Some(tokens);
@@ -390,6 +395,10 @@ mod tests {
         assert_eq!(s.report().worked_at_ms, Some(3));
         s.apply(tokens(9), 7);
         assert_eq!(s.report().worked_at_ms, Some(7));
+        // A slot's decoded count starts again with its next request: a
+        // fall is work too.
+        s.apply(tokens(2), 8);
+        assert_eq!(s.report().worked_at_ms, Some(8));
     }
 
     #[test]

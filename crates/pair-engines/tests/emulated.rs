@@ -2,7 +2,8 @@
 //! flavors, on real loopback sockets: inventory with sizes, loaded state as
 //! it changes, a dead engine marked unhealthy and coming back, faults on the
 //! health route (500, hang), a hung engine not stalling another, and the
-//! supervisor's port decisions with an engine really listening.
+//! supervisor's port decisions with an engine really listening; and a
+//! stand-in llama.cpp server whose `/slots` show its work.
 #![allow(clippy::unwrap_used)]
 
 mod support;
@@ -457,4 +458,51 @@ async fn launched_command_that_exits_early_is_reported() {
         EngineSupervisor::start(cfg).await,
         Err(EngineError::NotReady { .. })
     ));
+}
+
+/// A llama.cpp server started without `--metrics` (its default) answers
+/// `/metrics` with 501 but serves `/slots`: the tokens its slots decoded
+/// are the probe's sign of work. Here a stand-in server, whose one slot
+/// decodes a token between polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_cpp_server_without_metrics_shows_its_work_through_slots() {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut decoded = 0;
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let _ = BufReader::new(&stream).read_line(&mut line);
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = match path {
+                "/health" => ("200 OK", r#"{"status":"ok"}"#.to_owned()),
+                "/metrics" => ("501 Not Implemented", String::new()),
+                "/slots" => {
+                    decoded += 1;
+                    (
+                        "200 OK",
+                        format!(
+                            r#"[{{"id":0,"is_processing":true,"next_token":{{"has_next_token":true,"n_decoded":{decoded}}}}}]"#
+                        ),
+                    )
+                }
+                _ => ("404 Not Found", String::new()),
+            };
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let config = EngineConfig::new(EngineKind::OpenAiCompat, &url, None).unwrap();
+    let mut probe = pair_engines::EngineProbe::new(config, Duration::from_secs(3)).unwrap();
+    let first = probe.poll(pair_engines::InventoryRead::Skip).await;
+    assert_eq!(first.health, Ok(()));
+    assert_eq!(first.queue, None, "no metrics");
+    assert_eq!(first.work_tokens, Some(1), "its slots were read");
+    let second = probe.poll(pair_engines::InventoryRead::Skip).await;
+    assert_eq!(second.work_tokens, Some(2), "a token decoded between polls");
 }
