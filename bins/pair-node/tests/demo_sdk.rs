@@ -81,12 +81,7 @@ fn join_as_printed(printed: &[String]) {
             .map(str::to_owned)
             .collect::<Vec<_>>()
     };
-    let client = pair_testkit::node::bin().with_file_name("pair-client");
-    assert!(
-        client.exists(),
-        "{} is built by `cargo test --workspace` (or `cargo build -p pair-client`)",
-        client.display()
-    );
+    let client = pair_testkit::node::client_bin();
     let run = |program: &std::path::Path, args: &[String]| {
         let out = Command::new(program)
             .args(args)

@@ -406,9 +406,9 @@ fn uploads_that_send_fast_then_stall_are_cut_and_held_within_the_budget() {
     let got = request(&face, "POST", "/api/chat", &face, "", CHAT);
     assert_eq!(status_of(&got), 200);
     let before = rss(node.pid());
-    let first = stalled_wave(&face, Upload::Declared);
+    let first = stalled_wave(&face, Upload::Declared(String::new()));
     let after_first = rss(node.pid());
-    let second = stalled_wave(&face, Upload::Declared);
+    let second = stalled_wave(&face, Upload::Declared(String::new()));
     let after_second = rss(node.pid());
     // The node still serves.
     assert_eq!(
@@ -493,6 +493,16 @@ fn lan_face_uploads_show_a_key_before_their_body_is_read() {
     let keyed = format!("authorization: Bearer {secret}\r\n");
     let got = request(&lan, "POST", "/api/chat", &lan, &keyed, CHAT);
     assert_eq!(status_of(&got), 200, "{got}");
+    // Chunked, hyper reads it: the same door, on its head.
+    let chunked = |key: &str| {
+        let raw = format!(
+            "POST /api/chat HTTP/1.1\r\nhost: {lan}\r\n{key}transfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{CHAT}\r\n0\r\n\r\n",
+            CHAT.len()
+        );
+        status_of(&exchange(&lan, &raw, Duration::from_secs(20)))
+    };
+    assert_eq!(chunked(&keyed), 200);
+    assert_eq!(chunked(""), 401);
     let before = rss(node.pid());
     let keyless: Vec<_> = (0..10)
         .map(|_| {
@@ -534,7 +544,7 @@ fn lan_face_uploads_show_a_key_before_their_body_is_read() {
     );
     // The address's back-off (a second after five misses) passes first.
     std::thread::sleep(Duration::from_millis(1500));
-    let (refused, cut) = stalled_wave(&lan, Upload::Keyed(keyed));
+    let (refused, cut) = stalled_wave(&lan, Upload::Declared(keyed));
     assert!(refused >= 8, "the budget holds two: {refused} refused");
     for took in &cut {
         assert!(*took < Duration::from_secs(6), "cut after {took:?}");
@@ -544,12 +554,10 @@ fn lan_face_uploads_show_a_key_before_their_body_is_read() {
 /// How a wave's uploads are framed.
 #[derive(Clone)]
 enum Upload {
-    /// `content-length`, on a loopback face.
-    Declared,
-    /// Chunked, on a loopback face (hyper reads it).
+    /// `content-length`, after these header lines (an API key, or none).
+    Declared(String),
+    /// Chunked (hyper reads it).
     Chunked,
-    /// `content-length` with the given header line (an API key).
-    Keyed(String),
 }
 
 /// Ten uploads of 32 MiB that send all but the last byte, then stall: how
@@ -563,18 +571,13 @@ fn stalled_wave(face: &str, upload: Upload) -> (usize, Vec<Duration>) {
             let upload = upload.clone();
             std::thread::spawn(move || {
                 let mut tcp = TcpStream::connect(&face).unwrap();
-                let head = match &upload {
-                    Upload::Declared => format!(
-                        "POST /api/chat HTTP/1.1\r\nhost: {face}\r\ncontent-length: {declared}\r\n\r\n"
-                    ),
-                    Upload::Keyed(key) => format!(
-                        "POST /api/chat HTTP/1.1\r\nhost: {face}\r\n{key}content-length: {declared}\r\n\r\n"
-                    ),
-                    Upload::Chunked => format!(
-                        "POST /api/chat HTTP/1.1\r\nhost: {face}\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
-                        declared - 1
-                    ),
+                let framing = match &upload {
+                    Upload::Declared(extra) => format!("{extra}content-length: {declared}\r\n\r\n"),
+                    Upload::Chunked => {
+                        format!("transfer-encoding: chunked\r\n\r\n{:x}\r\n", declared - 1)
+                    }
                 };
+                let head = format!("POST /api/chat HTTP/1.1\r\nhost: {face}\r\n{framing}");
                 tcp.write_all(head.as_bytes()).unwrap();
                 // All but the last byte, then nothing.
                 let sent = tcp.write_all(&vec![b' '; declared - 1]).is_ok();

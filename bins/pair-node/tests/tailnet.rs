@@ -207,12 +207,7 @@ fn tailnet_peers_pair_by_magicdns_name_and_route() {
 
     // An edge client on the tailnet joins by the same name, and its first
     // probe lists both nodes.
-    let client = pair_testkit::node::bin().with_file_name("pair-client");
-    assert!(
-        client.exists(),
-        "{} is built by `cargo test --workspace` (or `cargo build -p pair-client`)",
-        client.display()
-    );
+    let client = pair_testkit::node::client_bin();
     let pin = cli(&a, &["pair", "invite"])["pin"]
         .as_str()
         .unwrap()

@@ -30,17 +30,7 @@ fn main() -> ExitCode {
     if std::env::var_os("PAIR_NETNS_NODE").is_some() {
         return node_main();
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        // libtest's terse list (cargo nextest reads it); none is ignored.
-        if !args.iter().any(|a| a == "--ignored") {
-            println!("{TEST_NAME}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    // libtest-style filter: skip when a filter is given and does not match.
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| TEST_NAME.contains(f.as_str())) {
+    if !pair_testkit::harness::wanted(TEST_NAME) {
         return ExitCode::SUCCESS;
     }
     if std::env::var("PAIR_SKIP_NETNS").as_deref() == Ok("1") {

@@ -274,15 +274,25 @@ impl LanDoor {
     /// One request whole: the LAN door's rules ([`Lan::admit`]), then the
     /// pipeline with the key, the answer with CORS for an allowed page.
     async fn request(&self, req: pipeline::Request, deadline: Pin<&mut Sleep>) -> Reply {
-        let (key, cors) =
-            match self
-                .lan
-                .admit(self.peer, &req.method, req.target.path(), &req.headers)
-            {
-                Admitted::Key(key, cors) => (key, cors),
-                Admitted::Answered(reply) => return *reply,
-            };
-        let reply = pipeline::handle(&self.st, Door::Lan { key: &key }, req, deadline).await;
+        match self
+            .lan
+            .admit(self.peer, &req.method, req.target.path(), &req.headers)
+        {
+            Admitted::Key(key, cors) => self.admitted(&key, cors, req, deadline).await,
+            Admitted::Answered(reply) => *reply,
+        }
+    }
+
+    /// An admitted request: the pipeline with its key, the answer with
+    /// CORS for an allowed page.
+    async fn admitted(
+        &self,
+        key: &pair_identity::keys::KeyRecord,
+        cors: Option<HeaderValue>,
+        req: pipeline::Request,
+        deadline: Pin<&mut Sleep>,
+    ) -> Reply {
+        let reply = pipeline::handle(&self.st, Door::Lan { key }, req, deadline).await;
         crate::lan::with_cors(reply, cors)
     }
 }
@@ -295,20 +305,28 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for LanDoor {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         let door = self.clone();
         Box::pin(async move {
-            // The head first: a request refused on it reads no body.
-            let head = Headers::Map(req.headers().clone());
-            if let Some(reply) = door
+            // The door's rules on the head, once: a request refused on it
+            // reads no body.
+            let (mut parts, body) = req.into_parts();
+            let head = Headers::Map(std::mem::take(&mut parts.headers));
+            let admitted = door
                 .lan
-                .screen(door.peer, req.method(), req.uri().path(), &head)
-            {
-                return Ok(reply.into_response());
-            }
-            let req = match read_whole(&door.st, req.map(Body::new), crate::lan::flavor_of).await {
+                .admit(door.peer, &parts.method, parts.uri.path(), &head);
+            parts.headers = head.into_map(0);
+            let (key, cors) = match admitted {
+                Admitted::Key(key, cors) => (key, cors),
+                Admitted::Answered(reply) => return Ok(reply.into_response()),
+            };
+            let req = http::Request::from_parts(parts, Body::new(body));
+            let req = match read_whole(&door.st, req, crate::lan::flavor_of).await {
                 Ok(r) => r,
                 Err(resp) => return Ok(resp),
             };
             let deadline = std::pin::pin!(tokio::time::sleep(door.st.timeouts.first_byte));
-            Ok(door.request(req, deadline).await.into_response())
+            Ok(door
+                .admitted(&key, cors, req, deadline)
+                .await
+                .into_response())
         })
     }
 }
@@ -339,8 +357,10 @@ impl server::Answer for LanDoor {
     }
 
     /// A body still to come is read only for a request with a valid key
-    /// (and the door's other rules but the rate, which the whole request
-    /// meets in [`LanDoor::request`]).
+    /// (and the door's other rules but the rate). The whole request then
+    /// meets every rule in [`LanDoor::request`]: a key revoked while its
+    /// body arrived is refused, and the rate counts requests, not heads.
+    /// A body the first read held is not screened: nothing is at stake.
     fn screen(
         &self,
         method: &Method,

@@ -16,17 +16,7 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 const NAME: &str = "a_warmed_rank_into_allocates_nothing";
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        // libtest's terse list (cargo nextest reads it); none is ignored.
-        if !args.iter().any(|a| a == "--ignored") {
-            println!("{NAME}: test");
-        }
-        return;
-    }
-    // libtest-style filter: nothing to run when one is given and misses.
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| NAME.contains(f.as_str())) {
+    if !pair_testkit::harness::wanted(NAME) {
         return;
     }
     a_warmed_rank_into_allocates_nothing();

@@ -62,18 +62,14 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        // libtest's terse list, for cargo nextest: the smoke run is one test.
-        if !args.iter().any(|a| a == "--ignored") {
-            println!("smoke: test");
-        }
+    // Under `cargo test` and nextest, the smoke run is one test.
+    if !pair_testkit::harness::wanted("smoke") {
         return;
     }
     pair_identity::install_crypto_provider();
     // `cargo test --all-targets` runs this without `--bench`: then a few
     // requests of each kind only, to show the bench still works.
-    let bench = args.iter().any(|a| a == "--bench");
+    let bench = std::env::args().any(|a| a == "--bench");
     let size =
         |name: &str, full: usize, smoke: usize| env_or(name, if bench { full } else { smoke });
     let time_scale: f64 = env_or("EDGE_TIME_SCALE", 1e-6);
@@ -416,7 +412,7 @@ async fn exchange(send: &mut SendRequest<Full<Bytes>>, req: http::Request<Full<B
     body
 }
 
-// ---- 2. a probe round over 16 nodes (EDGE_NODES) --------------------------------------
+// ---- 2. a probe round over EDGE_NODES nodes ------------------------------
 
 fn probe_rounds(
     nodes_rt: &Runtime,

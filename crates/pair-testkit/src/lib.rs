@@ -6,12 +6,14 @@
 //! - [`process`]: child processes killed with the test, and waiting on
 //!   their output.
 //! - [`netns`]: a network namespace joined to this one by a veth pair.
+//! - [`harness`]: libtest's list and filter for harness-free test binaries.
 //! - `cluster` (feature `cluster`): the in-process local cluster
 //!   (`pair_daemon::demo`, the demo's own) and what tests do with it.
 //! - `node` (feature `cluster`): `pair-node run` processes over emulated
 //!   engines, and the CLI run against them.
 
 pub mod env;
+pub mod harness;
 pub mod netns;
 pub mod process;
 

@@ -34,6 +34,18 @@ pub fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("pair-node"))
 }
 
+/// The `pair-client` binary of this build, beside [`bin`]; a clear
+/// failure when it was not built (`cargo test --workspace` builds it).
+pub fn client_bin() -> PathBuf {
+    let client = bin().with_file_name(format!("pair-client{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        client.exists(),
+        "{} is built by `cargo test --workspace` (or `cargo build -p pair-client`)",
+        client.display()
+    );
+    client
+}
+
 /// A running `pair-node run`.
 #[derive(Debug)]
 pub struct Running {

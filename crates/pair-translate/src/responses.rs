@@ -32,10 +32,9 @@ enum ToolKind {
 /// A tool OpenAI's servers run: the Responses table drops it as
 /// `tools.TYPE` (see [`fields::OPENAI_RESPONSES`]).
 fn hosted(ty: &str) -> bool {
-    matches!(
-        fields::lookup(&[fields::OPENAI_RESPONSES], &format!("tools.{ty}")),
-        Some(fields::Rule::Dropped(_))
-    )
+    fields::OPENAI_RESPONSES.iter().any(|f| {
+        matches!(f.rule, fields::Rule::Dropped(_)) && f.name.strip_prefix("tools.") == Some(ty)
+    })
 }
 
 /// The function a `local_shell` tool is on the engine.
