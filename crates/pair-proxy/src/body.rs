@@ -701,7 +701,7 @@ where
     let start = tokio::time::Instant::now();
     let mut last = start;
     let mut body = std::pin::pin!(http_body_util::Limited::new(body, cap));
-    let mut got = bytes::BytesMut::new();
+    let mut got: Vec<u8> = Vec::new();
     loop {
         let by = deadlines.body_deadline(start, got.len() as u64, last);
         let frame =
@@ -710,7 +710,7 @@ where
                     last = tokio::time::Instant::now();
                     frame
                 }
-                Ok(None) => return Ok(got.freeze()),
+                Ok(None) => return Ok(Bytes::from(got)),
                 Ok(Some(Err(e))) => {
                     if e.is::<http_body_util::LengthLimitError>() {
                         return Err(Box::new(too_big));
@@ -738,14 +738,23 @@ where
                 }
             };
         if let Ok(data) = frame.into_data() {
-            // The permit covers the declared length, or what came so far.
-            let covered = got.len().max(declared.unwrap_or(0));
-            let more = (got.len() + data.len()).saturating_sub(covered);
-            if let Some(p) = permit.as_mut()
-                && more > 0
-                && !p.grow(more)
-            {
-                return Err(Box::new(over_budget));
+            let needed = got.len() + data.len();
+            if needed > got.capacity() {
+                // The buffer grows by doubling (up to the cap); with a
+                // budget, what it holds is its capacity, which the permit
+                // covers: the declared length at once, else step by step.
+                let room = (got.capacity() * 2)
+                    .min(cap)
+                    .max(needed)
+                    .max(declared.unwrap_or(0));
+                let covered = got.capacity().max(declared.unwrap_or(0));
+                if let Some(p) = permit.as_mut()
+                    && room > covered
+                    && !p.grow(room - covered)
+                {
+                    return Err(Box::new(over_budget));
+                }
+                got.reserve_exact(room - got.len());
             }
             got.extend_from_slice(&data);
         }
