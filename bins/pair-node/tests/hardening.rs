@@ -466,7 +466,7 @@ fn chunked_uploads_that_stall_take_from_the_same_budget() {
     }
     assert!(
         after.saturating_sub(before) < 64 * 1024 * 1024 + 10 * 1024 * 1024,
-        "memory is bounded by the body budget"
+        "memory is bounded by the body budget: RSS {before} then {after} bytes"
     );
     assert_eq!(
         status_of(&request(&face, "POST", "/api/chat", &face, "", CHAT)),

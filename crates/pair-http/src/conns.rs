@@ -132,6 +132,14 @@ impl BodyPermit {
         }
         grown
     }
+
+    /// Gives `less` bytes back to the budget (a buffer that was held twice
+    /// while it moved).
+    pub fn shrink(&mut self, less: usize) {
+        let less = less.min(self.len);
+        self.budget.held.fetch_sub(less, Ordering::AcqRel);
+        self.len -= less;
+    }
 }
 
 impl Drop for BodyPermit {
@@ -338,6 +346,11 @@ mod tests {
         assert_eq!(b.held(), 60, "a refused step holds nothing more");
         assert!(p.grow(40));
         assert!(b.take(1).is_none());
+        p.shrink(30);
+        assert_eq!(b.held(), 70, "a shrink gives its bytes back");
+        p.shrink(500);
+        assert_eq!(b.held(), 0, "never more than the permit held");
+        assert!(b.take(100).is_some());
         drop(p);
         assert_eq!(b.held(), 0);
     }

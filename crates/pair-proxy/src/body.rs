@@ -743,18 +743,27 @@ where
                 // The buffer grows by doubling (up to the cap); with a
                 // budget, what it holds is its capacity, which the permit
                 // covers: the declared length at once, else step by step.
+                // While it moves, the old buffer and the new one are both
+                // held, and the permit covers both.
                 let room = (got.capacity() * 2)
                     .min(cap)
                     .max(needed)
                     .max(declared.unwrap_or(0));
-                let covered = got.capacity().max(declared.unwrap_or(0));
+                let old = got.capacity();
+                let covered = old.max(declared.unwrap_or(0));
+                let moving = room > covered;
                 if let Some(p) = permit.as_mut()
-                    && room > covered
-                    && !p.grow(room - covered)
+                    && moving
+                    && !p.grow(room - covered + old)
                 {
                     return Err(Box::new(over_budget));
                 }
                 got.reserve_exact(room - got.len());
+                if let Some(p) = permit.as_mut()
+                    && moving
+                {
+                    p.shrink(old);
+                }
             }
             got.extend_from_slice(&data);
         }
@@ -1222,5 +1231,36 @@ mod tests {
             let f = extract(body.to_string().as_bytes(), ApiFlavor::OpenAi, Work::Generate).unwrap();
             prop_assert_eq!(f.model, model);
         }
+    }
+
+    /// A chunked body, frame by frame, read with a budget: the budget must
+    /// cover the buffer's old and new capacity while it moves.
+    async fn read_chunked(budget: &std::sync::Arc<BodyBudget>, frames: usize) -> Result<Bytes, u16> {
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = (0..frames)
+            .map(|_| Ok(http_body::Frame::data(Bytes::from(vec![b' '; 16 * 1024]))))
+            .collect();
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
+        read_capped(
+            body,
+            &http::HeaderMap::new(),
+            1024 * 1024,
+            &ClientDeadlines::default(),
+            Some(budget),
+        )
+        .await
+        .map_err(|answer| answer(ApiFlavor::OpenAi).status().as_u16())
+    }
+
+    #[tokio::test]
+    async fn a_growing_body_holds_its_old_and_new_buffer_while_it_moves() {
+        // 16 KiB frames: the buffer holds 16, then 32, then 64 KiB; the
+        // third move holds 32 + 64 KiB at once.
+        let budget = BodyBudget::new(90 * 1024);
+        assert_eq!(read_chunked(&budget, 3).await, Err(503));
+        assert_eq!(budget.held(), 0, "a refused body gives its share back");
+        let budget = BodyBudget::new(96 * 1024);
+        let body = read_chunked(&budget, 3).await.expect("room for the move");
+        assert_eq!(body.len(), 48 * 1024);
+        assert_eq!(budget.held(), 0, "a whole body leaves the budget");
     }
 }
