@@ -149,6 +149,92 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
     c.stop().await;
 }
 
+/// An engine that hangs every request (its health checks still
+/// answered) is routed around within seconds, long before the no-progress
+/// bound cuts the requests it holds: once an attempt is overdue on it and
+/// it has sent nothing for 2 s, its node reports it silent and new work
+/// goes to the other owner. A request every 250 ms, through the other
+/// node's face; the bound is 30 s, so only the silence can explain the
+/// move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_is_routed_around_within_seconds() {
+    let c = cluster(2, |s| {
+        s.first_byte_timeout = Duration::from_secs(30);
+        // The hanging engine is the one routing prefers: fast and wide,
+        // so the requests it holds do not push the next ones away.
+        s.nodes[0].slots = Some(32);
+        s.nodes[1].profile = "cpu".into();
+    })
+    .await
+    .unwrap();
+    pair_testkit::cluster::warm(&c, MODEL).await;
+    let hung = c.nodes[0].id.to_string();
+    let other = c.nodes[1].id.to_string();
+    // Routing prefers node 0 while its engine works.
+    let resp = http()
+        .post(format!("{}/api/chat", c.nodes[1].ollama_url()))
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served_by(&resp), Some(hung.clone()), "node 0 is preferred");
+    c.engines[0].faults().hang(Some(MODEL));
+    let began = std::time::Instant::now();
+    let mut waiting = Vec::new();
+    let mut went: Vec<(Duration, bool)> = Vec::new();
+    while began.elapsed() < Duration::from_secs(8) {
+        let sent = began.elapsed();
+        let before = c.engines[0].hits_for_model(MODEL);
+        let url = format!("{}/api/chat", c.nodes[1].ollama_url());
+        // Each request is kept waiting (a client that gave up would end
+        // the attempt, and what is overdue is the attempts still waiting).
+        let task = tokio::spawn(async move {
+            http()
+                .post(url)
+                .timeout(Duration::from_secs(60))
+                .json(&chat(false))
+                .send()
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let to_hung = c.engines[0].hits_for_model(MODEL) > before;
+        if !to_hung {
+            let resp = task.await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(served_by(&resp), Some(other.clone()));
+        } else {
+            waiting.push(task);
+        }
+        went.push((sent, to_hung));
+    }
+    // The last request sent to the hung engine, and every one after it
+    // went to the other node.
+    let last_hung = went
+        .iter()
+        .filter(|(_, hung)| *hung)
+        .map(|(at, _)| *at)
+        .max()
+        .expect("the hung engine took the first requests");
+    eprintln!(
+        "a hung engine was routed around {:.2} s after it hung ({} requests held by it; {} sent)",
+        last_hung.as_secs_f64(),
+        waiting.len(),
+        went.len()
+    );
+    assert!(
+        last_hung < Duration::from_secs(5),
+        "routed around within seconds, not at the 30 s bound: {went:?}"
+    );
+    assert!(
+        went.iter().filter(|(at, _)| *at > last_hung).count() >= 8,
+        "and kept away: {went:?}"
+    );
+    for task in waiting {
+        task.abort();
+    }
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_peer_is_a_transport_error_and_the_next_node_answers() {
     let mut c = cluster(3, |_| {}).await.unwrap();

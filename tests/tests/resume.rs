@@ -20,15 +20,18 @@ const MODEL: &str = "llama3.2:3b";
 enum Api {
     OllamaChat,
     OllamaGenerate,
+    /// Ollama's generate with the model's template (no `raw`).
+    OllamaTemplated,
     OpenAiChat,
     OpenAiCompletion,
     Anthropic,
 }
 
 impl Api {
-    const ALL: [Api; 5] = [
+    const ALL: [Api; 6] = [
         Api::OllamaChat,
         Api::OllamaGenerate,
+        Api::OllamaTemplated,
         Api::OpenAiChat,
         Api::OpenAiCompletion,
         Api::Anthropic,
@@ -38,7 +41,9 @@ impl Api {
         let n = &c.nodes[0];
         match self {
             Api::OllamaChat => format!("{}/api/chat", n.ollama_url()),
-            Api::OllamaGenerate => format!("{}/api/generate", n.ollama_url()),
+            Api::OllamaGenerate | Api::OllamaTemplated => {
+                format!("{}/api/generate", n.ollama_url())
+            }
             Api::OpenAiChat => format!("{}/v1/chat/completions", n.openai_url()),
             Api::OpenAiCompletion => format!("{}/v1/completions", n.openai_url()),
             Api::Anthropic => format!("{}/v1/messages", n.openai_url()),
@@ -53,6 +58,9 @@ impl Api {
             Api::OllamaGenerate => json!({"model": MODEL, "prompt": "Rivers:", "raw": true,
                                           "stream": true,
                                           "options": {"temperature": 0, "num_predict": tokens}}),
+            Api::OllamaTemplated => json!({"model": MODEL, "prompt": "tell me about rivers",
+                                           "system": "be brief", "stream": true,
+                                           "options": {"temperature": 0, "num_predict": tokens}}),
             Api::OpenAiChat => json!({"model": MODEL, "messages": messages, "stream": true,
                                       "temperature": 0, "max_tokens": tokens,
                                       "stream_options": {"include_usage": true}}),
@@ -68,7 +76,7 @@ impl Api {
     fn events(self, text: &str) -> Vec<Value> {
         text.lines()
             .filter_map(|l| match self {
-                Api::OllamaChat | Api::OllamaGenerate => Some(l),
+                Api::OllamaChat | Api::OllamaGenerate | Api::OllamaTemplated => Some(l),
                 _ => l.strip_prefix("data: ").filter(|d| *d != "[DONE]"),
             })
             .filter(|l| !l.trim().is_empty())
@@ -89,7 +97,7 @@ impl Api {
         let piece = |e: &Value| -> Option<String> {
             match self {
                 Api::OllamaChat => e["message"]["content"].as_str(),
-                Api::OllamaGenerate => e["response"].as_str(),
+                Api::OllamaGenerate | Api::OllamaTemplated => e["response"].as_str(),
                 Api::OpenAiChat => e["choices"][0]["delta"]["content"].as_str(),
                 Api::OpenAiCompletion => e["choices"][0]["text"].as_str(),
                 Api::Anthropic => e["delta"]["text"].as_str(),
@@ -106,7 +114,9 @@ impl Api {
         .cloned()
         .unwrap_or_default();
         let counted = match self {
-            Api::OllamaChat | Api::OllamaGenerate => last["eval_count"].as_u64(),
+            Api::OllamaChat | Api::OllamaGenerate | Api::OllamaTemplated => {
+                last["eval_count"].as_u64()
+            }
             Api::OpenAiChat | Api::OpenAiCompletion => last["usage"]["completion_tokens"].as_u64(),
             Api::Anthropic => last["usage"]["output_tokens"].as_u64(),
         };

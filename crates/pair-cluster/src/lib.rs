@@ -46,7 +46,7 @@ pub use link::{PeerLink, RELAY_PREFIX};
 pub use links::{AddrBook, Peers};
 pub use load::{LoadGuard, LocalLoad};
 pub use port::{ClusterPort, PeerIdentity};
-pub use progress::Progress;
+pub use progress::{Engaged, Progress};
 pub use reports::PeerReports;
 pub use snapshot::{LocalReport, PeerStatus, SeedBySize};
 

@@ -1,10 +1,13 @@
 //! Whether an engine is getting anywhere: the last time it sent anything
-//! (a head, a token) on any request, and whether an attempt on it was just
-//! cut for making no progress. The request path stamps it; the node's own
-//! report takes a stalled engine out of routing for a while, so a hung
-//! engine (one that still answers its health probe) is routed around.
+//! (a head, a token) on any request, the attempts waiting on it, and
+//! whether an attempt on it was just cut for making no progress. The
+//! request path stamps it; the node's own report says an engine is silent
+//! (attempts overdue on it and nothing from it for [`SILENT_AFTER`]: new
+//! work goes to other owners first) and takes a stalled one out of routing
+//! for a while, so a hung engine (one that still answers its health probe)
+//! is routed around within seconds, long before the attempts on it are cut.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -17,6 +20,13 @@ pub const STALL_COOLDOWN: Duration = Duration::from_secs(10);
 
 /// The stamp's resolution.
 const TICK_MS: u64 = 50;
+
+/// An engine with an attempt overdue on it that has sent nothing, on any
+/// request, for this long is silent: ranked after the owners that are not
+/// (it is not cut, and takes work when no one else can). Report and
+/// gossip add at most an interval each, so a hung engine is routed around
+/// within 3 s of its first silent attempt.
+pub const SILENT_AFTER: Duration = Duration::from_secs(2);
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -39,6 +49,18 @@ pub struct Progress {
     /// less and less often.
     strikes: AtomicU64,
     cooldown: Duration,
+    /// Attempts waiting on it: when each began and when it is overdue
+    /// (ms after the epoch). A few at a time; locked once as an attempt
+    /// begins and once as it ends, and by the report.
+    waiting: Mutex<Vec<Waiting>>,
+    next_wait: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    id: u64,
+    began: u64,
+    due: u64,
 }
 
 impl Default for Progress {
@@ -58,7 +80,42 @@ impl Progress {
             stalled_until: AtomicU64::new(0),
             strikes: AtomicU64::new(0),
             cooldown,
+            waiting: Mutex::new(Vec::new()),
+            next_wait: AtomicU64::new(0),
         }
+    }
+
+    /// An attempt on the engine begins, expected to show something
+    /// within `expect` (the scheduler's prediction of its first byte, or
+    /// of the whole answer when it is not streamed); it counts until the
+    /// returned guard is dropped (its answer ended or it was given up).
+    pub fn engage(self: &Arc<Self>, expect: Duration) -> Engaged {
+        let began = stamp(Instant::now());
+        // Predictions run short: overdue at twice the prediction, and
+        // never before the engine has been silent for `SILENT_AFTER`.
+        let late = expect.saturating_mul(2).max(SILENT_AFTER);
+        let due = began.saturating_add(u64::try_from(late.as_millis()).unwrap_or(u64::MAX));
+        let id = self.next_wait.fetch_add(1, Relaxed);
+        if let Ok(mut w) = self.waiting.lock() {
+            w.push(Waiting { id, began, due });
+        }
+        Engaged {
+            progress: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// Whether an attempt is overdue on it and it has sent nothing, on
+    /// any request, for [`SILENT_AFTER`] (since that attempt began): it
+    /// may be hung, and new work goes to other owners first.
+    pub fn silent(&self) -> bool {
+        let now = stamp(Instant::now());
+        let last = self.last.load(Relaxed);
+        let quiet = u64::try_from(SILENT_AFTER.as_millis()).unwrap_or(u64::MAX);
+        self.waiting.lock().is_ok_and(|w| {
+            w.iter()
+                .any(|a| now >= a.due && now.saturating_sub(last.max(a.began)) >= quiet)
+        })
     }
 
     /// The engine sent something: it is alive and working.
@@ -121,9 +178,70 @@ impl Progress {
     }
 }
 
+/// An attempt waiting on an engine ([`Progress::engage`]); derefs to the
+/// engine's [`Progress`].
+#[derive(Debug)]
+pub struct Engaged {
+    progress: Arc<Progress>,
+    id: u64,
+}
+
+impl std::ops::Deref for Engaged {
+    type Target = Progress;
+
+    fn deref(&self) -> &Progress {
+        &self.progress
+    }
+}
+
+impl Drop for Engaged {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.progress.waiting.lock()
+            && let Some(at) = w.iter().position(|a| a.id == self.id)
+        {
+            w.swap_remove(at);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_with_an_overdue_attempt_and_nothing_sent_is_silent() {
+        let p = Arc::new(Progress::default());
+        p.touch();
+        let step = Duration::from_millis(100);
+        // Predicted at 3 s: overdue at 6 s, not at the silence's 2 s.
+        let slow = p.engage(Duration::from_secs(3));
+        tokio::time::advance(SILENT_AFTER + step).await;
+        assert!(!p.silent(), "not yet overdue");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(p.silent(), "overdue and nothing for 6 s");
+        // Anything from the engine, on any request, is progress.
+        p.touch();
+        assert!(!p.silent());
+        tokio::time::advance(SILENT_AFTER - step).await;
+        assert!(!p.silent(), "quiet for less than the silence");
+        tokio::time::advance(step * 2).await;
+        assert!(p.silent());
+        drop(slow);
+        assert!(!p.silent(), "nothing waits on it");
+        // A quick prediction: silent at `SILENT_AFTER`, counted from the
+        // attempt's start (what the engine did before is not held against
+        // it, nor for it).
+        let quick = p.engage(Duration::from_millis(50));
+        tokio::time::advance(SILENT_AFTER - step).await;
+        assert!(!p.silent());
+        tokio::time::advance(step * 2).await;
+        assert!(p.silent());
+        // Only the attempts still waiting count.
+        let other = p.engage(Duration::ZERO);
+        drop(quick);
+        assert!(!p.silent(), "the other attempt has just begun");
+        drop(other);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_stall_lasts_its_cooldown_or_until_progress() {

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pair_core::NodeId;
-use pair_translate::resume::{Cut, Stitcher};
+use pair_translate::resume::{Api, Cut, Stitcher};
 use serde_json::Value;
 
 /// Nodes a stream was cut on (the one it began on first).
@@ -27,10 +27,11 @@ pub trait Mover: Send + Sync + 'static {
     /// The continuation's body (the same kind as the stream's).
     type Body: Body<Data = Bytes, Error: Send + 'static> + Send + Unpin + 'static;
 
-    /// Sends `request` (the continuation) to the best owner of the model
-    /// outside `dead`; its answer once committed (its first frame read),
-    /// or `None` when no owner takes it.
-    fn send(self: Arc<Self>, request: Bytes, dead: Dead) -> Sending<Self::Body>;
+    /// Sends `request` (the continuation, in `api`: its path may not be
+    /// the stream's) to the best owner of the model outside `dead`; its
+    /// answer once committed (its first frame read), or `None` when no
+    /// owner takes it.
+    fn send(self: Arc<Self>, request: Bytes, api: Api, dead: Dead) -> Sending<Self::Body>;
 
     /// The answer moved to `node` after `at_token` tokens: the move's
     /// receipt entry (`x_pair.resumed`), recorded where the shell keeps its
@@ -60,7 +61,7 @@ impl<B> std::fmt::Debug for Moved<B> {
     }
 }
 
-type Moving<B> = Pin<Box<dyn Future<Output = Option<(Moved<B>, Value, u32)>> + Send>>;
+type Moving<B> = Pin<Box<dyn Future<Output = Option<(Moved<B>, Value, Api, u32)>> + Send>>;
 
 /// A stream on its way to its client, continued on another node when it
 /// is cut after its first byte.
@@ -122,13 +123,17 @@ impl<M: Mover> Resuming<M> {
     /// gives the cut back when it cannot go on.
     fn on_cut(&mut self, e: <M::Body as Body>::Error) -> Option<<M::Body as Body>::Error> {
         match self.stitch.cut() {
-            Cut::Move { request, before } => {
+            Cut::Move {
+                request,
+                api,
+                before,
+            } => {
                 let mover = Arc::clone(&self.mover);
                 let dead = self.dead.clone();
                 self.moving = Some(Box::pin(async move {
-                    let moved = Arc::clone(&mover).send(request, dead).await?;
+                    let moved = Arc::clone(&mover).send(request, api, dead).await?;
                     let entry = mover.moved(moved.node, before);
-                    Some((moved, entry, before))
+                    Some((moved, entry, api, before))
                 }));
                 self.cut = Some(e);
                 None
@@ -166,14 +171,14 @@ impl<M: Mover> Body for Resuming<M> {
                         this.done = true;
                         return Poll::Ready(this.cut.take().map(Err));
                     }
-                    Poll::Ready(Some((moved, entry, before))) => {
+                    Poll::Ready(Some((moved, entry, api, before))) => {
                         this.moving = None;
                         this.cut = None;
                         this.dead.push(moved.node);
                         this.inner = moved.body;
                         this.queued = moved.first;
                         this.holding.push(moved.holding);
-                        this.stitch.moved(before, entry);
+                        this.stitch.moved(api, before, entry);
                         continue;
                     }
                 }

@@ -114,6 +114,7 @@ impl LocalReport {
                 p.worked_at(at);
             }
             e.healthy &= !p.stalled();
+            e.silent = p.silent();
         }
         for e in &mut n.engines {
             // Overlapping requests prove slots the engine does not report.

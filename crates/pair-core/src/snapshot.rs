@@ -136,6 +136,11 @@ pub struct EngineSnapshot {
     pub kind: EngineKind,
     /// Answered its last health check.
     pub healthy: bool,
+    /// Requests are overdue on it and it has sent nothing for seconds,
+    /// health checks answered or not: it may be hung. Routing sends new
+    /// work to other owners first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub silent: bool,
     /// Requests it runs at once (Ollama's OLLAMA_NUM_PARALLEL, llama.cpp
     /// `-np`); at least 1.
     pub slots: u16,
@@ -143,6 +148,18 @@ pub struct EngineSnapshot {
 }
 
 impl EngineSnapshot {
+    /// Whether this engine's `entry` is a better copy of a model than
+    /// `other`'s `theirs`: an engine that is not silent first, then a
+    /// loaded copy; the first found among equals.
+    pub fn preferred_over(
+        &self,
+        entry: &ModelEntry,
+        other: &EngineSnapshot,
+        theirs: &ModelEntry,
+    ) -> bool {
+        (!self.silent, entry.loaded) > (!other.silent, theirs.loaded)
+    }
+
     /// The entry that serves `requested` for `flavor`, if this engine is
     /// healthy, speaks the flavor and holds the model.
     pub fn find(&self, requested: &str, flavor: ApiFlavor) -> Option<&ModelEntry> {
@@ -281,11 +298,10 @@ impl NodeSnapshot {
     ) -> Option<(&EngineSnapshot, &ModelEntry)> {
         let mut best: Option<(&EngineSnapshot, &ModelEntry)> = None;
         for engine in &self.engines {
-            if let Some(entry) = engine.find(requested, flavor) {
-                match best {
-                    Some((_, b)) if b.loaded || !entry.loaded => {}
-                    _ => best = Some((engine, entry)),
-                }
+            if let Some(entry) = engine.find(requested, flavor)
+                && best.is_none_or(|(e, b)| engine.preferred_over(entry, e, b))
+            {
+                best = Some((engine, entry));
             }
         }
         best
@@ -429,6 +445,7 @@ mod tests {
         n.engines.push(EngineSnapshot {
             kind,
             healthy: true,
+            silent: false,
             slots: 1,
             models: models
                 .iter()
@@ -517,6 +534,11 @@ mod tests {
         let (engine, entry) = n.find_model("m", ApiFlavor::OpenAi).unwrap();
         assert_eq!(engine.kind, EngineKind::LmStudio);
         assert!(entry.loaded);
+        // An engine that is not silent before a loaded copy.
+        n.engines[1].silent = true;
+        let (engine, entry) = n.find_model("m", ApiFlavor::OpenAi).unwrap();
+        assert_eq!(engine.kind, EngineKind::Ollama);
+        assert!(!entry.loaded);
     }
 
     #[test]

@@ -257,6 +257,7 @@ impl EngineModel {
         pair_core::EngineSnapshot {
             kind,
             healthy: true,
+            silent: false,
             slots: u16::try_from(self.slots).unwrap_or(u16::MAX),
             models: self
                 .models

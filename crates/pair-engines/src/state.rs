@@ -178,6 +178,7 @@ impl EngineReport {
             snapshot: EngineSnapshot {
                 kind,
                 healthy: false,
+                silent: false,
                 slots: slots.max(1),
                 models: Vec::new(),
             },

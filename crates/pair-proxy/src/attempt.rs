@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
-use pair_cluster::Progress;
+use pair_cluster::Engaged;
 use pair_cluster::Rearmed;
 use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
 use pair_http::RequestHead;
@@ -113,6 +113,10 @@ pub(crate) struct Ticket<'a> {
     /// work ahead of it) says its first token is due, as a streamed one's
     /// does when the token comes.
     prefilled_in: Option<Duration>,
+    /// When this node's engine should have sent something for it (the
+    /// first token streamed, the whole answer not): past it, an engine
+    /// that sends nothing turns silent.
+    expect: Duration,
     chosen: Option<Candidate>,
 }
 
@@ -134,7 +138,7 @@ pub(crate) struct Committed {
     pub guard: Option<pair_cluster::LoadGuard>,
     /// The peer's reservation, released when the answer ends.
     pub reservation: Option<ReservationId>,
-    pub engine: Option<Arc<Progress>>,
+    pub engine: Option<Engaged>,
     /// Where the answer moved after a cut, when it may move.
     pub resumed: Option<Arc<resume::ResumeLog>>,
     /// The snapshot it was routed by, and the node's place in its ranking.
@@ -213,10 +217,13 @@ impl<'a> Attempts<'a> {
         let st: &'a ProxyState = self.st;
         let profile = self.profile;
         if node == st.node.id {
+            let predicted = st.local_prediction(&cluster, profile, self.req.flavor);
+            let ms = |ms: u32| Duration::from_millis(u64::from(ms));
             Ticket {
-                prefilled_in: (!profile.streaming)
-                    .then(|| st.first_token_eta(&cluster, profile, self.req.flavor))
-                    .flatten(),
+                prefilled_in: predicted
+                    .filter(|_| !profile.streaming)
+                    .map(|p| ms(p.first_token_ms())),
+                expect: predicted.map_or(Duration::ZERO, |p| ms(p.total_ms)),
                 guard: Some(
                     st.load
                         .begin(profile.prompt_tokens, profile.max_output_tokens),
@@ -230,6 +237,7 @@ impl<'a> Attempts<'a> {
                 guard: None,
                 reservation: Some(st.reserve(node, profile, now_ms())),
                 prefilled_in: None,
+                expect: Duration::ZERO,
                 cluster,
                 chosen: None,
             }
@@ -253,7 +261,7 @@ impl<'a> Attempts<'a> {
             Hop::Local(_) => None,
         };
         let watch = match &hop {
-            Hop::Local(engine) => Watch::Engine(Arc::clone(&engine.progress)),
+            Hop::Local(engine) => Watch::Engine(engine.progress.engage(ticket.expect)),
             Hop::Peer(_) => Watch::Peer,
         };
         let translation = match translate::needed(
@@ -313,7 +321,7 @@ impl<'a> Attempts<'a> {
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
-            && let Some(api) = resume::api_of(out_head.path_and_query.path())
+            && let Some(api) = resume::Api::of_path(out_head.path_and_query.path())
         {
             let cont = resume::Continuation {
                 st: Arc::clone(st),
@@ -592,8 +600,9 @@ pub(crate) fn holds(
 
 /// What shows that an attempt's node is getting anywhere.
 enum Watch {
-    /// A local engine: anything it sends, on any request.
-    Engine(Arc<Progress>),
+    /// A local engine: anything it sends, on any request (the attempt
+    /// waits on it until its answer ends).
+    Engine(Engaged),
     /// A peer: that it stays in routing.
     Peer,
 }
@@ -683,10 +692,13 @@ pub(crate) async fn continue_on(
     dead: &[NodeId],
 ) -> Option<resume::Moved> {
     let st = &cont.st;
+    // A continuation may be sent in another API than the stream's (a
+    // templated generate goes on as a chat).
+    let api = resume::Api::of_path(head.path_and_query.path()).unwrap_or(cont.api);
     let req = Inference {
         head,
         body,
-        flavor: resume::flavor(cont.api),
+        flavor: resume::flavor(api),
         work: cont.work,
         route: cont.route,
         received: Instant::now(),
@@ -697,10 +709,7 @@ pub(crate) async fn continue_on(
         req: &req,
         profile: &cont.profile,
         job: cont.job,
-        reach: Reach::Continuation {
-            dead,
-            api: cont.api,
-        },
+        reach: Reach::Continuation { dead, api },
         explain: false,
     };
     let mut failover = Failover::new(FailoverConfig {
@@ -719,6 +728,7 @@ pub(crate) async fn continue_on(
                     st: Arc::clone(st),
                     guard: answer.guard,
                     reservation: answer.reservation,
+                    _engine: answer.engine,
                 }),
             })
         }
@@ -736,6 +746,7 @@ struct Holding {
     st: Arc<ProxyState>,
     guard: Option<pair_cluster::LoadGuard>,
     reservation: Option<ReservationId>,
+    _engine: Option<Engaged>,
 }
 
 impl Drop for Holding {

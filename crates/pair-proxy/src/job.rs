@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pair_cluster::{LoadGuard, Progress};
+use pair_cluster::{Engaged, LoadGuard};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
 use pair_scheduler::ReservationId;
 use tokio::time::Instant;
@@ -107,8 +107,9 @@ pub(crate) struct JobWatcher {
     /// its node until then (released by `finish`, or on drop).
     pub(crate) reservation: Option<ReservationId>,
     /// The local engine serving it, stamped as its tokens come (until the
-    /// answer moves elsewhere after a cut).
-    pub(crate) engine: Option<Arc<Progress>>,
+    /// answer moves elsewhere after a cut); the answer waits on it until
+    /// then.
+    pub(crate) engine: Option<Engaged>,
     /// Where the answer moved after a cut, when it may move.
     pub(crate) resumed: Option<Arc<crate::resume::ResumeLog>>,
 }
@@ -132,9 +133,9 @@ impl Watcher for JobWatcher {
         if let Some(g) = self.guard.as_mut() {
             g.progress(events);
         }
-        if let Some(e) = &self.engine
-            && !self.resumed.as_ref().is_some_and(|r| r.moved())
-        {
+        if self.resumed.as_ref().is_some_and(|r| r.moved()) {
+            self.engine = None;
+        } else if let Some(e) = &self.engine {
             e.touch();
         }
     }

@@ -33,17 +33,6 @@ use crate::state::ProxyState;
 
 pub use crate::state::ResumePolicy;
 
-/// The API of a request sent to `path`, where its stream can be continued.
-pub(crate) fn api_of(path: &str) -> Option<Api> {
-    Some(match path {
-        "/v1/chat/completions" => Api::OpenAiChat,
-        "/v1/completions" => Api::OpenAiCompletion,
-        "/api/chat" => Api::OllamaChat,
-        "/api/generate" => Api::OllamaGenerate,
-        _ => return None,
-    })
-}
-
 /// The flavour a continuation in `api` is sent as.
 pub(crate) fn flavor(api: Api) -> ApiFlavor {
     if api.is_openai() {
@@ -113,13 +102,19 @@ impl Mover for Continuation {
     fn send(
         self: Arc<Self>,
         request: Bytes,
+        api: Api,
         dead: Dead,
     ) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>> {
         let mut headers = self.head.headers.clone().into_map(1);
         headers.insert(CONTENT_LENGTH, http::HeaderValue::from(request.len()));
+        let path_and_query = if api == self.api {
+            self.head.path_and_query.clone()
+        } else {
+            http::uri::PathAndQuery::from_static(api.path())
+        };
         let head = RequestHead {
             method: self.head.method.clone(),
-            path_and_query: self.head.path_and_query.clone(),
+            path_and_query,
             headers: Headers::Map(headers),
         };
         (self.send)(Arc::clone(&self), head, request, dead)

@@ -326,20 +326,19 @@ impl ProxyState {
         top
     }
 
-    /// When `request`'s first token is due if this node's engine takes it
-    /// now, from this node's live workload (`None` where this node does
-    /// not list the model).
-    pub fn first_token_eta(
+    /// What `request` would feel if this node's engine took it now, from
+    /// this node's live workload (`None` where this node does not list
+    /// the model).
+    pub fn local_prediction(
         &self,
         cluster: &ClusterSnapshot,
         request: &RequestProfile,
         flavor: ApiFlavor,
-    ) -> Option<Duration> {
+    ) -> Option<pair_scheduler::Prediction> {
         let me = cluster.node(self.node.id)?;
         let (_, entry) = me.find_model(&request.model, flavor)?;
         let workload = self.load.workload(me.slots());
-        let p = predict(me, &workload, entry, request, Reserved::default(), 0);
-        Some(Duration::from_millis(u64::from(p.first_token_ms())))
+        Some(predict(me, &workload, entry, request, Reserved::default(), 0))
     }
 
     /// Counts `request` on `node` from `sent_ms` (unix ms, when it is

@@ -27,6 +27,7 @@
 //!     n.engines.push(EngineSnapshot {
 //!         kind: EngineKind::Ollama,
 //!         healthy: true,
+//!         silent: false,
 //!         slots,
 //!         models: vec![ModelEntry {
 //!             name: ModelName::new("llama3.1:8b").unwrap(),

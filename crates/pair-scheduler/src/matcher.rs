@@ -51,16 +51,19 @@ impl<'a> Wanted<'a> {
         })
     }
 
-    /// `node.find_model(name, flavor)`, entry only: the first match in each
-    /// engine, a loaded copy preferred across engines.
-    pub(crate) fn find<'n>(&self, node: &'n NodeSnapshot) -> Option<&'n ModelEntry> {
-        let mut best: Option<&ModelEntry> = None;
+    /// `node.find_model(name, flavor)`: the first match in each engine,
+    /// the preferred copy across engines
+    /// ([`EngineSnapshot::preferred_over`]).
+    pub(crate) fn find<'n>(
+        &self,
+        node: &'n NodeSnapshot,
+    ) -> Option<(&'n EngineSnapshot, &'n ModelEntry)> {
+        let mut best: Option<(&EngineSnapshot, &ModelEntry)> = None;
         for engine in &node.engines {
-            if let Some(entry) = self.find_in(engine) {
-                match best {
-                    Some(b) if b.loaded || !entry.loaded => {}
-                    _ => best = Some(entry),
-                }
+            if let Some(entry) = self.find_in(engine)
+                && best.is_none_or(|(e, b)| engine.preferred_over(entry, e, b))
+            {
+                best = Some((engine, entry));
             }
         }
         best
@@ -82,6 +85,7 @@ mod tests {
             n.engines.push(EngineSnapshot {
                 kind,
                 healthy,
+                silent: false,
                 slots: 1,
                 models: models
                     .into_iter()
@@ -118,7 +122,7 @@ mod tests {
         ) {
             let n = node(engines);
             let want = n.find_model(&requested, flavor).map(|(_, e)| e as *const ModelEntry);
-            let got = Wanted::new(&requested, flavor).find(&n).map(|e| e as *const ModelEntry);
+            let got = Wanted::new(&requested, flavor).find(&n).map(|(_, e)| e as *const ModelEntry);
             prop_assert_eq!(got, want);
         }
     }

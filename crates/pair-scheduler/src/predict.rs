@@ -274,6 +274,8 @@ pub fn predict(
         slots,
         fits_vram: fits_vram(node, entry),
         suspect: node.liveness == Liveness::Suspect,
+        // The engine's, which the caller knows (the matcher found it).
+        silent: false,
         rates,
         learned: entry.learned && rates == RateSource::Model,
     };
@@ -319,6 +321,7 @@ mod tests {
         n.engines.push(EngineSnapshot {
             kind: EngineKind::Ollama,
             healthy: true,
+            silent: false,
             slots,
             models: vec![ModelEntry {
                 name: ModelName::new("m").unwrap(),

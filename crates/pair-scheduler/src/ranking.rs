@@ -352,6 +352,10 @@ pub struct Prediction {
     /// Free VRAM can hold the model (or it is loaded, or nothing is known).
     pub fits_vram: bool,
     pub suspect: bool,
+    /// The engine holding the model is silent (requests overdue on it,
+    /// nothing from it for seconds): it may be hung.
+    #[serde(default)]
+    pub silent: bool,
     pub rates: RateSource,
     /// The rates were learned from the node's jobs with this model.
     #[serde(default)]
@@ -405,6 +409,9 @@ impl fmt::Display for Prediction {
         }
         if self.suspect {
             f.write_str("; node suspect")?;
+        }
+        if self.silent {
+            f.write_str("; engine silent")?;
         }
         f.write_str("]")
     }

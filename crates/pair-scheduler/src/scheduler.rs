@@ -170,7 +170,7 @@ impl Scheduler {
             if !node.liveness.is_routable() {
                 continue;
             }
-            let Some(entry) = wanted.find(node) else {
+            let Some((engine, entry)) = wanted.find(node) else {
                 continue;
             };
             // Ids compared as integers: big-endian u128 order is the ids' order,
@@ -229,12 +229,14 @@ impl Scheduler {
                     )
                 }
                 Policy::PredictedLatency => {
-                    let p = predict(node, &workload, entry, request, reserved, age_ms);
+                    let mut p = predict(node, &workload, entry, request, reserved, age_ms);
+                    p.silent = engine.silent;
                     let key = SortKey {
                         tier: SortKey::POLICY,
-                        // Suspect nodes after live ones; within each, nodes
-                        // the model cannot fit into after those it can.
-                        class: u8::from(p.suspect) * 2 + u8::from(!p.fits_vram),
+                        // Suspect nodes and silent engines after live ones;
+                        // within each, nodes the model cannot fit into
+                        // after those it can.
+                        class: u8::from(p.suspect || p.silent) * 2 + u8::from(!p.fits_vram),
                         primary: u64::from(p.total_ms),
                         secondary: u64::from(p.jobs_ahead),
                     };
@@ -472,6 +474,7 @@ mod tests {
         s.engines.push(EngineSnapshot {
             kind: EngineKind::Ollama,
             healthy: true,
+            silent: false,
             slots,
             models: vec![ModelEntry {
                 name: ModelName::new("llama3.1:8b").unwrap(),
@@ -672,6 +675,28 @@ mod tests {
         );
         assert_eq!(order(&r), [id(2), id(1)]);
         assert!(r.candidates()[1].to_string().contains("node suspect"));
+    }
+
+    #[test]
+    fn a_silent_engine_ranks_after_live_ones_and_a_node_prefers_its_other_engine() {
+        let mut fast = node(1, 4, FAST, true);
+        fast.engines[0].silent = true;
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let r = rank(&mut s, vec![fast.clone(), node(2, 1, LAPTOP, true)], &req(true));
+        assert_eq!(order(&r), [id(2), id(1)], "sunk, not dropped");
+        assert!(r.candidates()[1].to_string().contains("engine silent"));
+        // Alone, it still takes the request.
+        let r = rank(&mut s, vec![fast.clone()], &req(true));
+        assert_eq!(order(&r), [id(1)]);
+        // A second engine on the node with the model: the node is ranked
+        // by it, unsunk, even though only the silent one has it loaded.
+        let mut other = fast.engines[0].clone();
+        other.silent = false;
+        other.models[0].loaded = false;
+        fast.engines.push(other);
+        let r = rank(&mut s, vec![fast], &req(true));
+        let p = r.candidates()[0].score.prediction().copied().unwrap();
+        assert!(!p.silent && p.load_ms > 0, "{p}");
     }
 
     #[test]

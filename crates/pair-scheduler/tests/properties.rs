@@ -64,6 +64,7 @@ fn engine() -> impl Strategy<Value = EngineSnapshot> {
         .prop_map(|(kind, healthy, slots, models)| EngineSnapshot {
             kind,
             healthy,
+            silent: false,
             slots,
             models,
         })
@@ -395,6 +396,7 @@ proptest! {
                 node.engines.push(EngineSnapshot {
                     kind: EngineKind::Ollama,
                     healthy: true,
+                    silent: false,
                     slots,
                     models: vec![ModelEntry {
                         name: ModelName::new("m").unwrap(),

@@ -1007,6 +1007,7 @@ fn initial_view(scn: &Scenario, plan: &NodePlan, engine: &EngineModel) -> NodeSn
     v.engines.push(EngineSnapshot {
         kind: EngineKind::Ollama,
         healthy: true,
+        silent: false,
         slots: u16::try_from(engine.slots()).unwrap_or(u16::MAX),
         models,
     });

@@ -134,7 +134,8 @@ pub(crate) fn request(
                 Target::Completion
             } else {
                 let mut messages = Vec::new();
-                if let Some(s) = system.filter(|s| !s.is_null()) {
+                // An empty `system` is the model's own, as on Ollama.
+                if let Some(s) = system.filter(|s| !s.is_null() && s != "") {
                     messages.push(json!({"role": "system", "content": s}));
                 }
                 messages.push(json!({"role": "user", "content": prompt}));

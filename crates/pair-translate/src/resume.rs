@@ -11,9 +11,14 @@
 //! dropped, its final counts summed, and an `x_pair.resumed` receipt
 //! added. A node's pipeline and the edge SDK drive it the same way.
 //!
+//! An Ollama generate with a templated prompt is continued as the chat its
+//! template renders (its `system` text and the prompt as the user's turn,
+//! the text so far as the assistant's), and the chat's lines are written
+//! back as generate lines.
+//!
 //! What cannot be continued says so: a tool call or a thought under way,
-//! `n > 1`, log probabilities, an Ollama generate with a templated prompt,
-//! a fill-in-the-middle suffix.
+//! `n > 1`, log probabilities, a fill-in-the-middle suffix, a generate
+//! with its own template or an earlier answer's token context.
 
 use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value, json};
@@ -47,6 +52,28 @@ impl Api {
     /// A chat (continued by a final assistant message).
     pub fn is_chat(self) -> bool {
         matches!(self, Api::OpenAiChat | Api::OllamaChat)
+    }
+
+    /// The API of a request sent to `path`, where its stream can be
+    /// continued.
+    pub fn of_path(path: &str) -> Option<Api> {
+        Some(match path {
+            "/v1/chat/completions" => Api::OpenAiChat,
+            "/v1/completions" => Api::OpenAiCompletion,
+            "/api/chat" => Api::OllamaChat,
+            "/api/generate" => Api::OllamaGenerate,
+            _ => return None,
+        })
+    }
+
+    /// The engine path of a request in this API.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::OpenAiChat => "/v1/chat/completions",
+            Api::OpenAiCompletion => "/v1/completions",
+            Api::OllamaChat => "/api/chat",
+            Api::OllamaGenerate => "/api/generate",
+        }
     }
 }
 
@@ -166,13 +193,14 @@ impl Transcript {
     }
 }
 
-/// The request that continues an answer, or why there is none. `Ok(None)`:
-/// its token limit is used up (the answer is whole).
+/// The request that continues an answer and the API it is in, or why
+/// there is none. `Ok(None)`: its token limit is used up (the answer is
+/// whole).
 pub fn continuation(
     api: Api,
     request: &[u8],
     t: &Transcript,
-) -> Result<Option<Vec<u8>>, &'static str> {
+) -> Result<Option<(Api, Vec<u8>)>, &'static str> {
     if let Some(why) = t.unresumable {
         return Err(why);
     }
@@ -192,7 +220,12 @@ pub fn continuation(
     if !lower_limit(&mut req, api, t.tokens) {
         return Ok(None);
     }
+    let mut sent_as = api;
     match api {
+        Api::OllamaGenerate if req.get("raw").and_then(Value::as_bool) != Some(true) => {
+            templated_as_chat(&mut req, &t.text)?;
+            sent_as = Api::OllamaChat;
+        }
         Api::OpenAiChat | Api::OllamaChat => {
             let Some(Value::Array(messages)) = req.get_mut("messages") else {
                 return Err("a chat without messages");
@@ -206,9 +239,6 @@ pub fn continuation(
             }
         }
         Api::OpenAiCompletion | Api::OllamaGenerate => {
-            if api == Api::OllamaGenerate && req.get("raw").and_then(Value::as_bool) != Some(true) {
-                return Err("a templated prompt (Ollama generate without raw)");
-            }
             if req.get("suffix").is_some_and(|s| !s.is_null()) {
                 return Err("a fill-in-the-middle suffix");
             }
@@ -218,9 +248,54 @@ pub fn continuation(
             prompt.push_str(&t.text);
         }
     }
-    Ok(Some(
-        serde_json::to_vec(&Value::Object(req)).map_err(|_| "a request that cannot be written")?,
-    ))
+    let body =
+        serde_json::to_vec(&Value::Object(req)).map_err(|_| "a request that cannot be written")?;
+    Ok(Some((sent_as, body)))
+}
+
+/// Rewrites a templated Ollama generate as the chat its template renders,
+/// ending in the assistant's `text` (Ollama continues a final assistant
+/// message): its `system` text, then the prompt (and images) as the
+/// user's turn. A generate that brings its own template or an earlier
+/// answer's token context has no such chat.
+fn templated_as_chat(req: &mut Map<String, Value>, text: &str) -> Result<(), &'static str> {
+    let set = |v: Option<&Value>| {
+        v.is_some_and(|v| match v {
+            Value::Null => false,
+            Value::String(s) => !s.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        })
+    };
+    if set(req.get("template")) {
+        return Err("a generate with its own template");
+    }
+    if set(req.get("context")) {
+        return Err("a generate with an earlier answer's token context");
+    }
+    if set(req.get("suffix")) {
+        return Err("a fill-in-the-middle suffix");
+    }
+    let Some(Value::String(prompt)) = req.remove("prompt") else {
+        return Err("a prompt that is not one string");
+    };
+    let mut messages = Vec::with_capacity(3);
+    if let Some(Value::String(system)) = req.remove("system")
+        && !system.is_empty()
+    {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    let mut user = json!({ "role": "user", "content": prompt });
+    if let Some(images) = req.remove("images").filter(|i| set(Some(i))) {
+        user["images"] = images;
+    }
+    messages.push(user);
+    messages.push(json!({ "role": "assistant", "content": text }));
+    for field in ["raw", "template", "context", "suffix"] {
+        req.remove(field);
+    }
+    req.insert("messages".into(), Value::Array(messages));
+    Ok(())
 }
 
 /// Lowers every token limit the request sets by `streamed`; false when
@@ -277,11 +352,15 @@ fn closing(api: Api, model: &str, splice: Option<&Splice>) -> Bytes {
 }
 
 /// Rewrites a continuation's events as the rest of the client's stream:
-/// its opening (a role-only chunk) goes, and its final event counts the
-/// tokens streamed before it and says where the answer moved.
+/// its opening (a role-only chunk) goes, its events are written in the
+/// client's API where it was sent in another (a chat continuing a
+/// generate), and its final event counts the tokens streamed before it
+/// and says where the answer moved.
 #[derive(Debug)]
 struct Splice {
     api: Api,
+    /// The API the continuation answers in.
+    from: Api,
     /// Tokens the client had before this continuation.
     before: u32,
     /// `x_pair.resumed`: one entry per move.
@@ -334,6 +413,17 @@ impl Splice {
     fn event(&self, v: &mut Value) -> Edit {
         let before = u64::from(self.before);
         let mut last = false;
+        let mut changed = false;
+        if self.from == Api::OllamaChat
+            && self.api == Api::OllamaGenerate
+            && let Some(Value::Object(message)) = v.as_object_mut().and_then(|e| e.remove("message"))
+        {
+            v["response"] = message.get("content").cloned().unwrap_or_else(|| "".into());
+            if let Some(thinking) = message.get("thinking") {
+                v["thinking"] = thinking.clone();
+            }
+            changed = true;
+        }
         match self.api {
             Api::OpenAiChat | Api::OpenAiCompletion => {
                 let finish = v
@@ -381,7 +471,7 @@ impl Splice {
             }
         }
         if !last {
-            return Edit::Keep;
+            return if changed { Edit::Changed } else { Edit::Keep };
         }
         v["x_pair"] = json!({ "resumed": self.receipt });
         Edit::Changed
@@ -401,9 +491,13 @@ pub const KEPT_MAX: usize = 8 << 20;
 /// What to do about a cut after the client's first byte.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Cut {
-    /// Send `request` (the continuation) to another owner of the model;
-    /// the client has `before` tokens of the answer.
-    Move { request: Bytes, before: u32 },
+    /// Send `request` (the continuation, in `api`) to another owner of
+    /// the model; the client has `before` tokens of the answer.
+    Move {
+        request: Bytes,
+        api: Api,
+        before: u32,
+    },
     /// The answer is whole (its final event went by, or its token limit is
     /// used up): give the client these last bytes, if any, and end.
     End(Option<Bytes>),
@@ -512,23 +606,25 @@ impl Stitcher {
             Err(why) => Cut::Stop(why),
             // Its limit is reached: what was given is the whole answer.
             Ok(None) => Cut::End(Some(closing(self.api, &self.model, self.splice.as_ref()))),
-            Ok(Some(body)) => Cut::Move {
+            Ok(Some((api, body))) => Cut::Move {
                 request: Bytes::from(body),
+                api,
                 before: t.tokens,
             },
         }
     }
 
-    /// The continuation sent at `before` tokens answered: its stream is
-    /// fed from here, rewritten as the rest of the client's; `entry` is
-    /// the move's receipt (`x_pair.resumed`).
-    pub fn moved(&mut self, before: u32, entry: Value) {
+    /// The continuation sent in `from` at `before` tokens answered: its
+    /// stream is fed from here, rewritten as the rest of the client's;
+    /// `entry` is the move's receipt (`x_pair.resumed`).
+    pub fn moved(&mut self, from: Api, before: u32, entry: Value) {
         self.moves += 1;
         let mut receipt = self.splice.take().map(|s| s.receipt).unwrap_or_default();
         receipt.push(entry);
         self.partial.clear();
         self.splice = Some(Splice {
             api: self.api,
+            from,
             before,
             receipt,
         });
@@ -604,9 +700,10 @@ mod tests {
         };
         let req = json!({"model": "m", "max_tokens": 10, "stream": true,
                          "messages": [{"role": "user", "content": "hi"}]});
-        let body = continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t)
+        let (api, body) = continuation(Api::OpenAiChat, req.to_string().as_bytes(), &t)
             .unwrap()
             .unwrap();
+        assert_eq!(api, Api::OpenAiChat);
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["max_tokens"], 8);
         assert_eq!(
@@ -617,19 +714,16 @@ mod tests {
         // Ollama's limit, and a raw prompt.
         let req =
             json!({"model": "m", "prompt": "Q: ", "raw": true, "options": {"num_predict": 5}});
-        let v: Value = serde_json::from_slice(
-            &continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
-                .unwrap()
-                .unwrap(),
-        )
-        .unwrap();
+        let (api, body) = continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(api, Api::OllamaGenerate);
+        let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             (v["prompt"].as_str(), v["options"]["num_predict"].as_i64()),
             (Some("Q: Hello world"), Some(3))
         );
-        // A templated generate cannot be continued; a used-up limit needs no continuation.
-        let req = json!({"model": "m", "prompt": "Q"});
-        assert!(continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t).is_err());
+        // A used-up limit needs no continuation.
         let req = json!({"model": "m", "max_tokens": 2, "prompt": "Q"});
         assert_eq!(
             continuation(Api::OpenAiCompletion, req.to_string().as_bytes(), &t),
@@ -640,9 +734,77 @@ mod tests {
     }
 
     #[test]
+    fn a_templated_generate_goes_on_as_the_chat_its_template_renders() {
+        let t = Transcript {
+            text: "Paris is".into(),
+            tokens: 2,
+            ..Transcript::default()
+        };
+        let req = json!({"model": "m", "prompt": "Capital of France?", "system": "be brief",
+                         "images": ["aGk="], "stream": true, "keep_alive": "5m",
+                         "options": {"num_predict": 6, "temperature": 0}});
+        let (api, body) = continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(api, Api::OllamaChat);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"model": "m", "stream": true, "keep_alive": "5m",
+                   "options": {"num_predict": 4, "temperature": 0},
+                   "messages": [
+                       {"role": "system", "content": "be brief"},
+                       {"role": "user", "content": "Capital of France?", "images": ["aGk="]},
+                       {"role": "assistant", "content": "Paris is"}]})
+        );
+        // With no system text, the model's own applies, as in a chat.
+        let req = json!({"model": "m", "prompt": "Q", "system": ""});
+        let (_, body) = continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t)
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["messages"].as_array().map(Vec::len), Some(2));
+        // Its own template, or an earlier answer's context, has no chat.
+        for req in [
+            json!({"model": "m", "prompt": "Q", "template": "{{ .Prompt }}"}),
+            json!({"model": "m", "prompt": "Q", "context": [1, 2, 3]}),
+            json!({"model": "m", "prompt": "Q", "suffix": "}"}),
+        ] {
+            assert!(continuation(Api::OllamaGenerate, req.to_string().as_bytes(), &t).is_err());
+        }
+        // The chat's lines are written back as generate lines.
+        let splice = Splice {
+            api: Api::OllamaGenerate,
+            from: Api::OllamaChat,
+            before: 2,
+            receipt: vec![json!({"node": "b", "at_token": 2})],
+        };
+        let lines = Bytes::from(concat!(
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\" Paris.\"},\"done\":false}\n",
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"eval_count\":2}\n",
+        ));
+        let out = splice.rewrite(Framing::JsonLines, &lines);
+        let out: Vec<Value> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(out[0], json!({"model": "m", "response": " Paris.", "done": false}));
+        assert_eq!(
+            (out[1]["response"].as_str(), out[1]["eval_count"].as_u64()),
+            (Some(""), Some(4))
+        );
+        assert!(out[1].get("message").is_none());
+        assert_eq!(out[1]["x_pair"]["resumed"][0]["at_token"], 2);
+        let t = Transcript::read(Api::OllamaGenerate, &[splice.rewrite(Framing::JsonLines, &lines)]);
+        assert_eq!((t.text.as_str(), t.finished), (" Paris.", true));
+    }
+
+    #[test]
     fn a_splice_drops_the_opening_and_sums_the_final_counts() {
         let splice = Splice {
             api: Api::OpenAiChat,
+            from: Api::OpenAiChat,
             before: 4,
             receipt: vec![json!({"node": "b", "at_token": 4})],
         };
@@ -670,6 +832,7 @@ mod tests {
         // Ollama's last line.
         let splice = Splice {
             api: Api::OllamaChat,
+            from: Api::OllamaChat,
             ..splice
         };
         let line = Bytes::from("{\"done\":true,\"eval_count\":3,\"prompt_eval_count\":20}\n");

@@ -61,6 +61,7 @@ pub fn cluster(n: usize, seed: u64) -> ClusterSnapshot {
             node.engines.push(EngineSnapshot {
                 kind: EngineKind::Ollama,
                 healthy: true,
+                silent: false,
                 slots: 1 + (r() % 4) as u16,
                 models: names
                     .into_iter()

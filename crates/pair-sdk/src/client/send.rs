@@ -293,6 +293,7 @@ impl Mover for Continue {
     fn send(
         self: Arc<Self>,
         request: Bytes,
+        api: Api,
         dead: Dead,
     ) -> Pin<Box<dyn Future<Output = Option<Moved<Incoming>>> + Send>> {
         Box::pin(async move {
@@ -310,6 +311,7 @@ impl Mover for Continue {
             }
             let mut req = self.req.clone();
             req.body = request;
+            api.path().clone_into(&mut req.path);
             req.headers.remove(http::header::CONTENT_LENGTH);
             let view = client.current_view()?;
             let sending = Sending::new(client, &req, Some(&self.profile), view, &dead);
@@ -437,13 +439,7 @@ impl Client {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.starts_with("text/event-stream") || t.contains("ndjson"));
-        let api = match req.path.as_str() {
-            "/v1/chat/completions" => Some(Api::OpenAiChat),
-            "/v1/completions" => Some(Api::OpenAiCompletion),
-            "/api/chat" => Some(Api::OllamaChat),
-            "/api/generate" => Some(Api::OllamaGenerate),
-            _ => None,
-        };
+        let api = Api::of_path(&req.path);
         let (Some(api), true, true) = (api, streamed && profile.streaming, limit > 0) else {
             return (resp.map(BodyExt::boxed_unsync), first);
         };

@@ -68,6 +68,31 @@ fn prompt_of(req: &Map<String, Value>) -> (String, u32) {
     (text, tokens)
 }
 
+/// Ollama's generate is raw (the prompt as given) only when asked.
+fn is_raw(req: &Map<String, Value>) -> bool {
+    req.get("raw").and_then(Value::as_bool) == Some(true)
+}
+
+/// What a templated Ollama generate renders: the model's chat template
+/// over its `system` text and the prompt as the user's turn, as a chat
+/// with those messages would (so a chat that ends in the answer's start
+/// continues it).
+fn templated(req: &Map<String, Value>) -> Map<String, Value> {
+    let mut messages = Vec::new();
+    if let Some(system) = req
+        .get("system")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+    {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    let prompt = prompt_of(req).0;
+    messages.push(json!({ "role": "user", "content": prompt }));
+    let mut chat = req.clone();
+    chat.insert("messages".into(), Value::Array(messages));
+    chat
+}
+
 /// Requested token limit: Ollama `options.num_predict`, OpenAI
 /// `max_completion_tokens` / `max_tokens`. Non-positive means none.
 fn limit_of(req: &Map<String, Value>) -> Option<u32> {
@@ -142,6 +167,8 @@ async fn generate(
     }
     let (prompt, prompt_tokens) = if chat {
         chat_prompt(&req)
+    } else if matches!(api, Api::OllamaGenerate) && !is_raw(&req) {
+        chat_prompt(&templated(&req))
     } else {
         prompt_of(&req)
     };
