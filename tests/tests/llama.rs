@@ -32,6 +32,12 @@ async fn openai_sdk_reaches_a_real_llama_cpp_node_through_the_cluster() {
             .is_some(),
         "the real server's model is in the inventory: {remote:?}"
     );
+    // llama-cpp-python's server closes a final assistant message and
+    // starts a new turn: its routes say so, and no cut chat moves to it
+    // (a raw prompt still may).
+    assert_eq!(remote.engines[0].continues_chat, Some(false), "{remote:?}");
+    assert!(!remote.continues("smollm2", pair_core::ApiFlavor::OpenAi, true));
+    assert!(remote.continues("smollm2", pair_core::ApiFlavor::OpenAi, false));
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk/llama_openai.py");
     let out = tokio::process::Command::new(&py)

@@ -262,6 +262,42 @@ async fn what_cannot_be_continued_ends_with_an_error() {
     c.stop().await;
 }
 
+/// A chat is continued only on an engine known to continue a final
+/// assistant message: with LM Studio's the only other owner, a cut chat
+/// ends with its error event and nothing is sent there; a raw completion,
+/// which every engine continues, moves to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_is_not_moved_to_an_engine_that_cannot_continue_it() {
+    let c = cluster(2, |spec| {
+        spec.engine_seed = Some(7);
+        spec.nodes[0].flavor = pair_emulator::Flavor::LmStudio;
+    })
+    .await
+    .unwrap();
+    for (api, moves) in [(Api::OpenAiChat, false), (Api::OpenAiCompletion, true)] {
+        for e in &c.engines {
+            e.reset_hits();
+        }
+        c.engines[1]
+            .faults()
+            .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(3)).times(1));
+        let (job, text) = stream(&c, api, 1, 20).await;
+        let rec = record(&c, 0, &job).await;
+        if moves {
+            let (answer, _, _) = api.answer(&text);
+            assert_eq!(answer.split_whitespace().count(), 20, "{api:?}: {text}");
+            assert_eq!(rec.resumed.len(), 1, "{api:?}: {rec:?}");
+        } else {
+            let last = text.trim_end().lines().last().unwrap_or("").to_owned();
+            assert!(last.contains("\"error\""), "{api:?}: {text}");
+            assert_eq!(c.engines[0].hits_for_model(MODEL), 0, "{api:?}");
+            assert_eq!(rec.status, pair_core::JobStatus::Failed);
+            assert!(rec.resumed.is_empty(), "{api:?}: {rec:?}");
+        }
+    }
+    c.stop().await;
+}
+
 /// An edge client with its state in `dir`, joined through node 0 and let
 /// in by every node.
 async fn joined_client(c: &LocalCluster, dir: &std::path::Path) -> pair_sdk::Client {

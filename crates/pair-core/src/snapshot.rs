@@ -141,6 +141,11 @@ pub struct EngineSnapshot {
     /// work to other owners first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub silent: bool,
+    /// Whether it continues a chat's final assistant message (rather than
+    /// closing it and starting a new turn), as its probe found: `None`
+    /// until one did ([`EngineSnapshot::can_continue_chat`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues_chat: Option<bool>,
     /// Requests it runs at once (Ollama's OLLAMA_NUM_PARALLEL, llama.cpp
     /// `-np`); at least 1.
     pub slots: u16,
@@ -148,6 +153,15 @@ pub struct EngineSnapshot {
 }
 
 impl EngineSnapshot {
+    /// Whether a cut chat's continuation (the text so far as a final
+    /// assistant message) may be sent to it: as its probe found (llama.cpp's
+    /// server and vLLM do; llama-cpp-python's server starts a new turn),
+    /// else by its kind (Ollama does; LM Studio is not known to).
+    pub fn can_continue_chat(&self) -> bool {
+        self.continues_chat
+            .unwrap_or(self.kind == EngineKind::Ollama)
+    }
+
     /// Whether this engine's `entry` is a better copy of a model than
     /// `other`'s `theirs`: an engine that is not silent first, then a
     /// loaded copy; the first found among equals.
@@ -307,6 +321,14 @@ impl NodeSnapshot {
         best
     }
 
+    /// Whether the engine that serves `model` here can continue an answer
+    /// cut elsewhere: every engine continues a raw prompt, a chat's final
+    /// assistant message only where [`EngineSnapshot::can_continue_chat`].
+    pub fn continues(&self, model: &str, flavor: ApiFlavor, chat: bool) -> bool {
+        self.find_model(model, flavor)
+            .is_some_and(|(e, _)| !chat || e.can_continue_chat())
+    }
+
     /// Routable and holding the model: PAIR's eligibility rule.
     pub fn is_eligible(&self, requested: &str, flavor: ApiFlavor) -> bool {
         self.liveness.is_routable() && self.find_model(requested, flavor).is_some()
@@ -446,6 +468,7 @@ mod tests {
             kind,
             healthy: true,
             silent: false,
+            continues_chat: None,
             slots: 1,
             models: models
                 .iter()

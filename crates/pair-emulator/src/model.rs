@@ -258,6 +258,7 @@ impl EngineModel {
             kind,
             healthy: true,
             silent: false,
+            continues_chat: None,
             slots: u16::try_from(self.slots).unwrap_or(u16::MAX),
             models: self
                 .models

@@ -64,6 +64,7 @@ pub struct EngineProbe {
     has_metrics: Option<bool>,
     has_props: Option<bool>,
     has_slots: Option<bool>,
+    has_version: Option<bool>,
 }
 
 impl EngineProbe {
@@ -82,6 +83,7 @@ impl EngineProbe {
             has_metrics: None,
             has_props: None,
             has_slots: None,
+            has_version: None,
         }
     }
 
@@ -147,6 +149,7 @@ impl EngineProbe {
         self.has_metrics = None;
         self.has_props = None;
         self.has_slots = None;
+        self.has_version = None;
     }
 
     async fn get(&self, path: &str) -> Result<bytes::Bytes, ProbeFailure> {
@@ -182,6 +185,7 @@ impl EngineProbe {
             queue: None,
             version: Some(version),
             work_tokens: None,
+            continues_chat: None,
         }
     }
 
@@ -221,6 +225,7 @@ impl EngineProbe {
                         queue: None,
                         version: None,
                         work_tokens: None,
+                        continues_chat: None,
                     };
                 }
                 // An older LM Studio: try the next listing.
@@ -250,6 +255,7 @@ impl EngineProbe {
             queue: None,
             version: None,
             work_tokens: None,
+            continues_chat: None,
         };
         if self.has_metrics != Some(false) {
             match self.get("/metrics").await {
@@ -294,8 +300,33 @@ impl EngineProbe {
             if let Ok(b) = self.get("/v1/models").await {
                 obs.models = parse_openai_models(kind, &b).ok();
             }
+            obs.continues_chat = self.continues_chat().await;
         }
         obs
+    }
+
+    /// Whether this OpenAI-compatible server continues a chat's final
+    /// assistant message, told by its routes, without generating anything
+    /// (a probe completion would load a model, or on llama-cpp-python's
+    /// server interrupt a running one): llama.cpp's server (`/props`) and
+    /// vLLM (`/version`) do; a server with neither, such as
+    /// llama-cpp-python's, is not known to (it closes the message and
+    /// starts a new turn). `None`: not told this poll.
+    async fn continues_chat(&mut self) -> Option<bool> {
+        if self.has_props == Some(true) {
+            return Some(true);
+        }
+        if self.has_props.is_none() {
+            return None;
+        }
+        if self.has_version.is_none() {
+            match self.get("/version").await {
+                Ok(b) => self.has_version = Some(is_vllm_version(&b)),
+                Err(ProbeFailure::Status(_)) => self.has_version = Some(false),
+                Err(_) => return None,
+            }
+        }
+        self.has_version
     }
 }
 
@@ -318,6 +349,13 @@ pub(crate) async fn get_body(
         return Err(ProbeFailure::BadBody);
     }
     Ok(body)
+}
+
+/// vLLM's `GET /version`: `{"version": "0.8.5"}`.
+fn is_vllm_version(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .is_some_and(|v| v.get("version").is_some_and(serde_json::Value::is_string))
 }
 
 fn lms_v1(b: &[u8]) -> bool {

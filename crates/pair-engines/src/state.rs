@@ -131,6 +131,10 @@ pub struct Observation {
     /// where it exports none, the tokens its slots have decoded (llama.cpp
     /// `/slots`).
     pub work_tokens: Option<u64>,
+    /// Whether it continues a chat's final assistant message, when its
+    /// routes told this poll (OpenAI-compatible servers:
+    /// [`crate::EngineProbe`]).
+    pub continues_chat: Option<bool>,
 }
 
 impl Observation {
@@ -143,6 +147,7 @@ impl Observation {
             queue: None,
             version: None,
             work_tokens: None,
+            continues_chat: None,
         }
     }
 }
@@ -179,6 +184,7 @@ impl EngineReport {
                 kind,
                 healthy: false,
                 silent: false,
+                continues_chat: None,
                 slots: slots.max(1),
                 models: Vec::new(),
             },
@@ -290,6 +296,9 @@ impl EngineState {
                 if obs.version.is_some() {
                     r.version = obs.version;
                 }
+                if obs.continues_chat.is_some() {
+                    r.snapshot.continues_chat = obs.continues_chat;
+                }
                 if let Some(tokens) = obs.work_tokens {
                     // Either way: a slot's count restarts with its next
                     // request (a counter only restarts with the engine,
@@ -309,6 +318,7 @@ impl EngineState {
                 self.most_running = 0;
                 self.work_tokens = None;
                 r.queue = None;
+                r.snapshot.continues_chat = None;
             }
         }
         if transition == Transition::BecameHealthy && r.inventory_at_ms.is_none() {
@@ -361,6 +371,7 @@ mod tests {
             queue: None,
             version: None,
             work_tokens: None,
+            continues_chat: None,
         }
     }
 

@@ -506,3 +506,65 @@ async fn a_llama_cpp_server_without_metrics_shows_its_work_through_slots() {
     let second = probe.poll(pair_engines::InventoryRead::Skip).await;
     assert_eq!(second.work_tokens, Some(2), "a token decoded between polls");
 }
+
+/// A stand-in OpenAI-compatible server answering `routes` (path, status,
+/// body) and 404 for every other path.
+fn stand_in(routes: &'static [(&'static str, &'static str, &'static str)]) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let _ = BufReader::new(&stream).read_line(&mut line);
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = routes
+                .iter()
+                .find(|(p, _, _)| *p == path)
+                .map_or(("404 Not Found", ""), |(_, s, b)| (*s, *b));
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+/// Whether an OpenAI-compatible server continues a chat's final assistant
+/// message is read from its routes with its inventory, nothing generated:
+/// llama.cpp's server (`/props`, here the emulated engine) and vLLM
+/// (`/version`) do; llama-cpp-python's server (neither route, not even
+/// `/health`) is not known to. Not told on a poll that skips the
+/// inventory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_compatible_server_is_known_to_continue_a_chat_by_its_routes() {
+    const MODELS: &str = r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#;
+    let emulated = EmulatedEngine::spawn(
+        EmuConfig::new(Flavor::OpenAi, ["m".to_owned()]),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .unwrap();
+    let vllm = stand_in(&[
+        ("/health", "200 OK", ""),
+        ("/version", "200 OK", r#"{"version":"0.8.5"}"#),
+        ("/v1/models", "200 OK", MODELS),
+    ]);
+    let llama_cpp_python = stand_in(&[("/v1/models", "200 OK", MODELS)]);
+    for (url, continues) in [
+        (emulated.base_url().to_string(), true),
+        (vllm, true),
+        (llama_cpp_python, false),
+    ] {
+        let config = EngineConfig::new(EngineKind::OpenAiCompat, &url, None).unwrap();
+        let mut probe = pair_engines::EngineProbe::new(config, Duration::from_secs(3)).unwrap();
+        let skipped = probe.poll(pair_engines::InventoryRead::Skip).await;
+        assert_eq!(skipped.health, Ok(()), "{url}");
+        assert_eq!(skipped.continues_chat, None, "{url}");
+        let read = probe.poll(pair_engines::InventoryRead::Required).await;
+        assert_eq!(read.continues_chat, Some(continues), "{url}");
+        assert!(read.models.is_some_and(|m| !m.is_empty()), "{url}");
+    }
+}

@@ -155,21 +155,15 @@ pub(crate) fn resuming(
     ))))
 }
 
-/// Whether `node`'s engine for `model` can continue an answer in `api`:
-/// every engine continues a raw prompt; a chat's final assistant message
-/// is continued by Ollama, llama.cpp's server and vLLM, and not known to
-/// be by LM Studio.
+/// Whether `node`'s engine for `model` can continue an answer in `api`
+/// ([`pair_core::NodeSnapshot::continues`]).
 pub(crate) fn continues(
     cluster: &pair_core::ClusterSnapshot,
     node: NodeId,
     model: &str,
     api: Api,
 ) -> bool {
-    let Some((engine, _)) = cluster
+    cluster
         .node(node)
-        .and_then(|n| n.find_model(model, flavor(api)))
-    else {
-        return false;
-    };
-    !api.is_chat() || engine.kind != pair_core::EngineKind::LmStudio
+        .is_some_and(|n| n.continues(model, flavor(api), api.is_chat()))
 }

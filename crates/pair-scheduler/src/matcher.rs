@@ -86,6 +86,7 @@ mod tests {
                 kind,
                 healthy,
                 silent: false,
+                continues_chat: None,
                 slots: 1,
                 models: models
                     .into_iter()

@@ -322,6 +322,7 @@ mod tests {
             kind: EngineKind::Ollama,
             healthy: true,
             silent: false,
+            continues_chat: None,
             slots,
             models: vec![ModelEntry {
                 name: ModelName::new("m").unwrap(),

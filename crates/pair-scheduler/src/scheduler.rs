@@ -475,6 +475,7 @@ mod tests {
             kind: EngineKind::Ollama,
             healthy: true,
             silent: false,
+            continues_chat: None,
             slots,
             models: vec![ModelEntry {
                 name: ModelName::new("llama3.1:8b").unwrap(),

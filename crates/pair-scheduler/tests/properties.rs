@@ -65,6 +65,7 @@ fn engine() -> impl Strategy<Value = EngineSnapshot> {
             kind,
             healthy,
             silent: false,
+            continues_chat: None,
             slots,
             models,
         })
@@ -397,6 +398,7 @@ proptest! {
                     kind: EngineKind::Ollama,
                     healthy: true,
                     silent: false,
+                    continues_chat: None,
                     slots,
                     models: vec![ModelEntry {
                         name: ModelName::new("m").unwrap(),

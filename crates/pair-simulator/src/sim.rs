@@ -1008,6 +1008,7 @@ fn initial_view(scn: &Scenario, plan: &NodePlan, engine: &EngineModel) -> NodeSn
         kind: EngineKind::Ollama,
         healthy: true,
         silent: false,
+        continues_chat: None,
         slots: u16::try_from(engine.slots()).unwrap_or(u16::MAX),
         models,
     });

@@ -433,7 +433,9 @@ fn router(app: App) -> Router {
             .route("/api/ps", get(api::ollama_ps))
             .route("/api/show", post(api::ollama_show))
             .route("/api/version", get(api::ollama_version)),
-        Flavor::OpenAi => openai.route("/health", get(api::health)),
+        Flavor::OpenAi => openai
+            .route("/health", get(api::health))
+            .route("/props", get(api::llamacpp_props)),
         Flavor::LmStudio => openai
             .route("/api/v0/models", get(api::lmstudio_v0_models))
             .route("/api/v0/models/{*model}", get(api::lmstudio_v0_model))

@@ -62,6 +62,7 @@ pub fn cluster(n: usize, seed: u64) -> ClusterSnapshot {
                 kind: EngineKind::Ollama,
                 healthy: true,
                 silent: false,
+                continues_chat: None,
                 slots: 1 + (r() % 4) as u16,
                 models: names
                     .into_iter()

@@ -50,6 +50,21 @@ pub(crate) async fn health() -> Response {
     json_response(StatusCode::OK, &json!({ "status": "ok" }))
 }
 
+/// llama.cpp's server `GET /props`: its slots (`-np`) and chat template.
+/// Its routes tell pair it is llama.cpp's server, which continues a chat's
+/// final assistant message, as this engine does.
+pub(crate) async fn llamacpp_props(State(app): State<App>) -> Response {
+    let slots = app.core.with_model(|m, _| m.slots());
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "total_slots": slots,
+            "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+            "build_info": "pair-emulator",
+        }),
+    )
+}
+
 pub(crate) async fn ollama_version() -> Response {
     json_response(StatusCode::OK, &json!({ "version": "0.12.6" }))
 }
