@@ -7,8 +7,8 @@
 //! for a while, so a hung engine (one that still answers its health probe)
 //! is routed around within seconds, long before the attempts on it are cut.
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;

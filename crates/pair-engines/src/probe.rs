@@ -313,11 +313,8 @@ impl EngineProbe {
     /// llama-cpp-python's, is not known to (it closes the message and
     /// starts a new turn). `None`: not told this poll.
     async fn continues_chat(&mut self) -> Option<bool> {
-        if self.has_props == Some(true) {
+        if self.has_props? {
             return Some(true);
-        }
-        if self.has_props.is_none() {
-            return None;
         }
         if self.has_version.is_none() {
             match self.get("/version").await {

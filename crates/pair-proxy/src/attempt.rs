@@ -321,7 +321,7 @@ impl<'a> Attempts<'a> {
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
-            && let Some(api) = resume::Api::of_path(out_head.path_and_query.path())
+            && let Some(api) = resume::api_of(out_head.path_and_query.path())
         {
             let cont = resume::Continuation {
                 st: Arc::clone(st),
@@ -694,7 +694,7 @@ pub(crate) async fn continue_on(
     let st = &cont.st;
     // A continuation may be sent in another API than the stream's (a
     // templated generate goes on as a chat).
-    let api = resume::Api::of_path(head.path_and_query.path()).unwrap_or(cont.api);
+    let api = resume::api_of(head.path_and_query.path()).unwrap_or(cont.api);
     let req = Inference {
         head,
         body,

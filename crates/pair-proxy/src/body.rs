@@ -1235,7 +1235,10 @@ mod tests {
 
     /// A chunked body, frame by frame, read with a budget: the budget must
     /// cover the buffer's old and new capacity while it moves.
-    async fn read_chunked(budget: &std::sync::Arc<BodyBudget>, frames: usize) -> Result<Bytes, u16> {
+    async fn read_chunked(
+        budget: &std::sync::Arc<BodyBudget>,
+        frames: usize,
+    ) -> Result<Bytes, u16> {
         let chunks: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = (0..frames)
             .map(|_| Ok(http_body::Frame::data(Bytes::from(vec![b' '; 16 * 1024]))))
             .collect();

@@ -33,6 +33,29 @@ use crate::state::ProxyState;
 
 pub use crate::state::ResumePolicy;
 
+/// The API of a request sent to `path`, where its stream can be continued
+/// (the routes are named here, on the request path, not in the crates
+/// below it; the edge SDK keeps its own table of the same four).
+pub(crate) fn api_of(path: &str) -> Option<Api> {
+    Some(match path {
+        "/v1/chat/completions" => Api::OpenAiChat,
+        "/v1/completions" => Api::OpenAiCompletion,
+        "/api/chat" => Api::OllamaChat,
+        "/api/generate" => Api::OllamaGenerate,
+        _ => return None,
+    })
+}
+
+/// The engine path of a continuation in `api`.
+pub(crate) fn path_of(api: Api) -> &'static str {
+    match api {
+        Api::OpenAiChat => "/v1/chat/completions",
+        Api::OpenAiCompletion => "/v1/completions",
+        Api::OllamaChat => "/api/chat",
+        Api::OllamaGenerate => "/api/generate",
+    }
+}
+
 /// The flavour a continuation in `api` is sent as.
 pub(crate) fn flavor(api: Api) -> ApiFlavor {
     if api.is_openai() {
@@ -110,7 +133,7 @@ impl Mover for Continuation {
         let path_and_query = if api == self.api {
             self.head.path_and_query.clone()
         } else {
-            http::uri::PathAndQuery::from_static(api.path())
+            http::uri::PathAndQuery::from_static(path_of(api))
         };
         let head = RequestHead {
             method: self.head.method.clone(),

@@ -338,7 +338,14 @@ impl ProxyState {
         let me = cluster.node(self.node.id)?;
         let (_, entry) = me.find_model(&request.model, flavor)?;
         let workload = self.load.workload(me.slots());
-        Some(predict(me, &workload, entry, request, Reserved::default(), 0))
+        Some(predict(
+            me,
+            &workload,
+            entry,
+            request,
+            Reserved::default(),
+            0,
+        ))
     }
 
     /// Counts `request` on `node` from `sent_ms` (unix ms, when it is

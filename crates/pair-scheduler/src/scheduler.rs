@@ -683,7 +683,11 @@ mod tests {
         let mut fast = node(1, 4, FAST, true);
         fast.engines[0].silent = true;
         let mut s = Scheduler::with_policy(Policy::PredictedLatency);
-        let r = rank(&mut s, vec![fast.clone(), node(2, 1, LAPTOP, true)], &req(true));
+        let r = rank(
+            &mut s,
+            vec![fast.clone(), node(2, 1, LAPTOP, true)],
+            &req(true),
+        );
         assert_eq!(order(&r), [id(2), id(1)], "sunk, not dropped");
         assert!(r.candidates()[1].to_string().contains("engine silent"));
         // Alone, it still takes the request.

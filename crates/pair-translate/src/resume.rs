@@ -53,28 +53,6 @@ impl Api {
     pub fn is_chat(self) -> bool {
         matches!(self, Api::OpenAiChat | Api::OllamaChat)
     }
-
-    /// The API of a request sent to `path`, where its stream can be
-    /// continued.
-    pub fn of_path(path: &str) -> Option<Api> {
-        Some(match path {
-            "/v1/chat/completions" => Api::OpenAiChat,
-            "/v1/completions" => Api::OpenAiCompletion,
-            "/api/chat" => Api::OllamaChat,
-            "/api/generate" => Api::OllamaGenerate,
-            _ => return None,
-        })
-    }
-
-    /// The engine path of a request in this API.
-    pub fn path(self) -> &'static str {
-        match self {
-            Api::OpenAiChat => "/v1/chat/completions",
-            Api::OpenAiCompletion => "/v1/completions",
-            Api::OllamaChat => "/api/chat",
-            Api::OllamaGenerate => "/api/generate",
-        }
-    }
 }
 
 /// The JSON events of a piece of a stream (complete events only): SSE
@@ -416,7 +394,8 @@ impl Splice {
         let mut changed = false;
         if self.from == Api::OllamaChat
             && self.api == Api::OllamaGenerate
-            && let Some(Value::Object(message)) = v.as_object_mut().and_then(|e| e.remove("message"))
+            && let Some(Value::Object(message)) =
+                v.as_object_mut().and_then(|e| e.remove("message"))
         {
             v["response"] = message.get("content").cloned().unwrap_or_else(|| "".into());
             if let Some(thinking) = message.get("thinking") {
@@ -789,14 +768,20 @@ mod tests {
             .filter(|l| !l.is_empty())
             .map(|l| serde_json::from_slice(l).unwrap())
             .collect();
-        assert_eq!(out[0], json!({"model": "m", "response": " Paris.", "done": false}));
+        assert_eq!(
+            out[0],
+            json!({"model": "m", "response": " Paris.", "done": false})
+        );
         assert_eq!(
             (out[1]["response"].as_str(), out[1]["eval_count"].as_u64()),
             (Some(""), Some(4))
         );
         assert!(out[1].get("message").is_none());
         assert_eq!(out[1]["x_pair"]["resumed"][0]["at_token"], 2);
-        let t = Transcript::read(Api::OllamaGenerate, &[splice.rewrite(Framing::JsonLines, &lines)]);
+        let t = Transcript::read(
+            Api::OllamaGenerate,
+            &[splice.rewrite(Framing::JsonLines, &lines)],
+        );
         assert_eq!((t.text.as_str(), t.finished), (" Paris.", true));
     }
 

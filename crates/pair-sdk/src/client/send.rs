@@ -106,6 +106,9 @@ struct Sending<'a> {
     invalid: Mutex<Option<String>>,
     /// Nodes left out (those a continued stream was cut on).
     exclude: &'a [NodeId],
+    /// A continuation in this API: only nodes whose engine can continue
+    /// it take it.
+    continuing: Option<Api>,
 }
 
 impl<'a> Sending<'a> {
@@ -125,6 +128,7 @@ impl<'a> Sending<'a> {
             refused: Mutex::new(None),
             invalid: Mutex::new(None),
             exclude,
+            continuing: None,
         }
     }
 
@@ -163,7 +167,14 @@ impl<'a> Exchange for Sending<'a> {
             return (decide(&nearest(&view), false), None);
         };
         let mut targets = client.targets(&view, profile);
-        targets.retain(|t| !self.exclude.contains(&t.node));
+        targets.retain(|t| {
+            !self.exclude.contains(&t.node)
+                && self.continuing.is_none_or(|api| {
+                    view.cluster
+                        .node(t.node)
+                        .is_some_and(|n| n.continues(&profile.model, profile.flavor, api.is_chat()))
+                })
+        });
         if targets.is_empty()
             && let Some(nodes) = client.all_owners_refuse(&view, profile)
         {
@@ -279,6 +290,29 @@ impl<'a> Exchange for Sending<'a> {
     }
 }
 
+/// The API of a request sent to `path`, where its stream can be continued
+/// (a node's pipeline keeps the same table: the crates below it name no
+/// route).
+fn api_of(path: &str) -> Option<Api> {
+    Some(match path {
+        "/v1/chat/completions" => Api::OpenAiChat,
+        "/v1/completions" => Api::OpenAiCompletion,
+        "/api/chat" => Api::OllamaChat,
+        "/api/generate" => Api::OllamaGenerate,
+        _ => return None,
+    })
+}
+
+/// The path of a continuation in `api`.
+fn path_of(api: Api) -> &'static str {
+    match api {
+        Api::OpenAiChat => "/v1/chat/completions",
+        Api::OpenAiCompletion => "/v1/completions",
+        Api::OllamaChat => "/api/chat",
+        Api::OllamaGenerate => "/api/generate",
+    }
+}
+
 /// How the client sends a cut stream's continuation.
 struct Continue {
     client: Client,
@@ -311,10 +345,11 @@ impl Mover for Continue {
             }
             let mut req = self.req.clone();
             req.body = request;
-            api.path().clone_into(&mut req.path);
+            path_of(api).clone_into(&mut req.path);
             req.headers.remove(http::header::CONTENT_LENGTH);
             let view = client.current_view()?;
-            let sending = Sending::new(client, &req, Some(&self.profile), view, &dead);
+            let mut sending = Sending::new(client, &req, Some(&self.profile), view, &dead);
+            sending.continuing = Some(api);
             let mut failover = Failover::new(client.inner.cfg.failover);
             let driven = sending.run(&mut failover).await;
             match driven {
@@ -439,7 +474,7 @@ impl Client {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.starts_with("text/event-stream") || t.contains("ndjson"));
-        let api = Api::of_path(&req.path);
+        let api = api_of(&req.path);
         let (Some(api), true, true) = (api, streamed && profile.streaming, limit > 0) else {
             return (resp.map(BodyExt::boxed_unsync), first);
         };

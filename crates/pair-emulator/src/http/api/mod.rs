@@ -22,6 +22,6 @@ pub(super) use errors::{bad_request, fault_status, not_found};
 pub use generate::ANSWER_TOKENS;
 pub(super) use generate::{ollama_chat, ollama_generate, openai_chat, openai_completions};
 pub(super) use listing::{
-    health, llamacpp_props, lmstudio_v0_model, lmstudio_v0_models, lmstudio_v1_models, ollama_ps, ollama_root,
-    ollama_show, ollama_tags, ollama_version, openai_model, openai_models,
+    health, llamacpp_props, lmstudio_v0_model, lmstudio_v0_models, lmstudio_v1_models, ollama_ps,
+    ollama_root, ollama_show, ollama_tags, ollama_version, openai_model, openai_models,
 };
