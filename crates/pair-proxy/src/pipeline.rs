@@ -814,3 +814,304 @@ fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
         .node(node)
         .map_or_else(|| node.short(), |n| n.name.clone())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! How the pipeline ends a request nothing was committed for, from
+    //! what the failover driver ([`pair_scheduler::drive`]) made of a fake
+    //! hop's scripted answers: the client's status and error shape, the
+    //! receipt, and the job record.
+
+    use super::*;
+    use crate::route::Work;
+    use http_body_util::BodyExt;
+    use pair_scheduler::drive::{Classified, Exchange, drive};
+    use pair_scheduler::{Step, Target};
+    use std::future::Future;
+
+    /// What a node does with each attempt.
+    #[derive(Clone, Copy, Debug)]
+    enum Does {
+        /// Its connection is refused.
+        Refuses,
+        /// It answers this status (its engine's own error body).
+        Answers(u16),
+        /// Nothing at all.
+        Hangs,
+    }
+
+    struct Refused;
+
+    impl Classified for Refused {
+        fn class(&self) -> &'static str {
+            "connect"
+        }
+        fn transient(&self) -> bool {
+            false
+        }
+    }
+
+    /// A hop whose nodes do as scripted, on tokio's paused clock.
+    struct FakeHop {
+        t0: Instant,
+        nodes: Vec<(NodeId, Does)>,
+        /// Owners that are all down for now (none is offered).
+        owners_down: bool,
+    }
+
+    impl Exchange for FakeHop {
+        type Head = (NodeId, u16);
+        type Answer = (NodeId, u16);
+        type Kept = Held;
+        type Ticket = ();
+        type Error = Refused;
+
+        fn now(&self) -> Duration {
+            self.t0.elapsed()
+        }
+
+        fn sleep_until(&self, at: Duration) -> impl Future<Output = ()> {
+            tokio::time::sleep_until(self.t0 + at)
+        }
+
+        fn choose(
+            &self,
+            _first: bool,
+            decide: &mut dyn FnMut(&[Target], bool) -> Step,
+        ) -> (Step, Option<()>) {
+            let targets: Vec<Target> = if self.owners_down {
+                Vec::new()
+            } else {
+                self.nodes
+                    .iter()
+                    .map(|(node, _)| Target {
+                        node: *node,
+                        predicted: None,
+                    })
+                    .collect()
+            };
+            (decide(&targets, self.owners_down), Some(()))
+        }
+
+        async fn send(&self, node: NodeId, _: Option<()>) -> Result<(NodeId, u16), Refused> {
+            let does = self.nodes.iter().find(|(n, _)| *n == node).unwrap().1;
+            match does {
+                Does::Refuses => Err(Refused),
+                Does::Answers(status) => Ok((node, status)),
+                Does::Hangs => std::future::pending().await,
+            }
+        }
+
+        fn status(&self, _: NodeId, head: &(NodeId, u16)) -> (u16, Option<Duration>) {
+            (head.1, None)
+        }
+
+        async fn first_byte(&self, _: &mut (NodeId, u16)) -> Result<(), Refused> {
+            Ok(())
+        }
+
+        fn commit(&self, _: NodeId, head: (NodeId, u16)) -> (NodeId, u16) {
+            head
+        }
+
+        async fn keep(&self, node: NodeId, head: (NodeId, u16)) -> Option<Held> {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            Some(Held {
+                node,
+                status: StatusCode::from_u16(head.1).unwrap(),
+                headers: Headers::Map(headers),
+                body: Bytes::from(format!(r#"{{"error":"the engine said {}"}}"#, head.1)),
+            })
+        }
+
+        fn last_progress(&self, _: NodeId) -> Option<Duration> {
+            None
+        }
+    }
+
+    fn node(i: u128) -> NodeId {
+        NodeId::from_u128(i)
+    }
+
+    /// What the client got and what was recorded, for a request of
+    /// `flavor` whose attempts went as `nodes` do.
+    async fn ended(
+        flavor: ApiFlavor,
+        nodes: Vec<(NodeId, Does)>,
+        config: FailoverConfig,
+        owners_down: bool,
+    ) -> (
+        StatusCode,
+        http::HeaderMap,
+        serde_json::Value,
+        Option<pair_core::JobRecord>,
+    ) {
+        let jobs = Arc::new(pair_jobs::JobLog::in_memory());
+        let st = crate::state::tests::state(
+            pair_runtime::runtime::EventLoops::single(),
+            Arc::clone(&jobs),
+        );
+        let (path, route) = match flavor {
+            ApiFlavor::Ollama => ("/api/chat", "/api/chat"),
+            _ => ("/v1/chat/completions", "/v1/chat/completions"),
+        };
+        let req = Inference {
+            head: RequestHead {
+                method: Method::POST,
+                path_and_query: PathAndQuery::from_static(path),
+                headers: Headers::Map(http::HeaderMap::new()),
+            },
+            body: Bytes::from_static(br#"{"model":"m","messages":[]}"#),
+            flavor,
+            work: Work::Generate,
+            route,
+            received: Instant::now(),
+            key: None,
+        };
+        let mut profile = RequestProfile::new("m", flavor);
+        let job = JobId::from_uuid(uuid::Uuid::from_u128(7));
+        let record = new_record(
+            job,
+            flavor,
+            route,
+            &mut profile.clone(),
+            st.node.id,
+            st.node.id,
+            0,
+        );
+        profile.model = "m".into();
+        let mut pending = PendingJob::new(&st, record, req.received);
+        let hop = FakeHop {
+            t0: req.received,
+            nodes,
+            owners_down,
+        };
+        let mut failover = Failover::new(config);
+        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        let driven = drive(
+            &hop,
+            &mut failover,
+            std::pin::pin!(pair_cluster::Rearmed::new(timer, req.received)),
+        )
+        .await;
+        let Driven::GaveUp { why, kept } = driven else {
+            panic!("the script commits nothing");
+        };
+        let attempts = Attempts {
+            st: &st,
+            req: &req,
+            profile: &profile,
+            job,
+            reach: Reach::Plan(Plan::Cluster),
+            explain: false,
+        };
+        let reply = attempts.gave_up(&mut pending, &failover, why, kept);
+        drop(pending);
+        let status = reply.status;
+        let resp = reply.into_response();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        (status, headers, body, jobs.get(job))
+    }
+
+    fn quick() -> FailoverConfig {
+        FailoverConfig {
+            stall_floor: Duration::from_secs(2),
+            patience: Duration::from_secs(20),
+            ..FailoverConfig::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_engine_answer_is_the_clients_with_its_receipt() {
+        let (status, headers, body, rec) = ended(
+            ApiFlavor::OpenAi,
+            vec![(node(2), Does::Refuses), (node(3), Does::Answers(503))],
+            quick(),
+            false,
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body["error"], "the engine said 503",
+            "the engine's own body"
+        );
+        assert!(headers.get(PAIR_MADE).is_none(), "the engine made it");
+        assert!(headers.contains_key("x-pair-node"), "{headers:?}");
+        let rec = rec.unwrap();
+        assert_eq!(rec.status, JobStatus::Failed);
+        assert_eq!(rec.http_status, Some(503));
+        assert!(rec.attempts >= 2, "{rec:?}");
+        assert_eq!(rec.error.as_deref(), Some("every attempt failed"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hung_nodes_end_in_a_504_naming_each_attempt_in_the_clients_shape() {
+        for flavor in [ApiFlavor::Ollama, ApiFlavor::OpenAi] {
+            let (status, headers, body, rec) = ended(
+                flavor,
+                vec![(node(2), Does::Hangs), (node(3), Does::Refuses)],
+                quick(),
+                false,
+            )
+            .await;
+            assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{flavor:?}: {body}");
+            let message = match flavor {
+                ApiFlavor::Ollama => body["error"].as_str(),
+                _ => body["error"]["message"].as_str(),
+            }
+            .unwrap();
+            assert!(message.contains("(first-byte-timeout)"), "{message}");
+            assert!(message.contains("(connect)"), "{message}");
+            assert!(headers.contains_key(PAIR_MADE), "pair made it");
+            let tried = body["pair"]["attempts"].as_array().unwrap();
+            assert!(tried.len() >= 2, "{body}");
+            assert_eq!(rec.unwrap().status, JobStatus::Failed);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_ends_in_a_504_that_says_so() {
+        let (status, _, body, rec) = ended(
+            ApiFlavor::OpenAi,
+            vec![(node(2), Does::Hangs)],
+            FailoverConfig {
+                deadline: Some(Duration::from_millis(1500)),
+                ..quick()
+            },
+            false,
+        )
+        .await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+        assert_eq!(body["pair"]["deadline_s"], 1.5);
+        assert_eq!(rec.unwrap().error.as_deref(), Some("deadline passed"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn owners_that_stay_down_end_in_a_503_with_retry_after() {
+        let (status, headers, body, rec) = ended(
+            ApiFlavor::Ollama,
+            vec![(node(2), Does::Refuses)],
+            FailoverConfig {
+                patience: Duration::from_secs(3),
+                ..quick()
+            },
+            true,
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "5");
+        assert!(
+            body["error"].as_str().unwrap().contains("is down"),
+            "{body}"
+        );
+        assert_eq!(rec.unwrap().error.as_deref(), Some("no owner up"));
+    }
+}
