@@ -30,6 +30,7 @@ pub mod job;
 pub mod lan;
 pub mod listing;
 pub mod metrics;
+pub(crate) mod outcome;
 pub mod passthrough;
 pub mod pipeline;
 pub mod probe;

@@ -1,0 +1,609 @@
+//! How a request ends when no answer is committed: the client's error in
+//! its API's shape, the route receipt, the job record and the metrics.
+//! Each path is taken only when something failed: `#[cold]` keeps them
+//! out of [`crate::pipeline::execute`]'s code.
+
+use axum::body::Body;
+use http::StatusCode;
+use pair_core::{ClusterSnapshot, JobStatus, NodeId, RequestProfile};
+use pair_http::{Extra, Reply};
+use pair_identity::keys::KeyRecord;
+use pair_scheduler::{Failover, GiveUp};
+use serde_json::json;
+
+use crate::attempt::{Attempts, Held, Inference, PAIR_MADE, Plan};
+use crate::body;
+use crate::error::json_error;
+use crate::job::{PendingJob, millis};
+use crate::receipt::{self, Receipt};
+use crate::state::ProxyState;
+
+/// One dispatch and how it ended, for receipts and error bodies.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attempt {
+    pub node: NodeId,
+    pub name: String,
+    /// An HTTP status or a transport class (`connect`, `first-byte-timeout`).
+    pub outcome: String,
+}
+
+/// A node's name from the snapshot (its short id if it has left).
+pub(crate) fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
+    cluster
+        .node(node)
+        .map_or_else(|| node.short(), |n| n.name.clone())
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) fn bad_deadline(st: &ProxyState, req: &Inference, plan: Plan, why: &str) -> Reply {
+    if plan == Plan::Cluster {
+        st.metrics.count_request(req.route, 400, "none");
+    }
+    json_error(
+        StatusCode::BAD_REQUEST,
+        req.flavor,
+        "invalid_request",
+        why,
+        None,
+    )
+    .into()
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) fn invalid_request(
+    st: &ProxyState,
+    req: &Inference,
+    plan: Plan,
+    e: &body::BodyError,
+) -> Reply {
+    if plan == Plan::Cluster {
+        st.metrics.count_request(req.route, 400, "none");
+    }
+    json_error(
+        StatusCode::BAD_REQUEST,
+        req.flavor,
+        "invalid_request",
+        &e.to_string(),
+        None,
+    )
+    .into()
+}
+
+/// A relayed request for a model this node does not hold: the origin's
+/// view was stale, and a 404 from an advertised owner sends it on to its
+/// next candidate.
+#[cold]
+#[inline(never)]
+pub(crate) fn model_not_here(st: &ProxyState, req: &Inference, profile: &RequestProfile) -> Reply {
+    let mut reply: Reply = json_error(
+        StatusCode::NOT_FOUND,
+        req.flavor,
+        "model_not_found",
+        &format!(
+            "model '{}' not found on node {}",
+            profile.model, st.node.name
+        ),
+        None,
+    )
+    .into();
+    reply
+        .extra
+        .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+    reply
+}
+
+impl Attempts<'_> {
+    /// The request ends with nothing committed: the last answer a node
+    /// gave, or the proxy's own error naming what each node did; recorded.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn gave_up(
+        &self,
+        pending: &mut PendingJob,
+        failover: &Failover,
+        why: GiveUp,
+        held: Option<Held>,
+    ) -> Reply {
+        let (st, req, profile, job) = (&**self.st, self.req, self.profile, self.job);
+        let plan = self.plan();
+        let cluster = &*st.cluster();
+        let attempts: Vec<Attempt> = failover
+            .failed()
+            .iter()
+            .map(|a| Attempt {
+                node: a.node,
+                name: name_of(cluster, a.node),
+                outcome: a.outcome.label().into_owned(),
+            })
+            .collect();
+        let kept_engine_answer = held.is_some() && matches!(why, GiveUp::Exhausted { .. });
+        let (reply, error): (Reply, &'static str) = match (why, held) {
+            (GiveUp::NoCandidate, _) => {
+                // Nothing was tried: no job to record.
+                pending.take();
+                return no_eligible_node(st, req, profile, cluster);
+            }
+            (GiveUp::Deadline, _) => {
+                let d = failover.deadline().unwrap_or_default();
+                let tried: Vec<String> = attempts
+                    .iter()
+                    .map(|a| format!("{} ({})", a.name, a.outcome))
+                    .collect();
+                let resp = json_error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    req.flavor,
+                    "deadline_exceeded",
+                    &format!(
+                        "x-pair-deadline of {} s passed before any node answered '{}'{}",
+                        d.as_secs_f64(),
+                        profile.model,
+                        if tried.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (before that: {})", tried.join(", "))
+                        }
+                    ),
+                    Some(
+                        json!({ "attempts": attempts, "job": job, "deadline_s": d.as_secs_f64() }),
+                    ),
+                );
+                (resp.into(), "deadline passed")
+            }
+            (GiveUp::OwnersGone, _) => {
+                let mut resp = json_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    req.flavor,
+                    "no_owner_up",
+                    &format!(
+                        "every node that serves '{}' is down (its engine unhealthy or the node out of routing), and none came back within {} s",
+                        profile.model,
+                        req.received.elapsed().as_secs()
+                    ),
+                    Some(json!({ "attempts": attempts })),
+                );
+                resp.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("5"),
+                );
+                (resp.into(), "no owner up")
+            }
+            (GiveUp::Exhausted { .. }, Some(held)) => {
+                // The engine's own answer, as it gave it, with the receipt.
+                let name = name_of(cluster, held.node);
+                let mut reply = Reply {
+                    status: held.status,
+                    headers: held.headers,
+                    extra: Extra::new(),
+                    body: Body::from(held.body),
+                };
+                if plan == Plan::Cluster {
+                    reply.extra = Receipt {
+                        node: crate::state::node_receipt(&name, held.node),
+                        attempts: failover.dispatched(),
+                        policy: st.policy().as_str(),
+                        job,
+                        why: None,
+                        model: None,
+                    }
+                    .into_extra();
+                }
+                (reply, "every attempt failed")
+            }
+            (GiveUp::Exhausted { stalled }, None) => {
+                let status = if stalled {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                let tried: Vec<String> = attempts
+                    .iter()
+                    .map(|a| format!("{} ({})", a.name, a.outcome))
+                    .collect();
+                let mut resp = json_error(
+                    status,
+                    req.flavor,
+                    "all_attempts_failed",
+                    &format!(
+                        "every node that serves '{}' failed before answering: {}",
+                        profile.model,
+                        tried.join(", ")
+                    ),
+                    Some(json!({ "attempts": attempts, "job": job })),
+                );
+                resp.headers_mut()
+                    .insert(receipt::ATTEMPTS, receipt::attempts_value(attempts.len()));
+                (resp.into(), "all attempts failed")
+            }
+        };
+        if plan == Plan::Cluster {
+            st.metrics
+                .count_request(req.route, reply.status.as_u16(), "none");
+        }
+        let mut reply = reply;
+        if !kept_engine_answer {
+            reply
+                .extra
+                .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+        }
+        if let Some(mut record) = pending.take() {
+            record.attempts = u8::try_from(failover.dispatched()).unwrap_or(u8::MAX);
+            record.status = JobStatus::Failed;
+            record.http_status = Some(reply.status.as_u16());
+            record.duration_ms = Some(millis(req.received.elapsed()));
+            record.error = Some(error.into());
+            st.finish_job(record);
+        }
+        reply
+    }
+}
+
+/// A key limited to some models asked for another: 404, as if the model
+/// were not there (the key's holder sees only what it may use).
+#[cold]
+#[inline(never)]
+pub(crate) fn key_refuses_model(
+    st: &ProxyState,
+    req: &Inference,
+    key: &KeyRecord,
+    model: &str,
+) -> Reply {
+    st.metrics.count_request(req.route, 404, "none");
+    json_error(
+        StatusCode::NOT_FOUND,
+        req.flavor,
+        "model_not_found",
+        &format!(
+            "model '{model}' not found for API key '{}': it may use {}",
+            key.name,
+            key.models.join(", ")
+        ),
+        None,
+    )
+    .into()
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) fn no_eligible_node(
+    st: &ProxyState,
+    req: &Inference,
+    profile: &RequestProfile,
+    cluster: &ClusterSnapshot,
+) -> Reply {
+    // No node holds it (an owner that is down is waited for): the
+    // client's 404, in its own shape, naming what the cluster holds.
+    st.metrics.count_request(req.route, 404, "none");
+    let models = cluster.model_names();
+    json_error(
+        StatusCode::NOT_FOUND,
+        req.flavor,
+        "model_not_found",
+        &format!(
+            "model '{}' not found: no node in the cluster holds it (nor an alias for it); the cluster holds: {}",
+            profile.model,
+            if models.is_empty() {
+                "no models".to_owned()
+            } else {
+                models.join(", ")
+            }
+        ),
+        Some(json!({ "model": profile.model, "nodes": cluster.len(), "models": models })),
+    )
+    .into()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! How the pipeline ends a request nothing was committed for, from
+    //! what the failover driver ([`pair_scheduler::drive`]) made of a fake
+    //! hop's scripted answers: the client's status and error shape, the
+    //! receipt, and the job record.
+
+    use super::*;
+    use crate::attempt::Reach;
+    use crate::job::new_record;
+    use crate::route::Work;
+    use bytes::Bytes;
+    use http::uri::PathAndQuery;
+    use http::{Method, header};
+    use http_body_util::BodyExt;
+    use pair_core::{ApiFlavor, JobId};
+    use pair_http::RequestHead;
+    use pair_http::h1::Headers;
+    use pair_scheduler::FailoverConfig;
+    use pair_scheduler::drive::Driven;
+    use pair_scheduler::drive::{Classified, Exchange, drive};
+    use pair_scheduler::{Step, Target};
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    /// What a node does with each attempt.
+    #[derive(Clone, Copy, Debug)]
+    enum Does {
+        /// Its connection is refused.
+        Refuses,
+        /// It answers this status (its engine's own error body).
+        Answers(u16),
+        /// Nothing at all.
+        Hangs,
+    }
+
+    struct Refused;
+
+    impl Classified for Refused {
+        fn class(&self) -> &'static str {
+            "connect"
+        }
+        fn transient(&self) -> bool {
+            false
+        }
+    }
+
+    /// A hop whose nodes do as scripted, on tokio's paused clock.
+    struct FakeHop {
+        t0: Instant,
+        nodes: Vec<(NodeId, Does)>,
+        /// Owners that are all down for now (none is offered).
+        owners_down: bool,
+    }
+
+    impl Exchange for FakeHop {
+        type Head = (NodeId, u16);
+        type Answer = (NodeId, u16);
+        type Kept = Held;
+        type Ticket = ();
+        type Error = Refused;
+
+        fn now(&self) -> Duration {
+            self.t0.elapsed()
+        }
+
+        fn sleep_until(&self, at: Duration) -> impl Future<Output = ()> {
+            tokio::time::sleep_until(self.t0 + at)
+        }
+
+        fn choose(
+            &self,
+            _first: bool,
+            decide: &mut dyn FnMut(&[Target], bool) -> Step,
+        ) -> (Step, Option<()>) {
+            let targets: Vec<Target> = if self.owners_down {
+                Vec::new()
+            } else {
+                self.nodes
+                    .iter()
+                    .map(|(node, _)| Target {
+                        node: *node,
+                        predicted: None,
+                    })
+                    .collect()
+            };
+            (decide(&targets, self.owners_down), Some(()))
+        }
+
+        async fn send(&self, node: NodeId, _: Option<()>) -> Result<(NodeId, u16), Refused> {
+            let does = self.nodes.iter().find(|(n, _)| *n == node).unwrap().1;
+            match does {
+                Does::Refuses => Err(Refused),
+                Does::Answers(status) => Ok((node, status)),
+                Does::Hangs => std::future::pending().await,
+            }
+        }
+
+        fn status(&self, _: NodeId, head: &(NodeId, u16)) -> (u16, Option<Duration>) {
+            (head.1, None)
+        }
+
+        async fn first_byte(&self, _: &mut (NodeId, u16)) -> Result<(), Refused> {
+            Ok(())
+        }
+
+        fn commit(&self, _: NodeId, head: (NodeId, u16)) -> (NodeId, u16) {
+            head
+        }
+
+        async fn keep(&self, node: NodeId, head: (NodeId, u16)) -> Option<Held> {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            Some(Held {
+                node,
+                status: StatusCode::from_u16(head.1).unwrap(),
+                headers: Headers::Map(headers),
+                body: Bytes::from(format!(r#"{{"error":"the engine said {}"}}"#, head.1)),
+            })
+        }
+
+        fn last_progress(&self, _: NodeId) -> Option<Duration> {
+            None
+        }
+    }
+
+    fn node(i: u128) -> NodeId {
+        NodeId::from_u128(i)
+    }
+
+    /// What the client got and what was recorded, for a request of
+    /// `flavor` whose attempts went as `nodes` do.
+    async fn ended(
+        flavor: ApiFlavor,
+        nodes: Vec<(NodeId, Does)>,
+        config: FailoverConfig,
+        owners_down: bool,
+    ) -> (
+        StatusCode,
+        http::HeaderMap,
+        serde_json::Value,
+        Option<pair_core::JobRecord>,
+    ) {
+        let jobs = Arc::new(pair_jobs::JobLog::in_memory());
+        let st = crate::state::tests::state(
+            pair_runtime::runtime::EventLoops::single(),
+            Arc::clone(&jobs),
+        );
+        let (path, route) = match flavor {
+            ApiFlavor::Ollama => ("/api/chat", "/api/chat"),
+            _ => ("/v1/chat/completions", "/v1/chat/completions"),
+        };
+        let req = Inference {
+            head: RequestHead {
+                method: Method::POST,
+                path_and_query: PathAndQuery::from_static(path),
+                headers: Headers::Map(http::HeaderMap::new()),
+            },
+            body: Bytes::from_static(br#"{"model":"m","messages":[]}"#),
+            flavor,
+            work: Work::Generate,
+            route,
+            received: Instant::now(),
+            key: None,
+        };
+        let mut profile = RequestProfile::new("m", flavor);
+        let job = JobId::from_uuid(uuid::Uuid::from_u128(7));
+        let record = new_record(
+            job,
+            flavor,
+            route,
+            &mut profile.clone(),
+            st.node.id,
+            st.node.id,
+            0,
+        );
+        profile.model = "m".into();
+        let mut pending = PendingJob::new(&st, record, req.received);
+        let hop = FakeHop {
+            t0: req.received,
+            nodes,
+            owners_down,
+        };
+        let mut failover = Failover::new(config);
+        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        let driven = drive(
+            &hop,
+            &mut failover,
+            std::pin::pin!(pair_cluster::Rearmed::new(timer, req.received)),
+        )
+        .await;
+        let Driven::GaveUp { why, kept } = driven else {
+            panic!("the script commits nothing");
+        };
+        let attempts = Attempts {
+            st: &st,
+            req: &req,
+            profile: &profile,
+            job,
+            reach: Reach::Plan(Plan::Cluster),
+            explain: false,
+        };
+        let reply = attempts.gave_up(&mut pending, &failover, why, kept);
+        drop(pending);
+        let status = reply.status;
+        let resp = reply.into_response();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        (status, headers, body, jobs.get(job))
+    }
+
+    fn quick() -> FailoverConfig {
+        FailoverConfig {
+            stall_floor: Duration::from_secs(2),
+            patience: Duration::from_secs(20),
+            ..FailoverConfig::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_engine_answer_is_the_clients_with_its_receipt() {
+        let (status, headers, body, rec) = ended(
+            ApiFlavor::OpenAi,
+            vec![(node(2), Does::Refuses), (node(3), Does::Answers(503))],
+            quick(),
+            false,
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body["error"], "the engine said 503",
+            "the engine's own body"
+        );
+        assert!(headers.get(PAIR_MADE).is_none(), "the engine made it");
+        assert!(headers.contains_key("x-pair-node"), "{headers:?}");
+        let rec = rec.unwrap();
+        assert_eq!(rec.status, JobStatus::Failed);
+        assert_eq!(rec.http_status, Some(503));
+        assert!(rec.attempts >= 2, "{rec:?}");
+        assert_eq!(rec.error.as_deref(), Some("every attempt failed"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hung_nodes_end_in_a_504_naming_each_attempt_in_the_clients_shape() {
+        for flavor in [ApiFlavor::Ollama, ApiFlavor::OpenAi] {
+            let (status, headers, body, rec) = ended(
+                flavor,
+                vec![(node(2), Does::Hangs), (node(3), Does::Refuses)],
+                quick(),
+                false,
+            )
+            .await;
+            assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{flavor:?}: {body}");
+            let message = match flavor {
+                ApiFlavor::Ollama => body["error"].as_str(),
+                _ => body["error"]["message"].as_str(),
+            }
+            .unwrap();
+            assert!(message.contains("(first-byte-timeout)"), "{message}");
+            assert!(message.contains("(connect)"), "{message}");
+            assert!(headers.contains_key(PAIR_MADE), "pair made it");
+            let tried = body["pair"]["attempts"].as_array().unwrap();
+            assert!(tried.len() >= 2, "{body}");
+            assert_eq!(rec.unwrap().status, JobStatus::Failed);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_ends_in_a_504_that_says_so() {
+        let (status, _, body, rec) = ended(
+            ApiFlavor::OpenAi,
+            vec![(node(2), Does::Hangs)],
+            FailoverConfig {
+                deadline: Some(Duration::from_millis(1500)),
+                ..quick()
+            },
+            false,
+        )
+        .await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+        assert_eq!(body["pair"]["deadline_s"], 1.5);
+        assert_eq!(rec.unwrap().error.as_deref(), Some("deadline passed"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn owners_that_stay_down_end_in_a_503_with_retry_after() {
+        let (status, headers, body, rec) = ended(
+            ApiFlavor::Ollama,
+            vec![(node(2), Does::Refuses)],
+            FailoverConfig {
+                patience: Duration::from_secs(3),
+                ..quick()
+            },
+            true,
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "5");
+        assert!(
+            body["error"].as_str().unwrap().contains("is down"),
+            "{body}"
+        );
+        assert_eq!(rec.unwrap().error.as_deref(), Some("no owner up"));
+    }
+}
