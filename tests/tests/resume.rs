@@ -321,8 +321,9 @@ async fn joined_client(c: &LocalCluster, dir: &std::path::Path) -> pair_sdk::Cli
 /// for cut streams at real engine speed, the time from the last token
 /// before the cut to the first after it, beside the new node's own time
 /// to first token for the same request unbroken; through a node's face
-/// (the node continues the stream) and through the edge SDK (the client
-/// continues it).
+/// (the node continues the stream), through the edge SDK (the client
+/// continues it) and through `pair-client serve` (the client's faces for
+/// unmodified apps).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "prints figures; run on demand"]
 async fn cut_to_first_resumed_token_figures() {
@@ -336,6 +337,37 @@ async fn cut_to_first_resumed_token_figures() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = joined_client(&c, dir.path()).await;
+    // `pair-client serve` on the same (joined) state.
+    let mut child = std::process::Command::new(pair_testkit::node::client_bin())
+        .arg("--state-dir")
+        .arg(dir.path())
+        .args([
+            "serve",
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+        ])
+        .env("PAIR_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start pair-client serve");
+    let stderr = child.stderr.take().unwrap();
+    let _serve = pair_testkit::process::KillOnDrop(child);
+    let mut faces = None;
+    pair_testkit::process::wait_for_output(stderr, Duration::from_secs(30), |line| {
+        let urls: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .collect();
+        if line.starts_with("pair-client serving") && urls.len() == 2 {
+            faces = Some((urls[0].to_owned(), urls[1].to_owned()));
+        }
+        faces.is_some()
+    })
+    .expect("serve did not start");
+    let (serve_ollama, serve_openai) = faces.unwrap();
     // When each token of a stream arrived, and its text.
     async fn tokens<E: std::fmt::Debug>(
         api: Api,
@@ -360,7 +392,8 @@ async fn cut_to_first_resumed_token_figures() {
         (at, text)
     }
     let rounds = 30;
-    for sdk in [false, true] {
+    for via in ["a node's face", "the edge SDK", "pair-client serve"] {
+        let sdk = via == "the edge SDK";
         let (mut gaps, mut ttfts) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let api = [Api::OllamaChat, Api::OpenAiChat][round % 2];
@@ -371,7 +404,16 @@ async fn cut_to_first_resumed_token_figures() {
                 .add(FaultRule::for_model(MODEL, FaultAction::CloseAfterChunks(8)).times(1));
             let timed = |pin: usize| {
                 let node = c.nodes[pin].id.to_string();
-                let url = api.url(&c);
+                let mut url = api.url(&c);
+                if via == "pair-client serve" {
+                    let path = url.split_once("//").unwrap().1;
+                    let path = path[path.find('/').unwrap()..].to_owned();
+                    let face = match api {
+                        Api::OllamaChat => &serve_ollama,
+                        _ => &serve_openai,
+                    };
+                    url = format!("{}{path}", face.trim_end_matches('/'));
+                }
                 let body = api.body(16);
                 let client = &client;
                 async move {
@@ -417,7 +459,7 @@ async fn cut_to_first_resumed_token_figures() {
         println!(
             "through {}: {rounds} cut streams: last token before the cut to the first after: p50 {:?}, p95 {:?}; \
              the new node's own time to first token: p50 {:?}, p95 {:?}",
-            if sdk { "the edge SDK" } else { "a node's face" },
+            via,
             pct(&mut gaps, 0.5),
             pct(&mut gaps, 0.95),
             pct(&mut ttfts, 0.5),
