@@ -338,36 +338,8 @@ async fn cut_to_first_resumed_token_figures() {
     let dir = tempfile::tempdir().unwrap();
     let client = joined_client(&c, dir.path()).await;
     // `pair-client serve` on the same (joined) state.
-    let mut child = std::process::Command::new(pair_testkit::node::client_bin())
-        .arg("--state-dir")
-        .arg(dir.path())
-        .args([
-            "serve",
-            "--ollama-face",
-            "127.0.0.1:0",
-            "--openai-face",
-            "127.0.0.1:0",
-        ])
-        .env("PAIR_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start pair-client serve");
-    let stderr = child.stderr.take().unwrap();
-    let _serve = pair_testkit::process::KillOnDrop(child);
-    let mut faces = None;
-    pair_testkit::process::wait_for_output(stderr, Duration::from_secs(30), |line| {
-        let urls: Vec<&str> = line
-            .split_whitespace()
-            .filter(|w| w.starts_with("http://"))
-            .collect();
-        if line.starts_with("pair-client serving") && urls.len() == 2 {
-            faces = Some((urls[0].to_owned(), urls[1].to_owned()));
-        }
-        faces.is_some()
-    })
-    .expect("serve did not start");
-    let (serve_ollama, serve_openai) = faces.unwrap();
+    let (_serve, serve_ollama, serve_openai) =
+        pair_testkit::node::client_serve(&pair_testkit::node::client_bin(), dir.path());
     // When each token of a stream arrived, and its text.
     async fn tokens<E: std::fmt::Debug>(
         api: Api,

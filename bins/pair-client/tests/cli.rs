@@ -6,11 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use pair_testkit::cluster::{ClusterSpec, LocalCluster};
-use pair_testkit::process::{KillOnDrop, wait_for_output};
 
 fn pair_client(state: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pair-client"))
@@ -130,36 +129,10 @@ fn join_probe_chat_and_serve_unmodified_sdks() {
     assert!(text(&out.stderr).contains("no reachable node serves model 'no-such-model'"));
 
     // Serve: local faces for unmodified apps.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pair-client"))
-        .arg("--state-dir")
-        .arg(state.path())
-        .args([
-            "serve",
-            "--ollama-face",
-            "127.0.0.1:0",
-            "--openai-face",
-            "127.0.0.1:0",
-        ])
-        .env("PAIR_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pair-client serve");
-    let stderr = child.stderr.take().unwrap();
-    let serve = KillOnDrop(child);
-    let mut faces = None;
-    wait_for_output(stderr, Duration::from_secs(30), |line| {
-        let urls: Vec<&str> = line
-            .split_whitespace()
-            .filter(|w| w.starts_with("http://"))
-            .collect();
-        if line.starts_with("pair-client serving") && urls.len() == 2 {
-            faces = Some((urls[0].to_owned(), urls[1].to_owned()));
-        }
-        faces.is_some()
-    })
-    .expect("serve did not start");
-    let (ollama, openai) = faces.unwrap();
+    let (serve, ollama, openai) = pair_testkit::node::client_serve(
+        Path::new(env!("CARGO_BIN_EXE_pair-client")),
+        state.path(),
+    );
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pair-node/tests/sdk/clients.py");
     let py = pair_testkit::env::sdk_python().unwrap_or_else(|e| panic!("{e}"));

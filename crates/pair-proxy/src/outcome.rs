@@ -12,7 +12,6 @@ use pair_scheduler::{Failover, GiveUp};
 use serde_json::json;
 
 use crate::attempt::{Attempts, Held, Inference, PAIR_MADE, Plan};
-use crate::body;
 use crate::error::json_error;
 use crate::job::{PendingJob, millis};
 use crate::receipt::{self, Receipt};
@@ -34,9 +33,11 @@ pub(crate) fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
         .map_or_else(|| node.short(), |n| n.name.clone())
 }
 
+/// A request that is not well formed (its body, its deadline): 400 in
+/// the client's shape, saying what is wrong.
 #[cold]
 #[inline(never)]
-pub(crate) fn bad_deadline(st: &ProxyState, req: &Inference, plan: Plan, why: &str) -> Reply {
+pub(crate) fn bad_request(st: &ProxyState, req: &Inference, plan: Plan, why: &str) -> Reply {
     if plan == Plan::Cluster {
         st.metrics.count_request(req.route, 400, "none");
     }
@@ -45,27 +46,6 @@ pub(crate) fn bad_deadline(st: &ProxyState, req: &Inference, plan: Plan, why: &s
         req.flavor,
         "invalid_request",
         why,
-        None,
-    )
-    .into()
-}
-
-#[cold]
-#[inline(never)]
-pub(crate) fn invalid_request(
-    st: &ProxyState,
-    req: &Inference,
-    plan: Plan,
-    e: &body::BodyError,
-) -> Reply {
-    if plan == Plan::Cluster {
-        st.metrics.count_request(req.route, 400, "none");
-    }
-    json_error(
-        StatusCode::BAD_REQUEST,
-        req.flavor,
-        "invalid_request",
-        &e.to_string(),
         None,
     )
     .into()

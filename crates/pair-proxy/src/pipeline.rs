@@ -44,7 +44,7 @@ use crate::error::json_error;
 use crate::job::{JobWatcher, PendingJob, millis, new_record};
 use crate::listing;
 pub use crate::outcome::Attempt;
-use crate::outcome::{bad_deadline, invalid_request, key_refuses_model, model_not_here, name_of};
+use crate::outcome::{bad_request, key_refuses_model, model_not_here, name_of};
 use crate::passthrough;
 use crate::receipt::Receipt;
 use crate::route::{self, Face, RouteClass};
@@ -280,11 +280,11 @@ pub async fn execute(
     let created_at_ms = unix_ms_at(t0);
     let mut facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
-        Err(e) => return invalid_request(st, &req, plan, &e),
+        Err(e) => return bad_request(st, &req, plan, &e.to_string()),
     };
     let client_deadline = match deadline_of(&req.head.headers) {
         Ok(d) => d,
-        Err(why) => return bad_deadline(st, &req, plan, &why),
+        Err(why) => return bad_request(st, &req, plan, &why),
     };
     let cluster = st.cluster();
     // A model no node holds may be an alias's (a tool's default name):

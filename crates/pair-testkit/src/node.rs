@@ -12,6 +12,43 @@ use serde_json::Value;
 
 use crate::process::{KillOnDrop, wait_for_output};
 
+/// `pair-client serve` (the binary `client`) on the joined client state in
+/// `state`, its faces on ephemeral loopback ports: the process and the
+/// Ollama and OpenAI face URLs it printed.
+pub fn client_serve(client: &Path, state: &Path) -> (KillOnDrop, String, String) {
+    let mut child = Command::new(client)
+        .arg("--state-dir")
+        .arg(state)
+        .args([
+            "serve",
+            "--ollama-face",
+            "127.0.0.1:0",
+            "--openai-face",
+            "127.0.0.1:0",
+        ])
+        .env("PAIR_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pair-client serve");
+    let stderr = child.stderr.take().unwrap();
+    let serve = KillOnDrop(child);
+    let mut faces = None;
+    wait_for_output(stderr, Duration::from_secs(30), |line| {
+        let urls: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .collect();
+        if line.starts_with("pair-client serving") && urls.len() == 2 {
+            faces = Some((urls[0].to_owned(), urls[1].to_owned()));
+        }
+        faces.is_some()
+    })
+    .expect("serve did not start");
+    let (ollama, openai) = faces.unwrap();
+    (serve, ollama, openai)
+}
+
 /// The `pair-node` binary of this build: `PAIR_NODE_BIN`, else the one
 /// beside the test executable's directory (`target/<profile>/pair-node`
 /// for `target/<profile>/deps/<test>`), which cargo builds for pair-node's
