@@ -18,6 +18,7 @@ pub mod job;
 pub mod model;
 pub mod node_info;
 pub mod pressure;
+pub mod prompt;
 pub mod request;
 pub mod snapshot;
 
@@ -30,6 +31,7 @@ pub use job::{EngineTiming, JobRecord, JobStatus, Resumption};
 pub use model::ModelName;
 pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};
+pub use prompt::{Block, ChainBuilder, PromptChain};
 pub use request::{RequestProfile, SessionKey};
 pub use snapshot::{
     Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,

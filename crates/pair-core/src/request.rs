@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ApiFlavor, NodeId};
+use crate::{ApiFlavor, NodeId, PromptChain};
 
 /// Identifies a conversation for session affinity (a hash of whatever the
 /// proxy uses: a header, or the first messages of the chat).
@@ -40,6 +40,11 @@ pub struct RequestProfile {
     pub session: Option<SessionKey>,
     /// A node the user asked for by name; goes first when eligible.
     pub pinned: Option<NodeId>,
+    /// The prompt as engines' caches see it (block hashes, no text): what
+    /// a node already holds of it is not prefilled again. Empty when the
+    /// prompt is not known.
+    #[serde(default, skip_serializing_if = "PromptChain::is_empty")]
+    pub prefix: PromptChain,
 }
 
 impl RequestProfile {
@@ -55,6 +60,7 @@ impl RequestProfile {
             max_output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
             session: None,
             pinned: None,
+            prefix: PromptChain::EMPTY,
         }
     }
 

@@ -1,0 +1,308 @@
+//! A prompt as an engine's KV cache sees it: a chain of blocks, each named
+//! by a hash of everything from the prompt's start to the block's end.
+//!
+//! Because a block's hash covers its whole prefix, two prompts share their
+//! first `k` blocks exactly when their `k`-th hashes are equal, so the
+//! longest common prefix of two chains (or of a chain and a cache that holds
+//! whole prefixes) is found by binary search instead of a walk. This is the
+//! one representation the emulated engines, the simulator and the
+//! scheduler's prefix index share; no prompt text is ever kept, only hashes
+//! and token offsets.
+//!
+//! Two ways to build one:
+//! - from the prompt's bytes ([`ChainBuilder::bytes`]), cut every
+//!   [`BLOCK_BYTES`] (about [`BLOCK_TOKENS`] tokens at four bytes a token),
+//!   as the proxy and the emulated engines do with a request body's
+//!   system prompt, tools and messages;
+//! - from named segments of known length ([`ChainBuilder::segment`]), as
+//!   the simulator does: "the shared 20k-token system prompt", "this
+//!   sub-agent's task", "turn 3's tool result".
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens in a block cut from bytes.
+pub const BLOCK_TOKENS: u32 = 64;
+/// Bytes in a block cut from bytes: four bytes of text per token, the
+/// estimate [`crate::RequestProfile::estimate_tokens_from_bytes`] uses.
+pub const BLOCK_BYTES: usize = BLOCK_TOKENS as usize * 4;
+/// Blocks a chain holds at most (about 262k tokens from bytes): a longer
+/// prompt's tail is not named, so it is never counted as cached.
+pub const MAX_BLOCKS: usize = 4096;
+
+/// One block: the hash of the prompt up to its end, and the prompt's length
+/// in tokens at its end (so a match of `k` blocks caches `chain[k-1].end`
+/// tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Block {
+    pub hash: u64,
+    pub end: u32,
+}
+
+/// A prompt's chain of blocks; cheap to clone (shared).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PromptChain(Option<Arc<[Block]>>);
+
+impl PromptChain {
+    /// The chain of a request whose prompt is not known (embeddings, a body
+    /// that was not scanned): nothing can be cached for it.
+    pub const EMPTY: Self = Self(None);
+
+    pub fn from_blocks(blocks: Vec<Block>) -> Self {
+        if blocks.is_empty() {
+            Self(None)
+        } else {
+            Self(Some(blocks.into()))
+        }
+    }
+
+    pub fn blocks(&self) -> &[Block] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks().len()
+    }
+
+    /// Tokens the chain names (the end of its last block).
+    pub fn tokens(&self) -> u32 {
+        self.blocks().last().map_or(0, |b| b.end)
+    }
+
+    /// Tokens at the end of the first `blocks` blocks.
+    pub fn tokens_at(&self, blocks: usize) -> u32 {
+        match blocks {
+            0 => 0,
+            k => self.blocks().get(k - 1).map_or_else(|| self.tokens(), |b| b.end),
+        }
+    }
+
+    /// How many leading blocks of this chain `held` holds, where
+    /// `held(i, block)` says whether the prefix ending at block `i` is
+    /// held: the largest `k` with `held(k - 1, chain[k-1])`, found by binary
+    /// search. `held` must be monotone along the chain (holding a block
+    /// implies holding every block before it), as a cache of whole prefixes
+    /// is.
+    pub fn matched_blocks(&self, mut held: impl FnMut(usize, &Block) -> bool) -> usize {
+        let blocks = self.blocks();
+        // Invariant: blocks[..lo] held; blocks[hi..] not.
+        let (mut lo, mut hi) = (0usize, blocks.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if held(mid, &blocks[mid]) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Blocks the two chains share from their start.
+    pub fn common_blocks(&self, other: &[Block]) -> usize {
+        self.matched_blocks(|i, b| other.get(i) == Some(b))
+    }
+
+    /// Tokens of this chain's prefix that `other` holds (whole blocks).
+    pub fn common_tokens(&self, other: &[Block]) -> u32 {
+        self.tokens_at(self.common_blocks(other))
+    }
+}
+
+impl Serialize for PromptChain {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.blocks().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptChain {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut blocks = Vec::<Block>::deserialize(d)?;
+        blocks.truncate(MAX_BLOCKS);
+        Ok(Self::from_blocks(blocks))
+    }
+}
+
+/// Builds a [`PromptChain`] from bytes, segments, or both in turn.
+#[derive(Clone)]
+pub struct ChainBuilder {
+    hasher: xxhash_rust::xxh3::Xxh3,
+    /// Bytes fed since the last block boundary.
+    partial: usize,
+    /// Tokens at the last block boundary.
+    end: u32,
+    blocks: Vec<Block>,
+}
+
+impl std::fmt::Debug for ChainBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainBuilder")
+            .field("blocks", &self.blocks.len())
+            .field("tokens", &self.tokens())
+            .finish()
+    }
+}
+
+impl Default for ChainBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChainBuilder {
+    pub fn new() -> Self {
+        Self {
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+            partial: 0,
+            end: 0,
+            blocks: Vec::new(),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.blocks.len() >= MAX_BLOCKS
+    }
+
+    /// Feeds prompt bytes: a block is cut every [`BLOCK_BYTES`].
+    pub fn bytes(&mut self, mut bytes: &[u8]) -> &mut Self {
+        while !bytes.is_empty() && !self.full() {
+            let take = (BLOCK_BYTES - self.partial).min(bytes.len());
+            self.hasher.update(&bytes[..take]);
+            self.partial += take;
+            bytes = &bytes[take..];
+            if self.partial == BLOCK_BYTES {
+                self.cut(BLOCK_TOKENS);
+            }
+        }
+        self
+    }
+
+    /// Ends a run of bytes: the bytes since the last cut become a block of
+    /// their own (so a prompt's tail counts), as they would at the prompt's
+    /// end. Segments and bytes after it continue the chain.
+    pub fn flush(&mut self) -> &mut Self {
+        if self.partial > 0 && !self.full() {
+            let tokens = u32::try_from(self.partial.div_ceil(4)).unwrap_or(BLOCK_TOKENS);
+            self.cut(tokens);
+        }
+        self
+    }
+
+    /// Appends one block of `tokens` tokens whose content is named by `id`
+    /// (the simulator's way: a system prompt, a task, a tool result). Bytes
+    /// fed before it are flushed first.
+    pub fn segment(&mut self, id: u64, tokens: u32) -> &mut Self {
+        self.flush();
+        if !self.full() && tokens > 0 {
+            self.hasher.update(&id.to_le_bytes());
+            self.hasher.update(&tokens.to_le_bytes());
+            self.cut(tokens);
+        }
+        self
+    }
+
+    fn cut(&mut self, tokens: u32) {
+        self.end = self.end.saturating_add(tokens);
+        self.blocks.push(Block {
+            hash: self.hasher.digest(),
+            end: self.end,
+        });
+        self.partial = 0;
+    }
+
+    /// Tokens named so far, the partial block included.
+    pub fn tokens(&self) -> u32 {
+        self.end
+            .saturating_add(u32::try_from(self.partial.div_ceil(4)).unwrap_or(u32::MAX))
+    }
+
+    /// The chain, its trailing partial block included.
+    pub fn finish(mut self) -> PromptChain {
+        self.flush();
+        PromptChain::from_blocks(self.blocks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn of(bytes: &[u8]) -> PromptChain {
+        let mut b = ChainBuilder::new();
+        b.bytes(bytes);
+        b.finish()
+    }
+
+    #[test]
+    fn a_longer_conversation_shares_the_earlier_turns_blocks() {
+        let system = vec![b's'; 20 * BLOCK_BYTES + 17];
+        let mut turn1 = system.clone();
+        turn1.extend_from_slice(&[b'a'; 3 * BLOCK_BYTES]);
+        let mut turn2 = turn1.clone();
+        turn2.extend_from_slice(&[b'b'; 5 * BLOCK_BYTES]);
+        let (c1, c2) = (of(&turn1), of(&turn2));
+        // Every whole block of turn 1 is a block of turn 2; its partial
+        // tail block is not.
+        assert_eq!(c1.len(), 24);
+        assert_eq!(c2.common_blocks(c1.blocks()), 23);
+        assert_eq!(c2.common_tokens(c1.blocks()), 23 * BLOCK_TOKENS);
+        assert_eq!(c1.tokens(), (turn1.len() as u32).div_ceil(4));
+        // Another task after the same system prompt shares the prompt.
+        let mut other = system.clone();
+        other.extend_from_slice(&[b'z'; BLOCK_BYTES]);
+        assert_eq!(of(&other).common_blocks(c1.blocks()), 20);
+    }
+
+    #[test]
+    fn segments_chain_like_bytes() {
+        let mut a = ChainBuilder::new();
+        a.segment(1, 20_000).segment(2, 500);
+        let a = a.finish();
+        let mut b = ChainBuilder::new();
+        b.segment(1, 20_000).segment(3, 500);
+        let b = b.finish();
+        assert_eq!(a.tokens(), 20_500);
+        assert_eq!(a.common_tokens(b.blocks()), 20_000);
+        assert_eq!(a.common_tokens(a.blocks()), 20_500);
+        assert_eq!(PromptChain::EMPTY.common_tokens(a.blocks()), 0);
+        // The same id at another place in the chain is another block.
+        let mut c = ChainBuilder::new();
+        c.segment(2, 500);
+        assert_eq!(c.finish().common_blocks(a.blocks()), 0);
+    }
+
+    #[test]
+    fn chains_are_capped_and_survive_serde() {
+        let long = of(&vec![7u8; (MAX_BLOCKS + 10) * BLOCK_BYTES]);
+        assert_eq!(long.len(), MAX_BLOCKS);
+        let json = serde_json::to_string(&of(b"hello world")).unwrap();
+        let back: PromptChain = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, of(b"hello world"));
+        assert_eq!(serde_json::to_string(&PromptChain::EMPTY).unwrap(), "[]");
+    }
+
+    proptest! {
+        /// The binary search finds the same common prefix as a walk.
+        #[test]
+        fn common_prefix_is_the_walk(
+            shared in 0usize..3000,
+            a in 0usize..3000,
+            b in 0usize..3000,
+        ) {
+            let mut x = vec![1u8; shared];
+            let mut y = x.clone();
+            x.extend(std::iter::repeat_n(2u8, a));
+            y.extend(std::iter::repeat_n(3u8, b));
+            let (cx, cy) = (of(&x), of(&y));
+            let walk = cx.blocks().iter().zip(cy.blocks()).take_while(|(p, q)| p == q).count();
+            prop_assert_eq!(cx.common_blocks(cy.blocks()), walk);
+            prop_assert!(cx.common_tokens(cy.blocks()) as usize * 4 <= shared + 3);
+        }
+    }
+}
