@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
-use pair_core::{ApiFlavor, RequestProfile};
+use pair_core::{ApiFlavor, ChainBuilder, PromptChain, RequestProfile};
 use pair_http::conns::{BodyBudget, ClientDeadlines};
 
 use crate::error::json_error;
@@ -68,6 +68,25 @@ struct RawFields<'a> {
     /// The Responses API's output limit.
     max_output_tokens: Option<u64>,
     num_predict: Option<i64>,
+    /// Where each prompt-bearing field's value is, by [`PromptPart`]; the
+    /// last one where a client repeats it.
+    prompt_at: [Option<(usize, usize)>; PromptPart::COUNT],
+}
+
+/// The top-level fields that carry the prompt, in the order an engine's
+/// template puts them into its context (system, tools, then the turns), so
+/// the chain built from them shares its blocks with the engine's cache.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PromptPart {
+    /// Anthropic's `system`, the Responses API's `instructions`.
+    System,
+    Tools,
+    /// Chat `messages`, generate's `prompt`, the Responses API's `input`.
+    Turns,
+}
+
+impl PromptPart {
+    const COUNT: usize = 3;
 }
 
 /// The fields routing reads: top-level ones, and `num_predict` inside
@@ -82,6 +101,7 @@ enum Field {
     MaxOutputTokens,
     Options,
     NumPredict,
+    Prompt(PromptPart),
     Other,
 }
 
@@ -97,13 +117,34 @@ impl Field {
             (false, b"max_output_tokens") => Field::MaxOutputTokens,
             (false, b"options") => Field::Options,
             (true, b"num_predict") => Field::NumPredict,
+            (false, b"system" | b"instructions") => Field::Prompt(PromptPart::System),
+            (false, b"tools") => Field::Prompt(PromptPart::Tools),
+            (false, b"messages" | b"prompt" | b"input") => Field::Prompt(PromptPart::Turns),
             _ => Field::Other,
         }
     }
 
     /// Bit in the set of fields seen (duplicates are refused).
     fn bit(self) -> u16 {
-        1 << (self as u16)
+        let index = match self {
+            Field::Model => 0,
+            Field::Name => 1,
+            Field::Stream => 2,
+            Field::MaxTokens => 3,
+            Field::MaxCompletionTokens => 4,
+            Field::MaxOutputTokens => 5,
+            Field::Options => 6,
+            Field::NumPredict => 7,
+            Field::Prompt(_) | Field::Other => 8,
+        };
+        1 << index
+    }
+
+    /// Whether a second occurrence is refused: the fields whose value
+    /// routing takes (a prompt field is only hashed, and JSON parsers
+    /// differ on which duplicate wins, so it is left as it was).
+    fn single(self) -> bool {
+        !matches!(self, Field::Prompt(_) | Field::Other)
     }
 }
 
@@ -183,7 +224,7 @@ impl<'a> Scan<'a> {
         loop {
             self.ws();
             let field = self.key(nested)?;
-            if field != Field::Other {
+            if field.single() {
                 if seen & field.bit() != 0 {
                     return self.err("duplicate field");
                 }
@@ -218,6 +259,11 @@ impl<'a> Scan<'a> {
                     } else {
                         self.nullable(|s| s.err::<()>("\"options\" must be an object"))?;
                     }
+                }
+                Field::Prompt(part) => {
+                    let at = self.i;
+                    self.value(1)?;
+                    facts.prompt_at[part as usize] = Some((at, self.i));
                 }
                 Field::Other => self.value(if nested { 2 } else { 1 })?,
             }
@@ -552,6 +598,9 @@ pub struct RequestFacts {
     pub model_at: (usize, usize),
     pub streaming: bool,
     pub max_output_tokens: Option<u32>,
+    /// The prompt's block chain (system, tools, turns; no text kept), what
+    /// a node's cache may hold of it.
+    pub prefix: PromptChain,
 }
 
 /// Bodies above this are scanned off the event loop, so one large request
@@ -599,12 +648,31 @@ pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFact
         .or(facts.max_tokens)
         .or_else(|| facts.num_predict.and_then(|n| u64::try_from(n).ok()))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let prefix = if work == Work::Generate {
+        prompt_chain(body, &facts.prompt_at)
+    } else {
+        PromptChain::EMPTY
+    };
     Ok(RequestFacts {
         model: model.into(),
         model_at,
         streaming,
         max_output_tokens,
+        prefix,
     })
+}
+
+/// The chain of the prompt's fields, in engine order, each field's JSON as
+/// the client wrote it: a client re-sends earlier turns byte for byte, so
+/// a later turn's chain starts with the earlier turn's blocks.
+fn prompt_chain(body: &[u8], at: &[Option<(usize, usize)>; PromptPart::COUNT]) -> PromptChain {
+    let mut chain = ChainBuilder::new();
+    for (start, end) in at.iter().flatten() {
+        if let Some(value) = body.get(*start..*end) {
+            chain.bytes(value);
+        }
+    }
+    chain.finish()
 }
 
 impl RequestFacts {
@@ -613,6 +681,7 @@ impl RequestFacts {
     pub fn profile(self, flavor: ApiFlavor, work: Work, body_len: usize) -> RequestProfile {
         let mut p = RequestProfile::new(self.model, flavor);
         p.streaming = self.streaming;
+        p.prefix = self.prefix;
         p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(body_len);
         p.max_output_tokens = match work {
             Work::Generate => self
@@ -774,6 +843,70 @@ where
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// An Anthropic body as Claude Code sends it: system and tools after
+    /// the turns, the turns growing each time.
+    fn agent_turn(task: &str, turns: usize, max_tokens: u32) -> Vec<u8> {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": task})];
+        for t in 0..turns {
+            messages.push(
+                serde_json::json!({"role": "assistant", "content": format!("call tool {t}")}),
+            );
+            messages.push(
+                serde_json::json!({"role": "user", "content": "tool result ".repeat(60 + t)}),
+            );
+        }
+        serde_json::to_vec(&serde_json::json!({
+            "model": "claude-sonnet",
+            "max_tokens": max_tokens,
+            "messages": messages,
+            "system": "You are a coding agent. ".repeat(400),
+            "tools": [{"name": "Bash", "description": "runs a command ".repeat(200)}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_prompt_chain_follows_engine_order_and_grows_with_the_turns() {
+        let chain = |body: &[u8]| {
+            extract(body, ApiFlavor::Anthropic, Work::Generate)
+                .unwrap()
+                .prefix
+        };
+        let first = chain(&agent_turn("fix the bug", 1, 100));
+        let later = chain(&agent_turn("fix the bug", 4, 32_000));
+        let other = chain(&agent_turn("write the docs", 1, 100));
+        // A later turn holds all the earlier turn's whole blocks (its last,
+        // partial one ends where the turns went on), whatever max_tokens.
+        assert!(first.len() > 40, "{}", first.len());
+        assert_eq!(later.common_blocks(first.blocks()), first.len() - 1);
+        // Another task shares the system prompt and tools (they come first,
+        // as in the engine's context), not the turns.
+        let shared = other.common_tokens(first.blocks());
+        let system_and_tools = ("You are a coding agent. ".len() * 400 + 3_000) as u32 / 4;
+        assert!(
+            shared >= system_and_tools * 9 / 10 && shared < first.tokens(),
+            "{shared} of {}",
+            first.tokens()
+        );
+        // Only generation has a prompt to cache.
+        let body = agent_turn("fix the bug", 1, 100);
+        assert!(
+            extract(&body, ApiFlavor::Anthropic, Work::Embed)
+                .unwrap()
+                .prefix
+                .is_empty()
+        );
+        // A prompt field may repeat (as JSON allows); routing fields may not.
+        assert!(
+            extract(
+                br#"{"model":"m","prompt":"a","prompt":"b"}"#,
+                ApiFlavor::Ollama,
+                Work::Generate
+            )
+            .is_ok()
+        );
+    }
 
     #[test]
     fn reads_model_stream_and_limits() {

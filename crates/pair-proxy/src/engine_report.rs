@@ -7,6 +7,11 @@
 //! `usage`. Speeds learned from these leave out the time a job queued for
 //! a slot, which the node's own clock cannot.
 //!
+//! What it says of its prompt cache corrects the scheduler's prefix index
+//! ([`PromptCache::cached_share`]): llama.cpp's `timings.cache_n`, OpenAI's
+//! `usage.prompt_tokens_details.cached_tokens` (vLLM, llama.cpp), and
+//! Ollama's `prompt_eval_count`, which counts only the tokens it evaluated.
+//!
 //! [`read`] is pure; `stream::LastEvent` keeps the last event of an answer
 //! as it streams past, to read.
 
@@ -19,6 +24,53 @@ pub struct Reported {
     pub prompt_tokens: Option<u32>,
     pub output_tokens: Option<u32>,
     pub timing: Option<EngineTiming>,
+    /// What the engine said of its prompt cache, where it said anything.
+    pub cache: Option<PromptCache>,
+}
+
+/// An engine's account of its prompt cache for one answer, in its own
+/// tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptCache {
+    /// Prompt tokens taken from its cache; `None` where the engine counts
+    /// only what it evaluated (Ollama).
+    pub cached: Option<u32>,
+    /// Prompt tokens it evaluated.
+    pub evaluated: u32,
+}
+
+/// Below this share of the prompt's estimated tokens evaluated, an engine
+/// that counts only what it evaluated (Ollama) is taken to have found the
+/// rest in its cache; above it, the gap is the estimate's error (a body's
+/// JSON is more bytes per token than its text), not a cache hit.
+const EVALUATED_ONLY_HIT: f64 = 0.5;
+
+impl PromptCache {
+    /// The share of the prompt the engine took from its cache, in [0, 1];
+    /// `estimated` is the node's estimate of the prompt in tokens (for an
+    /// engine that does not say how long the prompt was).
+    pub fn cached_share(&self, estimated: u32) -> f64 {
+        let evaluated = f64::from(self.evaluated);
+        match self.cached {
+            Some(cached) => {
+                let total = f64::from(cached) + evaluated;
+                if total > 0.0 {
+                    f64::from(cached) / total
+                } else {
+                    0.0
+                }
+            }
+            None => {
+                let estimated = f64::from(estimated.max(1));
+                let share = evaluated / estimated;
+                if share < EVALUATED_ONLY_HIT {
+                    1.0 - share
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -40,6 +92,13 @@ struct Tail {
 struct Usage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -49,6 +108,7 @@ struct Timings {
     prompt_ms: Option<f64>,
     predicted_n: Option<u64>,
     predicted_ms: Option<f64>,
+    cache_n: Option<u64>,
 }
 
 fn small(n: u64) -> Option<u32> {
@@ -62,6 +122,35 @@ fn ns_to_ms(ns: u64) -> Option<u32> {
 fn float_ms(ms: f64) -> Option<u32> {
     // `as` saturates; NaN and negatives are not durations.
     (ms.is_finite() && ms >= 0.0).then_some(ms as u32)
+}
+
+/// What an answer's last event says of the prompt cache: llama.cpp's
+/// server what it reused and evaluated; Ollama what it evaluated; OpenAI's
+/// usage the prompt whole and the part cached (only with its details:
+/// without them it says nothing of a cache).
+fn prompt_cache(
+    timings: &Timings,
+    usage: &Usage,
+    evaluated_only: Option<u64>,
+) -> Option<PromptCache> {
+    if let (Some(cached), Some(evaluated)) = (timings.cache_n, timings.prompt_n) {
+        return Some(PromptCache {
+            cached: Some(small(cached)?),
+            evaluated: small(evaluated)?,
+        });
+    }
+    if let Some(evaluated) = evaluated_only {
+        return Some(PromptCache {
+            cached: None,
+            evaluated: small(evaluated)?,
+        });
+    }
+    let cached = usage.prompt_tokens_details.as_ref()?.cached_tokens?;
+    let total = usage.prompt_tokens?;
+    Some(PromptCache {
+        cached: Some(small(cached)?),
+        evaluated: small(total.saturating_sub(cached))?,
+    })
 }
 
 /// What the last event of an answer (or a whole answer) reports, if it
@@ -78,7 +167,9 @@ pub fn read(document: &[u8]) -> Option<Reported> {
         .eval_duration
         .and_then(ns_to_ms)
         .or_else(|| timings.predicted_ms.and_then(float_ms));
+    let cache = prompt_cache(&timings, &usage, t.prompt_eval_count);
     let r = Reported {
+        cache,
         prompt_tokens: t
             .prompt_eval_count
             .or(timings.prompt_n)
@@ -133,8 +224,43 @@ mod tests {
             (Some(5), Some(7), None)
         );
         // Nothing reported, not JSON, nonsense durations: nothing.
+        assert_eq!(
+            r.cache, None,
+            "usage without details says nothing of a cache"
+        );
         assert_eq!(read(br#"{"choices":[]}"#), None);
         assert_eq!(read(b"{\"done\":tru"), None);
         assert_eq!(read(br#"{"timings":{"prompt_ms":-1.0}}"#), None);
+    }
+
+    #[test]
+    fn engines_say_what_they_took_from_their_prompt_cache() {
+        let cache = |doc: &[u8]| read(doc).and_then(|r| r.cache);
+        // llama.cpp's server: 1,900 reused, 100 evaluated.
+        let llama =
+            cache(br#"{"timings":{"prompt_n":100,"cache_n":1900,"prompt_ms":9.0}}"#).unwrap();
+        assert_eq!((llama.cached, llama.evaluated), (Some(1900), 100));
+        assert!((llama.cached_share(0) - 0.95).abs() < 1e-9);
+        // OpenAI's usage with details (vLLM, llama.cpp): of 2,000, 1,536.
+        let openai = cache(
+            br#"{"usage":{"prompt_tokens":2000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1536}}}"#,
+        )
+        .unwrap();
+        assert_eq!((openai.cached, openai.evaluated), (Some(1536), 464));
+        assert!((openai.cached_share(10) - 0.768).abs() < 1e-9);
+        // Ollama counts what it evaluated: 120 of an estimated 6,000 means
+        // the rest came from its cache; 4,000 of 6,000 is a cold prompt
+        // whose estimate ran high.
+        let ollama = cache(br#"{"done":true,"prompt_eval_count":120,"eval_count":3}"#).unwrap();
+        assert_eq!((ollama.cached, ollama.evaluated), (None, 120));
+        assert!((ollama.cached_share(6_000) - 0.98).abs() < 1e-9);
+        let cold = cache(br#"{"done":true,"prompt_eval_count":4000}"#).unwrap();
+        assert_eq!(cold.cached_share(6_000), 0.0);
+        // Nothing evaluated and nothing cached: no share to speak of.
+        let none = PromptCache {
+            cached: Some(0),
+            evaluated: 0,
+        };
+        assert_eq!(none.cached_share(100), 0.0);
     }
 }
