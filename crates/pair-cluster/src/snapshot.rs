@@ -163,6 +163,7 @@ impl LocalReport {
         n.vouches = self.trust.vouch_digest(Role::Client);
         n.base_perf = self.base_perf;
         n.bindings = self.bindings.reported(now);
+        n.routed = self.bindings.routed(now);
         n.aliases.clone_from(&self.aliases);
         n.keys = self.keys.digest();
         n

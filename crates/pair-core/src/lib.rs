@@ -31,7 +31,7 @@ pub use job::{EngineTiming, JobRecord, JobStatus, Resumption};
 pub use model::ModelName;
 pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};
-pub use prompt::{Block, ChainBuilder, PromptChain};
+pub use prompt::{Block, ChainBuilder, PromptChain, Routed};
 pub use request::{RequestProfile, SessionKey};
 pub use snapshot::{
     Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,

@@ -78,7 +78,10 @@ impl PromptChain {
     pub fn tokens_at(&self, blocks: usize) -> u32 {
         match blocks {
             0 => 0,
-            k => self.blocks().get(k - 1).map_or_else(|| self.tokens(), |b| b.end),
+            k => self
+                .blocks()
+                .get(k - 1)
+                .map_or_else(|| self.tokens(), |b| b.end),
         }
     }
 
@@ -125,6 +128,103 @@ impl<'de> Deserialize<'de> for PromptChain {
         let mut blocks = Vec::<Block>::deserialize(d)?;
         blocks.truncate(MAX_BLOCKS);
         Ok(Self::from_blocks(blocks))
+    }
+}
+
+/// A prompt a node sent to `node` (itself or a peer) at `at_ms`: that
+/// node's engine now holds it. `seq` counts up from the reporter's start,
+/// so a router applies each one once ([`crate::NodeSnapshot::boot`] tells
+/// a restart).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub seq: u64,
+    pub node: crate::NodeId,
+    pub at_ms: u64,
+    pub prefix: PromptChain,
+}
+
+/// Prompts a report carries at most.
+pub const MAX_ROUTED: usize = 32;
+
+/// The wire form of a report's routed prompts. Prompts of one workload
+/// share long prefixes (an agent's system prompt and tools, a growing
+/// conversation), so each entry names the earlier entry it shares most
+/// with and how many blocks (`base`), and carries only the blocks after
+/// them (`tail`, `[hash, end]` pairs). A peer's malformed entry (a base
+/// that is not earlier, or longer than it) is dropped, not trusted.
+pub mod routed_wire {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{Block, MAX_BLOCKS, MAX_ROUTED, PromptChain, Routed};
+    use crate::NodeId;
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        seq: u64,
+        node: NodeId,
+        at_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base: Option<(usize, usize)>,
+        tail: Vec<(u64, u32)>,
+    }
+
+    pub fn serialize<S: Serializer>(routed: &[Routed], s: S) -> Result<S::Ok, S::Error> {
+        let routed = &routed[..routed.len().min(MAX_ROUTED)];
+        let entries: Vec<Entry> = routed
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let base = routed[..i]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, earlier)| (j, r.prefix.common_blocks(earlier.prefix.blocks())))
+                    .filter(|&(_, k)| k > 0)
+                    .max_by_key(|&(j, k)| (k, std::cmp::Reverse(j)));
+                let shared = base.map_or(0, |(_, k)| k);
+                Entry {
+                    seq: r.seq,
+                    node: r.node,
+                    at_ms: r.at_ms,
+                    base,
+                    tail: r.prefix.blocks()[shared..]
+                        .iter()
+                        .map(|b| (b.hash, b.end))
+                        .collect(),
+                }
+            })
+            .collect();
+        entries.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Routed>, D::Error> {
+        let entries = Vec::<Entry>::deserialize(d)?;
+        // Indexed by entry, kept or not, so a base names the same entry it
+        // named when it was written.
+        let mut chains: Vec<Option<PromptChain>> = Vec::with_capacity(entries.len());
+        let mut out = Vec::new();
+        for (i, e) in entries.into_iter().enumerate().take(MAX_ROUTED) {
+            let mut blocks: Vec<Block> = match e.base {
+                None => Vec::new(),
+                Some((j, k)) => match chains.get(j).filter(|_| j < i).and_then(Option::as_ref) {
+                    Some(base) if k <= base.len() => base.blocks()[..k].to_vec(),
+                    _ => {
+                        chains.push(None);
+                        continue;
+                    }
+                },
+            };
+            blocks.extend(e.tail.iter().map(|&(hash, end)| Block { hash, end }));
+            blocks.truncate(MAX_BLOCKS);
+            let prefix = PromptChain::from_blocks(blocks);
+            chains.push(Some(prefix.clone()));
+            out.push(Routed {
+                seq: e.seq,
+                node: e.node,
+                at_ms: e.at_ms,
+                prefix,
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -285,6 +385,52 @@ mod tests {
         let back: PromptChain = serde_json::from_str(&json).unwrap();
         assert_eq!(back, of(b"hello world"));
         assert_eq!(serde_json::to_string(&PromptChain::EMPTY).unwrap(), "[]");
+    }
+
+    #[test]
+    fn routed_prompts_share_their_prefixes_on_the_wire() {
+        let chain = |task: u64, turns: u64| {
+            let mut b = ChainBuilder::new();
+            b.segment(1, 20_000).segment(task, 500);
+            for t in 0..turns {
+                b.segment(100 * task + t, 1_000);
+            }
+            b.finish()
+        };
+        let node = crate::NodeId::from_u128(9);
+        let routed: Vec<Routed> = [(2, 3), (3, 1), (2, 4), (4, 0)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(task, turns))| Routed {
+                seq: i as u64 + 1,
+                node,
+                at_ms: 1_000 + i as u64,
+                prefix: chain(task, turns),
+            })
+            .collect();
+        let mut snap = crate::NodeSnapshot::new(node, "n");
+        snap.routed = routed.clone();
+        let json = serde_json::to_value(&snap).unwrap();
+        let wire = &json["routed"];
+        // The first carries its whole chain; the others only what is new.
+        assert_eq!(wire[0]["tail"].as_array().unwrap().len(), 5);
+        assert_eq!(wire[1]["base"], serde_json::json!([0, 1]));
+        assert_eq!(wire[2]["base"], serde_json::json!([0, 5]));
+        assert_eq!(wire[2]["tail"].as_array().unwrap().len(), 1);
+        let back: crate::NodeSnapshot = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.routed, routed);
+        // A base that points forward, or past its entry, drops that entry
+        // (and whatever builds on it); the rest stand.
+        let mut bad = json.clone();
+        bad["routed"][1]["base"] = serde_json::json!([3, 1]);
+        bad["routed"][2]["base"] = serde_json::json!([0, 99]);
+        let back: crate::NodeSnapshot = serde_json::from_value(bad).unwrap();
+        assert_eq!(back.routed.len(), 2);
+        assert_eq!(back.routed[0], routed[0]);
+        assert_eq!(back.routed[1], routed[3]);
+        // Without routed prompts, nothing is written.
+        let quiet = serde_json::to_value(crate::NodeSnapshot::new(node, "n")).unwrap();
+        assert!(quiet.get("routed").is_none());
     }
 
     proptest! {

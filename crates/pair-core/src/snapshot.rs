@@ -266,6 +266,16 @@ pub struct NodeSnapshot {
     /// ([`ClusterSnapshot::alias_for`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<crate::ModelAlias>,
+    /// The prompts this node recently sent to a node, oldest first, so
+    /// every router learns what each engine's prompt cache holds (a chain
+    /// that extends an earlier one on the wire carries only its new
+    /// blocks: [`crate::prompt::routed_wire`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::prompt::routed_wire"
+    )]
+    pub routed: Vec<crate::Routed>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -300,6 +310,7 @@ impl NodeSnapshot {
             keys: 0,
             bindings: Vec::new(),
             aliases: Vec::new(),
+            routed: Vec::new(),
         }
     }
 
