@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pair_cluster::{Engaged, LoadGuard};
-use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, RequestProfile};
+use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, PromptChain, RequestProfile};
 use pair_scheduler::ReservationId;
 use tokio::time::Instant;
 
-use crate::engine_report::Reported;
+use crate::engine_report::{PromptCache, Reported};
 use crate::metrics::RouteSlot;
 use crate::state::ProxyState;
 use crate::stream::{Ending, Watcher};
@@ -112,6 +112,31 @@ pub(crate) struct JobWatcher {
     pub(crate) engine: Option<Engaged>,
     /// Where the answer moved after a cut, when it may move.
     pub(crate) resumed: Option<Arc<crate::resume::ResumeLog>>,
+    /// What the prefix index learns from the engine's account of its
+    /// prompt cache, for a request this node routed.
+    pub(crate) cache: Option<CacheNote>,
+}
+
+/// The node an answer came from and the prompt it was given: the engine's
+/// count of cached prompt tokens at the answer's end corrects what the
+/// scheduler believes that node holds of the prompt.
+pub(crate) struct CacheNote {
+    pub(crate) node: NodeId,
+    pub(crate) prefix: PromptChain,
+    /// The node's estimate of the prompt's tokens, for an engine that does
+    /// not say how long the prompt was.
+    pub(crate) estimated: u32,
+}
+
+impl CacheNote {
+    /// Tells the scheduler what the engine found cached, in the chain's
+    /// tokens (the engine counts its own tokens; the share carries over).
+    fn apply(self, st: &ProxyState, cache: PromptCache) {
+        let share = cache.cached_share(self.estimated);
+        // `as` saturates; the share is in [0, 1].
+        let cached = (f64::from(self.prefix.tokens()) * share) as u32;
+        st.note_cached(self.node, &self.prefix, cached);
+    }
 }
 
 impl JobWatcher {
@@ -158,6 +183,14 @@ impl Watcher for JobWatcher {
         rec.output_tokens = (events > 0).then_some(events);
         // The engine's own counts and durations beat the node's estimates.
         if let Some(r) = reported {
+            // An answer that moved after a cut was counted by another
+            // engine than the one noted.
+            if let (Some(note), Some(cache)) = (self.cache.take(), r.cache)
+                && ending == Ending::Completed
+                && rec.resumed.is_empty()
+            {
+                note.apply(&self.st, cache);
+            }
             rec.prompt_tokens = r.prompt_tokens.or(rec.prompt_tokens);
             rec.output_tokens = r.output_tokens.or(rec.output_tokens);
             rec.engine = r.timing;

@@ -41,7 +41,7 @@ pub use crate::attempt::{Inference, PAIR_MADE, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
 use crate::error::json_error;
-use crate::job::{JobWatcher, PendingJob, millis, new_record};
+use crate::job::{CacheNote, JobWatcher, PendingJob, millis, new_record};
 use crate::listing;
 pub use crate::outcome::Attempt;
 use crate::outcome::{bad_request, key_refuses_model, model_not_here, name_of};
@@ -415,6 +415,8 @@ pub async fn execute(
             reservation,
             engine,
             resumed: None,
+            // The origin routed it, and learns from the engine's account.
+            cache: None,
         };
         return Reply {
             status,
@@ -430,6 +432,7 @@ pub async fn execute(
     // snapshot for the metrics and the receipt.
     let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
     st.bind_session(profile.session.or(first_turn), node);
+    st.note_routed(&cluster, node, &profile.prefix);
     let slot = st.metrics.route_slot(req.route);
     if let Some(slot) = slot {
         st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
@@ -445,6 +448,11 @@ pub async fn execute(
         reservation,
         engine,
         resumed,
+        cache: (!profile.prefix.is_empty()).then(|| CacheNote {
+            node,
+            prefix: profile.prefix.clone(),
+            estimated: profile.prompt_tokens,
+        }),
     };
     let body = reading(
         AnswerBody::new(

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use pair_core::{ApiFlavor, ClusterSnapshot, JobRecord, NodeId, RequestProfile, SessionKey};
+use pair_core::{
+    ApiFlavor, ClusterSnapshot, JobRecord, NodeId, PromptChain, RequestProfile, SessionKey,
+};
 use pair_scheduler::predict::predict;
 use pair_scheduler::{
     Candidate, Policy, Ranking, ReservationId, Reservations, Reserved, Scheduler, SchedulerConfig,
@@ -105,6 +107,9 @@ pub struct ProxyState {
     policy: Policy,
     pub load: Arc<LocalLoad>,
     bindings: Arc<Bindings>,
+    /// Per peer, its boot and the last routed prompt applied from its
+    /// reports.
+    routed_seen: Mutex<HashMap<NodeId, (u64, u64)>>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
     /// When the node started, or came back from a pause (a snapshot after
@@ -214,6 +219,7 @@ impl ProxyState {
             http_stack: config.http_stack,
             load: config.load,
             bindings: config.bindings,
+            routed_seen: Mutex::default(),
             jobs,
             metrics: Arc::new(Metrics::new()),
         })
@@ -263,6 +269,7 @@ impl ProxyState {
             s.reservations.sync(&snapshot);
             s.reservations.expire(now);
         });
+        self.learn_routed(&snapshot, now);
         self.metrics
             .peers
             .set(i64::try_from(snapshot.len().saturating_sub(1)).unwrap_or(i64::MAX));
@@ -376,6 +383,51 @@ impl ProxyState {
             self.each_sched(|s| s.scheduler.bind_session(session, node, now));
             self.bindings.bind(session, node, now);
         }
+    }
+
+    /// Remembers that a request whose prompt is `prefix` committed to
+    /// `node`: its engine now holds that prompt, and the next request that
+    /// shares a prefix with it is priced with that prefix cached there.
+    pub fn note_routed(&self, cluster: &ClusterSnapshot, node: NodeId, prefix: &PromptChain) {
+        if prefix.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        self.each_sched(|s| s.scheduler.note_routed(cluster, node, prefix, now));
+        self.bindings.route(node, prefix, now);
+    }
+
+    /// Applies the prompts peers report having routed, each once (by its
+    /// reporter's boot and sequence number): every router's prefix index
+    /// learns what each engine holds, whichever node sent it there.
+    fn learn_routed(&self, snapshot: &ClusterSnapshot, now: u64) {
+        let Ok(mut seen) = self.routed_seen.lock() else {
+            return;
+        };
+        for peer in snapshot.nodes().iter().filter(|n| n.id != self.node.id) {
+            let last = seen.entry(peer.id).or_insert((peer.boot, 0));
+            if last.0 != peer.boot {
+                *last = (peer.boot, 0);
+            }
+            let fresh = peer.routed.iter().filter(|r| r.seq > last.1);
+            let mut newest = last.1;
+            for r in fresh {
+                newest = newest.max(r.seq);
+                self.each_sched(|s| s.scheduler.note_routed(snapshot, r.node, &r.prefix, now));
+            }
+            last.1 = newest;
+        }
+    }
+
+    /// Corrects what `node` is believed to hold of `prefix` by what its
+    /// engine said it found cached (`cached_tokens`, in the chain's
+    /// tokens).
+    pub fn note_cached(&self, node: NodeId, prefix: &PromptChain, cached_tokens: u32) {
+        if prefix.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        self.each_sched(|s| s.scheduler.note_cached(node, prefix, cached_tokens, now));
     }
 
     /// Makes a change to every loop's copy of the scheduler, in one order.

@@ -1,6 +1,8 @@
 //! Criterion benchmarks of `rank_into` for every policy over 8, 64 and 256
 //! nodes (warm output buffer, reservations on a third of the nodes, a bound
-//! session). Numbers and the command live in docs/benchmarks/pair-scheduler.md.
+//! session), and of `predicted-latency` at 8 nodes with the prefix lookup
+//! of a 20k-token prompt (313 blocks) against a populated index. Numbers
+//! and the command live in docs/benchmarks/pair-scheduler.md.
 
 #![allow(missing_docs)]
 
@@ -48,5 +50,44 @@ fn rank(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, rank);
+fn rank_prefix(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rank_prefix");
+    let n = 8;
+    let cluster = common::cluster(n, 42);
+    let mut request = common::request();
+    request.prefix = common::agent_chain(20_000, 0);
+    request.prompt_tokens = request.prefix.tokens();
+    let mut reservations = Reservations::new();
+    for (i, node) in cluster.nodes().iter().enumerate().step_by(3) {
+        reservations.reserve(node.id, &request, 1_000 + i as u64);
+    }
+    let mut scheduler = Scheduler::with_policy(Policy::PredictedLatency);
+    common::populate(&mut scheduler, &cluster, &request.prefix);
+    if let Some(session) = request.session {
+        scheduler.bind_session(session, cluster.nodes()[n / 2].id, 1_000);
+    }
+    let mut ranking = Ranking::with_capacity(n);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    group.bench_function(BenchmarkId::new("predicted-latency", n), |b| {
+        b.iter(|| {
+            scheduler.rank_into(
+                &mut ranking,
+                black_box(&cluster),
+                black_box(&request),
+                &reservations,
+                1_100,
+                &mut rng,
+            );
+            black_box(ranking.first().map(|c| c.node))
+        });
+    });
+    let index = scheduler.prefix();
+    let node = cluster.nodes()[3].id;
+    group.bench_function("cached_tokens/313-blocks", |b| {
+        b.iter(|| index.cached_tokens(black_box(node), black_box(&request.prefix)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, rank, rank_prefix);
 criterion_main!(benches);

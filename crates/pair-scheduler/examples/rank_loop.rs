@@ -2,7 +2,9 @@
 //! (`valgrind --tool=callgrind`), which stay meaningful on a loaded machine
 //! where wall-clock benchmarks do not. See docs/benchmarks/pair-scheduler.md.
 //!
-//! Usage: `rank_loop <policy> <nodes> <iterations>`.
+//! Usage: `rank_loop <policy> <nodes> <iterations> [prefix]`; with
+//! `prefix`, the request carries a 20k-token prompt (313 blocks) looked up
+//! in a populated prefix index.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,18 +19,30 @@ use rand_chacha::rand_core::SeedableRng;
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: rank_loop <policy> <nodes> <iterations>";
+    let usage = "usage: rank_loop <policy> <nodes> <iterations> [prefix]";
     let policy: Policy = args.next().ok_or(usage)?.parse()?;
     let nodes: usize = args.next().ok_or(usage)?.parse()?;
     let iterations: u32 = args.next().ok_or(usage)?.parse()?;
+    let prefix = match args.next().as_deref() {
+        None => false,
+        Some("prefix") => true,
+        Some(_) => return Err(usage.into()),
+    };
 
     let cluster = common::cluster(nodes.max(1), 42);
-    let request = common::request();
+    let mut request = common::request();
+    if prefix {
+        request.prefix = common::agent_chain(20_000, 0);
+        request.prompt_tokens = request.prefix.tokens();
+    }
     let mut reservations = Reservations::new();
     for (i, node) in cluster.nodes().iter().enumerate().step_by(3) {
         reservations.reserve(node.id, &request, 1_000 + i as u64);
     }
     let mut scheduler = Scheduler::with_policy(policy);
+    if prefix {
+        common::populate(&mut scheduler, &cluster, &request.prefix);
+    }
     if let Some(session) = request.session {
         scheduler.bind_session(session, cluster.nodes()[cluster.len() / 2].id, 1_000);
     }

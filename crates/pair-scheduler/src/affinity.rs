@@ -1,5 +1,11 @@
-//! Session affinity: a conversation stays on the node that holds its KV
-//! cache unless another node would answer markedly sooner.
+//! Session affinity as a tie-break: a conversation's turn goes back to the
+//! node it ran on when no other node is predicted clearly sooner.
+//!
+//! The KV cache a conversation left on its node is priced by the
+//! prediction itself (the prefix index: staying prefills the new tokens,
+//! moving the whole context), so the binding no longer has to outweigh a
+//! faster node; it only settles near-ties, where staying costs nothing
+//! and keeps whatever the index does not know about.
 
 use std::collections::BTreeMap;
 
@@ -8,12 +14,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::SchedulerError;
 
+/// The tie margin: a session's home goes first unless another node is
+/// predicted more than this many ms sooner...
+pub const TIE_MARGIN_MS: u32 = 100;
+/// ...and more than this many percent sooner. Small on purpose: prediction
+/// noise, not a price for the cache, which the prediction already counts.
+pub const TIE_MARGIN_PCT: u8 = 10;
+
 /// When a session may leave its node, and how much the table remembers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AffinityConfig {
-    /// Another node must be predicted at least this many ms sooner...
+    /// Another node must be predicted more than this many ms sooner...
+    /// (the tie margin; default [`TIE_MARGIN_MS`])
     pub min_gain_ms: u32,
-    /// ...and at least this many percent sooner, for the session to move.
+    /// ...and more than this many percent sooner, for the session to move
+    /// (default [`TIE_MARGIN_PCT`]).
     pub min_gain_pct: u8,
     /// Sessions remembered; the least recently used is forgotten first.
     pub capacity: usize,
@@ -24,8 +39,8 @@ pub struct AffinityConfig {
 impl Default for AffinityConfig {
     fn default() -> Self {
         Self {
-            min_gain_ms: 500,
-            min_gain_pct: 25,
+            min_gain_ms: TIE_MARGIN_MS,
+            min_gain_pct: TIE_MARGIN_PCT,
             capacity: 4096,
             idle_ttl_ms: 30 * 60 * 1000,
         }
@@ -186,6 +201,21 @@ mod tests {
         );
         assert!(c.should_move(2_000, 1_000));
         assert!(!c.should_move(1_000, 2_000));
+    }
+
+    /// The default is a tie margin, no longer a gate: a node 300 ms and
+    /// 30 % sooner takes the session (the old 500 ms / 25 % kept it).
+    #[test]
+    fn the_default_margin_only_settles_near_ties() {
+        let c = AffinityConfig::default();
+        assert_eq!(
+            (c.min_gain_ms, c.min_gain_pct),
+            (TIE_MARGIN_MS, TIE_MARGIN_PCT)
+        );
+        assert!(c.should_move(1_000, 700));
+        assert!(!c.should_move(1_000, 950), "50 ms is a tie");
+        assert!(!c.should_move(10_000, 9_200), "8 % is a tie");
+        assert!(c.should_move(10_000, 8_800));
     }
 
     #[test]

@@ -12,6 +12,14 @@
 //! A candidate's `Display` is a route receipt, e.g.
 //! `predicted-latency: predicted ttft 122ms = queue 0 + prefill 100 + ...`.
 //!
+//! Prompt caches are seen without engine hooks: the scheduler keeps a
+//! [`PrefixIndex`], per node, of the prompt prefixes (block hashes of a
+//! [`pair_core::PromptChain`]) it sent there, corrected by the cached
+//! token counts the engines report, and `predicted-latency` prices only
+//! the prompt tokens a node lacks (`prefill 100 (20000 cached)`). A
+//! conversation so stays where its context is for as long as that is
+//! soonest, with or without a session.
+//!
 //! # Embedding it in another router
 //!
 //! ```
@@ -56,6 +64,10 @@
 //! let mut request = RequestProfile::new("llama3.1:8b", ApiFlavor::OpenAi);
 //! request.prompt_tokens = 600;
 //! request.max_output_tokens = 200;
+//! // The prompt as engines' caches see it: hashes of its blocks, no text.
+//! let mut chain = pair_scheduler::pair_core::ChainBuilder::new();
+//! chain.bytes(&[b'x'; 2_400]); // the system prompt, tools, messages
+//! request.prefix = chain.finish();
 //! let mut ranking = Ranking::new(); // reuse it: warmed, ranking allocates nothing
 //! let now_ms = 1_010;
 //! scheduler.rank_into(&mut ranking, &cluster, &request, &reservations, now_ms, &mut rng);
@@ -64,6 +76,8 @@
 //! for candidate in &ranking {
 //!     println!("trying {}: {candidate}", candidate.node); // the route receipt
 //!     let reservation = reservations.reserve(candidate.node, &request, now_ms);
+//!     // Dispatched: the node's engine will hold this prompt.
+//!     scheduler.note_routed(&cluster, candidate.node, &request.prefix, now_ms);
 //!     let ok = true; // ... send the request to candidate.node here ...
 //!     reservations.release(reservation, now_ms); // finished (or failed): stop counting it
 //!     if ok {
@@ -75,8 +89,19 @@
 //! let receipt = ranking.first().map(ToString::to_string).unwrap_or_default();
 //! assert!(receipt.starts_with("predicted-latency: predicted total "), "{receipt}");
 //!
+//! // When the answer's usage arrives, correct the index with what the
+//! // engine found cached (OpenAI `prompt_tokens_details.cached_tokens`,
+//! // llama.cpp `timings.cache_n`, Ollama's prompt less `prompt_eval_count`).
+//! let fast = NodeId::from_u128(1);
+//! scheduler.note_cached(fast, &request.prefix, 0, now_ms + 900);
+//! // The next turn re-sends the prompt: the 4090 holds it, and prices
+//! // only the rest.
+//! scheduler.note_routed(&cluster, fast, &request.prefix, now_ms + 1_000);
+//! assert_eq!(scheduler.prefix().cached_tokens(fast, &request.prefix), 600);
+//!
 //! // 4. Multi-turn chats: tell the scheduler where a session landed, and
-//! //    its next turns stay there unless another node is markedly sooner.
+//! //    its next turns go back there unless another node is predicted
+//! //    clearly sooner (a tie-break: the cache is priced already).
 //! request.session = Some(SessionKey(0xC0FFEE));
 //! if let (Some(session), Some(node)) = (request.session, served_by) {
 //!     scheduler.bind_session(session, node, now_ms);
@@ -105,6 +130,7 @@ mod learner;
 mod matcher;
 mod policy;
 pub mod predict;
+pub mod prefix;
 pub mod prior;
 mod ranking;
 mod reservations;
@@ -113,7 +139,7 @@ mod slots;
 
 pub use pair_core;
 
-pub use affinity::AffinityConfig;
+pub use affinity::{AffinityConfig, TIE_MARGIN_MS, TIE_MARGIN_PCT};
 pub use batching::{BatchFit, BatchLearner, Decoded, learned_perf};
 pub use error::SchedulerError;
 pub use failover::{
@@ -122,6 +148,7 @@ pub use failover::{
 };
 pub use learner::{LearnedRates, Observation, PerfLearner};
 pub use policy::Policy;
+pub use prefix::PrefixIndex;
 pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
 pub use reservations::{ReservationId, Reservations, Reserved};
 pub use scheduler::{Scheduler, SchedulerConfig};

@@ -198,7 +198,8 @@ fn unseen_arrivals(
 /// reported one) and `reserved` work dispatched there on top of it;
 /// `age_ms` is how long ago `workload` was seen (0: read live), which
 /// prices the requests other routers may have sent since
-/// ([`unseen_arrivals_ms`]).
+/// ([`unseen_arrivals_ms`]). The whole prompt is priced as prefill; see
+/// [`predict_cached`] for a node that holds part of it.
 pub fn predict(
     node: &NodeSnapshot,
     workload: &Workload,
@@ -206,6 +207,23 @@ pub fn predict(
     request: &RequestProfile,
     reserved: Reserved,
     age_ms: u64,
+) -> Prediction {
+    predict_cached(node, workload, entry, request, reserved, age_ms, 0)
+}
+
+/// [`predict`] for a node believed to hold `cached_tokens` of the prompt
+/// in its KV cache (from [`crate::PrefixIndex::cached_tokens`]): only the
+/// rest is prefilled. Staying and moving are priced alike this way: a
+/// conversation's next turn costs its new tokens where it ran, and its
+/// whole context anywhere else. More cached never predicts slower.
+pub fn predict_cached(
+    node: &NodeSnapshot,
+    workload: &Workload,
+    entry: &ModelEntry,
+    request: &RequestProfile,
+    reserved: Reserved,
+    age_ms: u64,
+    cached_tokens: u32,
 ) -> Prediction {
     let (perf, rates) = rates_for(node, entry);
     let fb = ModelPerf::FALLBACK;
@@ -242,7 +260,10 @@ pub fn predict(
     // delayed by min(r, p) for each prompt ahead with r tokens left; with
     // only running totals known, by at most p per job ahead and never more
     // than the prompt tokens ahead.
-    let prompt = f64::from(request.prompt_tokens);
+    // The prompt's size is an estimate from its bytes, the cached count
+    // whole blocks of the same estimate: never more cached than the prompt.
+    let cached_tokens = cached_tokens.min(request.prompt_tokens);
+    let prompt = f64::from(request.prompt_tokens - cached_tokens);
     let contention = (prefill_ahead as f64).min(prompt * f64::from(jobs_ahead));
     let prefill_ms = (prompt + contention) * 1000.0 / prefill_tps;
     // Once decoding, the request shares the engine with the other streams
@@ -266,6 +287,7 @@ pub fn predict(
         total_ms: 0,
         queue_ms: ms(queue_ms),
         prefill_ms: ms(prefill_ms),
+        cached_tokens,
         decode_ms: ms(decode_ms),
         overhead_ms: perf.overhead_ms,
         load_ms,

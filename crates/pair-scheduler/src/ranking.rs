@@ -186,7 +186,8 @@ impl SortKey {
 pub enum Reason {
     /// The user asked for this node by name.
     Pinned,
-    /// The session last ran here and no other node is markedly sooner.
+    /// The session last ran here and no other node is predicted sooner by
+    /// more than the tie margin.
     Affinity,
     /// Placed by the policy's order.
     Policy(Policy),
@@ -339,6 +340,10 @@ pub struct Prediction {
     /// Prefilling this request's prompt, sharing the engine with the
     /// requests already running.
     pub prefill_ms: u32,
+    /// Prompt tokens the node is believed to hold in its KV cache, left out
+    /// of `prefill_ms`.
+    #[serde(default)]
+    pub cached_tokens: u32,
     /// Generating the answer (0 for [`Metric::FirstToken`]).
     pub decode_ms: u32,
     /// The engine's fixed cost per request.
@@ -390,6 +395,9 @@ impl fmt::Display for Prediction {
             "predicted {what} {}ms = queue {} + prefill {}",
             self.total_ms, self.queue_ms, self.prefill_ms
         )?;
+        if self.cached_tokens > 0 {
+            write!(f, " ({} cached)", self.cached_tokens)?;
+        }
         if self.metric == Metric::WholeAnswer {
             write!(f, " + decode {}", self.decode_ms)?;
         }

@@ -1,13 +1,14 @@
 //! The `Scheduler` value: a policy, its small state (round-robin cursor,
-//! session affinity table) and the ranking pass itself.
+//! session affinity table, prefix index) and the ranking pass itself.
 
-use pair_core::{ClusterSnapshot, NodeId, RequestProfile, SessionKey};
+use pair_core::{ClusterSnapshot, NodeId, PromptChain, RequestProfile, SessionKey};
 use rand_core::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::affinity::AffinityTable;
 use crate::matcher::Wanted;
-use crate::predict::predict;
+use crate::predict::predict_cached;
+use crate::prefix::PrefixIndex;
 use crate::ranking::{Candidate, RateSource, Reason, Score, SortKey};
 use crate::reservations::Reserved;
 use crate::{AffinityConfig, Policy, Ranking, Reservations};
@@ -39,6 +40,7 @@ pub struct Scheduler {
     policy: Policy,
     rr_cursor: u64,
     affinity: Option<AffinityTable>,
+    prefix: PrefixIndex,
 }
 
 impl Default for Scheduler {
@@ -53,6 +55,7 @@ impl Scheduler {
             policy: config.policy,
             rr_cursor: 0,
             affinity: config.affinity.map(AffinityTable::new),
+            prefix: PrefixIndex::new(),
         }
     }
 
@@ -91,10 +94,12 @@ impl Scheduler {
     /// as many candidates as the cluster has nodes, this allocates nothing.
     ///
     /// Order: the pinned node if eligible; then the session's node if
-    /// affinity keeps it; then the policy's order; then any eligible node the
-    /// policy did not order, by node id. `rng` is drawn from only by `p2c`;
+    /// affinity keeps it (a tie-break: no other node predicted clearly
+    /// sooner); then the policy's order; then any eligible node the policy
+    /// did not order, by node id. `rng` is drawn from only by `p2c`;
     /// `now_ms` ages session affinity and, for `predicted-latency`, the
-    /// peers' reported workloads.
+    /// peers' reported workloads. `predicted-latency` prices each node's
+    /// prefill as the prompt tokens its [`PrefixIndex`] says it lacks.
     pub fn rank_into<R: RngCore + ?Sized>(
         &mut self,
         out: &mut Ranking,
@@ -135,6 +140,47 @@ impl Scheduler {
         if let Some(t) = &mut self.affinity {
             t.bind(session, node, now_ms);
         }
+    }
+
+    /// The prefix index `predicted-latency` prices cached prompt tokens
+    /// from.
+    pub fn prefix(&self) -> &PrefixIndex {
+        &self.prefix
+    }
+
+    /// The prefix index, to record, correct or size it directly.
+    pub fn prefix_mut(&mut self) -> &mut PrefixIndex {
+        &mut self.prefix
+    }
+
+    /// Call after dispatching a request whose prompt is `chain` to `node`
+    /// (the node it commits to; a failed attempt's node too, since its
+    /// engine may have prefilled the prompt before failing): the node's
+    /// engine will hold the prompt. Sizes the node's cache from `cluster`
+    /// first when it lists the node.
+    pub fn note_routed(
+        &mut self,
+        cluster: &ClusterSnapshot,
+        node: NodeId,
+        chain: &PromptChain,
+        now_ms: u64,
+    ) {
+        if let Some(n) = cluster.node(node) {
+            self.prefix.set_capacity(node, PrefixIndex::capacity_of(n));
+        }
+        self.prefix.record(node, chain, now_ms);
+    }
+
+    /// Call when `node`'s engine reported how many of `chain`'s prompt
+    /// tokens it found cached (see [`PrefixIndex::correct`]).
+    pub fn note_cached(
+        &mut self,
+        node: NodeId,
+        chain: &PromptChain,
+        cached_tokens: u32,
+        now_ms: u64,
+    ) {
+        self.prefix.correct(node, chain, cached_tokens, now_ms);
     }
 
     /// Forgets a session's node; returns whether it was known.
@@ -229,7 +275,9 @@ impl Scheduler {
                     )
                 }
                 Policy::PredictedLatency => {
-                    let mut p = predict(node, &workload, entry, request, reserved, age_ms);
+                    let cached = self.prefix.cached_tokens(node.id, &request.prefix);
+                    let mut p =
+                        predict_cached(node, &workload, entry, request, reserved, age_ms, cached);
                     p.silent = engine.silent;
                     let key = SortKey {
                         tier: SortKey::POLICY,
@@ -238,7 +286,12 @@ impl Scheduler {
                         // after those it can.
                         class: u8::from(p.suspect || p.silent) * 2 + u8::from(!p.fits_vram),
                         primary: u64::from(p.total_ms),
-                        secondary: u64::from(p.jobs_ahead),
+                        // Equal predictions: fewer jobs ahead, then more
+                        // of the prompt cached (keeps a conversation where
+                        // its context is and the other node's cache free).
+                        secondary: u64::from(p.jobs_ahead.min(63)) << 10
+                            | u64::from(request.prompt_tokens.saturating_sub(p.cached_tokens) >> 8)
+                                .min(1023),
                     };
                     (Score::PredictedLatency(p), key)
                 }
@@ -275,8 +328,10 @@ impl Scheduler {
     }
 
     /// Keeps the session on its node unless the policy's best other node is
-    /// predicted markedly sooner (both bars of [`AffinityConfig`]), or the
-    /// session's node sank (suspect, model does not fit).
+    /// predicted sooner by more than the tie margin (both bars of
+    /// [`AffinityConfig`]), or the session's node sank (suspect, model does
+    /// not fit). The prediction already prices the cache the session left
+    /// on its node, so this only settles near-ties.
     fn apply_affinity(
         &self,
         c: &mut [Candidate],
@@ -748,21 +803,17 @@ mod tests {
     }
 
     #[test]
-    fn affinity_sticks_until_another_node_is_markedly_sooner() {
-        let cfg = SchedulerConfig {
-            policy: Policy::PredictedLatency,
-            affinity: Some(AffinityConfig::new(500, 25, 16, 60_000).unwrap()),
-        };
-        let mut s = Scheduler::new(cfg);
+    fn affinity_breaks_ties_and_gives_way_to_a_clearly_sooner_node() {
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
         let session = pair_core::SessionKey(42);
         let mut r = req(true);
         r.session = Some(session);
         s.bind_session(session, id(2), 0);
         assert_eq!(s.session_node(session, 10), Some(id(2)));
 
-        // Home (2) a little busier than 1: stays (gain under the bars).
+        // Home (2) 60 ms further away than 1, within the tie margin: stays.
         let mut home = node(2, 1, FAST, true);
-        home.workload = decoding(40);
+        home.rtt_us = 60_000;
         let other = node(1, 1, FAST, true);
         let ranked = rank_with(
             &mut s,
@@ -776,9 +827,37 @@ mod tests {
         let p = |i: usize| ranked.candidates()[i].score.prediction().unwrap().total_ms;
         assert!(p(0) > p(1), "affinity, not the prediction, kept it first");
 
-        // Home far busier: the bounded gain is exceeded and the session moves.
+        // Home also busy, about 390 ms (and several times) slower: the old
+        // 500 ms / 25 % gate kept the session; the tie margin does not.
+        home.workload = decoding(40);
+        let ranked = rank_with(
+            &mut s,
+            vec![home.clone(), other.clone()],
+            &r,
+            &Reservations::new(),
+            10,
+        );
+        assert_eq!(order(&ranked), [id(1), id(2)], "{}", ranked.candidates()[1]);
+
+        // A configured margin still acts as a gate.
+        let mut gated = Scheduler::new(SchedulerConfig {
+            policy: Policy::PredictedLatency,
+            affinity: Some(AffinityConfig::new(500, 25, 16, 60_000).unwrap()),
+        });
+        gated.bind_session(session, id(2), 0);
+        let ranked = rank_with(
+            &mut gated,
+            vec![home.clone(), other.clone()],
+            &r,
+            &Reservations::new(),
+            10,
+        );
+        assert_eq!(order(&ranked), [id(2), id(1)]);
+        assert_eq!(ranked.candidates()[0].reason, Reason::Affinity);
+
+        // Home far busier: the session moves under either margin.
         home.workload.decode_tokens = 4_000;
-        let ranked = rank_with(&mut s, vec![home, other], &r, &Reservations::new(), 10);
+        let ranked = rank_with(&mut gated, vec![home, other], &r, &Reservations::new(), 10);
         assert_eq!(order(&ranked), [id(1), id(2)]);
         assert_eq!(
             ranked.candidates()[0].reason,
@@ -789,6 +868,48 @@ mod tests {
         assert_eq!(s.sessions(), 1);
         assert!(s.forget_session(session));
         assert_eq!(s.session_node(session, 10), None);
+    }
+
+    /// A session's context cached on its (slower) node keeps the next turn
+    /// there by the prediction alone: staying prefills the new tokens,
+    /// moving the whole context.
+    #[test]
+    fn the_cache_a_session_left_keeps_it_where_the_tie_margin_would_not() {
+        let slow = ModelPerf {
+            prefill_tps: FAST.prefill_tps / 2.0,
+            decode_tps: FAST.decode_tps / 2.0,
+            ..FAST
+        };
+        let nodes = vec![node(1, 1, FAST, true), node(2, 1, slow, true)];
+        let cluster = ClusterSnapshot::new(1, 0, nodes.clone());
+        let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+        let session = pair_core::SessionKey(9);
+        let mut r = req(true);
+        r.session = Some(session);
+        r.prompt_tokens = 8_000;
+        let mut b = pair_core::ChainBuilder::new();
+        b.segment(1, 7_500).segment(2, 500);
+        r.prefix = b.finish();
+        s.bind_session(session, id(2), 0);
+        // Nothing cached: the fast node is 570 ms sooner and takes it.
+        let ranked = rank(&mut s, nodes.clone(), &r);
+        assert_eq!(order(&ranked), [id(1), id(2)]);
+        // The earlier turns' 7,500 tokens cached on the slow node.
+        let mut earlier = pair_core::ChainBuilder::new();
+        earlier.segment(1, 7_500);
+        s.note_routed(&cluster, id(2), &earlier.finish(), 0);
+        let ranked = rank(&mut s, nodes, &r);
+        assert_eq!(order(&ranked), [id(2), id(1)]);
+        let home = ranked.candidates()[0].score.prediction().copied().unwrap();
+        assert_eq!(home.cached_tokens, 7_500);
+        assert!(home.total_ms < ranked.candidates()[1].score.prediction().unwrap().total_ms);
+        assert!(
+            ranked.candidates()[0]
+                .to_string()
+                .contains("prefill 143 (7500 cached)"),
+            "{}",
+            ranked.candidates()[0]
+        );
     }
 
     #[test]
@@ -803,8 +924,10 @@ mod tests {
             node: id(2),
             at_ms: 5,
         });
+        // The home a little slower than the others (60 ms further away),
+        // within the tie margin, so only the binding puts it first.
         let mut home = node(2, 1, FAST, true);
-        home.workload = decoding(40);
+        home.rtt_us = 60_000;
         // Node 3 has no binding of its own, and follows the report.
         let mut s = Scheduler::with_policy(Policy::PredictedLatency);
         let nodes = vec![entry.clone(), home.clone(), node(3, 1, FAST, true)];
@@ -867,7 +990,7 @@ mod tests {
             nodes.rotate_left(rotate);
             let b = first(nodes);
             proptest::prop_assert_eq!(a, b);
-            // The newest claim is the home; it is kept unless markedly slower.
+            // The newest claim is the home; it is kept unless clearly slower (the tie margin).
             if let Some(newest) = claims.iter().max_by_key(|c| (c.2, std::cmp::Reverse(c.1)))
                 && a.1 == Reason::Affinity
             {

@@ -1,5 +1,6 @@
 //! Heap check: once its output buffer is warm, `rank_into` allocates nothing,
-//! for every policy, with reservations, a pin and a bound session in play.
+//! for every policy, with reservations, a pin, a bound session and a
+//! populated prefix index looked up for a 20k-token prompt in play.
 //!
 //! Runs without libtest's harness (`harness = false`): the harness's own
 //! threads allocate now and then, and dhat counts every thread.
@@ -28,6 +29,8 @@ fn a_warmed_rank_into_allocates_nothing() {
 
     let cluster = common::cluster(64, 11);
     let mut request = common::request();
+    request.prefix = common::agent_chain(20_000, 0);
+    request.prompt_tokens = request.prefix.tokens();
     request.pinned = Some(cluster.nodes()[3].id);
     let mut reservations = Reservations::new();
     for (i, node) in cluster.nodes().iter().enumerate().step_by(3) {
@@ -37,6 +40,7 @@ fn a_warmed_rank_into_allocates_nothing() {
 
     for policy in Policy::ALL {
         let mut scheduler = Scheduler::with_policy(policy);
+        common::populate(&mut scheduler, &cluster, &request.prefix);
         if let Some(session) = request.session {
             scheduler.bind_session(session, cluster.nodes()[10].id, 1_000);
         }
@@ -50,6 +54,14 @@ fn a_warmed_rank_into_allocates_nothing() {
             &mut rng,
         );
         assert!(ranking.len() > 10, "the fixture must exercise real work");
+        if policy == Policy::PredictedLatency {
+            let cached = ranking
+                .iter()
+                .filter_map(|c| c.score.prediction())
+                .filter(|p| p.cached_tokens > 0)
+                .count();
+            assert!(cached > 5, "the lookup must find cached prefixes");
+        }
 
         let before = dhat::HeapStats::get();
         for now in 0..20 {

@@ -554,3 +554,99 @@ proptest! {
         prop_assert_eq!(price(jobs, age.min(MAX_VIEW_AGE_MS)), p);
     }
 }
+
+/// A chain of `blocks` 64-token blocks, the first `shared` of them common
+/// to every `family` (a shared system prompt), the rest the family's own.
+fn family_chain(
+    family: u64,
+    shared: usize,
+    blocks: usize,
+) -> pair_scheduler::pair_core::PromptChain {
+    let mut b = pair_scheduler::pair_core::ChainBuilder::new();
+    for i in 0..blocks {
+        let owner = if i < shared { 0 } else { family + 1 };
+        b.segment(owner << 32 | i as u64, 64);
+    }
+    b.finish()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// The same node, the same moment, more of the prompt cached: never
+    /// predicted slower, and the receipt still adds up.
+    #[test]
+    fn a_longer_cached_prefix_never_predicts_a_node_slower(
+        c in case(),
+        a in 0u32..5_000,
+        b in 0u32..5_000,
+        age in 0u64..6_000,
+    ) {
+        let (less, more) = (a.min(b), a.max(b));
+        for n in c.cluster.nodes() {
+            let Some((_, entry)) = n.find_model(&c.request.model, c.request.flavor) else {
+                continue;
+            };
+            let at = |cached| pair_scheduler::predict::predict_cached(
+                n, &n.workload, entry, &c.request, pair_scheduler::Reserved::default(), age, cached,
+            );
+            let (p, q) = (at(less), at(more));
+            prop_assert!(q.total_ms <= p.total_ms, "{} cached: {}; {} cached: {}", less, p, more, q);
+            prop_assert!(q.prefill_ms <= p.prefill_ms);
+            prop_assert!(q.cached_tokens <= c.request.prompt_tokens);
+            prop_assert_eq!(at(0), pair_scheduler::predict::predict(
+                n, &n.workload, entry, &c.request, pair_scheduler::Reserved::default(), age,
+            ));
+        }
+    }
+
+    /// The prefix index is plain data: the same records and corrections
+    /// give the same ranking, from a clone or from a scheduler that saw
+    /// them again, for every policy.
+    #[test]
+    fn ranking_is_deterministic_for_a_snapshot_and_an_index(
+        c in case(),
+        ops in prop::collection::vec((any::<usize>(), 0u64..4, 1usize..40, prop::option::of(0u32..3_000)), 0..24),
+        family in 0u64..4,
+        seed in any::<u64>(),
+    ) {
+        let ids: Vec<NodeId> = c.cluster.nodes().iter().map(|n| n.id).collect();
+        let mut request = c.request.clone();
+        request.prefix = family_chain(family, 8, 32);
+        request.prompt_tokens = request.prefix.tokens();
+        for policy in Policy::ALL {
+            let build = || {
+                let mut s = Scheduler::with_policy(policy);
+                for (at, &(i, fam, len, cached)) in ops.iter().enumerate() {
+                    if ids.is_empty() {
+                        break;
+                    }
+                    let node = ids[i % ids.len()];
+                    let chain = family_chain(fam, 8, len);
+                    s.note_routed(&c.cluster, node, &chain, at as u64);
+                    if let Some(cached) = cached {
+                        s.note_cached(node, &chain, cached, at as u64);
+                    }
+                }
+                s
+            };
+            let (mut s1, mut s2) = (build(), build());
+            let mut s3 = s1.clone();
+            let mut ranks = [&mut s1, &mut s2, &mut s3].map(|s| {
+                s.rank(&c.cluster, &request, &c.reservations, 100, &mut ChaCha8Rng::seed_from_u64(seed))
+            });
+            let first = ranks[0].clone();
+            for r in &mut ranks[1..] {
+                prop_assert_eq!(&first, &*r, "{}", policy);
+            }
+            for cand in &first {
+                if let Some(p) = cand.score.prediction() {
+                    prop_assert_eq!(
+                        p.cached_tokens,
+                        s1.prefix().cached_tokens(cand.node, &request.prefix).min(request.prompt_tokens)
+                    );
+                }
+            }
+        }
+    }
+}

@@ -3,9 +3,11 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use pair_scheduler::Scheduler;
 use pair_scheduler::pair_core::{
     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
-    ModelName, ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, SessionKey, Workload,
+    ModelName, ModelPerf, NodeId, NodeSnapshot, Pressure, PromptChain, RequestProfile, SessionKey,
+    Workload,
 };
 
 pub const MODEL: &str = "llama3.1:8b";
@@ -97,4 +99,29 @@ pub fn request() -> RequestProfile {
     r.max_output_tokens = 256;
     r.session = Some(SessionKey(7));
     r
+}
+
+/// A coding agent's prompt of about `tokens` tokens as the proxy would cut
+/// it from the body's bytes (64-token blocks: a 20k-token prompt is 313);
+/// `variant` changes everything after the first half.
+pub fn agent_chain(tokens: usize, variant: u8) -> PromptChain {
+    let mut bytes = vec![b's'; tokens * 2];
+    bytes.extend(std::iter::repeat_n(b'a' + variant, tokens * 2));
+    let mut b = pair_scheduler::pair_core::ChainBuilder::new();
+    b.bytes(&bytes);
+    b.finish()
+}
+
+/// Records, on every node of `cluster`, a different share of `chain` (none
+/// to all of it) and another conversation beside it, so lookups meet hits,
+/// partial hits and misses.
+pub fn populate(scheduler: &mut Scheduler, cluster: &ClusterSnapshot, chain: &PromptChain) {
+    let other = agent_chain(chain.tokens() as usize, 9);
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        let blocks = chain.blocks();
+        let keep = blocks.len() * (i % 5) / 4;
+        let share = PromptChain::from_blocks(blocks[..keep].to_vec());
+        scheduler.note_routed(cluster, node.id, &other, 900);
+        scheduler.note_routed(cluster, node.id, &share, 900 + i as u64);
+    }
 }

@@ -1,0 +1,303 @@
+//! The prefix index end to end: a conversation stays where its context is
+//! cached without any session header, and the index stays bounded and
+//! prefix-closed under any sequence of records and corrections.
+
+// Strategy helpers outside `#[test]` functions unwrap values they just built.
+#![allow(clippy::unwrap_used)]
+
+use pair_scheduler::pair_core::{
+    ApiFlavor, ChainBuilder, ClusterSnapshot, EngineKind, EngineSnapshot, ModelEntry, ModelName,
+    ModelPerf, NodeId, NodeSnapshot, PromptChain, RequestProfile, Workload,
+};
+use pair_scheduler::prefix::{MAX_BLOCKS_PER_NODE, MAX_NODES};
+use pair_scheduler::{Policy, PrefixIndex, Reservations, Scheduler};
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::SeedableRng;
+
+const FAST: ModelPerf = ModelPerf {
+    prefill_tps: 4_000.0,
+    decode_tps: 80.0,
+    load_ms: 2_000,
+    overhead_ms: 20,
+    batch_exponent: None,
+};
+/// Half as fast at everything.
+const SLOW: ModelPerf = ModelPerf {
+    prefill_tps: 2_000.0,
+    decode_tps: 40.0,
+    load_ms: 2_000,
+    overhead_ms: 20,
+    batch_exponent: None,
+};
+
+fn node(n: u128, perf: ModelPerf) -> NodeSnapshot {
+    let mut s = NodeSnapshot::new(NodeId::from_u128(n), format!("n{n}"));
+    s.engines.push(EngineSnapshot {
+        kind: EngineKind::Ollama,
+        healthy: true,
+        silent: false,
+        continues_chat: None,
+        slots: 1,
+        models: vec![ModelEntry {
+            name: ModelName::new("qwen2.5-coder").unwrap(),
+            size_bytes: Some(4_000_000_000),
+            loaded: true,
+            perf: Some(perf),
+            learned: false,
+        }],
+    });
+    s
+}
+
+/// Turn `turn` (from 1) of a conversation with a 2k-token opening context
+/// that grows by `growth` tokens each turn (the previous answer, a tool
+/// result, the next question).
+fn turn_chain(turn: u32, growth: u32) -> PromptChain {
+    let mut b = ChainBuilder::new();
+    b.segment(1, 2_000);
+    for t in 1..turn {
+        b.segment(100 + u64::from(t), growth);
+    }
+    b.finish()
+}
+
+/// Routes 10 turns of one conversation (no session header), recording each
+/// dispatch in the index; the fast node is busy for the first turn only
+/// when `fast_busy_first`. Returns where each turn went.
+fn converse(fast_busy_first: bool, streaming: bool, growth: u32) -> Vec<NodeId> {
+    let idle = ClusterSnapshot::new(1, 0, vec![node(1, FAST), node(2, SLOW)]);
+    let mut busy_fast = node(1, FAST);
+    busy_fast.workload = Workload {
+        running: 1,
+        decode_tokens: 2_000,
+        ..Workload::default()
+    };
+    let busy = ClusterSnapshot::new(1, 0, vec![busy_fast, node(2, SLOW)]);
+    let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut served = Vec::new();
+    for turn in 1..=10u32 {
+        let cluster = if turn == 1 && fast_busy_first {
+            &busy
+        } else {
+            &idle
+        };
+        let mut r = RequestProfile::new("qwen2.5-coder", ApiFlavor::OpenAi);
+        r.streaming = streaming;
+        r.max_output_tokens = 300;
+        r.prefix = turn_chain(turn, growth);
+        r.prompt_tokens = r.prefix.tokens();
+        let now = u64::from(turn) * 10_000;
+        let ranked = s.rank(cluster, &r, &Reservations::new(), now, &mut rng);
+        let first = ranked.first().unwrap();
+        served.push(first.node);
+        s.note_routed(cluster, first.node, &r.prefix, now);
+    }
+    served
+}
+
+/// Whether at least 90 % of the turns after the first stayed on the
+/// first turn's node.
+fn stayed(served: &[NodeId]) -> bool {
+    let home = served[0];
+    let kept = served[1..].iter().filter(|n| **n == home).count();
+    kept * 10 >= (served.len() - 1) * 9
+}
+
+/// The guard: in a two-node cluster, one node twice as fast, a 10-turn
+/// streamed conversation (a coding agent's) stays on the node that holds
+/// its context for at least 90 % of its later turns, on the index alone
+/// (no session header), even when that node is the slower one; with
+/// contexts growing by 400 tokens a turn or by 2k.
+#[test]
+fn a_conversation_stays_where_its_context_is_cached_without_a_session() {
+    for growth in [400, 2_000] {
+        for fast_busy_first in [false, true] {
+            let served = converse(fast_busy_first, true, growth);
+            let want = NodeId::from_u128(if fast_busy_first { 2 } else { 1 });
+            assert_eq!(served[0], want, "the first turn goes where it is soonest");
+            assert!(
+                stayed(&served),
+                "growth {growth}, fast busy first {fast_busy_first}: {served:?}"
+            );
+        }
+    }
+}
+
+/// Whole answers are priced alike: on the faster node they stay; on a
+/// node that decodes half as fast, a 300-token answer costs seconds more
+/// than prefilling the context again, so the conversation moves once, to
+/// the faster node, and stays there.
+#[test]
+fn a_whole_answer_conversation_moves_once_when_decoding_outweighs_the_cache() {
+    let served = converse(false, false, 400);
+    assert!(stayed(&served), "{served:?}");
+    let served = converse(true, false, 400);
+    let (slow, fast) = (NodeId::from_u128(2), NodeId::from_u128(1));
+    assert_eq!(served[0], slow);
+    assert!(served[1..].iter().all(|n| *n == fast), "{served:?}");
+}
+
+/// Without the index the same conversation leaves the slower node at once:
+/// the guard above holds because of the cache pricing, not by accident.
+#[test]
+fn without_the_index_the_slower_home_is_left() {
+    let idle = ClusterSnapshot::new(1, 0, vec![node(1, FAST), node(2, SLOW)]);
+    let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+    let mut r = RequestProfile::new("qwen2.5-coder", ApiFlavor::OpenAi);
+    r.streaming = true;
+    r.prefix = turn_chain(2, 400);
+    r.prompt_tokens = r.prefix.tokens();
+    let ranked = s.rank(
+        &idle,
+        &r,
+        &Reservations::new(),
+        0,
+        &mut ChaCha8Rng::seed_from_u64(3),
+    );
+    assert_eq!(ranked.first().unwrap().node, NodeId::from_u128(1));
+    // With turn 1 recorded on the slow node, turn 2 stays there.
+    s.note_routed(&idle, NodeId::from_u128(2), &turn_chain(1, 400), 0);
+    let ranked = s.rank(
+        &idle,
+        &r,
+        &Reservations::new(),
+        0,
+        &mut ChaCha8Rng::seed_from_u64(3),
+    );
+    let first = ranked.first().unwrap();
+    assert_eq!(first.node, NodeId::from_u128(2), "{first}");
+    assert!(first.to_string().contains("(2000 cached)"), "{first}");
+}
+
+/// A chain in one of a few families sharing their first blocks, with
+/// uneven block sizes.
+fn chain(family: u64, len: usize) -> PromptChain {
+    let mut b = ChainBuilder::new();
+    for i in 0..len {
+        let owner = if i < 3 { 0 } else { family + 1 };
+        b.segment(owner << 32 | i as u64, 50 + (i as u32 * 37) % 400);
+    }
+    b.finish()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Record(u8, u64, usize),
+    Correct(u8, u64, usize, u32),
+    Capacity(u8, u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, 0u64..5, 1usize..60).prop_map(|(n, f, l)| Op::Record(n, f, l)),
+        2 => (0u8..6, 0u64..5, 1usize..60, 0u32..20_000).prop_map(|(n, f, l, c)| Op::Correct(n, f, l, c)),
+        1 => (0u8..6, 0u64..30_000).prop_map(|(n, c)| Op::Capacity(n, c)),
+    ]
+}
+
+fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), TestCaseError> {
+    prop_assert!(ix.nodes() <= max_nodes);
+    for n in 0..6u8 {
+        let id = NodeId::from_u128(u128::from(n));
+        prop_assert!(ix.blocks(id) <= max_blocks);
+        if let Some(cap) = ix.capacity(id) {
+            prop_assert!(
+                ix.held_tokens(id) <= cap,
+                "{} > {}",
+                ix.held_tokens(id),
+                cap
+            );
+        }
+        // Prefix-closed: the binary search agrees with a walk on every
+        // chain, and nothing is held past the first gap.
+        for family in 0..5 {
+            let c = chain(family, 60);
+            let walk = c
+                .blocks()
+                .iter()
+                .take_while(|b| ix.holds(id, b.hash))
+                .count();
+            prop_assert_eq!(ix.cached_tokens(id, &c), c.tokens_at(walk));
+            prop_assert!(
+                c.blocks()[walk..].iter().all(|b| !ix.holds(id, b.hash)),
+                "node {} family {}: a block held past the first gap at {}",
+                n,
+                family,
+                walk
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Under any sequence of records, corrections and resizings the index
+    /// stays within its caps and capacities, and stays prefix-closed (so
+    /// its binary search is exact); the last correction is what it holds.
+    #[test]
+    fn the_index_stays_bounded_and_prefix_closed(
+        ops in prop::collection::vec(op(), 0..80),
+        tight in any::<bool>(),
+    ) {
+        let (max_nodes, max_blocks) = if tight { (3, 40) } else { (MAX_NODES, MAX_BLOCKS_PER_NODE) };
+        let mut ix = if tight { PrefixIndex::with_limits(3, 40) } else { PrefixIndex::new() };
+        for (at, op) in ops.into_iter().enumerate() {
+            let at = at as u64;
+            let id = |n: u8| NodeId::from_u128(u128::from(n));
+            match op {
+                Op::Record(n, f, l) => ix.record(id(n), &chain(f, l), at),
+                Op::Correct(n, f, l, cached) => {
+                    let c = chain(f, l);
+                    ix.correct(id(n), &c, cached, at);
+                    // The chain just run is held whole, unless the cache
+                    // cannot hold it (or lookups are distrusted).
+                    let fits = u64::from(c.tokens()) <= ix.capacity(id(n)).unwrap_or(0)
+                        && c.len() <= max_blocks;
+                    if fits && !ix.distrusted(id(n)) {
+                        prop_assert_eq!(ix.cached_tokens(id(n), &c), c.tokens());
+                    }
+                    // Other prompts through the first block past the report
+                    // are gone, beyond this chain's own blocks.
+                    let k = c.blocks().iter().take_while(|b| b.end <= cached).count();
+                    for other in 0..5 {
+                        let o = chain(other, 60);
+                        if k < c.len() && o.blocks().get(k) == c.blocks().get(k) {
+                            let own = o.common_blocks(c.blocks());
+                            prop_assert!(o.blocks()[own..].iter().all(|b| !ix.holds(id(n), b.hash)));
+                        }
+                    }
+                }
+                Op::Capacity(n, cap) => ix.set_capacity(id(n), cap),
+            }
+            check(&ix, max_nodes, max_blocks)?;
+        }
+    }
+}
+
+/// A flood of distinct long chains on many nodes stays within the hard
+/// caps at their real sizes.
+#[test]
+fn a_flood_stays_within_the_hard_caps() {
+    let mut ix = PrefixIndex::new();
+    for n in 0..(MAX_NODES as u128 + 5) {
+        ix.set_capacity(NodeId::from_u128(n), u64::MAX);
+        for f in 0..4u64 {
+            let mut b = ChainBuilder::new();
+            for i in 0..3_000u64 {
+                b.segment(f << 32 | i, 64);
+            }
+            ix.record(NodeId::from_u128(n), &b.finish(), n as u64);
+        }
+        assert!(ix.blocks(NodeId::from_u128(n)) <= MAX_BLOCKS_PER_NODE);
+    }
+    assert_eq!(ix.nodes(), MAX_NODES);
+    assert_eq!(ix.blocks(NodeId::from_u128(0)), 0, "the oldest node went");
+    assert_eq!(
+        ix.blocks(NodeId::from_u128(MAX_NODES as u128 + 4)),
+        MAX_BLOCKS_PER_NODE
+    );
+}
