@@ -540,6 +540,9 @@ async fn a_session_sticks_to_the_node_it_ran_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_sticks_to_its_node_without_a_header() {
     let c = warm_cluster(&["rtx4090", "rtx3060", "rtx3060"], 0.05).await;
+    // Until every node's speed is learned, a request may be sent to learn
+    // one: the scheduler's usual pick is only known after.
+    wait_learned(&c, "llama3.2:3b").await;
     let urls: Vec<String> = c
         .nodes
         .iter()
@@ -937,6 +940,67 @@ async fn requests_at_the_same_instant_each_see_the_ones_before() {
             let want: Vec<u32> = (0..u32::try_from(aheads.len()).unwrap()).collect();
             assert_eq!(aheads, want, "round {round}, node {node}: {seen:?}");
         }
+    }
+    c.stop().await;
+}
+
+/// Sub-agents of a coding agent share a long system prompt and tools and
+/// differ in their task: each goes where that prefix is cached, not only
+/// a conversation's later turns, and its receipt says how much of it was
+/// cached. The first is pinned to a node the scheduler would not pick on
+/// its own, so the test can tell a cached prefix from the scheduler's
+/// usual choice; a prompt that shares nothing is credited with nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_sharing_a_system_prompt_go_where_it_is_cached() {
+    let c = identical_warm_cluster(3, 0.05).await;
+    wait_learned(&c, "llama3.2:3b").await;
+    let url = format!("{}/v1/chat/completions", c.nodes[0].openai_url());
+    // About 12k tokens of system prompt and tools, as an agent sends them.
+    let system = "You are a coding agent. Use the tools to read and edit files. ".repeat(750);
+    let ask = |system: String, task: String, pin: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut req = http().post(url).header("x-pair-explain", "1").json(&json!({
+                "model": "llama3.2:3b", "max_tokens": 4,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": task}],
+            }));
+            if let Some(p) = pin {
+                req = req.header("x-pair-node-pin", p);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let route = r.headers()["x-pair-route"].to_str().unwrap().to_owned();
+            (served_by(&r).unwrap(), route)
+        }
+    };
+    let (usual, _) = ask("Be brief.".into(), "hello".into(), None).await;
+    wait_settled(&c, "llama3.2:3b").await;
+    let elsewhere = another_node(&c, &usual);
+    let (first, _) = ask(system.clone(), "task 0".into(), Some(elsewhere.clone())).await;
+    assert_eq!(first, elsewhere);
+    wait_settled(&c, "llama3.2:3b").await;
+    let system_tokens = u32::try_from(system.len() / 4).unwrap();
+    for task in 1..5 {
+        let (node, route) = ask(system.clone(), format!("task {task}"), None).await;
+        assert_eq!(
+            node, elsewhere,
+            "sub-agent {task} went where its prefix is not cached: {route}"
+        );
+        // "prefill N (M cached)": the system prompt is priced as cached.
+        let cached: u32 = route
+            .split_once(" cached)")
+            .and_then(|(head, _)| head.rsplit('(').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no cached count in {route}"));
+        assert!(
+            cached >= system_tokens * 9 / 10,
+            "{cached} of {system_tokens} cached: {route}"
+        );
+        wait_settled(&c, "llama3.2:3b").await;
+        let (_, route) = ask(format!("Another agent {task}."), "task".into(), None).await;
+        assert!(!route.contains("cached"), "credited with a cache: {route}");
+        wait_settled(&c, "llama3.2:3b").await;
     }
     c.stop().await;
 }
