@@ -49,6 +49,7 @@ pub struct JobRecord {
     pub ttft_ms: Option<u32>,
     /// Whole request, ms.
     pub duration_ms: Option<u32>,
+    /// The whole prompt, in the engine's tokens where it counted them.
     pub prompt_tokens: Option<u32>,
     pub output_tokens: Option<u32>,
     /// Short reason when it failed (an error class, never request text).
@@ -60,6 +61,11 @@ pub struct JobRecord {
     /// What the engine reported of its own work on the job, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineTiming>,
+    /// Of the prompt, the tokens the engine took from its prompt cache (its
+    /// own count where it gives one, else the share the scheduler expected
+    /// it to hold): only the rest was prefilled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
     /// The name of the API key the request came with (the LAN face).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -158,6 +164,7 @@ impl JobRecord {
             ttft_ms: None,
             duration_ms: None,
             prompt_tokens: None,
+            cached_tokens: None,
             output_tokens: None,
             error: None,
             recorded_by: Some(node),

@@ -4,18 +4,27 @@
 //! Two layers: [`EngineModel`] is a pure, event-driven model of one engine on
 //! one machine in virtual time (the simulator drives it), and [`http`] runs
 //! the same model in real time behind real HTTP routes, with fault injection
-//! (tests, the demo and benchmarks use it).
+//! (tests, the demo and benchmarks use it). Both keep the engine's prompt
+//! cache ([`cache`]: a context per slot, or a shared pool of prefix blocks),
+//! so a prompt whose prefix the engine holds prefills only the rest.
 //!
 //! Virtual time, as the simulator drives it:
 //!
 //! ```
+//! use pair_core::PromptChain;
 //! use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, ModelSpec};
 //!
 //! let profile = HardwareProfile::cpu_smollm2_135m();
 //! let model = ModelSpec::new("smollm2", profile.reference_model_bytes);
 //! let mut engine = EngineModel::new(&profile, &[model], None);
 //! engine.preload(0).unwrap();
-//! let job = JobSpec { id: 1, model: 0, prompt_tokens: 20, output_tokens: 64 };
+//! let job = JobSpec {
+//!     id: 1,
+//!     model: 0,
+//!     prompt_tokens: 20,
+//!     output_tokens: 64,
+//!     prompt: PromptChain::EMPTY,
+//! };
 //! engine.submit(0, job).unwrap();
 //! let mut events = Vec::new();
 //! while let Some(t) = engine.next_event_at() {
@@ -42,16 +51,18 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cache;
 pub mod error;
 pub mod model;
 pub mod profile;
 
+pub use cache::{CacheKind, Lease, PromptCache};
 pub use error::EmulatorError;
 pub use model::{EngineEvent, EngineModel, JobSpec, JobTiming, ModelStatus, Residency};
 pub use profile::{BatchScaling, HardwareProfile, ModelRates, ModelSpec};
 pub mod http;
 
 pub use http::{
-    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Faults, Flavor, HitCounts, REQUEST_ID,
-    RequestHits, serve,
+    AnswerLength, EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Faults, Flavor,
+    HitCounts, REQUEST_ID, RequestHits, serve,
 };

@@ -25,12 +25,13 @@
 
 use std::collections::VecDeque;
 
-use pair_core::Workload;
+use pair_core::{PromptChain, Workload};
 
+use crate::cache::{CacheKind, Lease, PromptCache};
 use crate::{BatchScaling, EmulatorError, HardwareProfile, ModelRates, ModelSpec};
 
 /// A request as the model sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct JobSpec {
     /// Caller's id; must be unique among jobs not yet finished.
     pub id: u64,
@@ -39,6 +40,10 @@ pub struct JobSpec {
     pub prompt_tokens: u32,
     /// Tokens to generate; 0 for embeddings (the job ends with its prefill).
     pub output_tokens: u32,
+    /// The prompt's blocks, for the engine's prompt cache
+    /// ([`EngineModel::with_cache`]); [`PromptChain::EMPTY`] caches nothing.
+    /// Tokens past the chain's end are never cached.
+    pub prompt: PromptChain,
 }
 
 /// When one finished job reached each stage, in microseconds.
@@ -48,6 +53,8 @@ pub struct JobTiming {
     pub model: usize,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
+    /// Prompt tokens the engine's cache held: only the rest were prefilled.
+    pub cached_tokens: u32,
     pub submitted_us: u64,
     /// Took a slot.
     pub started_us: u64,
@@ -142,7 +149,7 @@ enum Phase {
     },
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Running {
     spec: JobSpec,
     submitted_us: u64,
@@ -150,6 +157,10 @@ struct Running {
     first_token_us: u64,
     cold: bool,
     phase: Phase,
+    /// What the prompt cache gave it when it took its slot.
+    lease: Lease,
+    /// Its prefill is done (the cache holds its whole prompt).
+    prefilled: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -185,6 +196,7 @@ pub struct EngineModel {
     keep_alive_us: Option<u64>,
     /// Jobs allowed to wait for a slot (Ollama's OLLAMA_MAX_QUEUE).
     max_queue: Option<u32>,
+    cache: PromptCache,
 }
 
 impl EngineModel {
@@ -222,7 +234,22 @@ impl EngineModel {
             queued_output_tokens: 0,
             keep_alive_us: None,
             max_queue: None,
+            cache: PromptCache::default(),
         }
+    }
+
+    /// Keeps the KV of prompts it has seen as `kind` says (default
+    /// [`CacheKind::None`]: every prompt is prefilled whole). The cache
+    /// starts cold.
+    pub fn with_cache(mut self, kind: CacheKind) -> Self {
+        self.cache = PromptCache::new(kind, self.slots);
+        self
+    }
+
+    /// The prompt cache, e.g. to [`PromptCache::peek`] what a job would
+    /// find cached here.
+    pub fn cache(&self) -> &PromptCache {
+        &self.cache
     }
 
     /// Unloads models idle for `keep_alive_us` (Ollama default: 5 minutes,
@@ -471,7 +498,8 @@ impl EngineModel {
             let out = u64::from(r.spec.output_tokens);
             match r.phase {
                 Phase::Waiting | Phase::Prefill { .. } => {
-                    w.prefill_tokens += u64::from(r.spec.prompt_tokens);
+                    let uncached = r.spec.prompt_tokens - r.lease.cached_tokens;
+                    w.prefill_tokens += u64::from(uncached);
                     w.decode_tokens += out;
                 }
                 Phase::Decode { .. } => {
@@ -549,23 +577,28 @@ impl EngineModel {
         for m in 0..self.models.len() {
             if self.expires_at(m).is_some_and(|at| at <= t) {
                 self.models[m].residency = Residency::Unloaded;
+                self.cache.forget_model(m);
                 self.pending
                     .push(EngineEvent::Evicted { model: m, at_us: t });
             }
         }
         let mut i = 0;
         while i < self.running.len() {
-            let r = self.running[i];
-            match r.phase {
+            let (phase, id, output_tokens) = {
+                let r = &self.running[i];
+                (r.phase, r.spec.id, r.spec.output_tokens)
+            };
+            match phase {
                 Phase::Prefill { done_at, .. } if done_at <= t => {
                     self.prefilling -= 1;
-                    self.running[i].phase = Phase::Waiting;
-                    self.running[i].first_token_us = t;
-                    self.pending.push(EngineEvent::FirstToken {
-                        id: r.spec.id,
-                        at_us: t,
-                    });
-                    if r.spec.output_tokens <= 1 {
+                    let r = &mut self.running[i];
+                    r.phase = Phase::Waiting;
+                    r.first_token_us = t;
+                    r.prefilled = true;
+                    self.cache
+                        .prefilled(t, r.spec.model, &r.spec.prompt, &mut r.lease);
+                    self.pending.push(EngineEvent::FirstToken { id, at_us: t });
+                    if output_tokens <= 1 {
                         self.finish(i, t);
                         continue;
                     }
@@ -598,6 +631,7 @@ impl EngineModel {
             model: r.spec.model,
             prompt_tokens: r.spec.prompt_tokens,
             output_tokens: r.spec.output_tokens,
+            cached_tokens: r.lease.cached_tokens,
             submitted_us: r.submitted_us,
             started_us: r.started_us,
             first_token_us: r.first_token_us,
@@ -616,6 +650,8 @@ impl EngineModel {
         let m = &mut self.models[r.spec.model];
         m.active -= 1;
         m.last_used_us = t;
+        self.cache
+            .release(t, r.spec.model, &r.spec.prompt, &r.lease, r.prefilled);
     }
 
     fn unqueue_tokens(&mut self, job: &JobSpec) {
@@ -633,10 +669,12 @@ impl EngineModel {
         }
     }
 
-    /// Solo time of a job's prefill: overhead plus prompt at the full rate.
-    fn prefill_us(&self, job: &JobSpec) -> u64 {
-        let rates = &self.models[job.model].rates;
-        rates.overhead_us + (f64::from(job.prompt_tokens) / rates.prefill_tps * 1e6).ceil() as u64
+    /// Solo time of a job's prefill: overhead plus the prompt tokens the
+    /// cache did not hold at the full rate.
+    fn prefill_us(&self, r: &Running) -> u64 {
+        let rates = &self.models[r.spec.model].rates;
+        let uncached = r.spec.prompt_tokens - r.lease.cached_tokens;
+        rates.overhead_us + (f64::from(uncached) / rates.prefill_tps * 1e6).ceil() as u64
     }
 
     /// Moves queued jobs into free slots, in arrival order.
@@ -650,6 +688,9 @@ impl EngineModel {
             m.active += 1;
             m.last_used_us = t;
             let residency = m.residency;
+            let lease = self
+                .cache
+                .acquire(t, job.model, &job.prompt, job.prompt_tokens);
             self.pending.push(EngineEvent::Started {
                 id: job.id,
                 at_us: t,
@@ -672,6 +713,8 @@ impl EngineModel {
                 first_token_us: 0,
                 cold: !matches!(residency, Residency::Loaded),
                 phase,
+                lease,
+                prefilled: false,
             });
         }
     }
@@ -715,6 +758,7 @@ impl EngineModel {
                 }
                 used -= self.models[i].spec.size_bytes;
                 self.models[i].residency = Residency::Unloaded;
+                self.cache.forget_model(i);
                 self.pending
                     .push(EngineEvent::Evicted { model: i, at_us: t });
             }
@@ -757,7 +801,7 @@ impl EngineModel {
         let per_stream = self.scaling.per_stream(self.decoding);
         let share = self.prefill_share();
         for i in 0..self.running.len() {
-            let solo = self.prefill_us(&self.running[i].spec) as f64;
+            let solo = self.prefill_us(&self.running[i]) as f64;
             let r = &mut self.running[i];
             match &mut r.phase {
                 Phase::Decode {
@@ -849,6 +893,7 @@ mod tests {
                     model: 0,
                     prompt_tokens: 20,
                     output_tokens: 64,
+                    prompt: PromptChain::EMPTY,
                 },
             )
             .unwrap();
@@ -880,6 +925,7 @@ mod tests {
                     model: 0,
                     prompt_tokens: tokens,
                     output_tokens: 4,
+                    prompt: PromptChain::EMPTY,
                 },
             )
             .unwrap();
@@ -901,6 +947,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 10,
                 output_tokens: 127,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -924,6 +971,7 @@ mod tests {
                         model: 0,
                         prompt_tokens: 0,
                         output_tokens: 501,
+                        prompt: PromptChain::EMPTY,
                     },
                 )
                 .unwrap();
@@ -953,6 +1001,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 10,
                 output_tokens: 5,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -963,6 +1012,7 @@ mod tests {
                 model: 1,
                 prompt_tokens: 10,
                 output_tokens: 5,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -990,6 +1040,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 100,
                 output_tokens: 50,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1000,6 +1051,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 30,
                 output_tokens: 20,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1030,6 +1082,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 10,
                 output_tokens: 1000,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1040,6 +1093,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 10,
                 output_tokens: 10,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1063,6 +1117,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 0,
                 output_tokens: 100,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1088,6 +1143,7 @@ mod tests {
             model: 0,
             prompt_tokens: 7_139,
             output_tokens: 2,
+            prompt: PromptChain::EMPTY,
         };
         e.submit(0, job(1)).unwrap();
         e.submit(0, job(2)).unwrap();
@@ -1118,6 +1174,7 @@ mod tests {
                 model: 0,
                 prompt_tokens: 10,
                 output_tokens: 10,
+                prompt: PromptChain::EMPTY,
             },
         )
         .unwrap();
@@ -1144,6 +1201,7 @@ mod tests {
             model: 0,
             prompt_tokens: 1,
             output_tokens: 1,
+            prompt: PromptChain::EMPTY,
         };
         e.submit(0, job(1)).unwrap();
         e.submit(0, job(2)).unwrap();
@@ -1167,6 +1225,146 @@ mod tests {
             u64::from(perf.load_ms),
             p.rates(p.reference_model_bytes).load_us / 1000
         );
+    }
+
+    /// A chain of named segments of the given lengths.
+    fn chain(segments: &[(u64, u32)]) -> PromptChain {
+        let mut b = pair_core::ChainBuilder::new();
+        for &(id, tokens) in segments {
+            b.segment(id, tokens);
+        }
+        b.finish()
+    }
+
+    fn job_of(id: u64, prompt: PromptChain, output_tokens: u32) -> JobSpec {
+        JobSpec {
+            id,
+            model: 0,
+            prompt_tokens: prompt.tokens(),
+            output_tokens,
+            prompt,
+        }
+    }
+
+    /// The 4090 with an 8B model loaded and `kind` of cache.
+    fn cached_engine(kind: CacheKind, slots: u32) -> EngineModel {
+        let p = HardwareProfile::rtx4090();
+        let spec = ModelSpec::guess("llama3.1:8b");
+        let mut e = EngineModel::new(&p, &[spec], Some(slots)).with_cache(kind);
+        e.preload(0).unwrap();
+        e
+    }
+
+    /// Solo prefill of `tokens` on [`cached_engine`]: 15 ms + 7,139 tok/s.
+    fn solo_ttft_us(tokens: u32) -> u64 {
+        15_000 + (f64::from(tokens) / 7_139.0 * 1e6).ceil() as u64
+    }
+
+    #[test]
+    fn a_later_turn_on_the_same_slot_prefills_only_the_new_part() {
+        let mut e = cached_engine(
+            CacheKind::Slots {
+                context_tokens: 32_768,
+            },
+            1,
+        );
+        e.submit(0, job_of(1, chain(&[(1, 7_000), (2, 139)]), 10))
+            .unwrap();
+        let first = finished(&drain(&mut e))[&1];
+        assert_eq!(first.cached_tokens, 0);
+        assert_eq!(first.ttft_us(), solo_ttft_us(7_139));
+        // The next turn re-sends the context and adds 714 tokens.
+        let now = e.now_us();
+        let next = chain(&[(1, 7_000), (2, 139), (3, 700), (4, 14)]);
+        e.submit(now, job_of(2, next, 10)).unwrap();
+        let second = finished(&drain(&mut e))[&2];
+        assert_eq!(second.cached_tokens, 7_139);
+        assert_eq!(second.prompt_tokens, 7_853);
+        assert_eq!(second.ttft_us(), solo_ttft_us(714));
+    }
+
+    #[test]
+    fn a_shared_system_prompt_is_reused_across_conversations() {
+        let system = (1, 20_000);
+        for kind in [
+            CacheKind::Slots {
+                context_tokens: 32_768,
+            },
+            CacheKind::Pool {
+                capacity_tokens: 100_000,
+            },
+        ] {
+            let mut e = cached_engine(kind, 2);
+            e.submit(0, job_of(1, chain(&[system, (2, 500)]), 10))
+                .unwrap();
+            drain(&mut e);
+            let now = e.now_us();
+            // Two other conversations at once: on a pool both find the
+            // system prompt; on slots only the one taking the slot that
+            // holds it.
+            e.submit(now, job_of(2, chain(&[system, (3, 800)]), 10))
+                .unwrap();
+            e.submit(now, job_of(3, chain(&[system, (4, 900)]), 10))
+                .unwrap();
+            let done = finished(&drain(&mut e));
+            assert_eq!(done[&2].cached_tokens, 20_000, "{kind:?}");
+            let third = match kind {
+                CacheKind::Pool { .. } => 20_000,
+                _ => 0,
+            };
+            assert_eq!(done[&3].cached_tokens, third, "{kind:?}");
+            // No cache: nothing is reused.
+            let mut none = cached_engine(CacheKind::None, 2);
+            none.submit(0, job_of(1, chain(&[system, (2, 500)]), 10))
+                .unwrap();
+            drain(&mut none);
+            let now = none.now_us();
+            none.submit(now, job_of(2, chain(&[system, (3, 800)]), 10))
+                .unwrap();
+            assert_eq!(finished(&drain(&mut none))[&2].cached_tokens, 0);
+        }
+    }
+
+    #[test]
+    fn workload_counts_only_uncached_prefill() {
+        let mut e = cached_engine(
+            CacheKind::Slots {
+                context_tokens: 32_768,
+            },
+            1,
+        );
+        e.submit(0, job_of(1, chain(&[(1, 5_000)]), 2)).unwrap();
+        drain(&mut e);
+        let now = e.now_us();
+        e.submit(now, job_of(2, chain(&[(1, 5_000), (2, 300)]), 2))
+            .unwrap();
+        assert_eq!(e.workload(now).prefill_tokens, 300);
+        assert_eq!(e.cache().held_tokens(), 5_000);
+    }
+
+    #[test]
+    fn an_evicted_model_loses_its_cached_prompts() {
+        let mut p = HardwareProfile::rtx3060();
+        p.memory_bytes = 6_000_000_000;
+        let specs = [
+            ModelSpec::new("a", 4_000_000_000),
+            ModelSpec::new("b", 4_000_000_000),
+        ];
+        let mut e = EngineModel::new(&p, &specs, Some(2)).with_cache(CacheKind::Slots {
+            context_tokens: 32_768,
+        });
+        let prompt = chain(&[(1, 1_000)]);
+        let on = |id, model| JobSpec {
+            model,
+            ..job_of(id, prompt.clone(), 2)
+        };
+        e.submit(0, on(1, 0)).unwrap();
+        drain(&mut e);
+        let now = e.now_us();
+        assert_eq!(e.cache().peek(0, &prompt, 1_001), 1_000);
+        e.submit(now, on(2, 1)).unwrap();
+        drain(&mut e);
+        assert_eq!(e.cache().peek(0, &prompt, 1_001), 0);
     }
 
     fn arb_jobs() -> impl Strategy<Value = Vec<(u64, u8, u32, u32)>> {
@@ -1193,13 +1391,13 @@ mod tests {
             ];
             let mut e = EngineModel::new(&p, &specs, Some(slots));
             let mut arrivals: Vec<_> = jobs.iter().enumerate()
-                .map(|(i, &(at, m, pt, ot))| (at, JobSpec { id: i as u64, model: usize::from(m), prompt_tokens: pt, output_tokens: ot }))
+                .map(|(i, &(at, m, pt, ot))| (at, JobSpec { id: i as u64, model: usize::from(m), prompt_tokens: pt, output_tokens: ot, prompt: PromptChain::EMPTY }))
                 .collect();
             arrivals.sort_by_key(|a| a.0);
             let mut events = Vec::new();
             let mut submitted = HashMap::new();
             let mut now = 0;
-            for &(at, job) in &arrivals {
+            for (at, job) in arrivals.iter().cloned() {
                 // Step through the events in between, checking invariants.
                 while let Some(t) = e.next_event_at() {
                     if t > at { break; }
@@ -1208,8 +1406,8 @@ mod tests {
                     now = t;
                 }
                 prop_assert!(at >= now);
+                submitted.insert(job.id, (at, job.clone()));
                 e.submit(at, job).unwrap();
-                submitted.insert(job.id, (at, job));
             }
             events.extend(drain(&mut e));
 
@@ -1241,7 +1439,8 @@ mod tests {
             let arrival_order: Vec<u64> = arrivals.iter().map(|a| a.1.id).collect();
             prop_assert_eq!(start_order, arrival_order);
             for (id, t) in &seen {
-                let (at, job) = submitted[id];
+                let (at, job) = &submitted[id];
+                let at = *at;
                 let rates = p.rates(specs[job.model].size_bytes);
                 let prefill = rates.overhead_us + (f64::from(job.prompt_tokens) / rates.prefill_tps * 1e6).ceil() as u64;
                 prop_assert_eq!(t.submitted_us, at);
@@ -1256,6 +1455,36 @@ mod tests {
             prop_assert_eq!(e.workload(e.now_us()), Workload::default());
         }
 
+        /// In isolation, a job that finds more of its prompt cached never
+        /// gets its first token later.
+        #[test]
+        fn more_cached_never_makes_ttft_longer(
+            prompt in 1u32..20_000,
+            a in 0u32..20_000,
+            b in 0u32..20_000,
+            pool in any::<bool>(),
+        ) {
+            let (less, more) = (a.min(b).min(prompt), a.max(b).min(prompt));
+            let kind = if pool {
+                CacheKind::Pool { capacity_tokens: 1_000_000 }
+            } else {
+                CacheKind::Slots { context_tokens: 32_768 }
+            };
+            let run = |warm: u32| {
+                let mut e = cached_engine(kind, 1);
+                e.submit(0, job_of(1, chain(&[(1, warm)]), 1)).unwrap();
+                drain(&mut e);
+                let now = e.now_us();
+                let target = chain(&[(1, warm), (2, prompt - warm)]);
+                e.submit(now, job_of(2, target, 5)).unwrap();
+                finished(&drain(&mut e))[&2]
+            };
+            let (l, m) = (run(less), run(more));
+            prop_assert!(m.cached_tokens >= l.cached_tokens);
+            prop_assert!(m.ttft_us() <= l.ttft_us());
+            prop_assert_eq!(m.ttft_us(), solo_ttft_us(prompt - m.cached_tokens));
+        }
+
         #[test]
         fn more_concurrency_never_makes_a_stream_faster(
             out in 2u32..400, others in 0u64..6, other_out in 1u32..400,
@@ -1265,9 +1494,9 @@ mod tests {
             let run = |n: u64| {
                 let mut e = EngineModel::new(&p, std::slice::from_ref(&spec), Some(8));
                 e.preload(0).unwrap();
-                e.submit(0, JobSpec { id: 0, model: 0, prompt_tokens: 8, output_tokens: out }).unwrap();
+                e.submit(0, JobSpec { id: 0, model: 0, prompt_tokens: 8, output_tokens: out, prompt: PromptChain::EMPTY }).unwrap();
                 for id in 1..=n {
-                    e.submit(0, JobSpec { id, model: 0, prompt_tokens: 8, output_tokens: other_out }).unwrap();
+                    e.submit(0, JobSpec { id, model: 0, prompt_tokens: 8, output_tokens: other_out, prompt: PromptChain::EMPTY }).unwrap();
                 }
                 finished(&drain(&mut e))[&0].finished_us
             };
@@ -1285,11 +1514,11 @@ mod tests {
             let specs = [ModelSpec::guess("a:1b"), ModelSpec::guess("b:3b"), ModelSpec::guess("c:8b")];
             let mut e = EngineModel::new(&p, &specs, Some(slots));
             let mut arrivals: Vec<_> = jobs.iter().enumerate()
-                .map(|(i, &(at, m, pt, ot))| (at, JobSpec { id: i as u64, model: usize::from(m), prompt_tokens: pt, output_tokens: ot }))
+                .map(|(i, &(at, m, pt, ot))| (at, JobSpec { id: i as u64, model: usize::from(m), prompt_tokens: pt, output_tokens: ot, prompt: PromptChain::EMPTY }))
                 .collect();
             arrivals.sort_by_key(|a| a.0);
             let mut events = Vec::new();
-            for &(at, job) in &arrivals {
+            for (at, job) in arrivals.iter().cloned() {
                 e.submit(at, job).unwrap();
                 let w = e.workload(at);
                 prop_assert!(w.queued == 0 || w.running == slots);

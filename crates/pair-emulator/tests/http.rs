@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use pair_emulator::{
-    EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Flavor, HardwareProfile,
+    AnswerLength, CacheKind, EmulatedEngine, EmulatorConfig, FaultAction, FaultRule, Flavor,
+    HardwareProfile,
 };
 use serde_json::{Value, json};
 
@@ -111,7 +112,9 @@ async fn ollama_chat_defaults_and_latest_tag() {
         32
     );
     assert_eq!(v["done_reason"], "stop");
-    assert_eq!(v["prompt_eval_count"], 5);
+    // The prompt is counted as the cache sees it: the message's JSON,
+    // `{"content":"hi","role":"user"}`, at four bytes a token.
+    assert_eq!(v["prompt_eval_count"], 8);
     let body =
         json!({ "model": "qwen2.5:latest", "messages": [{ "role": "user", "content": "hi" }] });
     let streamed = lines(post(&e, "/api/chat", body).await).await;
@@ -815,4 +818,163 @@ async fn a_continued_answer_is_the_unbroken_one_s_rest() {
         );
         assert_eq!(format!("{begun}{rest}"), unbroken, "{path}");
     }
+}
+
+/// A coding agent's turn: a long system prompt, then the conversation.
+fn agent_turn(system: &str, turns: &[(&str, &str)]) -> Value {
+    let mut messages = vec![json!({ "role": "system", "content": system })];
+    messages.extend(
+        turns
+            .iter()
+            .map(|(role, content)| json!({ "role": role, "content": content })),
+    );
+    json!({ "model": CHAT, "stream": false, "messages": messages })
+}
+
+#[tokio::test]
+async fn ollama_prefills_only_what_a_slot_does_not_hold() {
+    let e = start_with(EmulatorConfig::new(Flavor::Ollama, [CHAT]).with_slots(1)).await;
+    let system = "You are a careful coding agent. ".repeat(300);
+    let first = agent_turn(&system, &[("user", "list the files")]);
+    let v1: Value = post(&e, "/api/chat", first).await.json().await.unwrap();
+    let answer = v1["message"]["content"].as_str().unwrap().to_owned();
+    let evaluated1 = v1["prompt_eval_count"].as_u64().unwrap();
+    assert!(evaluated1 > 2_000, "{v1}");
+    // The next turn re-sends everything: only its tail is evaluated, and
+    // its prompt evaluation is that much shorter.
+    let next = agent_turn(
+        &system,
+        &[
+            ("user", "list the files"),
+            ("assistant", &answer),
+            ("user", "now run the tests"),
+        ],
+    );
+    let v2: Value = post(&e, "/api/chat", next).await.json().await.unwrap();
+    let evaluated2 = v2["prompt_eval_count"].as_u64().unwrap();
+    assert!(evaluated2 < 200, "{v2}");
+    assert!(
+        v2["prompt_eval_duration"].as_u64().unwrap() < v1["prompt_eval_duration"].as_u64().unwrap()
+    );
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn openai_reports_cached_tokens_like_llama_cpp() {
+    let e = start_with(EmulatorConfig::new(Flavor::OpenAi, [CHAT]).with_slots(1)).await;
+    let system = "You are a careful coding agent. ".repeat(300);
+    let first = agent_turn(&system, &[("user", "fix the bug")]);
+    let v1: Value = post(&e, "/v1/chat/completions", first)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(v1["timings"]["cache_n"], 0);
+    // Another task after the same system prompt, streamed with usage: the
+    // slot holds the system prompt.
+    let mut other = agent_turn(&system, &[("user", "write the docs")]);
+    other["stream"] = json!(true);
+    other["stream_options"] = json!({ "include_usage": true });
+    let text = post(&e, "/v1/chat/completions", other)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|l| *l != "[DONE]")
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let usage = &events.last().unwrap()["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // The system message's whole blocks: 9,600 bytes of text in JSON.
+    assert!((2_300..=2_420).contains(&cached), "{usage}");
+    let timings = events.iter().find_map(|ev| ev.get("timings")).unwrap();
+    assert_eq!(timings["cache_n"].as_u64().unwrap(), cached);
+    assert_eq!(
+        timings["prompt_n"].as_u64().unwrap() + cached,
+        usage["prompt_tokens"].as_u64().unwrap()
+    );
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_pool_engine_shares_a_system_prompt_across_slots() {
+    let cfg = EmulatorConfig::new(Flavor::OpenAi, [CHAT])
+        .with_slots(4)
+        .with_cache(CacheKind::Pool {
+            capacity_tokens: 100_000,
+        });
+    let e = start_with(cfg).await;
+    let system = "You are a careful coding agent. ".repeat(300);
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let v: Value = post(
+        &e,
+        "/v1/chat/completions",
+        agent_turn(&system, &[("user", "a")]),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(cached(&v), 0);
+    // Three tasks at once: each finds the system prompt.
+    let tasks = ["b", "c", "d"].map(|task| {
+        post(
+            &e,
+            "/v1/chat/completions",
+            agent_turn(&system, &[("user", task)]),
+        )
+    });
+    for resp in futures_util::future::join_all(tasks).await {
+        let v: Value = resp.json().await.unwrap();
+        assert!(cached(&v) >= 2_300, "{v}");
+    }
+    e.shutdown().await;
+}
+
+#[tokio::test]
+async fn natural_answers_end_short_of_an_agent_s_limit() {
+    let cfg = EmulatorConfig::new(Flavor::OpenAi, [CHAT]).with_answer_length(AnswerLength::NATURAL);
+    let e = start_with(cfg).await;
+    let body = json!({
+        "model": CHAT, "max_tokens": 32_000,
+        "messages": [{ "role": "user", "content": "explain the bug" }],
+    });
+    let v: Value = post(&e, "/v1/chat/completions", body.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((1..=4096).contains(&n), "{n}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // The same request, the same length.
+    let again: Value = post(&e, "/v1/chat/completions", body.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["usage"]["completion_tokens"].as_u64().unwrap(), n);
+    // The header still sets it exactly.
+    let v: Value = client()
+        .post(format!("{}/v1/chat/completions", e.base_url()))
+        .header(pair_emulator::http::ANSWER_TOKENS, "7")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    e.shutdown().await;
 }

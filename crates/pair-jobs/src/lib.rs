@@ -432,6 +432,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         error,
         recorded_by,
         engine,
+        cached_tokens,
         key,
         resumed,
     } = rec;
@@ -479,6 +480,10 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         buf.extend_from_slice(b",\"decode_ms\":");
         json_opt(buf, e.decode_ms, json_int);
         buf.push(b'}');
+    }
+    if let Some(n) = cached_tokens {
+        buf.extend_from_slice(b",\"cached_tokens\":");
+        json_int(buf, *n);
     }
     if let Some(k) = key {
         buf.extend_from_slice(b",\"key\":");
@@ -702,6 +707,7 @@ mod tests {
                     prompt_ms,
                     decode_ms,
                 }),
+                cached_tokens: c.2[2].filter(|_| a.4).map(|n| n / 2),
             })
     }
 

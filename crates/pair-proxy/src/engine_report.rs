@@ -46,6 +46,18 @@ pub struct PromptCache {
 const EVALUATED_ONLY_HIT: f64 = 0.5;
 
 impl PromptCache {
+    /// The whole prompt and its cached part, in the engine's tokens: as it
+    /// counted them, or for an engine that counts only what it evaluated,
+    /// the cached part as the share [`PromptCache::cached_share`] finds of
+    /// the node's estimate.
+    pub fn account(&self, estimated: u32) -> (u32, u32) {
+        let cached = self.cached.unwrap_or_else(|| {
+            // `as` saturates; the share is in [0, 1].
+            (f64::from(estimated) * self.cached_share(estimated) + 0.5) as u32
+        });
+        (self.evaluated.saturating_add(cached), cached)
+    }
+
     /// The share of the prompt the engine took from its cache, in [0, 1];
     /// `estimated` is the node's estimate of the prompt in tokens (for an
     /// engine that does not say how long the prompt was).
@@ -262,5 +274,10 @@ mod tests {
             evaluated: 0,
         };
         assert_eq!(none.cached_share(100), 0.0);
+        // The record's account: the whole prompt and its cached part.
+        assert_eq!(llama.account(0), (2_000, 1_900));
+        assert_eq!(openai.account(0), (2_000, 1_536));
+        assert_eq!(ollama.account(6_000), (120 + 5_880, 5_880));
+        assert_eq!(cold.account(6_000), (4_000, 0));
     }
 }

@@ -53,6 +53,7 @@ pub(crate) fn new_record(
         error: None,
         recorded_by: Some(recorded_by),
         engine: None,
+        cached_tokens: None,
     }
 }
 
@@ -126,16 +127,39 @@ pub(crate) struct CacheNote {
     /// The node's estimate of the prompt's tokens, for an engine that does
     /// not say how long the prompt was.
     pub(crate) estimated: u32,
+    /// The chain's tokens the scheduler priced as cached on `node`.
+    pub(crate) predicted: u32,
+}
+
+/// `share` of `tokens`, rounded (`as` saturates; the share is in [0, 1]).
+fn share_of(tokens: u32, share: f64) -> u32 {
+    (f64::from(tokens) * share + 0.5) as u32
 }
 
 impl CacheNote {
     /// Tells the scheduler what the engine found cached, in the chain's
-    /// tokens (the engine counts its own tokens; the share carries over).
-    fn apply(self, st: &ProxyState, cache: PromptCache) {
+    /// tokens (the engine counts its own tokens; the share carries over),
+    /// and puts the engine's account in the record: the whole prompt and
+    /// its cached part.
+    fn apply(&self, st: &ProxyState, cache: PromptCache, rec: &mut JobRecord) {
         let share = cache.cached_share(self.estimated);
-        // `as` saturates; the share is in [0, 1].
-        let cached = (f64::from(self.prefix.tokens()) * share) as u32;
-        st.note_cached(self.node, &self.prefix, cached);
+        st.note_cached(
+            self.node,
+            &self.prefix,
+            share_of(self.prefix.tokens(), share),
+        );
+        let (prompt, cached) = cache.account(self.estimated);
+        rec.prompt_tokens = Some(prompt);
+        rec.cached_tokens = Some(cached);
+    }
+
+    /// The share of the prompt the scheduler expected cached, for an engine
+    /// that says nothing of its cache.
+    fn predicted_share(&self) -> f64 {
+        match self.prefix.tokens() {
+            0 => 0.0,
+            t => f64::from(self.predicted.min(t)) / f64::from(t),
+        }
     }
 }
 
@@ -183,17 +207,28 @@ impl Watcher for JobWatcher {
         rec.output_tokens = (events > 0).then_some(events);
         // The engine's own counts and durations beat the node's estimates.
         if let Some(r) = reported {
-            // An answer that moved after a cut was counted by another
-            // engine than the one noted.
-            if let (Some(note), Some(cache)) = (self.cache.take(), r.cache)
-                && ending == Ending::Completed
-                && rec.resumed.is_empty()
-            {
-                note.apply(&self.st, cache);
-            }
             rec.prompt_tokens = r.prompt_tokens.or(rec.prompt_tokens);
             rec.output_tokens = r.output_tokens.or(rec.output_tokens);
             rec.engine = r.timing;
+        }
+        // What the engine took from its cache corrects the prefix index and
+        // the record (an answer that moved after a cut was counted by
+        // another engine than the one noted); where it says nothing, the
+        // record keeps the share the scheduler expected, so speeds are
+        // learned from what was prefilled.
+        if let Some(note) = self.cache.take()
+            && ending == Ending::Completed
+            && rec.resumed.is_empty()
+        {
+            match reported.and_then(|r| r.cache) {
+                Some(cache) => note.apply(&self.st, cache, &mut rec),
+                None => {
+                    rec.cached_tokens = rec
+                        .prompt_tokens
+                        .map(|p| share_of(p, note.predicted_share()))
+                        .filter(|&c| c > 0);
+                }
+            }
         }
         let ok = rec.http_status.is_some_and(|s| s < 400);
         rec.status = match ending {

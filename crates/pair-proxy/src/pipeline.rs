@@ -452,6 +452,10 @@ pub async fn execute(
             node,
             prefix: profile.prefix.clone(),
             estimated: profile.prompt_tokens,
+            predicted: chosen
+                .as_ref()
+                .and_then(|c| c.score.prediction())
+                .map_or(0, |p| p.cached_tokens),
         }),
     };
     let body = reading(

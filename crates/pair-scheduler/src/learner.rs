@@ -38,7 +38,11 @@ impl<'a> Observation<'a> {
         Some(Self {
             node: job.ran_on?,
             model: &job.model,
-            prompt_tokens: job.prompt_tokens?,
+            // Only what was not cached was prefilled: a prompt found in the
+            // engine's cache would otherwise teach an absurd prefill speed.
+            prompt_tokens: job
+                .prompt_tokens?
+                .saturating_sub(job.cached_tokens.unwrap_or(0)),
             ttft_ms,
             output_tokens: job.output_tokens.unwrap_or(0),
             duration_ms,
@@ -352,6 +356,7 @@ mod tests {
             error: None,
             recorded_by: None,
             engine: None,
+            cached_tokens: None,
         };
         let o = Observation::from_job(&job).unwrap();
         assert_eq!(o.node, NodeId::from_u128(2));
@@ -370,6 +375,11 @@ mod tests {
             decode_ms: Some(900),
         });
         assert_eq!(Observation::from_job(&job).unwrap().ttft_ms, 100);
+        // A prompt mostly found in the engine's cache was prefilled only in
+        // its uncached part.
+        assert_eq!(Observation::from_job(&job).unwrap().prompt_tokens, 500);
+        job.cached_tokens = Some(440);
+        assert_eq!(Observation::from_job(&job).unwrap().prompt_tokens, 60);
         job.status = JobStatus::Failed;
         assert!(Observation::from_job(&job).is_none());
     }

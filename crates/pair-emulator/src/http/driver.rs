@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use pair_core::PromptChain;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -108,6 +109,7 @@ impl Core {
         model: usize,
         prompt_tokens: u32,
         output_tokens: u32,
+        prompt: PromptChain,
     ) -> Result<JobGuard, EmulatorError> {
         let now = self.now_us();
         let mut st = self.lock();
@@ -120,6 +122,7 @@ impl Core {
                 model,
                 prompt_tokens,
                 output_tokens,
+                prompt,
             },
         )?;
         let (tx, rx) = watch::channel(Progress::default());

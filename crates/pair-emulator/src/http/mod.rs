@@ -10,7 +10,6 @@
 mod api;
 mod driver;
 pub mod faults;
-mod prompt_cache;
 pub mod text;
 
 use std::fmt;
@@ -35,11 +34,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::{EmulatorError, EngineModel, HardwareProfile, ModelSpec, Residency};
+use crate::{CacheKind, EmulatorError, EngineModel, HardwareProfile, ModelSpec, Residency};
 pub use api::ANSWER_TOKENS;
 use driver::Core;
 use faults::Hits;
 pub use faults::{FaultAction, FaultRule, Faults, HitCounts, RequestHits};
+pub use text::AnswerLength;
 
 /// Which real server the engine imitates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,8 +112,16 @@ pub struct EmulatorConfig {
     /// for Ollama and LM Studio (they load on first use).
     pub preload: bool,
     /// Tokens generated when a request sets no limit (answer ends "stop");
-    /// a request's own limit is generated in full (answer ends "length").
+    /// a request's own limit is generated in full (answer ends "length"),
+    /// unless `answer_length` is natural.
     pub default_max_tokens: u32,
+    /// Where an answer ends without `x-emulator-answer-tokens`. Default
+    /// [`AnswerLength::Limit`], which the token-counting tests rely on;
+    /// load generators and the demo want [`AnswerLength::NATURAL`].
+    pub answer_length: AnswerLength,
+    /// The engine's prompt cache. Default: what the flavor's engine keeps
+    /// ([`CacheKind::for_engine`]: a context per slot).
+    pub cache: CacheKind,
     pub embedding_dims: usize,
     /// Unload a model after this much idle *modelled* time (Ollama's
     /// keep_alive, 5 minutes by default there). Default `None`: models stay
@@ -136,6 +144,8 @@ impl EmulatorConfig {
             slots: None,
             preload: flavor == Flavor::OpenAi,
             default_max_tokens: 32,
+            answer_length: AnswerLength::Limit,
+            cache: CacheKind::for_engine(flavor.engine_kind()),
             embedding_dims: 64,
             keep_alive: None,
             max_queue: (flavor == Flavor::Ollama).then_some(512),
@@ -173,6 +183,14 @@ impl EmulatorConfig {
         self.default_max_tokens = tokens;
         self
     }
+    pub fn with_answer_length(mut self, answer_length: AnswerLength) -> Self {
+        self.answer_length = answer_length;
+        self
+    }
+    pub fn with_cache(mut self, cache: CacheKind) -> Self {
+        self.cache = cache;
+        self
+    }
 
     fn check(&self) -> Result<(), EmulatorError> {
         let bad = |reason: &str| {
@@ -204,7 +222,6 @@ pub(crate) struct App {
     core: Core,
     faults: Faults,
     hits: Hits,
-    prompt_cache: Arc<prompt_cache::PromptCache>,
     shutdown: CancellationToken,
 }
 
@@ -216,16 +233,15 @@ impl App {
             .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let mut model = EngineModel::new(&cfg.profile, &cfg.models, cfg.slots)
             .with_keep_alive(keep_alive_us)
-            .with_max_queue(cfg.max_queue);
+            .with_max_queue(cfg.max_queue)
+            .with_cache(cfg.cache);
         if cfg.preload {
             for i in 0..cfg.models.len() {
                 // Models that do not fit next to the earlier ones stay cold.
                 let _ = model.preload(i);
             }
         }
-        let prompt_cache = Arc::new(prompt_cache::PromptCache::new(model.slots()));
         Ok(Self {
-            prompt_cache,
             core: Core::new(model, cfg.time_scale),
             cfg: Arc::new(cfg),
             faults: Faults::default(),

@@ -37,6 +37,56 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// How long an emulated answer runs when the request does not say
+/// (`x-emulator-answer-tokens` overrides both).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnswerLength {
+    /// To the request's limit in full (answer ends "length"), or
+    /// `default_max_tokens` without one (ends "stop"): tests that count
+    /// tokens.
+    Limit,
+    /// Ends on its own ("stop") at a length drawn per request from a
+    /// log-normal, unless the request's limit cuts it first: an agent's
+    /// `max_tokens: 32000` still gets an answer of a few hundred tokens.
+    Natural {
+        median_tokens: u32,
+        /// Spread of the log (1.0: a tenth of answers run past 3.6 × the
+        /// median).
+        sigma: f64,
+        max_tokens: u32,
+    },
+}
+
+impl AnswerLength {
+    /// Median 150 tokens, sigma 1.0, at most 4,096 (E: chat answers are a
+    /// few hundred tokens; no measured distribution behind it).
+    pub const NATURAL: Self = Self::Natural {
+        median_tokens: 150,
+        sigma: 1.0,
+        max_tokens: 4096,
+    };
+
+    /// The natural length of the answer seeded by `seed`; `None` for
+    /// [`Self::Limit`]. Same seed, same length.
+    pub fn draw(self, seed: u64) -> Option<u32> {
+        let Self::Natural {
+            median_tokens,
+            sigma,
+            max_tokens,
+        } = self
+        else {
+            return None;
+        };
+        // Box-Muller over two uniforms in (0, 1] from the seed.
+        let uniform = |salt: u64| ((mix(seed ^ salt) >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let z = (-2.0 * uniform(0x5851_F42D_4C95_7F2D).ln()).sqrt()
+            * (std::f64::consts::TAU * uniform(0x1405_7B7E_F767_814F)).cos();
+        let n = f64::from(median_tokens) * (sigma * z).exp();
+        Some((n.round() as u32).clamp(1, max_tokens.max(1)))
+    }
+}
+
 /// The text of token `i` of a request.
 pub(crate) fn token(seed: u64, i: u32) -> String {
     let w = WORDS[(mix(seed ^ u64::from(i).wrapping_mul(0xA24B_AED4_963E_E407)) % 64) as usize];
@@ -128,6 +178,19 @@ pub(crate) fn rfc3339(secs: u64, nanos: u32) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn natural_lengths_are_deterministic_and_centred_on_the_median() {
+        assert_eq!(AnswerLength::Limit.draw(1), None);
+        let n = AnswerLength::NATURAL;
+        assert_eq!(n.draw(42), n.draw(42));
+        let mut lengths: Vec<u32> = (0..2001u64).map(|s| n.draw(mix(s)).unwrap()).collect();
+        lengths.sort_unstable();
+        let median = lengths[1000];
+        assert!((120..=180).contains(&median), "{median}");
+        assert!(lengths[0] >= 1 && lengths[2000] <= 4096);
+        assert!(lengths[1900] > 500, "a long tail: {}", lengths[1900]);
+    }
 
     #[test]
     fn text_is_deterministic_per_seed_and_request() {

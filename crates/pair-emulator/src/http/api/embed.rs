@@ -49,7 +49,7 @@ async fn embed(app: &App, path: &str, body: &[u8], field: &str) -> Result<Embedd
     let canonical = app.listed_name(model_ix);
     let mut guard = app
         .core
-        .submit(model_ix, tokens, 0)
+        .submit(model_ix, tokens, 0, pair_core::PromptChain::EMPTY)
         .map_err(|e| refused(app, path, &e))?;
     let t = wait_done(app, &mut guard).await.ok_or_else(shutting_down)?;
     let vectors = texts

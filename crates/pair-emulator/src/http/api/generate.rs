@@ -12,10 +12,11 @@ use serde_json::{Map, Value, json};
 
 use super::common::{model_of, parse, wait_done};
 use super::errors::{refused, shutting_down};
+use super::prefix::{Shape, chain_of};
 use super::render::{Api, Gen, ToolCall, stream_body};
 use crate::ModelStatus;
 use crate::http::text::{answered_tokens, count_tokens, request_seed, rfc3339_now, unix_now};
-use crate::http::{App, Flavor, json_response, prompt_cache};
+use crate::http::{App, Flavor, json_response};
 
 /// Text of a message `content`: a string or a list of `{type:text,text}`.
 fn content_text(v: &Value) -> String {
@@ -165,13 +166,26 @@ async fn generate(
     if matches!(api, Api::OllamaGenerate | Api::OllamaChat) && is_load_only(&req, chat) {
         return load_only(&app, path, model_ix, chat).await;
     }
-    let (prompt, prompt_tokens) = if chat {
-        chat_prompt(&req)
+    let shape = if chat {
+        Shape::Chat
     } else if matches!(api, Api::OllamaGenerate) && !is_raw(&req) {
-        chat_prompt(&templated(&req))
+        Shape::Templated
     } else {
-        prompt_of(&req)
+        Shape::Raw
     };
+    let (prompt, mut prompt_tokens) = match shape {
+        Shape::Chat => chat_prompt(&req),
+        Shape::Templated => chat_prompt(&templated(&req)),
+        Shape::Raw => prompt_of(&req),
+    };
+    // The engine renders the offered tools into the prompt too.
+    if let Some(tools) = req.get("tools").filter(|t| chat && !t.is_null()) {
+        prompt_tokens = prompt_tokens.saturating_add(count_tokens(&tools.to_string()));
+    }
+    // The engine's cache finds what it holds of this chain when the job
+    // takes a slot; only the rest is prefilled.
+    let chain = chain_of(&req, shape);
+    let prompt_tokens = prompt_tokens.max(chain.tokens());
     let canonical = app.listed_name(model_ix);
     let seed_for = |prompt: &str| request_seed(app.cfg.seed ^ seed_of(&req), &canonical, prompt);
     // An answer this model began, to continue: its seed is the prompt's
@@ -180,9 +194,10 @@ async fn generate(
         Some(c) => c,
         None => (seed_for(&prompt), 0),
     };
+    let natural = answer_tokens(&headers).or_else(|| app.cfg.answer_length.draw(seed));
     let (output_tokens, limited) = output_length(
         limit_of(&req),
-        answer_tokens(&headers).map(|n| n.saturating_sub(first_token).max(1)),
+        natural.map(|n| n.saturating_sub(first_token).max(1)),
         app.cfg.default_max_tokens.saturating_sub(first_token),
     );
     let include_usage = req
@@ -194,14 +209,6 @@ async fn generate(
         Api::OpenAiChat { .. } => Api::OpenAiChat { include_usage },
         Api::OpenAiCompletion { .. } => Api::OpenAiCompletion { include_usage },
         other => other,
-    };
-    // A later turn of a chat a slot still holds prefills only what is new.
-    let cached = match chat
-        .then(|| prompt_cache::conversation(&canonical, &req))
-        .flatten()
-    {
-        Some(c) => app.prompt_cache.turn(c, prompt_tokens, output_tokens),
-        None => 0,
     };
     let load_us = app.core.with_model(|m, _| {
         m.models()
@@ -227,10 +234,11 @@ async fn generate(
         tool_call: if chat { tool_to_call(&req) } else { None },
         load_us,
         time_scale: app.cfg.time_scale,
+        llama_cpp: app.cfg.flavor == Flavor::OpenAi,
     });
     let mut guard = match app
         .core
-        .submit(model_ix, prompt_tokens - cached, output_tokens)
+        .submit(model_ix, prompt_tokens, output_tokens, chain)
     {
         Ok(g) => g,
         Err(e) => return refused(&app, path, &e),
@@ -309,7 +317,10 @@ fn is_load_only(req: &Map<String, Value>, chat: bool) -> bool {
 }
 
 async fn load_only(app: &App, path: &str, model_ix: usize, chat: bool) -> Response {
-    let mut guard = match app.core.submit(model_ix, 0, 0) {
+    let mut guard = match app
+        .core
+        .submit(model_ix, 0, 0, pair_core::PromptChain::EMPTY)
+    {
         Ok(g) => g,
         Err(e) => return refused(app, path, &e),
     };

@@ -2,8 +2,8 @@
 //! shapes, driven by the engine model through [`Core`](super::driver::Core).
 //!
 //! The files are layered so that none uses a file above it: `errors` (the
-//! engines' error answers) at the bottom, `common` (body, model, waiting on
-//! a job) on it, `render` (what a generation sends back) on that, and the
+//! engines' error answers) and `prefix` (a request's prompt chain) at the
+//! bottom, `common` (body, model, waiting on a job) on them, `render` (what a generation sends back) on that, and the
 //! routes (`generate`, `embed`, `listing`) on top.
 
 // Early returns carry the finished error response; it is built once per
@@ -15,6 +15,7 @@ mod embed;
 mod errors;
 mod generate;
 mod listing;
+mod prefix;
 mod render;
 
 pub(super) use embed::{ollama_embed, ollama_embeddings, openai_embeddings};

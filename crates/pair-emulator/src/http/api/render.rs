@@ -45,6 +45,9 @@ pub(super) struct Gen {
     /// Wall seconds per modelled second: durations are reported as the
     /// engine's clock shows them, like a real engine's.
     pub(super) time_scale: f64,
+    /// Answers as llama.cpp's server does: `timings` (with `cache_n`) and
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub(super) llama_cpp: bool,
 }
 
 /// A tool call the emulated model makes.
@@ -119,7 +122,12 @@ impl Gen {
             ns(t.finished_us - t.submitted_us).into(),
         );
         m.insert("load_duration".into(), ns(load).into());
-        m.insert("prompt_eval_count".into(), t.prompt_tokens.into());
+        // Ollama counts only the tokens it evaluated: a cached prefix is
+        // not in it.
+        m.insert(
+            "prompt_eval_count".into(),
+            (t.prompt_tokens - t.cached_tokens).into(),
+        );
         m.insert(
             "prompt_eval_duration".into(),
             ns(t.first_token_us - t.started_us - load).into(),
@@ -132,11 +140,43 @@ impl Gen {
         m
     }
 
-    fn usage(&self) -> Value {
-        json!({
+    fn usage(&self, t: &JobTiming) -> Value {
+        let mut usage = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.output_tokens,
             "total_tokens": self.prompt_tokens + self.output_tokens,
+        });
+        if self.llama_cpp {
+            usage["prompt_tokens_details"] = json!({ "cached_tokens": t.cached_tokens });
+        }
+        usage
+    }
+
+    /// llama.cpp server's `timings`: what it evaluated and reused, and how
+    /// long each stage took on the engine's clock.
+    fn timings(&self, t: &JobTiming) -> Value {
+        let ms = |us: u64| super::common::wall_ns(us, self.time_scale) as f64 / 1e6;
+        let prompt_n = t.prompt_tokens - t.cached_tokens;
+        let prompt_ms = ms(t.first_token_us - t.started_us);
+        let predicted_ms = ms(t.finished_us - t.first_token_us);
+        let per_second = |n: u32, ms: f64| {
+            if ms > 0.0 {
+                f64::from(n) * 1e3 / ms
+            } else {
+                0.0
+            }
+        };
+        let per_token = |n: u32, ms: f64| if n > 0 { ms / f64::from(n) } else { 0.0 };
+        json!({
+            "cache_n": t.cached_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": per_token(prompt_n, prompt_ms),
+            "prompt_per_second": per_second(prompt_n, prompt_ms),
+            "predicted_n": t.output_tokens,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": per_token(t.output_tokens, predicted_ms),
+            "predicted_per_second": per_second(t.output_tokens, predicted_ms),
         })
     }
 
@@ -180,14 +220,19 @@ impl Gen {
                         "choices": [{ "index": 0, "delta": { "tool_calls": calls }, "logprobs": null, "finish_reason": null }]
                     })));
                 }
-                out.push(sse(&json!({
+                let mut last = json!({
                     "id": self.id, "object": object, "created": self.created, "model": self.model,
                     "system_fingerprint": "fp_pair_emulator", "choices": [choice]
-                })));
+                });
+                // llama.cpp's server reports its timings on the last choice.
+                if self.llama_cpp {
+                    last["timings"] = self.timings(t);
+                }
+                out.push(sse(&last));
                 if include_usage {
                     out.push(sse(&json!({
                         "id": self.id, "object": object, "created": self.created, "model": self.model,
-                        "system_fingerprint": "fp_pair_emulator", "choices": [], "usage": self.usage()
+                        "system_fingerprint": "fp_pair_emulator", "choices": [], "usage": self.usage(t)
                     })));
                 }
                 out.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -222,23 +267,36 @@ impl Gen {
                 if let Some(calls) = self.tool_calls(true) {
                     message["tool_calls"] = calls;
                 }
-                json!({
-                    "id": self.id, "object": "chat.completion", "created": self.created,
-                    "model": self.model, "system_fingerprint": "fp_pair_emulator",
-                    "choices": [{
-                        "index": 0, "message": message,
-                        "logprobs": null, "finish_reason": self.finish_reason()
-                    }],
-                    "usage": self.usage(),
-                })
+                self.with_timings(
+                    json!({
+                        "id": self.id, "object": "chat.completion", "created": self.created,
+                        "model": self.model, "system_fingerprint": "fp_pair_emulator",
+                        "choices": [{
+                            "index": 0, "message": message,
+                            "logprobs": null, "finish_reason": self.finish_reason()
+                        }],
+                        "usage": self.usage(t),
+                    }),
+                    t,
+                )
             }
-            Api::OpenAiCompletion { .. } => json!({
-                "id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.model, "system_fingerprint": "fp_pair_emulator",
-                "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": self.finish_reason() }],
-                "usage": self.usage(),
-            }),
+            Api::OpenAiCompletion { .. } => self.with_timings(
+                json!({
+                    "id": self.id, "object": "text_completion", "created": self.created,
+                    "model": self.model, "system_fingerprint": "fp_pair_emulator",
+                    "choices": [{ "text": text, "index": 0, "logprobs": null, "finish_reason": self.finish_reason() }],
+                    "usage": self.usage(t),
+                }),
+                t,
+            ),
         }
+    }
+
+    fn with_timings(&self, mut v: Value, t: &JobTiming) -> Value {
+        if self.llama_cpp {
+            v["timings"] = self.timings(t);
+        }
+        v
     }
 }
 
