@@ -408,6 +408,9 @@ async fn demo(d: Demo, threads: usize) -> anyhow::Result<()> {
     spec.first_faces = Some((d.ollama_face, d.openai_face));
     spec.event_loops = threads;
     spec.time_scale = d.time_scale;
+    // Real models stop on their own: an agent's greeting is a few words,
+    // not the 32k tokens its max_tokens allows.
+    spec.answer_length = pair_daemon::demo::NATURAL_ANSWERS;
     spec.policy = d
         .policy
         .parse()

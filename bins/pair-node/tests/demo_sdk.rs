@@ -62,8 +62,30 @@ fn python_sdks_work_against_the_demo() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.trim_end().ends_with("checks"), "{stdout}");
+    a_greeting_ends_on_its_own(&openai);
     join_as_printed(&printed);
     drop(demo);
+}
+
+/// Claude Code's "Say hi" (Anthropic Messages, `max_tokens` 32000): the
+/// demo's model stops on its own, as a real one does, instead of running to
+/// the limit (at the demo's speed, minutes of text).
+fn a_greeting_ends_on_its_own(openai: &str) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "-H", "content-type: application/json"])
+        .args(["-H", "anthropic-version: 2023-06-01", "-d"])
+        .arg(r#"{"model":"llama3.2:3b","max_tokens":32000,"messages":[{"role":"user","content":"Say hi"}]}"#)
+        .arg(format!("{openai}/v1/messages"))
+        .output()
+        .expect("run curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "curl failed: {body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect(&body);
+    assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+    let tokens = answer["usage"]["output_tokens"]
+        .as_u64()
+        .expect("output_tokens");
+    assert!((1..=4096).contains(&tokens), "{tokens} tokens: {answer}");
 }
 
 /// The demo's "Join it from pair-client" lines, run as printed (the PIN

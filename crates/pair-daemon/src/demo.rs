@@ -73,7 +73,15 @@ pub struct ClusterSpec {
     pub engine_seed: Option<u64>,
     /// How a stream cut after its first byte is continued (`--resume`).
     pub resume: pair_proxy::resume::ResumePolicy,
+    /// How long emulated answers run: to the request's limit (tests that
+    /// count tokens), or to a natural length as a real model's do (the
+    /// demo: an agent's greeting ends in seconds, not at its 32k limit).
+    pub answer_length: pair_emulator::AnswerLength,
 }
+
+/// How the demo's emulated answers end: at a natural length, as a real
+/// model's do ([`pair_emulator::AnswerLength::NATURAL`]).
+pub const NATURAL_ANSWERS: pair_emulator::AnswerLength = pair_emulator::AnswerLength::NATURAL;
 
 /// Hardware profiles the demo cycles through, fastest first.
 pub const DEMO_PROFILES: [&str; 4] = ["rtx4090", "rtx3060", "laptop", "cpu"];
@@ -123,6 +131,7 @@ impl ClusterSpec {
             seed_perf: true,
             engine_seed: None,
             resume: pair_proxy::resume::ResumePolicy::default(),
+            answer_length: pair_emulator::AnswerLength::Limit,
         }
     }
 }
@@ -170,6 +179,7 @@ impl LocalCluster {
                     emu.time_scale = spec.time_scale;
                     emu.seed = spec.engine_seed.unwrap_or(i as u64);
                     emu.slots = ns.slots;
+                    emu = emu.with_answer_length(spec.answer_length);
                     let engine =
                         EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
                     let kind = match ns.flavor {
