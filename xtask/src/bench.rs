@@ -40,7 +40,11 @@ pub(crate) fn run(root: &Path, runs: u32, seconds: u32) -> Result<()> {
         "cargo bench -p pair-scheduler --bench rank",
     )?;
     for (id, median) in criterion_medians(&out) {
-        let target = if id.ends_with("/8") {
+        // Ranking 8 nodes with a 20k-token prompt's prefix lookup: issue
+        // 41's bar; without a prompt, the older sub-microsecond one.
+        let target = if id.starts_with("rank_prefix/") && id.ends_with("/8") {
+            "< 2 µs"
+        } else if id.ends_with("/8") {
             "< 1 µs"
         } else if id.ends_with("/256") {
             "< 20 µs"
