@@ -131,6 +131,25 @@ impl<'de> Deserialize<'de> for PromptChain {
     }
 }
 
+/// The top-level fields of a request body that carry its prompt, in the
+/// order an engine's template puts them into its context: the system
+/// prompt (Anthropic's `system`, the Responses API's `instructions`), the
+/// tools, then the turns (chat `messages`, generate's `prompt`, the
+/// Responses API's `input`). A chain is built from their bytes as the
+/// client wrote them, in this order, by the proxy and the edge SDK alike.
+pub const PROMPT_FIELDS: [&[&str]; 3] = [
+    &["system", "instructions"],
+    &["tools"],
+    &["messages", "prompt", "input"],
+];
+
+/// Which part of [`PROMPT_FIELDS`] a top-level key names, if any.
+pub fn prompt_part(key: &[u8]) -> Option<usize> {
+    PROMPT_FIELDS
+        .iter()
+        .position(|names| names.iter().any(|n| n.as_bytes() == key))
+}
+
 /// A prompt a node sent to `node` (itself or a peer) at `at_ms`: that
 /// node's engine now holds it. `seq` counts up from the reporter's start,
 /// so a router applies each one once ([`crate::NodeSnapshot::boot`] tells

@@ -73,20 +73,13 @@ struct RawFields<'a> {
     prompt_at: [Option<(usize, usize)>; PromptPart::COUNT],
 }
 
-/// The top-level fields that carry the prompt, in the order an engine's
-/// template puts them into its context (system, tools, then the turns), so
-/// the chain built from them shares its blocks with the engine's cache.
+/// The top-level fields that carry the prompt
+/// ([`pair_core::prompt::PROMPT_FIELDS`]), by their index there.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum PromptPart {
-    /// Anthropic's `system`, the Responses API's `instructions`.
-    System,
-    Tools,
-    /// Chat `messages`, generate's `prompt`, the Responses API's `input`.
-    Turns,
-}
+struct PromptPart(usize);
 
 impl PromptPart {
-    const COUNT: usize = 3;
+    const COUNT: usize = pair_core::prompt::PROMPT_FIELDS.len();
 }
 
 /// The fields routing reads: top-level ones, and `num_predict` inside
@@ -117,9 +110,8 @@ impl Field {
             (false, b"max_output_tokens") => Field::MaxOutputTokens,
             (false, b"options") => Field::Options,
             (true, b"num_predict") => Field::NumPredict,
-            (false, b"system" | b"instructions") => Field::Prompt(PromptPart::System),
-            (false, b"tools") => Field::Prompt(PromptPart::Tools),
-            (false, b"messages" | b"prompt" | b"input") => Field::Prompt(PromptPart::Turns),
+            (false, key) => pair_core::prompt::prompt_part(key)
+                .map_or(Field::Other, |i| Field::Prompt(PromptPart(i))),
             _ => Field::Other,
         }
     }
@@ -263,7 +255,9 @@ impl<'a> Scan<'a> {
                 Field::Prompt(part) => {
                     let at = self.i;
                     self.value(1)?;
-                    facts.prompt_at[part as usize] = Some((at, self.i));
+                    if let Some(slot) = facts.prompt_at.get_mut(part.0) {
+                        *slot = Some((at, self.i));
+                    }
                 }
                 Field::Other => self.value(if nested { 2 } else { 1 })?,
             }

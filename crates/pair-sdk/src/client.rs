@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use pair_cluster::PeerLink;
 use pair_cluster::edge;
 use pair_core::Role;
-use pair_core::{ApiFlavor, NodeId, RequestProfile, SessionKey};
+use pair_core::{ApiFlavor, ChainBuilder, NodeId, PromptChain, RequestProfile, SessionKey};
 use pair_discovery::Discovery;
 use pair_identity::{Identity, PeerRecord, TrustStore};
 use pair_scheduler::{Ranking, Reservations, Scheduler, SchedulerConfig, Target};
@@ -117,6 +117,7 @@ impl Request {
         let mut p = RequestProfile::new(model, self.flavor);
         p.streaming = self.streaming;
         p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(self.body.len());
+        p.prefix = prompt_chain(&self.body);
         p.session = self
             .session
             .as_deref()
@@ -130,6 +131,24 @@ impl Request {
             .and_then(|v| v.trim().parse().ok());
         Some(p)
     }
+}
+
+/// The prompt's chain as a node's face builds it: the bytes of the
+/// prompt's fields as the client wrote them, in engine order
+/// ([`pair_core::prompt::PROMPT_FIELDS`]), so the SDK's ranking sees what
+/// each node's engine has cached of it, as the nodes' own does.
+fn prompt_chain(body: &[u8]) -> PromptChain {
+    let Ok(fields) = serde_json::from_slice::<HashMap<String, &serde_json::value::RawValue>>(body)
+    else {
+        return PromptChain::EMPTY;
+    };
+    let mut chain = ChainBuilder::new();
+    for names in pair_core::prompt::PROMPT_FIELDS {
+        if let Some(value) = names.iter().find_map(|n| fields.get(*n)) {
+            chain.bytes(value.get().as_bytes());
+        }
+    }
+    chain.finish()
 }
 
 /// `req` and its profile for the target of the alias its model takes, if
@@ -912,4 +931,26 @@ async fn resolve(seed: &str) -> std::io::Result<Vec<SocketAddr>> {
 
 fn unix_ms() -> u64 {
     pair_core::unix_ms(std::time::SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_chain_is_the_fields_bytes_in_engine_order() {
+        // Anthropic's shape: the turns first in the body, system and tools
+        // after; the engine's context (and the chain) has them the other
+        // way round.
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}],"max_tokens":9,"tools":[{"name":"Bash"}],"system":"be an agent"}"#;
+        let mut expected = ChainBuilder::new();
+        expected
+            .bytes(br#""be an agent""#)
+            .bytes(br#"[{"name":"Bash"}]"#)
+            .bytes(br#"[{"role":"user","content":"fix it"}]"#);
+        assert_eq!(prompt_chain(body), expected.finish());
+        // A body that is not a JSON object has no prompt to cache.
+        assert!(prompt_chain(b"not json").is_empty());
+        assert!(prompt_chain(br#"{"model":"m"}"#).is_empty());
+    }
 }

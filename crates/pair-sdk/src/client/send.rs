@@ -259,10 +259,17 @@ impl<'a> Exchange for Sending<'a> {
 
     fn commit(&self, node: NodeId, head: Head<'a>) -> Answer {
         if head.resp.status().is_success()
-            && let Some(session) = self.profile.and_then(|p| p.session)
+            && let Some(profile) = self.profile
             && let Ok(mut s) = self.client.inner.sched.lock()
         {
-            s.scheduler.bind_session(session, node, unix_ms());
+            let now = unix_ms();
+            if let Some(session) = profile.session {
+                s.scheduler.bind_session(session, node, now);
+            }
+            // The node's engine now holds the prompt: the next request that
+            // shares a prefix with it is priced with that prefix cached.
+            s.scheduler
+                .note_routed(&self.view.cluster, node, &profile.prefix, now);
         }
         Answer {
             resp: head.resp,
