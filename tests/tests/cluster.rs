@@ -775,10 +775,13 @@ async fn a_fresh_fast_node_is_found_within_a_few_requests() {
         let fast = c.nodes[1].id.to_string();
         let url = format!("{}/api/generate", c.nodes[entry].ollama_url());
         // A prompt long enough to teach prefill speed, streamed so decode
-        // speed is seen apart from it.
-        let prompt = "Tell me about the history of tea. ".repeat(40);
+        // speed is seen apart from it; each one new from its first word,
+        // so no engine holds it cached (a cached prompt is no lesson in
+        // prefill, and is rightly sent where it is cached).
         let mut ran_on = Vec::new();
-        for _ in 0..12 {
+        for i in 0..12 {
+            let prompt =
+                format!("Question {i}. ") + &"Tell me about the history of tea. ".repeat(40);
             let r = http()
                 .post(&url)
                 .json(
