@@ -62,6 +62,17 @@ enum Command {
         /// scenario's.
         #[arg(long)]
         users: Option<u32>,
+        /// Every agent job fans out exactly this many sub-tasks.
+        #[arg(long)]
+        fan_out: Option<u32>,
+        /// Run on these nodes only (comma-separated names), e.g. the
+        /// fastest node alone.
+        #[arg(long)]
+        only: Option<String>,
+        /// Routers do not feed their prefix index (every node priced as
+        /// caching nothing), to see what the index changes.
+        #[arg(long)]
+        no_prefix_index: bool,
         /// Skip the users-at-SLO search (one run per policy only).
         #[arg(long)]
         no_search: bool,
@@ -206,6 +217,9 @@ fn main() -> ExitCode {
             routing,
             duration,
             users,
+            fan_out,
+            only,
+            no_prefix_index,
             no_search,
             sequential,
         } => run(
@@ -218,6 +232,9 @@ fn main() -> ExitCode {
                 routing: routing.as_deref(),
                 duration,
                 users,
+                fan_out,
+                only: only.as_deref(),
+                no_prefix_index,
             },
             !no_search,
             !sequential,
@@ -258,6 +275,10 @@ struct Overrides<'a> {
     /// Modelled seconds.
     duration: Option<u64>,
     users: Option<u32>,
+    fan_out: Option<u32>,
+    /// Comma-separated node names.
+    only: Option<&'a str>,
+    no_prefix_index: bool,
 }
 
 /// Loads a scenario file with the command line's overrides applied.
@@ -282,6 +303,20 @@ fn load(path: &Path, o: &Overrides<'_>) -> Result<Scenario, Failure> {
         s = s
             .try_with_users(u)
             .map_err(|e| Failure::Config(format!("--users: {}: {}", path.display(), chain(&e))))?;
+    }
+    if o.no_prefix_index {
+        s.prefix_index = false;
+    }
+    if let Some(n) = o.fan_out {
+        s = s.with_fan_out(n).map_err(|e| {
+            Failure::Config(format!("--fan-out: {}: {}", path.display(), chain(&e)))
+        })?;
+    }
+    if let Some(only) = o.only {
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        s = s
+            .with_only_nodes(&names)
+            .map_err(|e| Failure::Config(format!("--only: {}: {}", path.display(), chain(&e))))?;
     }
     Ok(s)
 }

@@ -206,6 +206,52 @@ fn run_takes_users_and_duration_from_the_command_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--users"));
 }
 
+/// `--fan-out`, `--only` and `--no-prefix-index` reshape an agent scenario:
+/// the JSON has its jobs and cached tokens; a node that is not there, or a
+/// fan-out for a scenario with no agents, is bad configuration.
+#[test]
+fn run_takes_fan_out_nodes_and_the_prefix_index_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/agents-claude-code.toml");
+    let json = dir.path().join("agents.json");
+    let status = bin()
+        .arg("run")
+        .arg(&agents)
+        .args([
+            "--policy",
+            "predicted-latency",
+            "--duration",
+            "300",
+            "--fan-out",
+            "3",
+        ])
+        .args(["--only", "desk-4090", "--no-prefix-index", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 1, "{}", v["nodes"]);
+    let run = &v["policies"][0]["run"];
+    assert!(run["fan_out"]["jobs"].as_u64().unwrap() >= 2, "{run}");
+    assert!(run["cache"]["cached_tokens"].as_u64().unwrap() > 0, "{run}");
+    for args in [vec!["--only", "nowhere"], vec!["--fan-out", "0"]] {
+        let out = bin().arg("run").arg(&agents).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+    }
+    let out = bin()
+        .arg("run")
+        .arg(smoke())
+        .args(["--fan-out", "4", "--no-search"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--fan-out"));
+}
+
 /// Kills the engine even when an assertion fails.
 struct Child(std::process::Child);
 

@@ -20,6 +20,11 @@ pub struct Record {
     pub queue: Micros,
     pub output_tokens: u32,
     pub cold: bool,
+    /// The prompt's tokens, those its node held cached at dispatch, and
+    /// the most any node that holds the model held (an oracle placement).
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub oracle_tokens: u32,
 }
 
 /// p50/p95/p99 (nearest rank), mean and max, in milliseconds.
@@ -124,6 +129,24 @@ pub struct RunSummary {
     /// Later turns of multi-turn conversations, when a source has them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turns: Option<TurnSummary>,
+    /// Prompt tokens served from engines' caches, when any node held any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSummary>,
+}
+
+/// Prompt tokens of the measured requests, those their node held cached
+/// when they were dispatched, and those an oracle placement would have
+/// found: per request the most any node holding its model held at that
+/// instant (caches as they were under this policy's placements).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CacheSummary {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub oracle_tokens: u64,
+    /// `cached_tokens / prompt_tokens`.
+    pub hit_share: f64,
+    /// `cached_tokens / oracle_tokens` (1 when the oracle finds nothing).
+    pub of_oracle: f64,
 }
 
 /// How many later turns of a conversation ran where its previous turn did
@@ -220,6 +243,8 @@ impl Turns {
 pub struct Ideal {
     pub capacity: f64,
     pub whole_tasks: f64,
+    /// The job on the one node that would finish it soonest alone.
+    pub alone: f64,
 }
 
 /// How long agent jobs took from their start to their last sub-task's end
@@ -240,6 +265,12 @@ pub struct FanOutSummary {
     /// percentile.
     pub whole_ratio_p50: f64,
     pub whole_ratio_p95: f64,
+    /// The job on the fastest node alone, median, and the makespan over it
+    /// per job (median, 95th percentile): below 1 when sharing the job
+    /// beat keeping it on one node.
+    pub alone_p50_ms: f64,
+    pub alone_ratio_p50: f64,
+    pub alone_ratio_p95: f64,
 }
 
 /// One finished agent job: makespan and ideals, µs.
@@ -272,6 +303,7 @@ pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
     };
     let capacity = |i: &Ideal| i.capacity;
     let whole = |i: &Ideal| i.whole_tasks;
+    let alone = |i: &Ideal| i.alone;
     Some(FanOutSummary {
         jobs: jobs.len() as u64,
         makespan_p50_ms: ms(median(
@@ -284,6 +316,9 @@ pub fn summarise_fan_out(jobs: &[FanOut]) -> Option<FanOutSummary> {
         whole_ideal_p50_ms: ideal_p50_ms(whole),
         whole_ratio_p50: ratio(0.5, whole),
         whole_ratio_p95: ratio(0.95, whole),
+        alone_p50_ms: ideal_p50_ms(alone),
+        alone_ratio_p50: ratio(0.5, alone),
+        alone_ratio_p95: ratio(0.95, alone),
     })
 }
 
@@ -307,7 +342,11 @@ pub fn summarise(
     let mut rejected = 0u64;
     let mut misses = 0u64;
     let mut tokens = 0u64;
+    let mut cache = CacheSummary::default();
     for r in records {
+        cache.prompt_tokens += u64::from(r.prompt_tokens);
+        cache.cached_tokens += u64::from(r.cached_tokens);
+        cache.oracle_tokens += u64::from(r.oracle_tokens);
         let Some(n) = r.node else {
             rejected += 1;
             continue;
@@ -383,6 +422,15 @@ pub fn summarise(
             .collect(),
         fan_out: None,
         turns: None,
+        cache: (cache.oracle_tokens > 0 || cache.cached_tokens > 0).then(|| CacheSummary {
+            hit_share: share(cache.cached_tokens, cache.prompt_tokens),
+            of_oracle: if cache.oracle_tokens == 0 {
+                1.0
+            } else {
+                round3(cache.cached_tokens as f64 / cache.oracle_tokens as f64)
+            },
+            ..cache
+        }),
     };
     (summary, ttft)
 }
@@ -452,6 +500,9 @@ mod tests {
             queue: 0,
             output_tokens: 10,
             cold: false,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            oracle_tokens: 0,
         };
         let records = vec![
             rec(Some(0), 100),

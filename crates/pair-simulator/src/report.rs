@@ -353,6 +353,29 @@ pub fn render_table(r: &ScenarioReport) -> String {
             let _ = write!(out, " {cell:>44}");
         }
         out.push('\n');
+        let _ = write!(out, "{:<36}", "  fastest node alone p50 (makespan / it)");
+        for p in &r.policies {
+            let cell = p.run.fan_out.map_or_else(String::new, |f| {
+                format!(
+                    "{} ({:.2}x, {:.2}x)",
+                    fmt_ms(f.alone_p50_ms),
+                    f.alone_ratio_p50,
+                    f.alone_ratio_p95
+                )
+            });
+            let _ = write!(out, " {cell:>44}");
+        }
+        out.push('\n');
+    }
+    if r.policies.iter().any(|p| p.run.cache.is_some()) {
+        let _ = write!(out, "{:<36}", "prompt tokens cached (% of oracle)");
+        for p in &r.policies {
+            let cell = p.run.cache.map_or_else(String::new, |c| {
+                format!("{:.1}% ({:.1}%)", c.hit_share * 100.0, c.of_oracle * 100.0)
+            });
+            let _ = write!(out, " {cell:>18}");
+        }
+        out.push('\n');
     }
     if r.policies.iter().any(|p| p.run.turns.is_some()) {
         let _ = write!(out, "{:<36}", "later turns on the previous node");

@@ -39,6 +39,10 @@ pub struct Scenario {
     pub sources: Vec<Source>,
     pub search: SearchSpec,
     pub routing: Routing,
+    /// Whether routers feed their scheduler's prefix index (what each
+    /// node's engine caches), which predicted-latency prices prefill from;
+    /// off, every node is priced as holding nothing.
+    pub prefix_index: bool,
 }
 
 /// Who routes the requests.
@@ -62,6 +66,7 @@ impl Routing {
             &RawRouting {
                 mode: Some(mode.to_owned()),
                 entry,
+                prefix_index: None,
             },
             nodes,
         )
@@ -173,6 +178,10 @@ pub struct Source {
     pub max_tokens: Option<u32>,
     /// Fraction of requests that stream.
     pub streaming: f64,
+    /// Tokens of a system prompt (and tools) every request of the source
+    /// starts with, identical across its requests, so an engine that holds
+    /// it prefills only what follows; 0 for none.
+    pub system_tokens: u32,
 }
 
 /// How a source's requests arrive.
@@ -200,6 +209,21 @@ pub enum SourceKind {
         turns: Option<Dist>,
         /// Context cap for a conversation, in tokens.
         context_limit: u32,
+    },
+    /// Coding agents (Claude Code, Codex): each of `users` developers
+    /// starts a job, waits for it, thinks, and starts the next. A job fans
+    /// out `fan_out` sub-agents at once; each is a loop of `turns` turns
+    /// re-sending its whole conversation (the shared system prompt, its
+    /// task from `prompt_tokens`, then every earlier answer and tool
+    /// result), the next turn sent `tool_ms` after the answer with a tool
+    /// result of `tool_tokens` appended.
+    AgentLoop {
+        users: u32,
+        think_ms: Dist,
+        fan_out: Dist,
+        turns: Dist,
+        tool_tokens: Dist,
+        tool_ms: Dist,
     },
 }
 
@@ -237,8 +261,9 @@ impl Scenario {
     pub fn with_users(&self, users: u32) -> Scenario {
         let mut s = self.clone();
         if let Some(i) = self.search.source
-            && let Some(SourceKind::ClosedLoop { users: u, .. }) =
-                s.sources.get_mut(i).map(|x| &mut x.kind)
+            && let Some(
+                SourceKind::ClosedLoop { users: u, .. } | SourceKind::AgentLoop { users: u, .. },
+            ) = s.sources.get_mut(i).map(|x| &mut x.kind)
         {
             *u = users;
         }
@@ -282,11 +307,73 @@ impl Scenario {
         Ok(self.with_users_kept_running(users))
     }
 
+    /// The same scenario with every agent job fanning out exactly `n`
+    /// sub-tasks (agent-loop and agents sources), or an error if it has
+    /// none or `n` is 0.
+    pub fn with_fan_out(&self, n: u32) -> Result<Scenario, SimError> {
+        if n == 0 {
+            return Err(SimError::invalid("fan_out", "must be >= 1"));
+        }
+        let mut s = self.clone();
+        let mut any = false;
+        for src in &mut s.sources {
+            if let SourceKind::AgentLoop { fan_out, .. } | SourceKind::Agents { fan_out, .. } =
+                &mut src.kind
+            {
+                *fan_out = Dist::fixed(f64::from(n));
+                any = true;
+            }
+        }
+        if !any {
+            return Err(SimError::invalid(
+                "workload",
+                "has no agents or agent-loop source to set fan_out on",
+            ));
+        }
+        Ok(s)
+    }
+
+    /// The same scenario on the named nodes only (e.g. the fastest node
+    /// alone), or an error if a name is unknown or a source's models are
+    /// then held by no node.
+    pub fn with_only_nodes(&self, names: &[&str]) -> Result<Scenario, SimError> {
+        for name in names {
+            if !self.nodes.iter().any(|n| n.name == *name) {
+                return Err(SimError::Unknown {
+                    field: "nodes".into(),
+                    what: "node",
+                    name: (*name).to_owned(),
+                });
+            }
+        }
+        let mut s = self.clone();
+        s.nodes.retain(|n| names.contains(&n.name.as_str()));
+        for src in &s.sources {
+            if src
+                .mix
+                .models()
+                .any(|m| !s.nodes.iter().any(|n| n.models.contains(&m)))
+            {
+                return Err(SimError::invalid(
+                    "nodes",
+                    "left no node holding a source's model",
+                ));
+            }
+        }
+        // Per-node routing entered at a node that is gone enters anywhere.
+        if let Routing::PerNode(Entry::At(_)) = s.routing {
+            s.routing = Routing::PerNode(Entry::Spread);
+        }
+        Ok(s)
+    }
+
     /// Users in the searched source as written in the file.
     pub fn configured_users(&self) -> Option<u32> {
         let i = self.search.source?;
         match self.sources.get(i)?.kind {
-            SourceKind::ClosedLoop { users, .. } => Some(users),
+            SourceKind::ClosedLoop { users, .. } | SourceKind::AgentLoop { users, .. } => {
+                Some(users)
+            }
             _ => None,
         }
     }
@@ -327,6 +414,9 @@ struct RawRouting {
     /// Per-node only: "spread" (default) or a node's name.
     #[serde(default)]
     entry: Option<String>,
+    /// Feed the routers' prefix index (default true).
+    #[serde(default)]
+    prefix_index: Option<bool>,
 }
 
 /// `[routing]`: who routes, and where clients enter.
@@ -472,6 +562,11 @@ struct RawSource {
     think_ms: Option<RawDist>,
     turns: Option<RawDist>,
     context_limit: Option<u32>,
+    // any kind
+    system_tokens: Option<u32>,
+    // agent loop
+    tool_tokens: Option<RawDist>,
+    tool_ms: Option<RawDist>,
 }
 
 fn one_f() -> f64 {
@@ -485,6 +580,7 @@ enum RawKind {
     Bursty,
     Agents,
     ClosedLoop,
+    AgentLoop,
 }
 
 #[derive(Deserialize, Clone)]
@@ -607,6 +703,7 @@ impl RawScenario {
             sources,
             search,
             routing,
+            prefix_index: self.routing.prefix_index.unwrap_or(true),
         })
     }
 }
@@ -847,6 +944,7 @@ fn parse_source(
         output_tokens: w.output_tokens.parse(&f("output_tokens"))?,
         max_tokens: w.max_tokens,
         streaming: w.streaming,
+        system_tokens: w.system_tokens.unwrap_or(0),
     })
 }
 
@@ -866,6 +964,8 @@ fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError>
             ("think_ms", w.think_ms.is_some()),
             ("turns", w.turns.is_some()),
             ("context_limit", w.context_limit.is_some()),
+            ("tool_tokens", w.tool_tokens.is_some()),
+            ("tool_ms", w.tool_ms.is_some()),
         ];
         match present.iter().find(|(k, p)| *p && !allowed.contains(k)) {
             Some((k, _)) => Err(SimError::invalid(f(k), "does not apply to this kind")),
@@ -926,6 +1026,45 @@ fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError>
                 context_limit: w.context_limit.unwrap_or(8_192).max(1),
             }
         }
+        RawKind::AgentLoop => {
+            only(&[
+                "users",
+                "think_ms",
+                "fan_out",
+                "turns",
+                "tool_tokens",
+                "tool_ms",
+            ])?;
+            let need = |name: &str, d: &Option<RawDist>| {
+                d.as_ref()
+                    .ok_or_else(|| SimError::invalid(f(name), "is required for agent-loop"))?
+                    .parse(&f(name))
+            };
+            let users = w
+                .users
+                .ok_or_else(|| SimError::invalid(f("users"), "is required for agent-loop"))?;
+            let fan_out = need("fan_out", &w.fan_out)?;
+            let turns = need("turns", &w.turns)?;
+            // A job of no sub-agents, or a sub-agent of no turns, would
+            // never end; a count is drawn as at least 1, so only a cap
+            // below 1 can force it.
+            for (name, d) in [("fan_out", &fan_out), ("turns", &turns)] {
+                if d.max < 1.0 {
+                    return Err(SimError::invalid(f(name), "must allow at least 1"));
+                }
+            }
+            SourceKind::AgentLoop {
+                users,
+                think_ms: need("think_ms", &w.think_ms)?,
+                fan_out,
+                turns,
+                tool_tokens: need("tool_tokens", &w.tool_tokens)?,
+                tool_ms: match &w.tool_ms {
+                    Some(d) => d.parse(&f("tool_ms"))?,
+                    None => Dist::fixed(0.0),
+                },
+            }
+        }
     })
 }
 
@@ -947,10 +1086,13 @@ fn parse_search(
                     what: "workload source",
                     name: name.clone(),
                 })?;
-            if !matches!(sources[i].kind, SourceKind::ClosedLoop { .. }) {
+            if !matches!(
+                sources[i].kind,
+                SourceKind::ClosedLoop { .. } | SourceKind::AgentLoop { .. }
+            ) {
                 return Err(SimError::invalid(
                     "search.source",
-                    "must name a closed-loop source",
+                    "must name a closed-loop or agent-loop source",
                 ));
             }
             Some(i)
@@ -1064,6 +1206,37 @@ output_tokens = { dist = "pareto", scale = 60, alpha = 1.6, max = 1500 }
         assert!(Scenario::parse(&bad).is_err());
         let bad = MINIMAL.replace("warmup_s = 5", "warmup_s = 60");
         assert!(Scenario::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn fan_out_and_node_overrides_stay_checked() {
+        let s = Scenario::parse(MINIMAL).unwrap();
+        // No agent source to set a fan-out on.
+        assert!(s.with_fan_out(4).is_err());
+        let one = s.with_only_nodes(&["gpu-2"]).unwrap();
+        assert_eq!(one.nodes.len(), 1);
+        assert_eq!(one.nodes[0].name, "gpu-2");
+        assert!(matches!(
+            s.with_only_nodes(&["nowhere"]),
+            Err(SimError::Unknown { what: "node", .. })
+        ));
+        let agents = MINIMAL.replace(
+            "kind = \"closed-loop\"",
+            "kind = \"agent-loop\"\nsystem_tokens = 20000\nfan_out = { dist = \"uniform\", min = 1, max = 20 }\n\
+             turns = { dist = \"uniform\", min = 5, max = 15 }\ntool_tokens = { dist = \"fixed\", value = 800 }",
+        );
+        let a = Scenario::parse(&agents).unwrap();
+        assert_eq!(a.sources[0].system_tokens, 20_000);
+        let ten = a.with_fan_out(10).unwrap();
+        assert!(matches!(
+            ten.sources[0].kind,
+            SourceKind::AgentLoop { fan_out, .. } if fan_out == Dist::fixed(10.0)
+        ));
+        assert!(a.with_fan_out(0).is_err());
+        // An agent loop's users are searched only when named.
+        assert_eq!(a.configured_users(), None);
+        let named = Scenario::parse(&format!("{agents}\n[search]\nsource = \"chat\"\n")).unwrap();
+        assert_eq!(named.configured_users(), Some(4));
     }
 
     #[test]

@@ -17,9 +17,10 @@
 //!   says the node advertises one; how decoding slows with streams sharing
 //!   the engine, by its `BatchLearner`, from when each answer streamed.
 //!
-//! Engines reuse a conversation's KV cache when the previous turn ran on the
-//! same node and is still among the last `slots` conversations there (as
-//! llama.cpp and Ollama do with prompt caching): only new tokens prefill.
+//! Every request carries its prompt as a chain of segments; an engine
+//! holding a prefix of it prefills only the rest. The scheduler ranks with
+//! the chain (`RequestProfile::prefix`). Agent-loop sub-agents send their
+//! next turn a tool time after each answer.
 //!
 //! Everything is seeded and ordered by (time, insertion sequence), so a run
 //! is a pure function of the scenario, the policy and the seed.
@@ -29,9 +30,10 @@ use std::collections::BinaryHeap;
 
 use pair_core::{
     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
-    ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, SessionKey, Workload,
+    ModelPerf, NodeId, NodeSnapshot, Pressure, PromptChain, RequestProfile, Workload,
 };
-use pair_emulator::{EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
+use pair_emulator::cache::LLAMA_CPP_CONTEXT_TOKENS;
+use pair_emulator::{CacheKind, EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
     BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations,
     Scheduler, Streamed, learned_perf,
@@ -43,7 +45,7 @@ use crate::SimError;
 use crate::metrics::{Ideal, Jobs, Record, RunSummary, Turns, summarise};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
-use crate::workload::{Demand, SourceState, stream_seed};
+use crate::workload::{AfterTurn, Demand, PlannedTurn, SourceState, stream_seed};
 
 /// How often the router republishes its cluster snapshot.
 pub const PUBLISH_INTERVAL: Micros = 250 * US_PER_MS;
@@ -125,6 +127,62 @@ fn whole_job_fits(t: f64, nodes: &[JobOnNode], share: &[f64]) -> bool {
     flow >= want
 }
 
+/// The ideals of a job from what each node would take over it, µs; the
+/// capacity-weighted one no less than `floor` seconds.
+fn solve_ideal(nodes: &[JobOnNode], floor: f64) -> Ideal {
+    let speed: f64 = nodes.iter().map(|n| 1.0 / n.whole).sum();
+    if speed <= 0.0 {
+        return Ideal {
+            capacity: f64::INFINITY,
+            whole_tasks: f64::INFINITY,
+            alone: f64::INFINITY,
+        };
+    }
+    let tasks = nodes.first().map_or(0, |n| n.tasks.len());
+    let capacity = (1.0 / speed).max(floor);
+    let alone = nodes
+        .iter()
+        .map(|n| n.tasks.iter().map(|t| t.alone).fold(n.whole, f64::max))
+        .fold(f64::INFINITY, f64::min);
+    let share: Vec<f64> = (0..tasks)
+        .map(|j| {
+            nodes
+                .iter()
+                .map(|n| n.tasks[j].batched / n.whole)
+                .sum::<f64>()
+                / nodes.len() as f64
+        })
+        .collect();
+    let longest_alone = (0..tasks)
+        .map(|j| {
+            nodes
+                .iter()
+                .map(|n| n.tasks[j].alone)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .fold(0.0, f64::max);
+    let slowest_alone = nodes
+        .iter()
+        .flat_map(|n| n.tasks.iter().map(|t| t.alone))
+        .fold(0.0, f64::max);
+    let fits = |t: f64| whole_job_fits(t, nodes, &share);
+    // Every sub-task runs alone somewhere in `lo`; in `hi` every node may
+    // take every sub-task, which the capacity-weighted sharing fits.
+    let (mut lo, mut hi) = (capacity.max(longest_alone), capacity.max(slowest_alone));
+    if fits(lo) {
+        hi = lo;
+    }
+    while hi - lo > 1e-4 * hi {
+        let mid = 0.5 * (lo + hi);
+        if fits(mid) { hi = mid } else { lo = mid }
+    }
+    Ideal {
+        capacity: capacity * 1e6,
+        whole_tasks: hi * 1e6,
+        alone: alone * 1e6,
+    }
+}
+
 impl Cluster {
     /// Resolves profiles and builds the engines in their starting state.
     pub fn build(scn: &Scenario) -> Result<Cluster, SimError> {
@@ -145,7 +203,14 @@ impl Cluster {
                     )
                 })
                 .collect();
-            let mut engine = EngineModel::new(&profile, &specs, n.slots.map(u32::from));
+            // A llama.cpp server's slot cache (32k context a slot, what
+            // coding agents are given): the engine kind pair-scheduler's
+            // prefix index assumes.
+            let mut engine = EngineModel::new(&profile, &specs, n.slots.map(u32::from)).with_cache(
+                CacheKind::Slots {
+                    context_tokens: LLAMA_CPP_CONTEXT_TOKENS,
+                },
+            );
             let mut local = vec![None; scn.models.len()];
             for (k, &m) in n.models.iter().enumerate() {
                 local[m] = Some(k);
@@ -244,50 +309,82 @@ impl Cluster {
                 });
             }
         }
-        let speed: f64 = nodes.iter().map(|n| 1.0 / n.whole).sum();
-        if speed <= 0.0 {
-            return Ideal {
-                capacity: f64::INFINITY,
-                whole_tasks: f64::INFINITY,
-            };
+        solve_ideal(&nodes, 0.0)
+    }
+
+    /// The ideal makespans of an agent-loop job (its sub-agents' planned
+    /// turns), µs, with prompt caches: a node running the job prefills the
+    /// shared system prompt once, each sub-agent's first turn its task,
+    /// and each later turn only what the turn added (the previous answer
+    /// and the tool result), since it holds the rest.
+    ///
+    /// Per node `i` (prefill rate `P`, decode rate `D`, `s` = slots up to
+    /// the sub-agents): `W_i = system / P + sum over turns (new / P +
+    /// output / (D s^0.7))`, and a sub-agent's serial time `C_ai = system /
+    /// P + sum over its turns (new / P + output / D) + its tool times`.
+    /// Capacity-weighted: `max(1 / sum_i(1 / W_i), max_a min_i C_ai)`, the
+    /// work shared in proportion to speed but no sooner than the longest
+    /// sub-agent run alone on the node best for it. Fastest node alone:
+    /// `min_i max(W_i, max_a C_ai)`. Whole-task: as
+    /// [`Cluster::ideal_makespan`] with sub-agents as the tasks.
+    pub fn ideal_loop_makespan(&self, scn: &Scenario, agents: &[Vec<PlannedTurn>]) -> Ideal {
+        let Some(first) = agents.first().and_then(|a| a.first()) else {
+            return solve_ideal(&[], 0.0);
+        };
+        let system = f64::from(scn.sources[usize::from(first.demand.source)].system_tokens);
+        let mut nodes: Vec<JobOnNode> = Vec::with_capacity(self.nodes.len());
+        for plan in &self.nodes {
+            if agents
+                .iter()
+                .flatten()
+                .any(|t| plan.local[usize::from(t.demand.model)].is_none())
+            {
+                continue;
+            }
+            let streams = f64::from(plan.engine.slots().min(agents.len() as u32).max(1));
+            let mut system_s = 0.0;
+            let per_agent: Vec<TaskOnNode> = agents
+                .iter()
+                .map(|turns| {
+                    let mut task = TaskOnNode {
+                        batched: 0.0,
+                        alone: 0.0,
+                    };
+                    for (k, t) in turns.iter().enumerate() {
+                        let size = scn.models[usize::from(t.demand.model)].size_bytes;
+                        let rates = plan.profile.rates(size).to_perf();
+                        let prefill_tps = f64::from(rates.prefill_tps).max(1e-3);
+                        system_s = system / prefill_tps;
+                        let prefill = f64::from(t.new_tokens) / prefill_tps;
+                        let decode = f64::from(t.demand.output_tokens)
+                            / f64::from(rates.decode_tps).max(1e-3);
+                        task.batched += prefill + decode / streams.powf(0.7);
+                        task.alone += prefill + decode;
+                        if k + 1 < turns.len() {
+                            task.alone += t.tool as f64 / 1e6;
+                        }
+                    }
+                    task.alone += system_s;
+                    task
+                })
+                .collect();
+            let whole: f64 = system_s + per_agent.iter().map(|t| t.batched).sum::<f64>();
+            if whole > 0.0 {
+                nodes.push(JobOnNode {
+                    whole,
+                    tasks: per_agent,
+                });
+            }
         }
-        let capacity = 1.0 / speed;
-        let share: Vec<f64> = (0..tasks.len())
-            .map(|j| {
+        let critical = (0..agents.len())
+            .map(|a| {
                 nodes
                     .iter()
-                    .map(|n| n.tasks[j].batched / n.whole)
-                    .sum::<f64>()
-                    / nodes.len() as f64
-            })
-            .collect();
-        let longest_alone = (0..tasks.len())
-            .map(|j| {
-                nodes
-                    .iter()
-                    .map(|n| n.tasks[j].alone)
+                    .map(|n| n.tasks[a].alone)
                     .fold(f64::INFINITY, f64::min)
             })
             .fold(0.0, f64::max);
-        let slowest_alone = nodes
-            .iter()
-            .flat_map(|n| n.tasks.iter().map(|t| t.alone))
-            .fold(0.0, f64::max);
-        let fits = |t: f64| whole_job_fits(t, &nodes, &share);
-        // Every sub-task runs alone somewhere in `lo`; in `hi` every node may
-        // take every sub-task, which the capacity-weighted sharing fits.
-        let (mut lo, mut hi) = (capacity.max(longest_alone), capacity.max(slowest_alone));
-        if fits(lo) {
-            hi = lo;
-        }
-        while hi - lo > 1e-4 * hi {
-            let mid = 0.5 * (lo + hi);
-            if fits(mid) { hi = mid } else { lo = mid }
-        }
-        Ideal {
-            capacity: capacity * 1e6,
-            whole_tasks: hi * 1e6,
-        }
+        solve_ideal(&nodes, critical)
     }
 
     /// (name, profile) per node, in scenario order.
@@ -320,6 +417,8 @@ enum Ev {
     Engine(u16),
     Arrival(u16),
     Wake(u16, u32),
+    /// An agent-loop sub-agent sends its next turn.
+    Turn(u16, u32),
 }
 
 /// A report on its way to the router.
@@ -335,14 +434,29 @@ struct Report {
     pressure: Option<(Pressure, Micros)>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct InFlight {
     demand: Demand,
+    /// The most prompt tokens any node's engine held at dispatch (the
+    /// oracle placement's).
+    oracle: u32,
     arrival: Micros,
     node: u16,
     /// The router that dispatched it, and its reservation there.
     router: u16,
     reservation: ReservationId,
+}
+
+/// What one router's prefix index learns from another's dispatch or the
+/// engine's answer to it, on its way in the nodes' reports.
+#[derive(Clone, Debug)]
+struct Gossip {
+    arrives: Micros,
+    from: u16,
+    node: NodeId,
+    chain: PromptChain,
+    /// `None`: routed there; `Some(n)`: the engine found `n` tokens cached.
+    cached: Option<u32>,
 }
 
 /// One router: the scheduler, its reservations and the snapshot it ranks.
@@ -371,10 +485,6 @@ struct NodeState {
     /// the node's proxy knows, not from the engine's future.
     declared_out: u64,
     actual_out: u64,
-    /// Recent conversations whose KV cache the engine still holds:
-    /// (session, cached tokens, last use).
-    kv: Vec<(SessionKey, u32, Micros)>,
-    kv_capacity: usize,
 }
 
 impl NodeState {
@@ -425,6 +535,11 @@ struct Sim<'a> {
     last_finish: Micros,
     jobs: Jobs,
     turns: Turns,
+    /// Agent-loop sub-agents between an answer and their next turn.
+    tools_running: usize,
+    /// Per-node routing: prefix-index updates for the other routers, in
+    /// arrival order.
+    gossip: std::collections::VecDeque<Gossip>,
 }
 
 /// Runs one scenario under one policy.
@@ -452,8 +567,6 @@ impl<'a> Sim<'a> {
                 reports: std::collections::VecDeque::new(),
                 declared_out: 0,
                 actual_out: 0,
-                kv: Vec::new(),
-                kv_capacity: p.engine.slots() as usize,
             })
             .collect();
         let view: Vec<NodeSnapshot> = order
@@ -506,6 +619,8 @@ impl<'a> Sim<'a> {
             last_finish: 0,
             jobs: Jobs::default(),
             turns: Turns::default(),
+            tools_running: 0,
+            gossip: std::collections::VecDeque::new(),
         }
     }
 
@@ -516,7 +631,7 @@ impl<'a> Sim<'a> {
 
     /// Whether periodic machinery must keep ticking.
     fn active(&self, now: Micros) -> bool {
-        now < self.scn.duration || self.live > 0
+        now < self.scn.duration || self.live > 0 || self.tools_running > 0
     }
 
     fn run(&mut self) {
@@ -547,6 +662,7 @@ impl<'a> Sim<'a> {
             match ev {
                 Ev::Arrival(s) => self.on_arrival(now, usize::from(s)),
                 Ev::Wake(s, u) => self.on_wake(now, usize::from(s), u),
+                Ev::Turn(s, a) => self.on_turn(now, usize::from(s), a),
                 Ev::Engine(i) => self.on_engine(now, usize::from(i)),
                 Ev::Report(i) => self.on_report(now, usize::from(i)),
                 Ev::Telemetry => self.on_telemetry(now),
@@ -564,8 +680,8 @@ impl<'a> Sim<'a> {
             let ideal = self.plan.ideal_makespan(self.scn, &batch);
             self.jobs.start((s as u16, job), now, ideal, batch.len());
         }
-        for d in &batch {
-            self.dispatch(now, *d);
+        for d in batch.drain(..) {
+            self.dispatch(now, d);
         }
         self.batch = batch;
         if let Some(t) = self.sources[s].next_arrival(src, now)
@@ -582,6 +698,26 @@ impl<'a> Sim<'a> {
         let src = &self.scn.sources[s];
         if let Some(d) = self.sources[s].user_request(src, u) {
             self.dispatch(now, d);
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        if let Some((job, plan)) = self.sources[s].start_job(src, u, &mut batch) {
+            let ideal = self.plan.ideal_loop_makespan(self.scn, &plan);
+            self.jobs.start((s as u16, job), now, ideal, plan.len());
+        }
+        for d in batch.drain(..) {
+            self.dispatch(now, d);
+        }
+        self.batch = batch;
+    }
+
+    /// A sub-agent's tool ran: its next turn goes out (even past the
+    /// duration, so that a started job ends).
+    fn on_turn(&mut self, now: Micros, s: usize, agent: u32) {
+        self.tools_running = self.tools_running.saturating_sub(1);
+        if let Some(d) = self.sources[s].next_turn(agent) {
+            self.dispatch(now, d);
         }
     }
 
@@ -595,6 +731,7 @@ impl<'a> Sim<'a> {
         self.profile.prompt_tokens = d.prompt_tokens;
         self.profile.max_output_tokens = d.declared_output;
         self.profile.session = d.session;
+        self.profile.prefix.clone_from(&d.prompt);
         let r = self.entry(&d);
         let router = &mut self.routers[r];
         // A router on a node reads that node's own workload live, as a
@@ -631,16 +768,41 @@ impl<'a> Sim<'a> {
                 queue: 0,
                 output_tokens: 0,
                 cold: false,
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                oracle_tokens: 0,
             });
             self.completed += 1;
-            self.user_done(now, d);
+            self.user_done(now, &d);
             return;
         };
+        // The most any node's engine holds of the prompt now: what a
+        // placement that knew every cache would find.
+        let oracle = (0..self.nodes.len())
+            .filter_map(|k| {
+                let m = self.plan.nodes[k].local[usize::from(d.model)]?;
+                Some(
+                    self.nodes[k]
+                        .engine
+                        .cache()
+                        .peek(m, &d.prompt, d.prompt_tokens),
+                )
+            })
+            .max()
+            .unwrap_or(0);
         let router = &mut self.routers[r];
         let reservation = router.reservations.reserve(node_id, &self.profile, now_ms);
+        // The router's prefix index learns of its own dispatch at once, the
+        // other routers' when the node next reports.
+        if self.scn.prefix_index {
+            router
+                .scheduler
+                .note_routed(&router.snapshot, node_id, &d.prompt, now_ms);
+        }
         if let Some(session) = d.session {
             router.scheduler.bind_session(session, node_id, now_ms);
         }
+        self.gossip(now, r, node_id, &d.prompt, None);
         let slot = match self.free.pop() {
             Some(k) => k,
             None => {
@@ -648,35 +810,51 @@ impl<'a> Sim<'a> {
                 self.inflight.len() - 1
             }
         };
+        let spec = JobSpec {
+            id: slot as u64,
+            model: local,
+            prompt_tokens: d.prompt_tokens,
+            output_tokens: d.output_tokens,
+            prompt: d.prompt.clone(),
+        };
+        let node = &mut self.nodes[i];
+        node.declared_out += u64::from(d.declared_output);
+        node.actual_out += u64::from(d.output_tokens);
         self.inflight[slot] = Some(InFlight {
             demand: d,
+            oracle,
             arrival: now,
             node: i as u16,
             router: r as u16,
             reservation,
         });
         self.live += 1;
-        let node = &mut self.nodes[i];
-        // Prompt caching: a conversation's previous context is still in the
-        // engine's KV cache if it is among the recent ones here.
-        let cached = d
-            .session
-            .and_then(|s| node.kv.iter().find(|e| e.0 == s).map(|e| e.1))
-            .unwrap_or(0);
-        let prompt = d.prompt_tokens.saturating_sub(cached).max(1);
-        node.declared_out += u64::from(d.declared_output);
-        node.actual_out += u64::from(d.output_tokens);
         // The model index is the engine's own; it cannot be out of range.
-        let _ = node.engine.submit(
-            now,
-            JobSpec {
-                id: slot as u64,
-                model: local,
-                prompt_tokens: prompt,
-                output_tokens: d.output_tokens,
-            },
-        );
+        let _ = self.nodes[i].engine.submit(now, spec);
         self.reschedule(i);
+    }
+
+    /// Queues a prefix-index update for the routers other than `from`.
+    /// Simplification: it reaches them one report interval (plus the
+    /// network delay) later, the longest a node's next report can take,
+    /// rather than with the report that happens to carry it.
+    fn gossip(
+        &mut self,
+        now: Micros,
+        from: usize,
+        node: NodeId,
+        chain: &PromptChain,
+        cached: Option<u32>,
+    ) {
+        if self.scn.prefix_index && self.routers.len() > 1 && !chain.is_empty() {
+            self.gossip.push_back(Gossip {
+                arrives: now + self.scn.info.report_interval + self.scn.info.network_delay,
+                from: u16::try_from(from).unwrap_or(u16::MAX),
+                node,
+                chain: chain.clone(),
+                cached,
+            });
+        }
     }
 
     /// The router a request enters at.
@@ -730,11 +908,28 @@ impl<'a> Sim<'a> {
         self.live -= 1;
         self.completed += 1;
         self.last_finish = self.last_finish.max(t.finished_us);
-        self.routers[usize::from(f.router)]
-            .reservations
-            .release(f.reservation, t.finished_us / US_PER_MS);
+        let finished_ms = t.finished_us / US_PER_MS;
+        let router = &mut self.routers[usize::from(f.router)];
+        router.reservations.release(f.reservation, finished_ms);
+        // The engine said what it found cached (its usage): the dispatching
+        // router corrects its index now, the others when the node reports.
+        let node_id = self.plan.nodes[i].id;
+        if self.scn.prefix_index {
+            router
+                .scheduler
+                .note_cached(node_id, &f.demand.prompt, t.cached_tokens, finished_ms);
+        }
+        self.gossip(
+            t.finished_us,
+            usize::from(f.router),
+            node_id,
+            &f.demand.prompt,
+            Some(t.cached_tokens),
+        );
         let rtt = self.plan.nodes[i].rtt;
-        if let Some(job) = f.demand.burst {
+        // A fan-out sub-task ends with its answer; an agent-loop sub-agent
+        // with its last turn's (`user_done`).
+        if let (Some(job), None) = (f.demand.burst, f.demand.agent) {
             self.jobs
                 .part_done((f.demand.source, job), t.finished_us + rtt, self.scn.warmup);
         }
@@ -746,28 +941,6 @@ impl<'a> Sim<'a> {
         node.actual_out = node
             .actual_out
             .saturating_sub(u64::from(f.demand.output_tokens));
-        if let Some(s) = f.demand.session {
-            let ctx = f
-                .demand
-                .prompt_tokens
-                .saturating_add(f.demand.output_tokens);
-            match node.kv.iter_mut().find(|e| e.0 == s) {
-                Some(e) => *e = (s, ctx, t.finished_us),
-                None => {
-                    if node.kv.len() >= node.kv_capacity
-                        && let Some(oldest) = node
-                            .kv
-                            .iter()
-                            .enumerate()
-                            .min_by_key(|(_, e)| e.2)
-                            .map(|(k, _)| k)
-                    {
-                        node.kv.swap_remove(oldest);
-                    }
-                    node.kv.push((s, ctx, t.finished_us));
-                }
-            }
-        }
         let ms = |us: u64| u32::try_from(us.div_ceil(US_PER_MS)).unwrap_or(u32::MAX);
         let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
         // How decoding slows as streams share the engine: each request's
@@ -809,8 +982,13 @@ impl<'a> Sim<'a> {
             queue: t.started_us - t.submitted_us,
             output_tokens: t.output_tokens,
             cold: t.cold,
+            prompt_tokens: f.demand.prompt_tokens,
+            cached_tokens: t.cached_tokens,
+            // A prefix prefilled while the job queued can beat what any
+            // node held at dispatch; the oracle is never below the real.
+            oracle_tokens: f.oracle.max(t.cached_tokens),
         });
-        self.user_done(t.finished_us + rtt, f.demand);
+        self.user_done(t.finished_us + rtt, &f.demand);
     }
 
     fn record(&mut self, r: Record) {
@@ -820,7 +998,27 @@ impl<'a> Sim<'a> {
     }
 
     /// A closed-loop user got its answer at `at`: think, then ask again.
-    fn user_done(&mut self, at: Micros, d: Demand) {
+    fn user_done(&mut self, at: Micros, d: &Demand) {
+        if let Some(agent) = d.agent {
+            let s = usize::from(d.source);
+            match self.sources[s].turn_done(agent) {
+                AfterTurn::Next(tool) => {
+                    self.tools_running += 1;
+                    self.push(at + tool.max(1), Ev::Turn(d.source, agent));
+                }
+                AfterTurn::AgentDone { job, job_done } => {
+                    self.jobs.part_done((d.source, job), at, self.scn.warmup);
+                    if let Some(dev) = job_done {
+                        let think = self.sources[s].think(&self.scn.sources[s], dev);
+                        let wake = at + think.max(1);
+                        if wake < self.scn.duration {
+                            self.push(wake, Ev::Wake(d.source, dev));
+                        }
+                    }
+                }
+            }
+            return;
+        }
         if let Some(u) = d.user {
             let s = usize::from(d.source);
             let think = self.sources[s].think(&self.scn.sources[s], u);
@@ -882,6 +1080,25 @@ impl<'a> Sim<'a> {
     }
 
     fn on_publish(&mut self, now: Micros) {
+        while self.gossip.front().is_some_and(|g| g.arrives <= now) {
+            let Some(g) = self.gossip.pop_front() else {
+                break;
+            };
+            let now_ms = g.arrives / US_PER_MS;
+            for (r, router) in self.routers.iter_mut().enumerate() {
+                if r == usize::from(g.from) {
+                    continue;
+                }
+                match g.cached {
+                    Some(n) => router.scheduler.note_cached(g.node, &g.chain, n, now_ms),
+                    None => {
+                        router
+                            .scheduler
+                            .note_routed(&router.snapshot, g.node, &g.chain, now_ms)
+                    }
+                }
+            }
+        }
         let info = self.scn.info;
         let learned = std::mem::take(&mut self.learner_dirty);
         let mut changed = learned || self.generation == 0;
@@ -1148,6 +1365,8 @@ mod tests {
                 session: None,
                 user: None,
                 burst: Some(1),
+                agent: None,
+                prompt: PromptChain::EMPTY,
             })
             .collect();
         let (p1, p2) = (Cluster::build(&one).unwrap(), Cluster::build(&two).unwrap());
@@ -1180,6 +1399,8 @@ mod tests {
             session: None,
             user: None,
             burst: Some(1),
+            agent: None,
+            prompt: PromptChain::EMPTY,
         };
         let scn = scenario(9, &["rtx4090", "laptop"], 1, 0.2, 8, false, false);
         let plan = Cluster::build(&scn).unwrap();
@@ -1218,6 +1439,40 @@ mod tests {
             "{ideal:?}"
         );
         assert!(ideal.capacity < ideal.whole_tasks);
+    }
+
+    /// Agent loops end every job they start, under every policy and either
+    /// routing, and the same seed gives the same run; their sub-agents'
+    /// later turns find their own context cached.
+    #[test]
+    fn agent_loops_finish_every_job_and_reuse_their_context() {
+        let text = "name = \"l\"\nseed = 2\nduration_s = 120\nslo = { ttft_p95_ms = 2000 }\n\
+             [[models]]\nname = \"a:8b\"\nsize_gb = 4.9\n\
+             [[nodes]]\nname = \"n0\"\nprofile = \"rtx4090\"\nmodels = [\"a:8b\"]\n\
+             [[nodes]]\nname = \"n1\"\nprofile = \"rtx3060\"\nmodels = [\"a:8b\"]\n\
+             [[workload]]\nname = \"code\"\nkind = \"agent-loop\"\nusers = 2\nsystem_tokens = 8000\n\
+             think_ms = { dist = \"fixed\", value = 2000 }\nfan_out = { dist = \"uniform\", min = 1, max = 6 }\n\
+             turns = { dist = \"uniform\", min = 2, max = 5 }\ntool_tokens = { dist = \"uniform\", min = 100, max = 800 }\n\
+             tool_ms = { dist = \"fixed\", value = 300 }\nprompt_tokens = { dist = \"fixed\", value = 300 }\n\
+             output_tokens = { dist = \"uniform\", min = 20, max = 100 }\n";
+        let mut scn = Scenario::parse(text).unwrap();
+        for routing in [Routing::Single, Routing::PerNode(Entry::Spread)] {
+            scn.routing = routing;
+            for policy in Policy::ALL {
+                let out = run(&scn, policy);
+                let s = &out.summary;
+                assert_eq!(out.in_flight_at_end, 0, "{policy}");
+                assert_eq!(s.generated, s.completed, "{policy}");
+                let jobs = s.fan_out.expect("jobs measured");
+                assert!(jobs.jobs >= 4 && jobs.ratio_p50 > 0.0, "{policy}: {jobs:?}");
+                let cache = s.cache.expect("tokens cached");
+                // Every turn after a node's first holds at least the system
+                // prompt there.
+                assert!(cache.hit_share > 0.5, "{policy}: {cache:?}");
+                assert!(cache.cached_tokens <= cache.oracle_tokens);
+                assert_eq!(run(&scn, policy).ttft_sorted, out.ttft_sorted);
+            }
+        }
     }
 
     #[test]

@@ -4,8 +4,16 @@
 //! stream, so the demand is the same whatever the routing policy does: two
 //! policies are compared on the same requests (closed-loop users send the
 //! same sequence; only its timing follows the service they get).
+//!
+//! Every request carries its prompt as a [`PromptChain`] of named segments
+//! (a source's shared system prompt, a user's message, an answer, a tool
+//! result), so engines' caches and the scheduler's prefix index see which
+//! requests share a prefix. Segments, not 64-token blocks: a chain has a
+//! few dozen blocks at most and costs one small allocation per request.
 
-use pair_core::SessionKey;
+use std::collections::VecDeque;
+
+use pair_core::{ChainBuilder, PromptChain, SessionKey};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -13,12 +21,20 @@ use crate::dist::{exponential, unit_open};
 use crate::scenario::{Micros, Source, SourceKind, US_PER_MS, US_PER_S};
 
 /// One request as the client sends it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Demand {
     pub source: u16,
     pub model: u16,
-    /// Tokens the engine must prefill (whole context for multi-turn chats).
+    /// Tokens the engine must prefill (whole context for multi-turn chats),
+    /// before what its cache holds.
     pub prompt_tokens: u32,
+    /// The prompt as a chain of segments (what caches match on). In a
+    /// conversation (multi-turn chats, agent loops) the answer's segment
+    /// ends it: an engine keeps the answer's KV after generating it (a
+    /// llama.cpp slot holds prompt and answer), so the next turn, which
+    /// re-sends it, finds it cached. Engines never count more than the
+    /// prompt as cached, so the tail past `prompt_tokens` costs nothing.
+    pub prompt: PromptChain,
     /// Tokens the engine will generate.
     pub output_tokens: u32,
     /// What the router is told to expect (the client's max, or the API
@@ -26,11 +42,14 @@ pub struct Demand {
     pub declared_output: u32,
     pub streaming: bool,
     pub session: Option<SessionKey>,
-    /// The closed-loop user waiting for this answer.
+    /// The closed-loop user waiting for this answer (for an agent loop,
+    /// the developer whose job it is).
     pub user: Option<u32>,
-    /// The agent job (one fan-out burst of its source) this sub-task is
-    /// part of.
+    /// The agent job (one fan-out burst of its source, or one agent-loop
+    /// job) this sub-task is part of.
     pub burst: Option<u32>,
+    /// The agent-loop sub-agent that sends the next turn after this answer.
+    pub agent: Option<u32>,
 }
 
 /// Mixes a seed with stream identifiers (SplitMix64 finaliser), so each
@@ -44,14 +63,70 @@ pub fn stream_seed(seed: u64, a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Segment kinds, mixed into segment ids so that a user message and an
+/// answer with the same counters never name the same content.
+const SEG_SYSTEM: u64 = 1;
+const SEG_MESSAGE: u64 = 2;
+const SEG_ANSWER: u64 = 3;
+const SEG_TOOL: u64 = 4;
+
+/// A segment's id: unique per (source, kind, owner, counter).
+fn seg(source: u16, kind: u64, owner: u64, n: u64) -> u64 {
+    stream_seed(
+        u64::from(source) << 8 | kind,
+        owner.wrapping_add(1),
+        n.wrapping_add(1),
+    )
+}
+
+/// A chain builder holding the source's shared system prompt, if any.
+fn with_system(source: &Source, index: u16) -> ChainBuilder {
+    let mut b = ChainBuilder::new();
+    if source.system_tokens > 0 {
+        b.segment(seg(index, SEG_SYSTEM, 0, 0), source.system_tokens);
+    }
+    b
+}
+
 /// A closed-loop user's conversation state.
 #[derive(Clone, Debug)]
 struct User {
     rng: ChaCha8Rng,
-    /// Context carried into the next turn.
-    context: u32,
+    /// Context carried into the next turn, as segments.
+    context: ChainBuilder,
     turns_left: u32,
     conversation: u64,
+    /// Messages sent (names their segments).
+    sent: u64,
+}
+
+/// One planned turn of an agent-loop sub-agent.
+#[derive(Clone, Debug)]
+pub struct PlannedTurn {
+    pub demand: Demand,
+    /// Prompt tokens this turn adds to the previous turn's prompt (the
+    /// previous answer and the tool result; for the first turn, the task
+    /// after the system prompt).
+    pub new_tokens: u32,
+    /// Tool time between this answer and the next turn.
+    pub tool: Micros,
+}
+
+/// A sub-agent in flight: its job, its developer and its turns to come.
+#[derive(Clone, Debug)]
+struct SubAgent {
+    dev: u32,
+    turns: VecDeque<PlannedTurn>,
+}
+
+/// What follows an agent-loop answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterTurn {
+    /// The sub-agent sends its next turn after this tool time.
+    Next(Micros),
+    /// The sub-agent is done; `job_done` names the developer when it was
+    /// the job's last sub-agent.
+    AgentDone { job: u32, job_done: Option<u32> },
 }
 
 /// Generator state of one source.
@@ -65,6 +140,13 @@ pub struct SourceState {
     users: Vec<User>,
     /// Agent jobs started so far (their ids).
     bursts: u32,
+    /// Open-loop requests made (names their segments).
+    made: u64,
+    /// Agent loop: sub-agents in flight (a slab), its free entries, and
+    /// per developer the sub-agents of its job still running and the job.
+    agents: Vec<Option<SubAgent>>,
+    free_agents: Vec<u32>,
+    running: Vec<(u32, u32)>,
 }
 
 impl SourceState {
@@ -72,20 +154,23 @@ impl SourceState {
         let index16 = u16::try_from(index).unwrap_or(u16::MAX);
         let mut rng = ChaCha8Rng::seed_from_u64(stream_seed(seed, 1 + index as u64, 0));
         let users = match source.kind {
-            SourceKind::ClosedLoop { users, .. } => (0..users)
+            SourceKind::ClosedLoop { users, .. } | SourceKind::AgentLoop { users, .. } => (0
+                ..users)
                 .map(|u| User {
                     rng: ChaCha8Rng::seed_from_u64(stream_seed(
                         seed,
                         1 + index as u64,
                         1 + u64::from(u),
                     )),
-                    context: 0,
+                    context: ChainBuilder::new(),
                     turns_left: 0,
                     conversation: 0,
+                    sent: 0,
                 })
                 .collect(),
             _ => Vec::new(),
         };
+        let running = vec![(0, 0); users.len()];
         let flip_at = match source.kind {
             SourceKind::Bursty { mean_gap, .. } => exponential(&mut rng, mean_gap as f64) as Micros,
             _ => Micros::MAX,
@@ -97,6 +182,10 @@ impl SourceState {
             flip_at,
             users,
             bursts: 0,
+            made: 0,
+            agents: Vec::new(),
+            free_agents: Vec::new(),
+            running,
         }
     }
 
@@ -117,9 +206,12 @@ impl SourceState {
                 }
             }
             SourceKind::Agents { bursts_per_s, .. } => bursts_per_s,
-            SourceKind::ClosedLoop { .. } => 0.0,
+            SourceKind::ClosedLoop { .. } | SourceKind::AgentLoop { .. } => 0.0,
         };
-        if matches!(source.kind, SourceKind::ClosedLoop { .. }) {
+        if matches!(
+            source.kind,
+            SourceKind::ClosedLoop { .. } | SourceKind::AgentLoop { .. }
+        ) {
             return None;
         }
         let mut t = now;
@@ -158,7 +250,15 @@ impl SourceState {
             self.bursts
         });
         for _ in 0..n {
-            let mut d = draw(&mut self.rng, source, self.index, 0, None, None);
+            let mut d = draw(&mut self.rng, source, self.index, None, None);
+            self.made += 1;
+            let mut chain = with_system(source, self.index);
+            chain.segment(
+                seg(self.index, SEG_MESSAGE, u64::MAX, self.made),
+                d.prompt_tokens,
+            );
+            d.prompt = chain.finish();
+            d.prompt_tokens = d.prompt.tokens();
             d.burst = burst;
             out.push(d);
         }
@@ -173,9 +273,10 @@ impl SourceState {
     /// time, so users do not all start in the same microsecond.
     pub fn first_wake(&mut self, source: &Source, user: u32) -> Micros {
         match (&source.kind, self.users.get_mut(user as usize)) {
-            (SourceKind::ClosedLoop { think_ms, .. }, Some(u)) => {
-                (think_ms.sample(&mut u.rng) * US_PER_MS as f64 * unit_open(&mut u.rng)) as Micros
-            }
+            (
+                SourceKind::ClosedLoop { think_ms, .. } | SourceKind::AgentLoop { think_ms, .. },
+                Some(u),
+            ) => (think_ms.sample(&mut u.rng) * US_PER_MS as f64 * unit_open(&mut u.rng)) as Micros,
             _ => 0,
         }
     }
@@ -192,64 +293,181 @@ impl SourceState {
         };
         let index = self.index;
         let u = self.users.get_mut(user as usize)?;
+        u.sent += 1;
+        let message = seg(index, SEG_MESSAGE, u64::from(user), u.sent);
         let Some(turns) = turns else {
-            return Some(draw(&mut u.rng, source, index, 0, None, Some(user)));
+            let mut d = draw(&mut u.rng, source, index, None, Some(user));
+            let mut chain = with_system(source, index);
+            chain.segment(message, d.prompt_tokens);
+            d.prompt = chain.finish();
+            d.prompt_tokens = d.prompt.tokens();
+            return Some(d);
         };
         if u.turns_left == 0 {
             u.turns_left = turns.sample_count(&mut u.rng, 1);
-            u.context = 0;
+            u.context = with_system(source, index);
             u.conversation += 1;
         }
-        let session = SessionKey(stream_seed(
-            u64::from(index),
-            u64::from(user),
-            u.conversation,
-        ));
+        let session =
+            |conversation| SessionKey(stream_seed(u64::from(index), u64::from(user), conversation));
         let mut d = draw(
             &mut u.rng,
             source,
             index,
-            u.context,
-            Some(session),
+            Some(session(u.conversation)),
             Some(user),
         );
-        if d.prompt_tokens > *context_limit {
+        let fresh = d.prompt_tokens;
+        if u.context.tokens().saturating_add(fresh) > *context_limit {
             // The chat outgrew its context: the client starts a new one.
-            d.prompt_tokens = (d.prompt_tokens - u.context).min(*context_limit);
             u.conversation += 1;
-            u.context = 0;
-            d.session = Some(SessionKey(stream_seed(
-                u64::from(index),
-                u64::from(user),
-                u.conversation,
-            )));
+            u.context = with_system(source, index);
+            d.session = Some(session(u.conversation));
         }
+        u.context
+            .segment(message, fresh.min((*context_limit).max(1)));
+        d.prompt_tokens = u.context.tokens();
         u.turns_left -= 1;
         // The answer joins the context of the next turn.
-        u.context = d.prompt_tokens.saturating_add(d.output_tokens);
-        if u.turns_left == 0 {
-            u.context = 0;
-        }
+        u.context.segment(
+            seg(index, SEG_ANSWER, u64::from(user), u.sent),
+            d.output_tokens,
+        );
+        d.prompt = u.context.clone().finish();
         Some(d)
+    }
+
+    /// An agent-loop developer starts a job: its sub-agents' turns are all
+    /// drawn now (so the job's ideal can be priced whole), the first turn of
+    /// each goes into `out`, and the plan comes back (the first turn of each
+    /// sub-agent first). None for other sources.
+    pub fn start_job(
+        &mut self,
+        source: &Source,
+        dev: u32,
+        out: &mut Vec<Demand>,
+    ) -> Option<(u32, Vec<Vec<PlannedTurn>>)> {
+        let SourceKind::AgentLoop {
+            fan_out,
+            turns,
+            tool_tokens,
+            tool_ms,
+            ..
+        } = &source.kind
+        else {
+            return None;
+        };
+        let index = self.index;
+        let u = self.users.get_mut(dev as usize)?;
+        self.bursts = self.bursts.wrapping_add(1);
+        let job = self.bursts;
+        let n = fan_out.sample_count(&mut u.rng, 1);
+        let mut plan = Vec::with_capacity(n as usize);
+        for a in 0..n {
+            // Owner of this sub-agent's segments: unique per job and agent.
+            let owner = stream_seed(u64::from(dev), u64::from(job), u64::from(a));
+            let session = SessionKey(stream_seed(u64::from(index), owner, 0xA6E));
+            let count = turns.sample_count(&mut u.rng, 1);
+            let mut context = with_system(source, index);
+            let mut agent = Vec::with_capacity(count as usize);
+            let mut new_tokens = 0;
+            for k in 0..count {
+                // Every turn draws a whole request (model, lengths,
+                // streaming); only the first turn's message is sent (the
+                // task): a later turn's new tokens are the tool result.
+                let mut d = draw(&mut u.rng, source, index, Some(session), Some(dev));
+                if k == 0 {
+                    // The task: the first user message after the system prompt.
+                    context.segment(seg(index, SEG_MESSAGE, owner, 0), d.prompt_tokens);
+                    new_tokens = d.prompt_tokens;
+                }
+                d.prompt_tokens = context.tokens();
+                d.burst = Some(job);
+                let tool_result = tool_tokens.sample_count(&mut u.rng, 1);
+                let tool = (tool_ms.sample(&mut u.rng) * US_PER_MS as f64) as Micros;
+                context.segment(seg(index, SEG_ANSWER, owner, u64::from(k)), d.output_tokens);
+                d.prompt = context.clone().finish();
+                context.segment(seg(index, SEG_TOOL, owner, u64::from(k)), tool_result);
+                agent.push(PlannedTurn {
+                    demand: d,
+                    new_tokens,
+                    tool,
+                });
+                // The answer is held with the prompt: the next turn adds
+                // only the tool result.
+                new_tokens = tool_result;
+            }
+            plan.push(agent);
+        }
+        self.running[dev as usize] = (n, job);
+        for agent in &plan {
+            let slot = match self.free_agents.pop() {
+                Some(k) => k,
+                None => {
+                    self.agents.push(None);
+                    u32::try_from(self.agents.len() - 1).unwrap_or(u32::MAX)
+                }
+            };
+            let mut turns: VecDeque<PlannedTurn> = agent.iter().cloned().collect();
+            for t in &mut turns {
+                t.demand.agent = Some(slot);
+            }
+            // The turn in flight stays at the front until it is answered.
+            if let Some(first) = turns.front() {
+                out.push(first.demand.clone());
+            }
+            if let Some(e) = self.agents.get_mut(slot as usize) {
+                *e = Some(SubAgent { dev, turns });
+            }
+        }
+        Some((job, plan))
+    }
+
+    /// An agent-loop turn of sub-agent `agent` was answered.
+    pub fn turn_done(&mut self, agent: u32) -> AfterTurn {
+        let Some(Some(a)) = self.agents.get_mut(agent as usize) else {
+            return AfterTurn::Next(0);
+        };
+        // The answered turn is at the front; the next follows its tool time.
+        let done = a.turns.pop_front();
+        if !a.turns.is_empty() {
+            return AfterTurn::Next(done.map_or(0, |t| t.tool));
+        }
+        let dev = a.dev;
+        self.agents[agent as usize] = None;
+        self.free_agents.push(agent);
+        let (left, job) = &mut self.running[dev as usize];
+        *left = left.saturating_sub(1);
+        AfterTurn::AgentDone {
+            job: *job,
+            job_done: (*left == 0).then_some(dev),
+        }
+    }
+
+    /// The next turn of sub-agent `agent` (after `turn_done` said `Next`).
+    pub fn next_turn(&self, agent: u32) -> Option<Demand> {
+        let a = self.agents.get(agent as usize)?.as_ref()?;
+        a.turns.front().map(|t| t.demand.clone())
     }
 
     /// Think time before a closed-loop user's next request, in microseconds.
     pub fn think(&mut self, source: &Source, user: u32) -> Micros {
         match (&source.kind, self.users.get_mut(user as usize)) {
-            (SourceKind::ClosedLoop { think_ms, .. }, Some(u)) => {
-                (think_ms.sample(&mut u.rng) * US_PER_MS as f64) as Micros
-            }
+            (
+                SourceKind::ClosedLoop { think_ms, .. } | SourceKind::AgentLoop { think_ms, .. },
+                Some(u),
+            ) => (think_ms.sample(&mut u.rng) * US_PER_MS as f64) as Micros,
             _ => 0,
         }
     }
 }
 
-/// Draws one request's model and lengths.
+/// Draws one request's model and lengths; `prompt_tokens` is the fresh
+/// part (the message), and the caller builds the chain.
 fn draw<R: Rng + ?Sized>(
     rng: &mut R,
     source: &Source,
     index: u16,
-    context: u32,
     session: Option<SessionKey>,
     user: Option<u32>,
 ) -> Demand {
@@ -267,13 +485,15 @@ fn draw<R: Rng + ?Sized>(
     Demand {
         source: index,
         model,
-        prompt_tokens: context.saturating_add(fresh),
+        prompt_tokens: fresh,
+        prompt: PromptChain::EMPTY,
         output_tokens: output,
         declared_output: declared,
         streaming,
         session,
         user,
         burst: None,
+        agent: None,
     }
 }
 
@@ -402,6 +622,192 @@ output_tokens = { dist = "fixed", value = 50 }
         assert_ne!(turns[2].session, turns[3].session);
         assert!(turns.iter().all(|d| d.user == Some(1)));
         assert_eq!(turns[0].declared_output, 256);
+    }
+
+    /// Coding agents: a 20k-token system prompt, 1-20 sub-agents of 5-15
+    /// turns, tool results of 0.5-3k tokens, answers of 50-400.
+    const AGENTS: &str = r#"
+name = "a"
+duration_s = 100
+slo = { ttft_p95_ms = 1000 }
+[[models]]
+name = "a"
+size_gb = 1
+[[nodes]]
+name = "n"
+profile = "rtx4090"
+models = ["a"]
+[[workload]]
+name = "code"
+kind = "agent-loop"
+users = 2
+think_ms = { dist = "fixed", value = 1000 }
+system_tokens = 20000
+fan_out = { dist = "uniform", min = 1, max = 20 }
+turns = { dist = "uniform", min = 5, max = 15 }
+prompt_tokens = { dist = "uniform", min = 200, max = 2000 }
+tool_tokens = { dist = "uniform", min = 500, max = 3000 }
+tool_ms = { dist = "uniform", min = 100, max = 2000 }
+output_tokens = { dist = "uniform", min = 50, max = 400 }
+[[workload]]
+name = "chat"
+kind = "closed-loop"
+users = 3
+system_tokens = 1500
+think_ms = { dist = "fixed", value = 1000 }
+turns = { dist = "fixed", value = 3 }
+prompt_tokens = { dist = "fixed", value = 100 }
+output_tokens = { dist = "fixed", value = 50 }
+"#;
+
+    #[test]
+    fn agent_jobs_fan_out_into_loops_that_share_the_system_prompt() {
+        let s = Scenario::parse(AGENTS).unwrap();
+        let src = &s.sources[0];
+        let mut st = SourceState::new(4, 0, src);
+        let mut fan_outs = Vec::new();
+        let mut turn_counts = Vec::new();
+        let mut system = None;
+        for job in 0..40 {
+            let mut first = Vec::new();
+            let (id, plan) = st.start_job(src, job % 2, &mut first).unwrap();
+            assert_eq!(first.len(), plan.len());
+            assert!((1..=20).contains(&plan.len()), "{}", plan.len());
+            fan_outs.push(plan.len());
+            for agent in &plan {
+                assert!((5..=15).contains(&agent.len()), "{}", agent.len());
+                turn_counts.push(agent.len());
+                // Every request starts with the same 20k-token block.
+                for t in agent {
+                    let head = t.demand.prompt.blocks()[0];
+                    assert_eq!(head.end, 20_000);
+                    assert_eq!(*system.get_or_insert(head), head);
+                    assert_eq!(t.demand.burst, Some(id));
+                    assert_eq!(
+                        t.demand.prompt_tokens + t.demand.output_tokens,
+                        t.demand.prompt.tokens()
+                    );
+                    assert!((50..=400).contains(&t.demand.output_tokens));
+                }
+                // The task follows the system prompt; each later turn
+                // re-sends the whole previous prompt plus the answer and a
+                // tool result of 0.5-3k tokens.
+                assert!((200..=2000).contains(&agent[0].new_tokens));
+                for w in agent.windows(2) {
+                    let (prev, next) = (&w[0].demand, &w[1].demand);
+                    assert_eq!(
+                        next.prompt.common_tokens(prev.prompt.blocks()),
+                        prev.prompt_tokens + prev.output_tokens
+                    );
+                    let tool = next.prompt_tokens - prev.prompt_tokens - prev.output_tokens;
+                    assert!((500..=3000).contains(&tool), "{tool}");
+                    assert_eq!(w[1].new_tokens, tool);
+                    assert!((100_000..=2_000_000).contains(&w[0].tool));
+                    assert_eq!(next.session, prev.session);
+                }
+            }
+            // Sub-agents share the system prompt and nothing more.
+            if let [a, b, ..] = plan.as_slice() {
+                assert_eq!(
+                    a[0].demand
+                        .prompt
+                        .common_tokens(b[0].demand.prompt.blocks()),
+                    20_000
+                );
+                assert_ne!(a[0].demand.session, b[0].demand.session);
+            }
+            // Run the job's loops to their end: every turn comes out once, in
+            // order, and the last sub-agent ends the job.
+            let mut ended = 0;
+            for (k, d) in first.iter().enumerate() {
+                let agent = d.agent.unwrap();
+                let mut sent = 1;
+                loop {
+                    match st.turn_done(agent) {
+                        AfterTurn::Next(tool) => {
+                            assert_eq!(tool, plan[k][sent - 1].tool);
+                            assert_eq!(
+                                st.next_turn(agent).unwrap().prompt,
+                                plan[k][sent].demand.prompt
+                            );
+                            sent += 1;
+                        }
+                        AfterTurn::AgentDone { job, job_done } => {
+                            assert_eq!(job, id);
+                            ended += 1;
+                            assert_eq!(job_done.is_some(), ended == plan.len());
+                            break;
+                        }
+                    }
+                }
+                assert_eq!(sent, plan[k].len());
+            }
+        }
+        assert!(fan_outs.iter().any(|n| *n <= 5) && fan_outs.iter().any(|n| *n >= 15));
+        assert!(turn_counts.iter().any(|n| *n <= 6) && turn_counts.iter().any(|n| *n >= 14));
+        // Other sources have no jobs.
+        assert!(st.start_job(&s.sources[1], 0, &mut Vec::new()).is_none());
+    }
+
+    #[test]
+    fn chat_users_share_the_system_prompt_and_their_chains_grow() {
+        let s = Scenario::parse(AGENTS).unwrap();
+        let src = &s.sources[1];
+        let mut st = SourceState::new(1, 1, src);
+        let a: Vec<Demand> = (0..4).map(|_| st.user_request(src, 0).unwrap()).collect();
+        let b = st.user_request(src, 1).unwrap();
+        let tokens: Vec<u32> = a.iter().map(|d| d.prompt_tokens).collect();
+        assert_eq!(tokens, vec![1600, 1750, 1900, 1600]);
+        // Each turn's chain holds the previous turn's prompt and answer.
+        assert_eq!(a[1].prompt.common_tokens(a[0].prompt.blocks()), 1650);
+        assert_eq!(a[2].prompt.common_tokens(a[1].prompt.blocks()), 1800);
+        // A new conversation and another user share only the system prompt.
+        assert_eq!(a[3].prompt.common_tokens(a[2].prompt.blocks()), 1500);
+        assert_eq!(b.prompt.common_tokens(a[0].prompt.blocks()), 1500);
+    }
+
+    #[test]
+    fn bad_agent_loops_are_refused() {
+        for (from, to, field) in [
+            (
+                "tool_ms = { dist = \"uniform\", min = 100, max = 2000 }\n",
+                "",
+                None,
+            ),
+            (
+                "tool_tokens = { dist = \"uniform\", min = 500, max = 3000 }\n",
+                "",
+                Some("workload[0].tool_tokens"),
+            ),
+            (
+                "turns = { dist = \"uniform\", min = 5, max = 15 }",
+                "turns = { dist = \"fixed\", value = 0, max = 0 }",
+                Some("workload[0].turns"),
+            ),
+            (
+                "fan_out = { dist = \"uniform\", min = 1, max = 20 }",
+                "",
+                Some("workload[0].fan_out"),
+            ),
+            (
+                "users = 2",
+                "users = 2\nrate_per_s = 1",
+                Some("workload[0].rate_per_s"),
+            ),
+            (
+                "users = 3",
+                "users = 3\ntool_ms = { dist = \"fixed\", value = 1 }",
+                Some("workload[1].tool_ms"),
+            ),
+        ] {
+            let text = AGENTS.replacen(from, to, 1);
+            assert_ne!(text, AGENTS, "{from}");
+            match (Scenario::parse(&text), field) {
+                (Ok(_), None) => {}
+                (Err(crate::SimError::Invalid { field: f, .. }), Some(want)) => assert_eq!(f, want),
+                (other, want) => panic!("{from}: {:?} wanted {want:?}", other.map(|s| s.name)),
+            }
+        }
     }
 
     #[test]

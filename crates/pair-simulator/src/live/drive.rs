@@ -247,6 +247,10 @@ impl Run {
             queue: 0,
             output_tokens: d.output_tokens,
             cold: false,
+            // The live engines' caches are not read back from the client.
+            prompt_tokens: d.prompt_tokens,
+            cached_tokens: 0,
+            oracle_tokens: 0,
         };
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         out.generated += 1;
@@ -341,6 +345,19 @@ pub(super) async fn drive(
     names: Vec<String>,
     opts: &super::LiveOptions,
 ) -> Result<Outcome, SimError> {
+    // The twin's clients send chats of a given length; an agent loop's
+    // turns (a shared system prompt, growing tool results) are not
+    // written out as bodies yet.
+    if let Some(i) = scn
+        .sources
+        .iter()
+        .position(|s| matches!(s.kind, SourceKind::AgentLoop { .. }))
+    {
+        return Err(SimError::invalid(
+            format!("workload[{i}].kind"),
+            "agent-loop runs in the simulator only, not in the live twin",
+        ));
+    }
     let run = Arc::new(Run {
         scn: scn.clone(),
         faces,
@@ -394,6 +411,8 @@ mod tests {
             session: session.map(SessionKey),
             user: Some(0),
             burst: None,
+            agent: None,
+            prompt: pair_core::PromptChain::EMPTY,
         }
     }
 

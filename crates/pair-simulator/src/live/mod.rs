@@ -231,6 +231,7 @@ mod tests {
                         sources: Vec::new(),
                         fan_out: None,
                         turns: None,
+                        cache: None,
                     },
                     search: None,
                     sweep: Vec::new(),
