@@ -159,6 +159,11 @@ struct LiveArgs {
     /// a conversation from its messages).
     #[arg(long)]
     session_header: bool,
+    /// Live runs of each scenario (a fresh cluster each): with more than
+    /// one, each figure is shown as its median and range over the runs,
+    /// beside the simulator's (one live run on two cores is noisy).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// Write both reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -423,17 +428,27 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
             },
             &quiet,
         )?;
-        let live = pair_simulator::live::compare_live(scn, &opts, &progress)?;
-        println!("live, time scale {}:", args.time_scale);
-        println!("{}", report::render_table(&live));
-        println!("{}", report::render_side_by_side(&sim, &live));
-        if args.check_ranking {
-            for d in pair_simulator::live::ranking_differences(&sim, &live, args.margin) {
-                differences.push(format!("{}: {d}", scn.name));
+        let mut lives = Vec::new();
+        for run in 1..=args.repeat {
+            if args.repeat > 1 {
+                progress(&format!("{}: run {run} of {}", scn.name, args.repeat));
             }
+            let live = pair_simulator::live::compare_live(scn, &opts, &progress)?;
+            println!("live, time scale {}:", args.time_scale);
+            println!("{}", report::render_table(&live));
+            println!("{}", report::render_side_by_side(&sim, &live));
+            if args.check_ranking {
+                for d in pair_simulator::live::ranking_differences(&sim, &live, args.margin) {
+                    differences.push(format!("{} (run {run}): {d}", scn.name));
+                }
+            }
+            lives.push(live);
+        }
+        if args.repeat > 1 {
+            println!("{}", report::render_spread(&sim, &lives));
         }
         reports.push(sim);
-        reports.push(live);
+        reports.extend(lives);
     }
     if let Some(path) = &args.json {
         let text = report::to_json(&reports)?;

@@ -419,6 +419,71 @@ pub fn render_table(r: &ScenarioReport) -> String {
 /// per policy, users at SLO where searched, TTFT p50 / p95, end-to-end p95
 /// and SLO misses as `sim / live`, and live p95 over the simulator's; then
 /// each node's share of requests.
+/// Repeated live runs of one scenario beside the simulator's: per policy,
+/// each live figure as its median over the runs with its range (the
+/// spread run to run, which a single run hides), and the median's ratio to
+/// the simulator's figure (the live gap).
+pub fn render_spread(sim: &ScenarioReport, lives: &[ScenarioReport]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {}: simulator against {} live runs (median [min-max])",
+        sim.scenario,
+        lives.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>9} {:>24} {:>9} {:>9} {:>24} {:>9} {:>11}",
+        "policy", "sim p50", "live p50", "live/sim", "sim p95", "live p95", "live/sim", "live cached"
+    );
+    for s in &sim.policies {
+        let runs: Vec<&crate::metrics::RunSummary> = lives
+            .iter()
+            .filter_map(|l| l.policies.iter().find(|p| p.policy == s.policy))
+            .map(|p| &p.run)
+            .collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let spread = |f: &dyn Fn(&crate::metrics::RunSummary) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            let median = if v.len() % 2 == 1 {
+                v[v.len() / 2]
+            } else {
+                (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+            };
+            (median, v[0], v[v.len() - 1])
+        };
+        let shown = |(m, lo, hi): (f64, f64, f64)| {
+            format!("{} [{}-{}]", fmt_ms(m), fmt_ms(lo), fmt_ms(hi))
+        };
+        let ratio = |live: f64, sim: f64| {
+            if sim > 0.0 {
+                format!("{:.2}x", live / sim)
+            } else {
+                "-".to_owned()
+            }
+        };
+        let p50 = spread(&|r| r.ttft.p50_ms);
+        let p95 = spread(&|r| r.ttft.p95_ms);
+        let cached = spread(&|r| r.cache.as_ref().map_or(0.0, |c| c.hit_share * 100.0));
+        let _ = writeln!(
+            out,
+            "{:<18} {:>9} {:>24} {:>9} {:>9} {:>24} {:>9} {:>10.0}%",
+            s.policy.as_str(),
+            fmt_ms(s.run.ttft.p50_ms),
+            shown(p50),
+            ratio(p50.0, s.run.ttft.p50_ms),
+            fmt_ms(s.run.ttft.p95_ms),
+            shown(p95),
+            ratio(p95.0, s.run.ttft.p95_ms),
+            cached.0
+        );
+    }
+    out
+}
+
 pub fn render_side_by_side(sim: &ScenarioReport, live: &ScenarioReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -603,6 +668,48 @@ pub fn to_json(reports: &[ScenarioReport]) -> Result<String, SimError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Three live runs of the smoke scenario, made up from the simulator's
+    /// own report: the table gives each figure's median and range, and the
+    /// median's ratio to the simulator's.
+    #[test]
+    fn repeated_live_runs_show_their_median_and_range() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/ci-smoke.toml");
+        let scn = crate::scenario::Scenario::load(std::path::Path::new(path)).unwrap();
+        let sim = compare(
+            &scn,
+            &CompareOptions {
+                policies: vec![Policy::PredictedLatency],
+                search: false,
+                parallel: false,
+            },
+            &|_| {},
+        )
+        .unwrap();
+        let p50 = sim.policies[0].run.ttft.p50_ms;
+        let lives: Vec<ScenarioReport> = [1.5, 1.0, 2.0]
+            .iter()
+            .map(|k| {
+                let mut r = sim.clone();
+                r.policies[0].run.ttft.p50_ms = p50 * k;
+                r
+            })
+            .collect();
+        let table = render_spread(&sim, &lives);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("predicted-latency"))
+            .unwrap();
+        let expected = format!(
+            "{} [{}-{}]",
+            fmt_ms(p50 * 1.5),
+            fmt_ms(p50),
+            fmt_ms(p50 * 2.0)
+        );
+        assert!(row.contains(&expected), "{table}");
+        assert!(row.contains("1.50x"), "{table}");
+        assert!(table.contains("3 live runs"), "{table}");
+    }
 
     proptest! {
         #[test]

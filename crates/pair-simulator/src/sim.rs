@@ -47,6 +47,13 @@ use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{AfterTurn, Demand, PlannedTurn, SourceState, stream_seed};
 
+/// Every simulated engine's prompt cache, and the live twin's: a llama.cpp
+/// server's slot cache (32k context a slot, what coding agents are given),
+/// the engine kind pair-scheduler's prefix index assumes.
+pub(crate) const ENGINE_CACHE: CacheKind = CacheKind::Slots {
+    context_tokens: LLAMA_CPP_CONTEXT_TOKENS,
+};
+
 /// How often the router republishes its cluster snapshot.
 pub const PUBLISH_INTERVAL: Micros = 250 * US_PER_MS;
 
@@ -203,14 +210,8 @@ impl Cluster {
                     )
                 })
                 .collect();
-            // A llama.cpp server's slot cache (32k context a slot, what
-            // coding agents are given): the engine kind pair-scheduler's
-            // prefix index assumes.
-            let mut engine = EngineModel::new(&profile, &specs, n.slots.map(u32::from)).with_cache(
-                CacheKind::Slots {
-                    context_tokens: LLAMA_CPP_CONTEXT_TOKENS,
-                },
-            );
+            let mut engine =
+                EngineModel::new(&profile, &specs, n.slots.map(u32::from)).with_cache(ENGINE_CACHE);
             let mut local = vec![None; scn.models.len()];
             for (k, &m) in n.models.iter().enumerate() {
                 local[m] = Some(k);

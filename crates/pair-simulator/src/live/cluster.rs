@@ -127,7 +127,10 @@ impl LiveCluster {
             let mut cfg = EmulatorConfig::new(Flavor::Ollama, models)
                 .with_profile(profile)
                 .with_time_scale(time_scale)
-                .with_seed(i as u64);
+                .with_seed(i as u64)
+                // The simulator's engines: a llama.cpp slot cache of its
+                // context, so live caches hit where simulated ones do.
+                .with_cache(crate::sim::ENGINE_CACHE);
             cfg.slots = n.slots.map(u32::from);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await

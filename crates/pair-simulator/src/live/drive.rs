@@ -100,8 +100,14 @@ pub(super) fn chat_body(
         s.truncate(chars.max(1));
         s
     };
-    let messages = match first {
-        Some((key, first_tokens)) => {
+    let messages = if d.prompt.is_empty() {
+        None
+    } else {
+        Some(chain_messages(d, &text))
+    };
+    let messages = match (messages, first) {
+        (Some(messages), _) => messages,
+        (None, Some((key, first_tokens))) => {
             let opening = text(format!("conversation {:016x}", key.0), first_tokens);
             let rest = d.prompt_tokens.saturating_sub(first_tokens);
             if rest == 0 {
@@ -115,7 +121,7 @@ pub(super) fn chat_body(
                 ])
             }
         }
-        None => {
+        (None, None) => {
             json!([{ "role": "user", "content": text(format!("request {id}"), d.prompt_tokens) }])
         }
     };
@@ -124,6 +130,34 @@ pub(super) fn chat_body(
         body["options"] = json!({ "num_predict": max });
     }
     body
+}
+
+/// The messages of a demand whose prompt is a chain: one message per
+/// block up to the prompt's length, its text named by the block's hash, so
+/// a conversation's later turn re-sends its earlier turns byte for byte
+/// and requests that share a system prompt share its message, as real
+/// clients do (and as the simulator's engines and routers see them: their
+/// caches hit where the simulator's do). A block past the prompt (the
+/// answer a turn leaves in the engine's context) joins the next turn.
+fn chain_messages(d: &Demand, text: &dyn Fn(String, u32) -> String) -> Value {
+    let mut messages = Vec::new();
+    let mut at = 0u32;
+    for (i, block) in d.prompt.blocks().iter().enumerate() {
+        if block.end > d.prompt_tokens {
+            break;
+        }
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({
+            "role": role,
+            "content": text(format!("{:016x}", block.hash), block.end - at),
+        }));
+        at = block.end;
+    }
+    if at < d.prompt_tokens || messages.is_empty() {
+        let rest = d.prompt_tokens.saturating_sub(at);
+        messages.push(json!({ "role": "user", "content": text("turn".into(), rest) }));
+    }
+    Value::Array(messages)
 }
 
 /// The node name in a receipt (`NAME (ID)`).
@@ -452,6 +486,41 @@ mod tests {
         let a = chat_body("m", &demand(50, None), None, 1, None);
         let b = chat_body("m", &demand(50, None), None, 2, None);
         assert_ne!(a["messages"][0], b["messages"][0]);
+    }
+
+    #[test]
+    fn a_chain_s_turns_are_re_sent_byte_for_byte() {
+        let chain = |segments: &[(u64, u32)]| {
+            let mut b = pair_core::ChainBuilder::new();
+            for &(id, tokens) in segments {
+                b.segment(id, tokens);
+            }
+            b.finish()
+        };
+        // Turn 1: a shared system prompt and a message, then the answer
+        // the engine keeps; turn 2 re-sends it all and a tool result.
+        let mut one = demand(1_500, Some(7));
+        one.prompt = chain(&[(1, 1_000), (2, 500), (3, 80)]);
+        let mut two = demand(2_080, Some(7));
+        two.prompt = chain(&[(1, 1_000), (2, 500), (3, 80), (4, 500)]);
+        let (b1, b2) = (
+            chat_body("m", &one, None, 1, None),
+            chat_body("m", &two, None, 2, None),
+        );
+        let (m1, m2) = (
+            b1["messages"].as_array().unwrap(),
+            b2["messages"].as_array().unwrap(),
+        );
+        assert_eq!(m1.len(), 2, "the answer is not part of its own prompt");
+        assert_eq!(m2.len(), 4);
+        assert_eq!(m1[..], m2[..2]);
+        assert_eq!((tokens(&b1), tokens(&b2)), (1_500, 2_080));
+        // Another conversation after the same system prompt shares it.
+        let mut other = demand(1_300, Some(8));
+        other.prompt = chain(&[(1, 1_000), (9, 300)]);
+        let b3 = chat_body("m", &other, None, 3, None);
+        assert_eq!(b3["messages"][0], m1[0]);
+        assert_ne!(b3["messages"][1], m1[1]);
     }
 
     #[test]
