@@ -434,7 +434,14 @@ pub fn render_spread(sim: &ScenarioReport, lives: &[ScenarioReport]) -> String {
     let _ = writeln!(
         out,
         "{:<18} {:>9} {:>24} {:>9} {:>9} {:>24} {:>9} {:>11}",
-        "policy", "sim p50", "live p50", "live/sim", "sim p95", "live p95", "live/sim", "live cached"
+        "policy",
+        "sim p50",
+        "live p50",
+        "live/sim",
+        "sim p95",
+        "live p95",
+        "live/sim",
+        "live cached"
     );
     for s in &sim.policies {
         let runs: Vec<&crate::metrics::RunSummary> = lives
@@ -455,9 +462,8 @@ pub fn render_spread(sim: &ScenarioReport, lives: &[ScenarioReport]) -> String {
             };
             (median, v[0], v[v.len() - 1])
         };
-        let shown = |(m, lo, hi): (f64, f64, f64)| {
-            format!("{} [{}-{}]", fmt_ms(m), fmt_ms(lo), fmt_ms(hi))
-        };
+        let shown =
+            |(m, lo, hi): (f64, f64, f64)| format!("{} [{}-{}]", fmt_ms(m), fmt_ms(lo), fmt_ms(hi));
         let ratio = |live: f64, sim: f64| {
             if sim > 0.0 {
                 format!("{:.2}x", live / sim)

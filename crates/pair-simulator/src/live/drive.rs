@@ -75,6 +75,21 @@ pub(super) struct Answer {
     pub(super) node: Option<String>,
     pub(super) ttft: Duration,
     pub e2e: Duration,
+    /// The prompt tokens the engine evaluated (Ollama's
+    /// `prompt_eval_count`: what it did not find in its cache).
+    pub(super) evaluated: Option<u32>,
+}
+
+/// Bytes of a stream's end kept to read its last line.
+const TAIL_BYTES: usize = 4096;
+
+/// Ollama's `prompt_eval_count` in the last line of `tail`.
+fn evaluated_in(tail: &[u8]) -> Option<u32> {
+    let line = tail
+        .split(|&b| b == b'\n')
+        .rfind(|l| !l.iter().all(u8::is_ascii_whitespace))?;
+    let v: Value = serde_json::from_slice(line).ok()?;
+    u32::try_from(v["prompt_eval_count"].as_u64()?).ok()
 }
 
 /// The body of a request for `d`: an Ollama chat whose prompt is
@@ -198,9 +213,14 @@ pub(super) async fn send(
     let streaming = body["stream"].as_bool().unwrap_or(true);
     if streaming {
         let mut first = None;
+        let mut tail = Vec::with_capacity(2 * TAIL_BYTES);
         while let Some(chunk) = resp.chunk().await.ok()? {
             if first.is_none() && !chunk.is_empty() {
                 first = Some(began.elapsed());
+            }
+            tail.extend_from_slice(&chunk);
+            if tail.len() > 2 * TAIL_BYTES {
+                tail.drain(..tail.len() - TAIL_BYTES);
             }
         }
         let e2e = began.elapsed();
@@ -208,6 +228,7 @@ pub(super) async fn send(
             node,
             ttft: first.unwrap_or(e2e),
             e2e,
+            evaluated: evaluated_in(&tail),
         })
     } else {
         let whole: Value = resp.json().await.ok()?;
@@ -217,6 +238,9 @@ pub(super) async fn send(
             node,
             ttft: e2e.saturating_sub(decode),
             e2e,
+            evaluated: whole["prompt_eval_count"]
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok()),
         })
     }
 }
@@ -281,9 +305,13 @@ impl Run {
             queue: 0,
             output_tokens: d.output_tokens,
             cold: false,
-            // The live engines' caches are not read back from the client.
+            // What the engine did not evaluate it found in its cache; no
+            // oracle is known live.
             prompt_tokens: d.prompt_tokens,
-            cached_tokens: 0,
+            cached_tokens: answer
+                .as_ref()
+                .and_then(|a| a.evaluated)
+                .map_or(0, |e| d.prompt_tokens.saturating_sub(e)),
             oracle_tokens: 0,
         };
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
@@ -521,6 +549,14 @@ mod tests {
         let b3 = chat_body("m", &other, None, 3, None);
         assert_eq!(b3["messages"][0], m1[0]);
         assert_ne!(b3["messages"][1], m1[1]);
+    }
+
+    #[test]
+    fn the_engine_s_evaluated_count_is_read_from_a_stream_s_last_line() {
+        let stream = b"{\"message\":{\"content\":\"hi\"},\"done\":false}\n{\"done\":true,\"prompt_eval_count\":37,\"eval_count\":3}\n\n";
+        assert_eq!(evaluated_in(stream), Some(37));
+        assert_eq!(evaluated_in(b"{\"done\":false}\n"), None);
+        assert_eq!(evaluated_in(b"not json"), None);
     }
 
     #[test]
