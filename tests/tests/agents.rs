@@ -303,3 +303,62 @@ async fn the_responses_api_streams_its_event_sequence_on_an_ollama_engine() {
     }
     c.stop().await;
 }
+
+/// A coding agent's second request re-sends its long system prompt: the
+/// engine (llama.cpp's server, emulated) finds it in its cache, and the
+/// agent is told so in Anthropic's terms (`cache_read_input_tokens`, with
+/// `input_tokens` only what was not cached), streamed and whole; the job
+/// record keeps the cached part, which corrects the scheduler's index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_told_what_the_engine_read_from_its_prompt_cache() {
+    let c = cluster(1, |s| s.nodes[0].flavor = Flavor::OpenAi)
+        .await
+        .unwrap();
+    let system = "You are a coding agent. Read the files before editing them. ".repeat(300);
+    let ask = |task: &'static str, stream: bool| {
+        let url = format!("{}/v1/messages", c.nodes[0].openai_url());
+        let body = json!({
+            "model": "llama3.2:3b", "max_tokens": 32000, "stream": stream,
+            "system": system, "messages": [{"role": "user", "content": task}],
+        });
+        async move {
+            let r = http()
+                .post(url)
+                .header("anthropic-version", "2023-06-01")
+                .header("x-emulator-answer-tokens", "3")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let job = r.headers()["x-pair-job"].to_str().unwrap().to_owned();
+            let text = r.text().await.unwrap();
+            let usage = if stream {
+                let delta = text
+                    .split("\n\n")
+                    .find(|e| e.starts_with("event: message_delta"))
+                    .unwrap_or_else(|| panic!("no message_delta in {text}"));
+                let data: Value =
+                    serde_json::from_str(delta.split_once("data: ").unwrap().1).unwrap();
+                data["usage"].clone()
+            } else {
+                serde_json::from_str::<Value>(&text).unwrap()["usage"].clone()
+            };
+            (usage, job)
+        }
+    };
+    let system_tokens = (system.len() / 4) as u64;
+    let (cold, _) = ask("task one", false).await;
+    assert_eq!(cold["cache_read_input_tokens"], 0, "{cold}");
+    for (task, stream) in [("task two", false), ("task three", true)] {
+        let (usage, job) = ask(task, stream).await;
+        let read = usage["cache_read_input_tokens"].as_u64().unwrap();
+        let fresh = usage["input_tokens"].as_u64().unwrap();
+        assert!(read >= system_tokens * 9 / 10, "stream {stream}: {usage}");
+        assert!(fresh < 100, "stream {stream}: {usage}");
+        let rec = pair_testkit::cluster::record(&c, 0, &job).await;
+        assert_eq!(rec.cached_tokens, Some(read as u32), "stream {stream}");
+        assert_eq!(rec.prompt_tokens, Some((read + fresh) as u32));
+    }
+    c.stop().await;
+}

@@ -105,6 +105,10 @@ struct Usage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     prompt_tokens_details: Option<PromptDetails>,
+    // Anthropic's (a translated answer): what was not cached, and what was.
+    input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -136,6 +140,19 @@ fn float_ms(ms: f64) -> Option<u32> {
     (ms.is_finite() && ms >= 0.0).then_some(ms as u32)
 }
 
+impl Reported {
+    /// What an answer pair translated says that is still the engine's: its
+    /// counts, and a cached count it stated (Anthropic's
+    /// `cache_read_input_tokens`), not the durations pair made nor a count
+    /// of evaluated tokens only (a translated Ollama answer's
+    /// `prompt_eval_count` is the engine's whole prompt).
+    pub fn counts_only(mut self) -> Self {
+        self.timing = None;
+        self.cache = self.cache.filter(|c| c.cached.is_some());
+        self
+    }
+}
+
 /// What an answer's last event says of the prompt cache: llama.cpp's
 /// server what it reused and evaluated; Ollama what it evaluated; OpenAI's
 /// usage the prompt whole and the part cached (only with its details:
@@ -154,6 +171,12 @@ fn prompt_cache(
     if let Some(evaluated) = evaluated_only {
         return Some(PromptCache {
             cached: None,
+            evaluated: small(evaluated)?,
+        });
+    }
+    if let (Some(evaluated), Some(cached)) = (usage.input_tokens, usage.cache_read_input_tokens) {
+        return Some(PromptCache {
+            cached: Some(small(cached)?),
             evaluated: small(evaluated)?,
         });
     }
@@ -186,11 +209,15 @@ pub fn read(document: &[u8]) -> Option<Reported> {
             .prompt_eval_count
             .or(timings.prompt_n)
             .or(usage.prompt_tokens)
+            .or(usage
+                .input_tokens
+                .map(|i| i.saturating_add(usage.cache_read_input_tokens.unwrap_or(0))))
             .and_then(small),
         output_tokens: t
             .eval_count
             .or(timings.predicted_n)
             .or(usage.completion_tokens)
+            .or(usage.output_tokens)
             .and_then(small),
         timing: (prompt_ms.is_some() || decode_ms.is_some()).then_some(EngineTiming {
             prompt_ms,
@@ -266,6 +293,32 @@ mod tests {
         let ollama = cache(br#"{"done":true,"prompt_eval_count":120,"eval_count":3}"#).unwrap();
         assert_eq!((ollama.cached, ollama.evaluated), (None, 120));
         assert!((ollama.cached_share(6_000) - 0.98).abs() < 1e-9);
+        // Anthropic's usage (an answer pair translated): the uncached part
+        // and the cache reads.
+        let anthropic = read(
+            br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},
+            "usage":{"input_tokens":20,"cache_read_input_tokens":1500,"output_tokens":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (anthropic.prompt_tokens, anthropic.output_tokens),
+            (Some(1520), Some(3))
+        );
+        assert_eq!(
+            anthropic.cache,
+            Some(PromptCache {
+                cached: Some(1500),
+                evaluated: 20
+            })
+        );
+        // Of a translated answer only the engine's own counts are kept.
+        assert_eq!(anthropic.counts_only(), anthropic);
+        let translated =
+            read(br#"{"done":true,"prompt_eval_count":120,"prompt_eval_duration":9000000}"#)
+                .unwrap()
+                .counts_only();
+        assert_eq!((translated.timing, translated.cache), (None, None));
+        assert_eq!(translated.prompt_tokens, Some(120));
         let cold = cache(br#"{"done":true,"prompt_eval_count":4000}"#).unwrap();
         assert_eq!(cold.cached_share(6_000), 0.0);
         // Nothing evaluated and nothing cached: no share to speak of.

@@ -511,14 +511,10 @@ fn deadline_of(headers: &Headers) -> Result<Option<Duration>, String> {
         })
 }
 
-/// The answer body, reading the engine's report at its end when the
-/// engine made the answer.
+/// The answer body, reading the engine's report at its end (of an answer
+/// pair translated, only the engine's counts).
 fn reading(body: AnswerBody<JobWatcher>, engine_made: bool) -> AnswerBody<JobWatcher> {
-    if engine_made {
-        body.reading_report()
-    } else {
-        body
-    }
+    body.reading_report(!engine_made)
 }
 
 /// The scheduler's view of the request, and the conversation a chat's

@@ -119,6 +119,9 @@ pub struct AnswerBody<W: Watcher> {
     events: u32,
     /// The answer's last event, kept to read the engine's report from.
     last: Option<LastEvent>,
+    /// The answer was translated by pair: its report's durations are not
+    /// the engine's.
+    translated: bool,
     /// How it ended, once known (nothing more is read after).
     ending: Option<Ending>,
 }
@@ -151,16 +154,18 @@ impl<W: Watcher> AnswerBody<W> {
             watcher: Some(watcher),
             events: 0,
             last: None,
+            translated: false,
             ending: None,
         }
     }
 
     /// Keeps the answer's last event, to learn from what the engine
-    /// reports there (for answers straight from an engine, not ones pair
-    /// made, such as a translation).
+    /// reports there; of an answer pair made (a translation), only the
+    /// engine's counts ([`Reported::counts_only`]).
     #[must_use]
-    pub fn reading_report(mut self) -> Self {
+    pub fn reading_report(mut self, made_by_pair: bool) -> Self {
         self.last = Some(LastEvent::new(self.framing));
+        self.translated = made_by_pair;
         self
     }
 
@@ -191,7 +196,11 @@ impl<W: Watcher> AnswerBody<W> {
         self.ending.get_or_insert(ending);
         if let Some(mut w) = self.watcher.take() {
             let reported = match ending {
-                Ending::Completed => self.last.as_ref().and_then(LastEvent::reported),
+                Ending::Completed => self
+                    .last
+                    .as_ref()
+                    .and_then(LastEvent::reported)
+                    .map(|r| if self.translated { r.counts_only() } else { r }),
                 _ => None,
             };
             w.finish(ending, self.events, reported);
@@ -382,7 +391,9 @@ fn payload(framing: Framing, line: &[u8]) -> Option<&[u8]> {
         Framing::Sse => {
             let data = line.strip_prefix(b"data:")?;
             let data = data.strip_prefix(b" ").unwrap_or(data);
-            if data == b"[DONE]" {
+            // OpenAI's end of stream, and Anthropic's (the usage is in the
+            // message_delta before it).
+            if data == b"[DONE]" || data.starts_with(b"{\"type\":\"message_stop\"") {
                 return None;
             }
             data

@@ -497,9 +497,26 @@ pub struct Answer {
     /// pair's receipt from the engine-side stream's final chunk.
     x_pair: Option<Value>,
     input_tokens: u64,
+    /// Of `input_tokens`, those the engine took from its prompt cache,
+    /// where it said.
+    cached_tokens: Option<u64>,
     output_tokens: u64,
     deltas: u64,
     done: bool,
+}
+
+/// Anthropic's usage: `input_tokens` counts only what was not read from a
+/// cache, `cache_read_input_tokens` what was, as Anthropic counts a cached
+/// prompt (Claude Code shows both).
+fn usage(input: u64, cached: Option<u64>, output: u64) -> Value {
+    match cached {
+        Some(c) => json!({
+            "input_tokens": input.saturating_sub(c),
+            "cache_read_input_tokens": c.min(input),
+            "output_tokens": output,
+        }),
+        None => json!({"input_tokens": input, "output_tokens": output}),
+    }
 }
 
 impl Answer {
@@ -532,6 +549,7 @@ impl Answer {
             blocks: 0,
             finish_reason: None,
             input_tokens: 0,
+            cached_tokens: None,
             output_tokens: 0,
             deltas: 0,
             done: false,
@@ -600,10 +618,13 @@ impl Answer {
             "content": content,
             "stop_reason": stop_reason(choice["finish_reason"].as_str()),
             "stop_sequence": null,
-            "usage": {
-                "input_tokens": v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-                "output_tokens": v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-            },
+            "usage": usage(
+                v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+                v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .or_else(|| v["timings"]["cache_n"].as_u64()),
+                v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+            ),
         });
         serde_json::to_vec(&answer).unwrap_or_default()
     }
@@ -695,6 +716,9 @@ impl Answer {
             out.extend(error_event(&crate::error_message(raw)));
             return;
         }
+        if let Some(cached) = c.cached_tokens() {
+            self.cached_tokens = Some(cached);
+        }
         if c.x_pair.is_some() {
             self.x_pair = c.x_pair;
         }
@@ -776,9 +800,15 @@ impl Answer {
         } else {
             self.deltas
         };
+        // The prompt's count where the engine said how much of it was
+        // cached; else only the answer's, as before.
+        let usage = match self.cached_tokens {
+            Some(_) => usage(self.input_tokens, self.cached_tokens, output_tokens),
+            None => json!({"output_tokens": output_tokens}),
+        };
         let mut delta = json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(self.finish_reason.as_deref()), "stop_sequence": null},
-            "usage": {"output_tokens": output_tokens}});
+            "usage": usage});
         if let Some(x) = self.x_pair.take() {
             delta["x_pair"] = x;
         }
@@ -1073,6 +1103,50 @@ data: [DONE]\n\n";
             .filter(|e| !e.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// What the engine took from its prompt cache reaches the client as
+    /// Anthropic counts it: `cache_read_input_tokens`, and `input_tokens`
+    /// only what was not cached; whole and streamed.
+    #[test]
+    fn the_engine_s_cached_tokens_are_anthropic_s_cache_reads() {
+        let t = translate(
+            Route::AnthropicMessages,
+            br#"{"model":"m","max_tokens":5,"messages":[]}"#,
+            AT,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&t.answer.whole(
+            200,
+            br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":2000,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1900}}}"#,
+            crate::Timing::default(),
+        ))
+        .unwrap();
+        assert_eq!(
+            v["usage"],
+            json!({"input_tokens": 100, "cache_read_input_tokens": 1900, "output_tokens": 2})
+        );
+        // llama.cpp's timings on the last chunk, usage after it.
+        let sse = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":1500,\"prompt_n\":20}}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1520,\"completion_tokens\":1}}\n\n\
+data: [DONE]\n\n";
+        let delta = events(&[sse])
+            .into_iter()
+            .find(|e| e.starts_with("event: message_delta"))
+            .unwrap();
+        let data: Value = serde_json::from_str(delta.split_once("data: ").unwrap().1).unwrap();
+        assert_eq!(
+            data["usage"],
+            json!({"input_tokens": 20, "cache_read_input_tokens": 1500, "output_tokens": 1})
+        );
+        // An engine that says nothing of a cache: the answer's count only.
+        let plain = events(&[SSE])
+            .into_iter()
+            .find(|e| e.starts_with("event: message_delta"))
+            .unwrap();
+        assert!(!plain.contains("cache_read"), "{plain}");
     }
 
     #[test]

@@ -19,6 +19,22 @@ pub(crate) struct Chunk<'a> {
     /// moved), carried into the client's final event.
     #[serde(default)]
     pub(crate) x_pair: Option<serde_json::Value>,
+    /// llama.cpp's server: its timings, with the prompt tokens it reused.
+    #[serde(default)]
+    pub(crate) timings: Option<Timings>,
+}
+
+impl Chunk<'_> {
+    /// Prompt tokens the engine took from its prompt cache, where it says:
+    /// OpenAI's `usage.prompt_tokens_details.cached_tokens` (vLLM,
+    /// llama.cpp) or llama.cpp's `timings.cache_n`.
+    pub(crate) fn cached_tokens(&self) -> Option<u64> {
+        self.usage
+            .as_ref()
+            .and_then(|u| u.prompt_tokens_details.as_ref())
+            .and_then(|d| d.cached_tokens)
+            .or_else(|| self.timings.as_ref().and_then(|t| t.cache_n))
+    }
 }
 
 #[derive(Deserialize)]
@@ -27,6 +43,20 @@ pub(crate) struct Usage {
     pub(crate) prompt_tokens: Option<u64>,
     #[serde(default)]
     pub(crate) completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct PromptDetails {
+    #[serde(default)]
+    pub(crate) cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Timings {
+    #[serde(default)]
+    pub(crate) cache_n: Option<u64>,
 }
 
 #[derive(Deserialize)]
