@@ -5,7 +5,8 @@
 //! lists is found for each flavour it speaks, and it round-trips:
 //! `decode(encode(s)) == s`, and the encoding is canonical (a speed past
 //! f32's range, or negative, is refused at decoding). The free VRAM sum
-//! never overflows.
+//! never overflows. The routed prompts it carries (each naming the earlier
+//! entry it extends) decode within their caps, however the bases point.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -50,6 +51,11 @@ fuzz_target!(|data: &[u8]| {
                 );
             }
         }
+    }
+
+    assert!(report.routed.len() <= pair_core::prompt::MAX_ROUTED);
+    for r in &report.routed {
+        assert!(r.prefix.len() <= pair_core::prompt::MAX_BLOCKS);
     }
 
     assert!(speeds_finite(&report), "a decoded speed is not finite");
