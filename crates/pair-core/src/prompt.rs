@@ -196,7 +196,7 @@ pub mod routed_wire {
                 let base = routed[..i]
                     .iter()
                     .enumerate()
-                    .map(|(j, earlier)| (j, r.prefix.common_blocks(earlier.prefix.blocks())))
+                    .map(|(j, earlier)| (j, shared_blocks(&r.prefix, &earlier.prefix)))
                     .filter(|&(_, k)| k > 0)
                     .max_by_key(|&(j, k)| (k, std::cmp::Reverse(j)));
                 let shared = base.map_or(0, |(_, k)| k);
@@ -213,6 +213,19 @@ pub mod routed_wire {
             })
             .collect();
         entries.serialize(s)
+    }
+
+    /// Blocks two chains share from their start: the binary search, checked
+    /// (a chain decoded from a peer need not have hashes that each cover
+    /// their prefix; a wrong base would change it on the next hop).
+    fn shared_blocks(a: &PromptChain, b: &PromptChain) -> usize {
+        let k = a.common_blocks(b.blocks());
+        let (a, b) = (a.blocks(), b.blocks());
+        if a[..k] == b[..k] {
+            k
+        } else {
+            a.iter().zip(b).take_while(|(x, y)| x == y).count()
+        }
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Routed>, D::Error> {
@@ -447,6 +460,31 @@ mod tests {
         assert_eq!(back.routed.len(), 2);
         assert_eq!(back.routed[0], routed[0]);
         assert_eq!(back.routed[1], routed[3]);
+        // Chains whose hashes do not cover their prefixes (a peer's, made
+        // up) still survive the trip unchanged.
+        let odd = |first: u64| {
+            PromptChain::from_blocks(vec![
+                Block {
+                    hash: first,
+                    end: 64,
+                },
+                Block { hash: 5, end: 128 },
+            ])
+        };
+        let mut snap2 = crate::NodeSnapshot::new(node, "n");
+        snap2.routed = [odd(1), odd(2)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, prefix)| Routed {
+                seq: i as u64,
+                node,
+                at_ms: 0,
+                prefix,
+            })
+            .collect();
+        let back: crate::NodeSnapshot =
+            serde_json::from_value(serde_json::to_value(&snap2).unwrap()).unwrap();
+        assert_eq!(back.routed, snap2.routed);
         // Without routed prompts, nothing is written.
         let quiet = serde_json::to_value(crate::NodeSnapshot::new(node, "n")).unwrap();
         assert!(quiet.get("routed").is_none());
