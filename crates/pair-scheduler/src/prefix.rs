@@ -2,45 +2,69 @@
 //! engine still holds in its KV cache, learned from what was routed there
 //! and corrected by what the engines report, so a prediction prices only
 //! the prompt tokens a node must prefill (SGLang's cache-aware router keeps
-//! an approximate radix tree per worker; this keeps hashes of whole
-//! prefixes, the blocks of [`PromptChain`]).
+//! an approximate radix tree per worker; this keeps the prompts themselves,
+//! as [`PromptChain`]s of prefix hashes).
 //!
-//! Each node's cache is a set of blocks with an LRU order. Holding a block
-//! means holding its whole prefix, so the set is kept closed under
-//! prefixes: a block is never held without every earlier block of its
-//! chain. That is what lets [`PrefixIndex::cached_tokens`] binary-search a
-//! chain (O(log n) hash-set probes, no allocation) instead of walking it.
-//! Three rules keep it closed:
-//! - touching a chain stamps its blocks tail first, so a block is always
-//!   more recent than every block after it, and LRU eviction takes a
-//!   chain's tail before its head;
-//! - a block is forgotten with everything that extends it (a correction
-//!   that says a prefix is gone says its extensions are gone too);
-//! - nothing else removes blocks.
+//! Each node is modelled as the engines pair routes to keep their cache
+//! (llama.cpp server, Ollama, LM Studio; docs/engine-figures.md §5): per
+//! SLOT. A slot holds the context of the last request it served, up to
+//! [`DEFAULT_CONTEXT_PER_SLOT`] tokens; a new request takes the slot whose
+//! context shares the longest prefix with its prompt, else the least
+//! recently used one, and that slot's context becomes the new prompt. A
+//! 4-slot engine therefore holds 4 contexts however small they are, and a
+//! conversation whose slot was taken by another is no longer cached even
+//! if the engine's memory could have held both (an LRU pool over the
+//! slots' total, the earlier model, believed it still was, and kept
+//! routing later turns to a node that had to prefill them again).
 //!
-//! Capacity is the engine's, in tokens. pair-core cannot tell a pooled
-//! engine (vLLM, SGLang: shared prefix blocks under the KV size) from a
-//! slot engine (llama.cpp, Ollama, LM Studio: one context per slot), since
-//! both report as OpenAI-compatible, so every engine is modelled as a slot
-//! engine: `slots x` [`DEFAULT_CONTEXT_PER_SLOT`] tokens, shared prefixes
-//! counted once (an LRU pool over the slots' total). The model is not part
-//! of the key: the chain should name it if one node serves several models
-//! from one prompt.
+//! A lookup is the longest common prefix over the slots a request could
+//! take now (see below): a binary search per slot
+//! ([`PromptChain::common_blocks`]), no allocation. The
+//! node's slot count is its healthy engines' slots from the snapshot
+//! ([`NodeSnapshot::slots`]), at most [`MAX_SLOTS_PER_NODE`]: pooled
+//! engines (vLLM, SGLang) report many slots and are approximated by that
+//! many contexts, since pair-core cannot tell them apart from slot engines
+//! (both report as OpenAI-compatible). Which engine of a node serves a
+//! request is not known either, so a node's slots are modelled as one
+//! engine's. The model is not part of the key: the chain should name it if
+//! one node serves several models from one prompt.
+//!
+//! An engine gives a request a FREE slot, so a slot is taken as busy from
+//! its request's dispatch ([`PrefixIndex::record`]) to its report
+//! ([`PrefixIndex::correct`]), or for [`BUSY_FORGOTTEN_MS`] when no report
+//! comes; a request dispatched meanwhile takes another slot, as on the
+//! engine (with every slot busy it queues, and is placed as if all were
+//! free). A lookup likewise counts only free slots while one is free: five
+//! sub-agents sent at once to a 4-slot engine each prefill their shared
+//! system prompt in a slot of their own, however many slots will hold it
+//! once they have; a busy slot whose whole context the prompt extends is
+//! free for it (its conversation's previous turn has ended: the prompt
+//! carries the answer). Corrections from the engines' reports repair what
+//! the model gets wrong.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
-use pair_core::{Block, ClusterSnapshot, NodeId, NodeSnapshot, PromptChain};
+use pair_core::{ClusterSnapshot, NodeId, NodeSnapshot, PromptChain};
 
 /// Tokens of context assumed per engine slot when the engine does not say:
 /// a coding agent's ~20k-token prompts only run on engines given at least
-/// that much, and 32k is the setting such engines are commonly given.
+/// that much, and 32k is the setting such engines are commonly given. A
+/// slot keeps the first this many tokens of a longer prompt.
 pub const DEFAULT_CONTEXT_PER_SLOT: u32 = 32_768;
 
-/// Blocks remembered per node at most, whatever its capacity (about 512k
-/// tokens of 64-token blocks; about 100 bytes each with the LRU order and
-/// the prefix links, so under 1 MiB per node).
-pub const MAX_BLOCKS_PER_NODE: usize = 8_192;
+/// Slots (contexts) modelled per node at most, whatever the snapshot says:
+/// engines that report more are pooled ones (vLLM, SGLang), whose cache
+/// that many recent contexts approximates well, and a lookup scans every
+/// slot.
+pub const MAX_SLOTS_PER_NODE: usize = 64;
+
+/// Blocks kept per node at most, over all its slots: every slot full of a
+/// 32k-token prompt cut from bytes (64-token blocks), 16 bytes a block, so
+/// at most 512 KiB per node. Past it the least recently used slots are
+/// forgotten first.
+pub const MAX_BLOCKS_PER_NODE: usize =
+    MAX_SLOTS_PER_NODE * (DEFAULT_CONTEXT_PER_SLOT / pair_core::prompt::BLOCK_TOKENS) as usize;
 
 /// Nodes remembered at most; the node touched least recently is forgotten
 /// first.
@@ -55,69 +79,70 @@ pub const DISPATCHES_REMEMBERED: usize = 32;
 /// too small for its prompts); one report finding half or more restores it.
 pub const MISSES_TO_DISTRUST: u8 = 3;
 
-/// Block hashes are already uniform (xxh3 of the prefix), so the hash set
-/// uses them as they are.
-#[derive(Clone, Copy, Default)]
-struct Identity(u64);
+/// How long a slot is taken as busy with a request whose report never
+/// came (it failed, or its engine says nothing of its cache): longer than
+/// a request usually runs (a 20k-token prompt prefilled and a long answer
+/// decoded on a slow node take about a minute).
+pub const BUSY_FORGOTTEN_MS: u64 = 120_000;
 
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
+/// One slot as believed: the context it holds, when it was last given a
+/// request (an LRU stamp; 0: never), and since when it runs one, if it
+/// does (ms).
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    held: PromptChain,
+    stamp: u64,
+    busy_since_ms: Option<u64>,
+}
+
+impl Slot {
+    fn busy(&self, now_ms: u64) -> bool {
+        self.busy_since_ms
+            .is_some_and(|since| now_ms < since.saturating_add(BUSY_FORGOTTEN_MS))
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64` keys are hashed; this keeps any other use correct.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    /// Whether a request sharing `common` blocks with this slot's context
+    /// may take it at `now_ms`: it is free, or busy with a prompt the
+    /// request extends whole (a conversation's previous turn: the request
+    /// carries its answer, so it has ended, reported or not; a peer's
+    /// dispatch, say, is never reported here).
+    fn free_for(&self, common: usize, now_ms: u64) -> bool {
+        !self.busy(now_ms) || (common > 0 && common == self.held.len())
     }
 }
 
-type BlockSet<V> = HashMap<u64, V, BuildHasherDefault<Identity>>;
-
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    /// Position in the node's LRU order (higher: more recent).
+/// A recent dispatch: the last block's hash of its chain, the cached tokens
+/// predicted for it, and the stamp it was recorded at.
+#[derive(Clone, Copy, Debug, Default)]
+struct Dispatch {
+    tail: u64,
+    predicted: u32,
     stamp: u64,
-    tokens: u32,
-    /// The block before it in its chain (none for a chain's first block).
-    parent: Option<u64>,
 }
 
 /// One node's cache as believed.
 #[derive(Clone, Debug)]
 struct NodeCache {
-    capacity_tokens: u64,
-    held_tokens: u64,
+    /// Never empty: a node has at least one slot.
+    slots: Vec<Slot>,
+    /// Tokens a slot keeps at most.
+    context_tokens: u32,
     /// When a chain was last recorded or corrected here (node LRU).
     touched_ms: u64,
-    blocks: BlockSet<Held>,
-    /// stamp -> block: the eviction order. Hash-map order never decides.
-    by_age: BTreeMap<u64, u64>,
-    /// (parent, child) links, so a forgotten prefix takes its extensions.
-    children: BTreeSet<(u64, u64)>,
-    /// (last block's hash, cached tokens predicted) of recent dispatches,
-    /// a ring: `next` is the oldest.
-    dispatched: [(u64, u32); DISPATCHES_REMEMBERED],
+    /// Recent dispatches, a ring: `next` is the oldest.
+    dispatched: [Dispatch; DISPATCHES_REMEMBERED],
     next: usize,
     /// Reports in a row that found under half the prediction.
     misses: u8,
 }
 
 impl NodeCache {
-    fn new(capacity_tokens: u64, now_ms: u64) -> Self {
+    fn new(now_ms: u64) -> Self {
         Self {
-            capacity_tokens,
-            held_tokens: 0,
+            slots: vec![Slot::default()],
+            context_tokens: DEFAULT_CONTEXT_PER_SLOT,
             touched_ms: now_ms,
-            blocks: BlockSet::default(),
-            by_age: BTreeMap::new(),
-            children: BTreeSet::new(),
-            dispatched: [(0, 0); DISPATCHES_REMEMBERED],
+            dispatched: [Dispatch::default(); DISPATCHES_REMEMBERED],
             next: 0,
             misses: 0,
         }
@@ -127,95 +152,132 @@ impl NodeCache {
         self.misses >= MISSES_TO_DISTRUST
     }
 
-    fn remember_dispatch(&mut self, tail: u64, predicted: u32) {
-        self.dispatched[self.next] = (tail, predicted);
+    fn remember_dispatch(&mut self, d: Dispatch) {
+        self.dispatched[self.next] = d;
         self.next = (self.next + 1) % DISPATCHES_REMEMBERED;
     }
 
-    /// What was predicted cached when the chain ending in `tail` was last
-    /// dispatched here, if that is recent enough to be remembered.
-    fn predicted_at_dispatch(&self, tail: u64) -> Option<u32> {
+    /// The latest remembered dispatch of the chain ending in `tail`.
+    fn dispatch_of(&self, tail: u64) -> Option<Dispatch> {
         (1..=DISPATCHES_REMEMBERED)
             .map(|back| {
                 self.dispatched[(self.next + DISPATCHES_REMEMBERED - back) % DISPATCHES_REMEMBERED]
             })
-            .find(|(hash, _)| *hash == tail)
-            .map(|(_, predicted)| predicted)
+            .find(|d| d.stamp > 0 && d.tail == tail)
     }
 
-    fn matched(&self, chain: &PromptChain) -> usize {
-        chain.matched_blocks(|_, b| self.blocks.contains_key(&b.hash))
-    }
-
-    /// Stamps `blocks` tail first (see the module's rules) from `clock`.
-    fn touch(&mut self, blocks: &[Block], clock: &mut u64) {
-        for i in (0..blocks.len()).rev() {
-            let b = blocks[i];
-            let (parent, start) = match i.checked_sub(1).map(|p| blocks[p]) {
-                Some(p) => (Some(p.hash), p.end),
-                None => (None, 0),
-            };
-            *clock += 1;
-            let stamp = *clock;
-            match self.blocks.get_mut(&b.hash) {
-                Some(h) => {
-                    self.by_age.remove(&h.stamp);
-                    h.stamp = stamp;
-                }
-                None => {
-                    let tokens = b.end.saturating_sub(start);
-                    self.blocks.insert(
-                        b.hash,
-                        Held {
-                            stamp,
-                            tokens,
-                            parent,
-                        },
-                    );
-                    self.held_tokens += u64::from(tokens);
-                    if let Some(p) = parent {
-                        self.children.insert((p, b.hash));
-                    }
+    /// Blocks of `chain` held by the best slot a request for it may take
+    /// at `now_ms`: of the free slots, or of all when none is (it queues
+    /// for the first to end, and slots that busy mostly share what it
+    /// shares with them: a system prompt). A busy slot is of no use while
+    /// another is free: the engine gives the request a free one and
+    /// prefills the rest there. Allocation-free.
+    fn matched(&self, chain: &PromptChain, now_ms: u64) -> usize {
+        let (mut best_free, mut best_any, mut any_free) = (0, 0, false);
+        for s in &self.slots {
+            let common = chain.common_blocks(s.held.blocks());
+            best_any = best_any.max(common);
+            if s.free_for(common, now_ms) {
+                any_free = true;
+                best_free = best_free.max(common);
+                if best_free == chain.len() {
+                    break;
                 }
             }
-            self.by_age.insert(stamp, b.hash);
         }
+        if any_free { best_free } else { best_any }
     }
 
-    /// Evicts least recently used blocks until within capacity and the
-    /// hard cap. The oldest block is always a leaf (its extensions are
-    /// older still, so already gone), which keeps the set prefix-closed.
-    fn evict(&mut self, max_blocks: usize) {
-        while self.held_tokens > self.capacity_tokens || self.blocks.len() > max_blocks {
-            let Some((_, hash)) = self.by_age.pop_first() else {
+    /// The slot a request for `chain` takes at `now_ms`: among the free
+    /// slots (all of them when none is), the longest common prefix, then
+    /// the least recently used, then the lowest index (the engines' rule,
+    /// as `pair-emulator`'s `CacheKind::Slots` keeps it; with nothing
+    /// shared, that is the least recently used slot).
+    fn choose(&self, chain: &PromptChain, now_ms: u64) -> usize {
+        let free = |s: &Slot| s.free_for(chain.common_blocks(s.held.blocks()), now_ms);
+        let any_free = self.slots.iter().any(free);
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !any_free || free(s))
+            .max_by_key(|&(i, s)| {
+                (
+                    chain.common_blocks(s.held.blocks()),
+                    Reverse(s.stamp),
+                    Reverse(i),
+                )
+            })
+            .map_or(0, |(i, _)| i)
+    }
+
+    /// `chain` as a slot keeps it: its blocks within the slot's context and
+    /// the node's block cap (a copy only when that cuts it).
+    fn fit(&self, chain: &PromptChain, max_blocks: usize) -> PromptChain {
+        let context = self.context_tokens;
+        let keep = chain.matched_blocks(|i, b| b.end <= context && i < max_blocks);
+        cut(chain, keep)
+    }
+
+    /// Forgets least recently used slots' contexts until the node holds at
+    /// most `max_blocks` blocks (each context alone fits: [`Self::fit`]).
+    fn enforce_cap(&mut self, max_blocks: usize) {
+        let mut total: usize = self.slots.iter().map(|s| s.held.len()).sum();
+        while total > max_blocks {
+            let Some(oldest) = self
+                .slots
+                .iter_mut()
+                .filter(|s| !s.held.is_empty())
+                .min_by_key(|s| s.stamp)
+            else {
                 break;
             };
-            self.drop_one(hash);
+            total -= oldest.held.len();
+            oldest.held = PromptChain::EMPTY;
         }
     }
 
-    fn drop_one(&mut self, hash: u64) {
-        if let Some(h) = self.blocks.remove(&hash) {
-            self.held_tokens -= u64::from(h.tokens);
-            if let Some(p) = h.parent {
-                self.children.remove(&(p, hash));
+    /// Models `slots` slots of `context_tokens` each: fewer keep the most
+    /// recently used, more start empty, and contexts are cut to fit.
+    fn resize(&mut self, slots: usize, context_tokens: u32, max_blocks: usize) {
+        let slots = slots.clamp(1, MAX_SLOTS_PER_NODE);
+        while self.slots.len() > slots {
+            let oldest = self
+                .slots
+                .iter()
+                .enumerate()
+                .min_by_key(|&(i, s)| (s.stamp, i))
+                .map_or(0, |(i, _)| i);
+            self.slots.remove(oldest);
+        }
+        self.slots.resize_with(slots, Slot::default);
+        if context_tokens != self.context_tokens {
+            self.context_tokens = context_tokens;
+            for i in 0..self.slots.len() {
+                let held = self.fit(&self.slots[i].held, max_blocks);
+                self.slots[i].held = held;
             }
         }
+        self.enforce_cap(max_blocks);
     }
+}
 
-    /// Forgets `root` and every block that extends it.
-    fn forget_from(&mut self, root: u64, stack: &mut Vec<u64>) {
-        stack.clear();
-        stack.push(root);
-        while let Some(hash) = stack.pop() {
-            let kids = self.children.range((hash, 0)..=(hash, u64::MAX));
-            stack.extend(kids.map(|&(_, c)| c));
-            if let Some(h) = self.blocks.get(&hash) {
-                self.by_age.remove(&h.stamp);
-            }
-            self.drop_one(hash);
-        }
+/// The first `keep` blocks of `chain` (the chain itself, shared, when that
+/// is all of it).
+fn cut(chain: &PromptChain, keep: usize) -> PromptChain {
+    if keep >= chain.len() {
+        chain.clone()
+    } else {
+        PromptChain::from_blocks(chain.blocks()[..keep].to_vec())
     }
+}
+
+/// Slots and tokens a slot for a capacity in tokens: whole default slots,
+/// or one smaller slot (see [`PrefixIndex::set_capacity`]).
+fn shape(capacity_tokens: u64) -> (usize, u32) {
+    let per_slot = u64::from(DEFAULT_CONTEXT_PER_SLOT);
+    let slots = usize::try_from(capacity_tokens / per_slot).unwrap_or(MAX_SLOTS_PER_NODE);
+    let context = u32::try_from(capacity_tokens.min(per_slot)).unwrap_or(u32::MAX);
+    (slots, context)
 }
 
 /// Which prompt prefixes each node holds, as far as this router can tell.
@@ -224,11 +286,10 @@ impl NodeCache {
 pub struct PrefixIndex {
     nodes: BTreeMap<NodeId, NodeCache>,
     /// LRU stamps, shared by all nodes (only their order within a node
-    /// matters).
+    /// matters); starts at 1 so 0 means "never".
     clock: u64,
     max_nodes: usize,
     max_blocks: usize,
-    stack: Vec<u64>,
 }
 
 impl Default for PrefixIndex {
@@ -252,26 +313,39 @@ impl PrefixIndex {
             clock: 0,
             max_nodes: max_nodes.clamp(1, MAX_NODES),
             max_blocks: max_blocks_per_node.clamp(1, MAX_BLOCKS_PER_NODE),
-            stack: Vec::new(),
         }
     }
 
-    /// The KV capacity in tokens a node's engines are modelled with:
-    /// its healthy engines' slots times [`DEFAULT_CONTEXT_PER_SLOT`].
+    /// The KV capacity in tokens a node's engines are modelled with: its
+    /// healthy engines' slots (at most [`MAX_SLOTS_PER_NODE`]) times
+    /// [`DEFAULT_CONTEXT_PER_SLOT`]. [`PrefixIndex::set_capacity`] turns it
+    /// back into slots.
     pub fn capacity_of(node: &NodeSnapshot) -> u64 {
-        u64::from(node.slots()) * u64::from(DEFAULT_CONTEXT_PER_SLOT)
+        let slots = (node.slots() as usize).clamp(1, MAX_SLOTS_PER_NODE) as u64;
+        slots * u64::from(DEFAULT_CONTEXT_PER_SLOT)
     }
 
-    /// Tokens of `chain`'s prefix believed held on `node` (whole blocks).
-    /// Allocation-free; O(log blocks) probes.
+    /// Tokens of `chain`'s prefix a request for it would find cached on
+    /// `node` now, "now" being the last time the node was recorded or
+    /// corrected: see [`PrefixIndex::cached_tokens_at`].
     pub fn cached_tokens(&self, node: NodeId, chain: &PromptChain) -> u32 {
+        let now_ms = self.nodes.get(&node).map_or(0, |c| c.touched_ms);
+        self.cached_tokens_at(node, chain, now_ms)
+    }
+
+    /// Tokens of `chain`'s prefix (whole blocks) held by the best of
+    /// `node`'s slots a request for it may take at `now_ms`: the free
+    /// slots (a busy slot holding the prompt's conversation counts as
+    /// free: the prompt carries its answer), or all slots when every one
+    /// is busy. Allocation-free; a binary search per slot.
+    pub fn cached_tokens_at(&self, node: NodeId, chain: &PromptChain, now_ms: u64) -> u32 {
         if chain.is_empty() {
             return 0;
         }
         self.nodes
             .get(&node)
             .filter(|c| !c.distrusted())
-            .map_or(0, |c| chain.tokens_at(c.matched(chain)))
+            .map_or(0, |c| chain.tokens_at(c.matched(chain, now_ms)))
     }
 
     /// Whether `node`'s recent reports found so much less cached than
@@ -280,29 +354,40 @@ impl PrefixIndex {
         self.nodes.get(&node).is_some_and(NodeCache::distrusted)
     }
 
-    /// Whether `node` is believed to hold the prefix that ends in the block
-    /// hashed `hash`.
+    /// Whether one of `node`'s slots is believed to hold the prefix that
+    /// ends in the block hashed `hash` (a scan: for inspection).
     pub fn holds(&self, node: NodeId, hash: u64) -> bool {
-        self.nodes
-            .get(&node)
-            .is_some_and(|c| c.blocks.contains_key(&hash))
+        self.nodes.get(&node).is_some_and(|c| {
+            c.slots
+                .iter()
+                .any(|s| s.held.blocks().iter().any(|b| b.hash == hash))
+        })
     }
 
-    /// Call after dispatching a request with `chain` to `node`: the engine
-    /// will hold the whole prompt once it has prefilled it.
+    /// Call after dispatching a request with `chain` to `node`: it takes
+    /// the slot sharing the longest prefix with `chain` (else the least
+    /// recently used one), which will hold `chain` once the engine has
+    /// prefilled it.
     pub fn record(&mut self, node: NodeId, chain: &PromptChain, now_ms: u64) {
-        if chain.is_empty() {
+        let Some(tail) = chain.blocks().last().map(|b| b.hash) else {
             return;
-        }
-        let (max_blocks, mut clock) = (self.max_blocks, self.clock);
+        };
+        self.clock += 1;
+        let (stamp, max_blocks) = (self.clock, self.max_blocks);
         let cache = self.cache_mut(node, now_ms);
-        let predicted = chain.tokens_at(cache.matched(chain));
-        if let Some(tail) = chain.blocks().last() {
-            cache.remember_dispatch(tail.hash, predicted);
-        }
-        cache.touch(chain.blocks(), &mut clock);
-        cache.evict(max_blocks);
-        self.clock = clock;
+        let predicted = chain.tokens_at(cache.matched(chain, now_ms));
+        cache.remember_dispatch(Dispatch {
+            tail,
+            predicted,
+            stamp,
+        });
+        let i = cache.choose(chain, now_ms);
+        cache.slots[i] = Slot {
+            held: cache.fit(chain, max_blocks),
+            stamp,
+            busy_since_ms: Some(now_ms),
+        };
+        cache.enforce_cap(max_blocks);
     }
 
     /// Call when the engine that ran `chain` on `node` said how many of its
@@ -310,28 +395,36 @@ impl PrefixIndex {
     /// `usage.prompt_tokens_details.cached_tokens`, llama.cpp's
     /// `timings.cache_n`, Ollama's prompt tokens less `prompt_eval_count`).
     ///
-    /// - The engine lacked the blocks past `cached_tokens` when the request
-    ///   arrived, so it lacked every other prompt through them too: those
-    ///   are forgotten (the engine evicted them, or never had them).
-    /// - The chain itself is held whole, the blocks up to `cached_tokens`
-    ///   included: the engine has just prefilled the rest. (Forgetting it
-    ///   would unlearn every conversation's first turn, which finds
-    ///   nothing cached by nature.)
+    /// - The engine had no free slot sharing more than `cached_tokens` of
+    ///   the prompt when the request arrived, so every slot believed to
+    ///   have held more of it, idle, since then is cut back to what the
+    ///   report found (its own context past that point is gone with it:
+    ///   the slot served another prompt, or never had this one). Slots
+    ///   given a request since this one's dispatch
+    ///   ([`PrefixIndex::record`]), or still busy with an earlier one, are
+    ///   left alone: the report says nothing of them.
+    /// - The slot that served the request holds the prompt whole now (up
+    ///   to a slot's context) and is free: the engine has just prefilled
+    ///   the rest. (Forgetting it would unlearn every conversation's first
+    ///   turn, which finds nothing cached by nature.) It is the slot its
+    ///   dispatch took if that still runs it, else the one a new request
+    ///   would take.
     /// - The report is compared with what was predicted cached when the
-    ///   chain was dispatched ([`PrefixIndex::record`]): under half of it
-    ///   [`MISSES_TO_DISTRUST`] times in a row and the node is believed to
-    ///   keep nothing ([`PrefixIndex::distrusted`]), until a report finds
-    ///   half or more of a prediction again.
+    ///   chain was dispatched: under half of it [`MISSES_TO_DISTRUST`]
+    ///   times in a row and the node is believed to keep nothing
+    ///   ([`PrefixIndex::distrusted`]), until a report finds half or more
+    ///   of a prediction again.
     pub fn correct(&mut self, node: NodeId, chain: &PromptChain, cached_tokens: u32, now_ms: u64) {
         let blocks = chain.blocks();
-        let Some(tail) = blocks.last() else {
+        let Some(tail) = blocks.last().map(|b| b.hash) else {
             return;
         };
         let k = blocks.partition_point(|b| b.end <= cached_tokens);
-        let (max_blocks, mut clock) = (self.max_blocks, self.clock);
-        let mut stack = std::mem::take(&mut self.stack);
+        self.clock += 1;
+        let (stamp, max_blocks) = (self.clock, self.max_blocks);
         let cache = self.cache_mut(node, now_ms);
-        match cache.predicted_at_dispatch(tail.hash) {
+        let dispatch = cache.dispatch_of(tail);
+        match dispatch.map(|d| d.predicted) {
             Some(predicted)
                 if predicted > 0 && u64::from(cached_tokens) * 2 < u64::from(predicted) =>
             {
@@ -340,33 +433,53 @@ impl PrefixIndex {
             Some(predicted) if predicted > 0 => cache.misses = 0,
             _ => {}
         }
-        if let Some(first_gone) = blocks.get(k) {
-            cache.forget_from(first_gone.hash, &mut stack);
+        // Without a remembered dispatch every slot is taken as it was then.
+        let dispatched_at = dispatch.map_or(u64::MAX, |d| d.stamp);
+        let own = dispatch.and_then(|d| {
+            cache
+                .slots
+                .iter()
+                .position(|s| s.busy_since_ms.is_some() && s.stamp == d.stamp)
+        });
+        for (i, s) in cache.slots.iter_mut().enumerate() {
+            let idle_since_dispatch = s.stamp < dispatched_at && !s.busy(now_ms);
+            if Some(i) != own && idle_since_dispatch && chain.common_blocks(s.held.blocks()) > k {
+                s.held = cut(&s.held, k);
+            }
         }
-        cache.touch(blocks, &mut clock);
-        cache.evict(max_blocks);
-        self.clock = clock;
-        self.stack = stack;
+        let held = cache.fit(chain, max_blocks);
+        let i = own.unwrap_or_else(|| cache.choose(&held, now_ms));
+        let slot = &mut cache.slots[i];
+        // A slot holding more than the prompt (a later request that
+        // extends it) keeps it: that too is on the node.
+        if Some(i) == own || held.common_blocks(slot.held.blocks()) < held.len() {
+            slot.held = held;
+        }
+        slot.stamp = stamp;
+        slot.busy_since_ms = None;
+        cache.enforce_cap(max_blocks);
     }
 
-    /// Sets `node`'s capacity in tokens, evicting what no longer fits
-    /// (a node recorded before it is sized holds one default slot:
-    /// [`DEFAULT_CONTEXT_PER_SLOT`]).
+    /// Sets `node`'s capacity in tokens: `capacity_tokens /`
+    /// [`DEFAULT_CONTEXT_PER_SLOT`] slots (at least 1, at most
+    /// [`MAX_SLOTS_PER_NODE`]) of [`DEFAULT_CONTEXT_PER_SLOT`] tokens, or one
+    /// slot of `capacity_tokens` when that is less. Fewer slots keep the
+    /// most recently used contexts. (A node recorded before it is sized
+    /// has one default slot.)
     pub fn set_capacity(&mut self, node: NodeId, capacity_tokens: u64) {
+        let (slots, context) = shape(capacity_tokens);
         let max_blocks = self.max_blocks;
-        let c = self.cache_mut(node, 0);
-        c.capacity_tokens = capacity_tokens;
-        c.evict(max_blocks);
+        self.cache_mut(node, 0).resize(slots, context, max_blocks);
     }
 
-    /// Sets every indexed node's capacity from `cluster`
-    /// ([`PrefixIndex::capacity_of`]); call it when a snapshot is published.
+    /// Sizes every indexed node from `cluster` ([`PrefixIndex::capacity_of`]);
+    /// call it when a snapshot is published.
     pub fn sync(&mut self, cluster: &ClusterSnapshot) {
         let max_blocks = self.max_blocks;
         for (id, cache) in &mut self.nodes {
             if let Some(n) = cluster.node(*id) {
-                cache.capacity_tokens = Self::capacity_of(n);
-                cache.evict(max_blocks);
+                let (slots, context) = shape(Self::capacity_of(n));
+                cache.resize(slots, context, max_blocks);
             }
         }
     }
@@ -382,24 +495,46 @@ impl PrefixIndex {
         self.nodes.len()
     }
 
-    /// Blocks held on `node`.
+    /// Slots modelled on `node` (0 if not indexed).
+    pub fn slots(&self, node: NodeId) -> usize {
+        self.nodes.get(&node).map_or(0, |c| c.slots.len())
+    }
+
+    /// The contexts `node`'s slots are believed to hold, empty ones left
+    /// out, in slot order.
+    pub fn contexts(&self, node: NodeId) -> impl Iterator<Item = &PromptChain> {
+        self.nodes
+            .get(&node)
+            .into_iter()
+            .flat_map(|c| c.slots.iter().map(|s| &s.held))
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Blocks held on `node`, over all its slots (a prefix two slots share
+    /// counts twice, as the engine holds it twice).
     pub fn blocks(&self, node: NodeId) -> usize {
-        self.nodes.get(&node).map_or(0, |c| c.blocks.len())
+        self.nodes
+            .get(&node)
+            .map_or(0, |c| c.slots.iter().map(|s| s.held.len()).sum())
     }
 
-    /// Tokens held on `node` (each block once).
+    /// Tokens held on `node`, over all its slots (counted per slot).
     pub fn held_tokens(&self, node: NodeId) -> u64 {
-        self.nodes.get(&node).map_or(0, |c| c.held_tokens)
+        self.nodes.get(&node).map_or(0, |c| {
+            c.slots.iter().map(|s| u64::from(s.held.tokens())).sum()
+        })
     }
 
-    /// `node`'s capacity in tokens, if indexed.
+    /// `node`'s capacity in tokens (slots times a slot's context), if
+    /// indexed.
     pub fn capacity(&self, node: NodeId) -> Option<u64> {
-        self.nodes.get(&node).map(|c| c.capacity_tokens)
+        self.nodes
+            .get(&node)
+            .map(|c| c.slots.len() as u64 * u64::from(c.context_tokens))
     }
 
-    /// The node's cache, made (with the capacity of one default slot until
-    /// told otherwise) when new, forgetting the least recently touched node
-    /// when full.
+    /// The node's cache, made (with one default slot until told otherwise)
+    /// when new, forgetting the least recently touched node when full.
     fn cache_mut(&mut self, node: NodeId, now_ms: u64) -> &mut NodeCache {
         if !self.nodes.contains_key(&node) && self.nodes.len() >= self.max_nodes {
             // Rare (a new node when full), so a scan is fine.
@@ -415,7 +550,7 @@ impl PrefixIndex {
         let cache = self
             .nodes
             .entry(node)
-            .or_insert_with(|| NodeCache::new(u64::from(DEFAULT_CONTEXT_PER_SLOT), now_ms));
+            .or_insert_with(|| NodeCache::new(now_ms));
         cache.touched_ms = cache.touched_ms.max(now_ms);
         cache
     }
@@ -439,6 +574,13 @@ mod tests {
         b.finish()
     }
 
+    /// An index whose node 1 has `slots` default slots.
+    fn with_slots(slots: u64) -> PrefixIndex {
+        let mut ix = PrefixIndex::new();
+        ix.set_capacity(id(1), slots * u64::from(DEFAULT_CONTEXT_PER_SLOT));
+        ix
+    }
+
     #[test]
     fn a_recorded_chain_is_cached_and_its_extensions_share_its_prefix() {
         let mut ix = PrefixIndex::new();
@@ -453,47 +595,182 @@ mod tests {
         assert_eq!(ix.cached_tokens(id(2), &turn1), 0, "another node");
         assert_eq!(ix.cached_tokens(id(1), &PromptChain::EMPTY), 0);
         assert_eq!((ix.blocks(id(1)), ix.held_tokens(id(1))), (2, 20_500));
+        assert_eq!(ix.slots(id(1)), 1, "one default slot until sized");
     }
 
     #[test]
-    fn lru_takes_the_oldest_tail_first_and_keeps_shared_heads() {
-        let mut ix = PrefixIndex::new();
-        let a = chain(&[(1, 10_000), (2, 10_000)]);
-        let b = chain(&[(1, 10_000), (3, 10_000)]);
+    fn a_two_slot_node_that_served_three_conversations_holds_the_last_two() {
+        let mut ix = with_slots(2);
+        let (a, b, c) = (chain(&[(1, 300)]), chain(&[(2, 300)]), chain(&[(3, 300)]));
         ix.record(id(1), &a, 1);
-        ix.set_capacity(id(1), 25_000);
         ix.record(id(1), &b, 2);
-        // 30k would be held (the shared head once): a's tail, the oldest
-        // block, goes.
-        assert_eq!(ix.held_tokens(id(1)), 20_000);
-        assert_eq!(ix.cached_tokens(id(1), &a), 10_000);
-        assert_eq!(ix.cached_tokens(id(1), &b), 20_000);
-        // A chain longer than the whole cache keeps its head.
-        ix.set_capacity(id(1), 15_000);
-        assert_eq!(ix.cached_tokens(id(1), &b), 10_000);
-        assert!(ix.holds(id(1), a.blocks()[0].hash));
+        ix.record(id(1), &c, 3);
+        // However little they take, two slots hold two contexts: c took
+        // the least recently used slot, a's.
+        assert_eq!(ix.cached_tokens(id(1), &a), 0);
+        assert_eq!(ix.cached_tokens(id(1), &b), 300);
+        assert_eq!(ix.cached_tokens(id(1), &c), 300);
+        assert_eq!(ix.held_tokens(id(1)), 600);
+        // b's next turn takes b's slot (the longest common prefix), not
+        // the least recently used one: c stays.
+        let b2 = chain(&[(2, 300), (4, 100)]);
+        ix.record(id(1), &b2, 4);
+        assert_eq!(ix.cached_tokens(id(1), &c), 300);
+        assert_eq!(ix.cached_tokens(id(1), &b2), 400);
+        assert_eq!(ix.contexts(id(1)).count(), 2);
     }
 
     #[test]
-    fn corrections_forget_other_prompts_past_the_report_and_keep_the_one_run() {
-        let mut ix = PrefixIndex::new();
-        ix.set_capacity(id(1), 1 << 20);
-        let long = chain(&[(1, 1_000), (2, 1_000), (3, 1_000), (4, 1_000)]);
-        let short = chain(&[(1, 1_000), (2, 1_000), (5, 1_000)]);
+    fn a_shared_system_prompt_is_found_in_any_slot_and_ties_take_the_oldest() {
+        let mut ix = with_slots(2);
+        let x = chain(&[(1, 20_000), (2, 500)]);
+        let y = chain(&[(1, 20_000), (3, 500)]);
+        let z = chain(&[(1, 20_000), (4, 500)]);
+        ix.record(id(1), &x, 1);
+        ix.record(id(1), &y, 2);
+        assert_eq!(ix.cached_tokens(id(1), &z), 20_000);
+        // z shares the system prompt with both: it takes the older, x's.
+        ix.record(id(1), &z, 3);
+        assert_eq!(ix.cached_tokens(id(1), &x), 20_000);
+        assert_eq!(ix.cached_tokens(id(1), &y), 20_500);
+        assert_eq!(ix.cached_tokens(id(1), &z), 20_500);
+        // Never used slots are the least recently used, lowest first.
+        let mut ix = with_slots(3);
+        ix.record(id(1), &x, 1);
+        ix.record(id(1), &chain(&[(7, 10)]), 2);
+        assert_eq!(ix.cached_tokens(id(1), &x), 20_500);
+    }
+
+    #[test]
+    fn a_slot_keeps_at_most_its_context() {
+        let mut ix = with_slots(1);
+        let long = chain(&[(1, 20_000), (2, 10_000), (3, 5_000)]);
         ix.record(id(1), &long, 1);
-        ix.record(id(1), &short, 2);
-        // The engine found only the first block of `short` cached: it had
-        // lost block 2, and so `long`'s blocks 3 and 4, which extend it.
-        // `short` itself it holds now, whole: it has just prefilled it.
-        ix.correct(id(1), &short, 1_500, 3);
-        assert_eq!(ix.cached_tokens(id(1), &short), 3_000);
-        assert_eq!(ix.cached_tokens(id(1), &long), 2_000);
-        assert_eq!(ix.blocks(id(1)), 3);
-        assert!(!ix.holds(id(1), long.blocks()[3].hash));
+        assert_eq!(ix.cached_tokens(id(1), &long), 30_000);
+        ix.set_capacity(id(1), 25_000);
+        assert_eq!(ix.capacity(id(1)), Some(25_000));
+        assert_eq!(ix.cached_tokens(id(1), &long), 20_000);
+        assert!(ix.holds(id(1), long.blocks()[0].hash));
+        assert!(!ix.holds(id(1), long.blocks()[1].hash));
+        ix.set_capacity(id(1), 0);
+        assert_eq!((ix.blocks(id(1)), ix.held_tokens(id(1))), (0, 0));
+    }
+
+    #[test]
+    fn fewer_slots_keep_the_most_recent_contexts() {
+        let mut ix = with_slots(3);
+        let cs: Vec<PromptChain> = (1..=3).map(|i| chain(&[(i, 100)])).collect();
+        for (t, c) in cs.iter().enumerate() {
+            ix.record(id(1), c, t as u64);
+        }
+        ix.record(id(1), &cs[0], 9);
+        ix.set_capacity(id(1), u64::from(DEFAULT_CONTEXT_PER_SLOT));
+        assert_eq!(ix.slots(id(1)), 1);
+        assert_eq!(ix.cached_tokens(id(1), &cs[0]), 100);
+        assert_eq!(ix.cached_tokens(id(1), &cs[2]), 0);
+        ix.set_capacity(id(1), u64::MAX);
+        assert_eq!(ix.slots(id(1)), MAX_SLOTS_PER_NODE);
+        assert_eq!(ix.cached_tokens(id(1), &cs[0]), 100, "growing keeps them");
+    }
+
+    #[test]
+    fn a_short_report_cuts_the_idle_slots_that_claimed_more_and_keeps_the_one_run() {
+        let mut ix = with_slots(3);
+        let a = chain(&[(1, 1_000), (2, 1_000), (3, 1_000), (4, 1_000)]);
+        let b = chain(&[(1, 1_000), (2, 1_000), (6, 1_000)]);
+        let c = chain(&[(1, 1_000), (2, 1_000), (5, 1_000)]);
+        // a and b run at once, so b takes a slot of its own.
+        ix.record(id(1), &a, 1);
+        ix.record(id(1), &b, 2);
+        ix.correct(id(1), &a, 0, 3);
+        ix.correct(id(1), &b, 0, 4);
+        assert_eq!(ix.contexts(id(1)).count(), 2);
+        // c shares two blocks with both: it takes the less recently used,
+        // a's. The engine found only its first block cached: the idle slot
+        // the index believes holds b held no second block either, nor
+        // anything after it. c itself is held whole: it was just
+        // prefilled.
+        ix.record(id(1), &c, 5);
+        ix.correct(id(1), &c, 1_500, 6);
+        assert_eq!(ix.cached_tokens(id(1), &c), 3_000);
+        assert_eq!(ix.cached_tokens(id(1), &b), 2_000, "c's slot");
+        assert_eq!(ix.cached_tokens(id(1), &a), 2_000, "c's slot");
+        assert_eq!(ix.blocks(id(1)), 4, "c's 3 and b's first");
+        assert!(!ix.holds(id(1), b.blocks()[2].hash));
         // A report from a node that knew more than the index adds it.
-        ix.correct(id(2), &long, 3_000, 4);
-        assert_eq!(ix.cached_tokens(id(2), &long), 4_000);
+        ix.correct(id(2), &a, 3_000, 7);
+        assert_eq!(ix.cached_tokens(id(2), &a), 4_000);
         assert_eq!(ix.held_tokens(id(2)), 4_000);
+    }
+
+    #[test]
+    fn a_busy_slot_is_not_given_a_request_nor_cut_by_another_report() {
+        let mut ix = with_slots(2);
+        let x = chain(&[(1, 2_000), (2, 300)]);
+        let y = chain(&[(1, 2_000), (3, 300)]);
+        let x2 = chain(&[(1, 2_000), (2, 300), (4, 100)]);
+        ix.record(id(1), &x, 1);
+        ix.correct(id(1), &x, 0, 2);
+        ix.record(id(1), &x2, 3);
+        // x2 runs in x's slot, so y takes the other, however much it
+        // shares with x's; on the engine it finds nothing.
+        ix.record(id(1), &y, 4);
+        ix.correct(id(1), &y, 0, 5);
+        assert_eq!(ix.cached_tokens(id(1), &x2), 2_400, "still x2's");
+        assert_eq!(ix.cached_tokens(id(1), &y), 2_300);
+        ix.correct(id(1), &x2, 2_300, 6);
+        assert_eq!(ix.cached_tokens(id(1), &x2), 2_400);
+        assert_eq!(ix.contexts(id(1)).count(), 2);
+        // A slot whose request never reported is free again after a while:
+        // y2 takes y's slot and never reports; z, sharing y's context,
+        // takes the other slot (x2's) while y2 may still run, y2's after.
+        let y2 = chain(&[(1, 2_000), (3, 300), (5, 10)]);
+        let z = chain(&[(1, 2_000), (3, 300), (6, 10)]);
+        ix.record(id(1), &y2, 7);
+        let mut later = ix.clone();
+        ix.record(id(1), &z, 8);
+        assert_eq!(ix.cached_tokens(id(1), &x2), 2_000);
+        later.record(id(1), &z, 7 + BUSY_FORGOTTEN_MS);
+        assert_eq!(later.cached_tokens(id(1), &x2), 2_400);
+        // y2's slot is z's now, and busy with it: a request for y2 would
+        // take the free slot, x2's, which shares the system prompt only.
+        assert_eq!(later.cached_tokens(id(1), &y2), 2_000);
+        later.correct(id(1), &z, 2_300, 8 + BUSY_FORGOTTEN_MS);
+        assert_eq!(later.cached_tokens(id(1), &y2), 2_300);
+    }
+
+    #[test]
+    fn a_busy_slot_counts_only_for_its_own_conversation_or_when_all_are_busy() {
+        let mut ix = with_slots(2);
+        let a = chain(&[(1, 20_000), (2, 500)]);
+        let b = chain(&[(1, 20_000), (3, 500)]);
+        let a2 = chain(&[(1, 20_000), (2, 500), (4, 300)]);
+        ix.record(id(1), &a, 1);
+        // a still runs (or never reported): b would take the free, empty
+        // slot and prefill its system prompt there.
+        assert_eq!(ix.cached_tokens_at(id(1), &b, 2), 0);
+        // a's next turn carries a's answer, so a has ended.
+        assert_eq!(ix.cached_tokens_at(id(1), &a2, 2), 20_500);
+        ix.record(id(1), &b, 2);
+        // Both busy: a third prompt queues for whichever ends first.
+        let c = chain(&[(1, 20_000), (5, 500)]);
+        assert_eq!(ix.cached_tokens_at(id(1), &c, 3), 20_000);
+        ix.correct(id(1), &b, 0, 4);
+        assert_eq!(ix.cached_tokens_at(id(1), &c, 5), 20_000);
+    }
+
+    #[test]
+    fn reports_say_nothing_of_slots_given_a_request_after_the_dispatch() {
+        let mut ix = with_slots(2);
+        let a = chain(&[(1, 20_000), (2, 500)]);
+        let b = chain(&[(1, 20_000), (3, 500)]);
+        ix.record(id(1), &a, 1);
+        ix.record(id(1), &b, 2);
+        // a ran where nothing was cached yet; b was dispatched after it,
+        // so b's slot is not the one a's report is about.
+        ix.correct(id(1), &a, 0, 3);
+        assert_eq!(ix.cached_tokens(id(1), &a), 20_500);
+        assert_eq!(ix.cached_tokens(id(1), &b), 20_500);
     }
 
     #[test]
@@ -532,7 +809,7 @@ mod tests {
     }
 
     #[test]
-    fn capacity_follows_the_snapshot_and_nodes_are_capped() {
+    fn capacity_follows_the_snapshot_and_nodes_and_blocks_are_capped() {
         let mut ix = PrefixIndex::with_limits(2, 4);
         let c = chain(&[(1, 100), (2, 100), (3, 100), (4, 100), (5, 100), (6, 100)]);
         ix.record(id(1), &c, 1);
@@ -542,6 +819,12 @@ mod tests {
         ix.record(id(3), &c, 3);
         assert_eq!(ix.nodes(), 2);
         assert_eq!(ix.blocks(id(1)), 0, "the least recently touched node went");
+        // Over the block cap across slots, the least recently used go.
+        ix.set_capacity(id(3), 2 * u64::from(DEFAULT_CONTEXT_PER_SLOT));
+        let d = chain(&[(8, 100), (9, 100)]);
+        ix.record(id(3), &d, 4);
+        assert_eq!(ix.blocks(id(3)), 2);
+        assert_eq!(ix.cached_tokens(id(3), &d), 200);
         let mut n = NodeSnapshot::new(id(2), "n");
         n.engines.push(pair_core::EngineSnapshot {
             kind: pair_core::EngineKind::Ollama,
@@ -554,7 +837,8 @@ mod tests {
         assert_eq!(PrefixIndex::capacity_of(&n), 4 * 32_768);
         ix.sync(&ClusterSnapshot::new(1, 0, vec![n]));
         assert_eq!(ix.capacity(id(2)), Some(4 * 32_768));
-        assert_eq!(ix.capacity(id(3)), Some(32_768), "not in the snapshot");
+        assert_eq!(ix.slots(id(2)), 4);
+        assert_eq!(ix.capacity(id(3)), Some(2 * 32_768), "not in the snapshot");
         assert!(ix.forget(id(2)));
         assert!(!ix.forget(id(2)));
     }

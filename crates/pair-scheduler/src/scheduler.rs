@@ -155,9 +155,9 @@ impl Scheduler {
 
     /// Call after dispatching a request whose prompt is `chain` to `node`
     /// (the node it commits to; a failed attempt's node too, since its
-    /// engine may have prefilled the prompt before failing): the node's
-    /// engine will hold the prompt. Sizes the node's cache from `cluster`
-    /// first when it lists the node.
+    /// engine may have prefilled the prompt before failing): one of the
+    /// node's slots will hold the prompt. Sizes the node's slots from
+    /// `cluster` first when it lists the node.
     pub fn note_routed(
         &mut self,
         cluster: &ClusterSnapshot,
@@ -275,7 +275,9 @@ impl Scheduler {
                     )
                 }
                 Policy::PredictedLatency => {
-                    let cached = self.prefix.cached_tokens(node.id, &request.prefix);
+                    let cached = self
+                        .prefix
+                        .cached_tokens_at(node.id, &request.prefix, now_ms);
                     let mut p =
                         predict_cached(node, &workload, entry, request, reserved, age_ms, cached);
                     p.silent = engine.silent;

@@ -1,6 +1,7 @@
 //! The prefix index end to end: a conversation stays where its context is
-//! cached without any session header, and the index stays bounded and
-//! prefix-closed under any sequence of records and corrections.
+//! cached without any session header, a node holds as many contexts as it
+//! has slots, and the index stays bounded and exact under any sequence of
+//! records and corrections.
 
 // Strategy helpers outside `#[test]` functions unwrap values they just built.
 #![allow(clippy::unwrap_used)]
@@ -9,7 +10,9 @@ use pair_scheduler::pair_core::{
     ApiFlavor, ChainBuilder, ClusterSnapshot, EngineKind, EngineSnapshot, ModelEntry, ModelName,
     ModelPerf, NodeId, NodeSnapshot, PromptChain, RequestProfile, Workload,
 };
-use pair_scheduler::prefix::{MAX_BLOCKS_PER_NODE, MAX_NODES};
+use pair_scheduler::prefix::{
+    DEFAULT_CONTEXT_PER_SLOT, MAX_BLOCKS_PER_NODE, MAX_NODES, MAX_SLOTS_PER_NODE,
+};
 use pair_scheduler::{Policy, PrefixIndex, Reservations, Scheduler};
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -171,6 +174,54 @@ fn without_the_index_the_slower_home_is_left() {
     assert!(first.to_string().contains("(2000 cached)"), "{first}");
 }
 
+/// A node with one engine of `slots` slots.
+fn slotted(n: u128, slots: u16) -> NodeSnapshot {
+    let mut s = node(n, FAST);
+    s.engines[0].slots = slots;
+    s
+}
+
+/// The scheduler sizes a node from the snapshot when it routes there: a
+/// 2-slot node that served conversations A, B and C holds B and C only,
+/// however small they are; a system prompt two conversations running at
+/// once share is found in either slot.
+#[test]
+fn a_two_slot_node_holds_the_last_two_conversations() {
+    let cluster = ClusterSnapshot::new(1, 0, vec![slotted(1, 2)]);
+    let id = NodeId::from_u128(1);
+    let conversation = |system: u64, c: u64| {
+        let mut b = ChainBuilder::new();
+        b.segment(system, 2_000).segment(10 + c, 300);
+        b.finish()
+    };
+    let mut s = Scheduler::with_policy(Policy::PredictedLatency);
+    for c in 0..3u64 {
+        let chain = conversation(c, c);
+        s.note_routed(&cluster, id, &chain, c * 1_000);
+        s.note_cached(id, &chain, 0, c * 1_000 + 500);
+    }
+    let ix = s.prefix();
+    assert_eq!(ix.slots(id), 2);
+    assert_eq!(ix.cached_tokens(id, &conversation(0, 0)), 0);
+    assert_eq!(ix.cached_tokens(id, &conversation(1, 1)), 2_300);
+    assert_eq!(ix.cached_tokens(id, &conversation(2, 2)), 2_300);
+    // X and Y run at once, so each has a slot; whichever slot Z then
+    // takes, the system prompt is cached, and the other conversation
+    // stays.
+    let (x, y, z) = (conversation(9, 1), conversation(9, 2), conversation(9, 3));
+    s.note_routed(&cluster, id, &x, 5_000);
+    s.note_routed(&cluster, id, &y, 5_100);
+    s.note_cached(id, &x, 0, 6_000);
+    s.note_cached(id, &y, 0, 6_100);
+    assert_eq!(s.prefix().cached_tokens(id, &z), 2_000);
+    s.note_routed(&cluster, id, &z, 7_000);
+    s.note_cached(id, &z, 2_000, 8_000);
+    let ix = s.prefix();
+    assert_eq!(ix.cached_tokens(id, &z), 2_300);
+    assert_eq!(ix.cached_tokens(id, &x), 2_000, "z took the older slot");
+    assert_eq!(ix.cached_tokens(id, &y), 2_300);
+}
+
 /// A chain in one of a few families sharing their first blocks, with
 /// uneven block sizes.
 fn chain(family: u64, len: usize) -> PromptChain {
@@ -193,8 +244,13 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..6, 0u64..5, 1usize..60).prop_map(|(n, f, l)| Op::Record(n, f, l)),
         2 => (0u8..6, 0u64..5, 1usize..60, 0u32..20_000).prop_map(|(n, f, l, c)| Op::Correct(n, f, l, c)),
-        1 => (0u8..6, 0u64..30_000).prop_map(|(n, c)| Op::Capacity(n, c)),
+        1 => (0u8..6, 0u64..200_000).prop_map(|(n, c)| Op::Capacity(n, c)),
     ]
+}
+
+/// Tokens a slot of `id` keeps at most.
+fn context_of(ix: &PrefixIndex, id: NodeId) -> u64 {
+    ix.capacity(id).unwrap_or(0) / (ix.slots(id).max(1) as u64)
 }
 
 fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), TestCaseError> {
@@ -202,6 +258,12 @@ fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), Te
     for n in 0..6u8 {
         let id = NodeId::from_u128(u128::from(n));
         prop_assert!(ix.blocks(id) <= max_blocks);
+        prop_assert!(ix.slots(id) <= MAX_SLOTS_PER_NODE);
+        prop_assert!(ix.contexts(id).count() <= ix.slots(id));
+        prop_assert!(context_of(ix, id) <= u64::from(DEFAULT_CONTEXT_PER_SLOT));
+        for held in ix.contexts(id) {
+            prop_assert!(u64::from(held.tokens()) <= context_of(ix, id));
+        }
         if let Some(cap) = ix.capacity(id) {
             prop_assert!(
                 ix.held_tokens(id) <= cap,
@@ -210,65 +272,52 @@ fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), Te
                 cap
             );
         }
-        // Prefix-closed: the binary search agrees with a walk on every
-        // chain, and nothing is held past the first gap.
+        // A lookup finds at most the longest prefix any one slot holds
+        // (less while the slot holding it is busy and another is free).
         for family in 0..5 {
             let c = chain(family, 60);
-            let walk = c
-                .blocks()
-                .iter()
-                .take_while(|b| ix.holds(id, b.hash))
-                .count();
-            prop_assert_eq!(ix.cached_tokens(id, &c), c.tokens_at(walk));
-            prop_assert!(
-                c.blocks()[walk..].iter().all(|b| !ix.holds(id, b.hash)),
-                "node {} family {}: a block held past the first gap at {}",
-                n,
-                family,
-                walk
-            );
+            prop_assert!(ix.cached_tokens(id, &c) <= best(ix, id, &c));
         }
     }
     Ok(())
+}
+
+/// The longest prefix of `c` any one of `id`'s slots holds.
+fn best(ix: &PrefixIndex, id: NodeId, c: &PromptChain) -> u32 {
+    ix.contexts(id)
+        .map(|h| c.common_tokens(h.blocks()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether the node's slots can hold `c` whole.
+fn fits(ix: &PrefixIndex, id: NodeId, c: &PromptChain, max_blocks: usize) -> bool {
+    u64::from(c.tokens()) <= context_of(ix, id) && c.len() <= max_blocks
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Under any sequence of records, corrections and resizings the index
-    /// stays within its caps and capacities, and stays prefix-closed (so
-    /// its binary search is exact); the last correction is what it holds.
+    /// stays within its caps, slots and capacities, a lookup is the best
+    /// slot's common prefix, and the prompt last corrected is held whole.
     #[test]
-    fn the_index_stays_bounded_and_prefix_closed(
+    fn the_index_stays_bounded_and_exact(
         ops in prop::collection::vec(op(), 0..80),
         tight in any::<bool>(),
     ) {
         let (max_nodes, max_blocks) = if tight { (3, 40) } else { (MAX_NODES, MAX_BLOCKS_PER_NODE) };
         let mut ix = if tight { PrefixIndex::with_limits(3, 40) } else { PrefixIndex::new() };
         for (at, op) in ops.into_iter().enumerate() {
-            let at = at as u64;
+            let at = at as u64 * 1_000;
             let id = |n: u8| NodeId::from_u128(u128::from(n));
             match op {
                 Op::Record(n, f, l) => ix.record(id(n), &chain(f, l), at),
                 Op::Correct(n, f, l, cached) => {
                     let c = chain(f, l);
                     ix.correct(id(n), &c, cached, at);
-                    // The chain just run is held whole, unless the cache
-                    // cannot hold it (or lookups are distrusted).
-                    let fits = u64::from(c.tokens()) <= ix.capacity(id(n)).unwrap_or(0)
-                        && c.len() <= max_blocks;
-                    if fits && !ix.distrusted(id(n)) {
+                    if fits(&ix, id(n), &c, max_blocks) && !ix.distrusted(id(n)) {
                         prop_assert_eq!(ix.cached_tokens(id(n), &c), c.tokens());
-                    }
-                    // Other prompts through the first block past the report
-                    // are gone, beyond this chain's own blocks.
-                    let k = c.blocks().iter().take_while(|b| b.end <= cached).count();
-                    for other in 0..5 {
-                        let o = chain(other, 60);
-                        if k < c.len() && o.blocks().get(k) == c.blocks().get(k) {
-                            let own = o.common_blocks(c.blocks());
-                            prop_assert!(o.blocks()[own..].iter().all(|b| !ix.holds(id(n), b.hash)));
-                        }
                     }
                 }
                 Op::Capacity(n, cap) => ix.set_capacity(id(n), cap),
@@ -276,26 +325,62 @@ proptest! {
             check(&ix, max_nodes, max_blocks)?;
         }
     }
+
+    /// Requests that each report before the next is dispatched (no slot
+    /// busy when one arrives): a lookup is the longest prefix any one slot
+    /// holds; after a report of `cached` tokens, no slot but the one that
+    /// ran the prompt is believed to hold more of it; and a node never
+    /// holds more contexts than it has slots.
+    #[test]
+    fn a_report_leaves_no_other_slot_claiming_what_it_missed(
+        runs in prop::collection::vec((0u64..5, 1usize..60, 0u32..20_000), 0..60),
+        slots in 1u64..5,
+    ) {
+        let mut ix = PrefixIndex::new();
+        let id = NodeId::from_u128(1);
+        ix.set_capacity(id, slots * u64::from(DEFAULT_CONTEXT_PER_SLOT));
+        for (at, (f, l, cached)) in runs.into_iter().enumerate() {
+            let c = chain(f, l);
+            let at = at as u64 * 1_000;
+            ix.record(id, &c, at);
+            ix.correct(id, &c, cached, at + 500);
+            let k = c.blocks().iter().take_while(|b| b.end <= cached).count();
+            let claiming = ix.contexts(id).filter(|h| c.common_blocks(h.blocks()) > k).count();
+            prop_assert!(claiming <= 1, "{} slots claim more than the report", claiming);
+            prop_assert!(ix.contexts(id).count() <= slots as usize);
+            if !ix.distrusted(id) {
+                prop_assert_eq!(ix.cached_tokens(id, &c), c.tokens());
+                for family in 0..5 {
+                    let o = chain(family, 60);
+                    prop_assert_eq!(ix.cached_tokens(id, &o), best(&ix, id, &o));
+                }
+            }
+        }
+    }
 }
 
-/// A flood of distinct long chains on many nodes stays within the hard
-/// caps at their real sizes.
+/// A flood of distinct long chains on many nodes of the most slots stays
+/// within the hard caps at their real sizes.
 #[test]
 fn a_flood_stays_within_the_hard_caps() {
     let mut ix = PrefixIndex::new();
     for n in 0..(MAX_NODES as u128 + 5) {
         ix.set_capacity(NodeId::from_u128(n), u64::MAX);
-        for f in 0..4u64 {
+        for f in 0..(MAX_SLOTS_PER_NODE as u64 + 4) {
             let mut b = ChainBuilder::new();
-            for i in 0..3_000u64 {
+            for i in 0..600u64 {
                 b.segment(f << 32 | i, 64);
             }
             ix.record(NodeId::from_u128(n), &b.finish(), n as u64);
         }
-        assert!(ix.blocks(NodeId::from_u128(n)) <= MAX_BLOCKS_PER_NODE);
+        let id = NodeId::from_u128(n);
+        assert!(ix.blocks(id) <= MAX_BLOCKS_PER_NODE);
+        assert_eq!(ix.contexts(id).count(), MAX_SLOTS_PER_NODE);
     }
     assert_eq!(ix.nodes(), MAX_NODES);
     assert_eq!(ix.blocks(NodeId::from_u128(0)), 0, "the oldest node went");
+    // Each slot keeps its context's 512 blocks (32k tokens), all slots
+    // together the cap.
     assert_eq!(
         ix.blocks(NodeId::from_u128(MAX_NODES as u128 + 4)),
         MAX_BLOCKS_PER_NODE
