@@ -957,11 +957,15 @@ async fn requests_at_the_same_instant_each_see_the_ones_before() {
 async fn agents_sharing_a_system_prompt_go_where_it_is_cached() {
     let c = identical_warm_cluster(3, 0.05).await;
     wait_learned(&c, "llama3.2:3b").await;
-    let url = format!("{}/v1/chat/completions", c.nodes[0].openai_url());
+    let urls: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("{}/v1/chat/completions", n.openai_url()))
+        .collect();
     // About 12k tokens of system prompt and tools, as an agent sends them.
     let system = "You are a coding agent. Use the tools to read and edit files. ".repeat(750);
-    let ask = |system: String, task: String, pin: Option<String>| {
-        let url = url.clone();
+    let ask_at = |entry: usize, system: String, task: String, pin: Option<String>| {
+        let url = urls[entry].clone();
         async move {
             let mut req = http().post(url).header("x-pair-explain", "1").json(&json!({
                 "model": "llama3.2:3b", "max_tokens": 4,
@@ -977,6 +981,15 @@ async fn agents_sharing_a_system_prompt_go_where_it_is_cached() {
             (served_by(&r).unwrap(), route)
         }
     };
+    let ask = |system, task, pin| ask_at(0, system, task, pin);
+    // "prefill N (M cached)": M.
+    let cached_in = |route: &str| -> u32 {
+        route
+            .split_once(" cached)")
+            .and_then(|(head, _)| head.rsplit('(').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no cached count in {route}"))
+    };
     let (usual, _) = ask("Be brief.".into(), "hello".into(), None).await;
     wait_settled(&c, "llama3.2:3b").await;
     let elsewhere = another_node(&c, &usual);
@@ -990,19 +1003,27 @@ async fn agents_sharing_a_system_prompt_go_where_it_is_cached() {
             node, elsewhere,
             "sub-agent {task} went where its prefix is not cached: {route}"
         );
-        // "prefill N (M cached)": the system prompt is priced as cached.
-        let cached: u32 = route
-            .split_once(" cached)")
-            .and_then(|(head, _)| head.rsplit('(').next())
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no cached count in {route}"));
+        // The system prompt is priced as cached.
+        let cached = cached_in(&route);
         assert!(
             cached >= system_tokens * 9 / 10,
             "{cached} of {system_tokens} cached: {route}"
         );
         wait_settled(&c, "llama3.2:3b").await;
-        let (_, route) = ask(format!("Another agent {task}."), "task".into(), None).await;
+        // A prompt that shares nothing, kept off the agents' node (its one
+        // slot would give the agents' prefix way to it, as the engine's
+        // does): credited with nothing.
+        let other = format!("Another agent {task}.");
+        let (_, route) = ask(other, "task".into(), Some(usual.clone())).await;
         assert!(!route.contains("cached"), "credited with a cache: {route}");
+        wait_settled(&c, "llama3.2:3b").await;
+    }
+    // A sub-agent entering at another node: that node learned where the
+    // prompt is cached from node 0's reports alone.
+    for entry in [1, 2] {
+        let (node, route) = ask_at(entry, system.clone(), format!("at {entry}"), None).await;
+        assert_eq!(node, elsewhere, "entering at node {entry}: {route}");
+        assert!(cached_in(&route) >= system_tokens * 9 / 10, "{route}");
         wait_settled(&c, "llama3.2:3b").await;
     }
     c.stop().await;

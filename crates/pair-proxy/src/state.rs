@@ -107,9 +107,8 @@ pub struct ProxyState {
     policy: Policy,
     pub load: Arc<LocalLoad>,
     bindings: Arc<Bindings>,
-    /// Per peer, its boot and the last routed prompt applied from its
-    /// reports.
-    routed_seen: Mutex<HashMap<NodeId, (u64, u64)>>,
+    /// What this node knows of where prompts went: see [`RoutedSeen`].
+    routed_seen: Mutex<RoutedSeen>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
     /// When the node started, or came back from a pause (a snapshot after
@@ -117,6 +116,18 @@ pub struct ProxyState {
     /// [`WARM_UP`] after it, the node may not yet know its own engine's
     /// models nor its peers'. And when the last snapshot came.
     warm: Mutex<(std::time::Instant, std::time::Instant)>,
+}
+
+/// Where prompts went, as far as this node's prefix index has taken it in.
+#[derive(Debug, Default)]
+struct RoutedSeen {
+    /// Per peer, its boot and the last routed prompt applied from its
+    /// reports.
+    peers: HashMap<NodeId, (u64, u64)>,
+    /// Per node, when this node last sent it a prompt: a peer's report of
+    /// an older one is no news (the engine has taken this node's since),
+    /// and applied late it would push the newer one out of a slot.
+    own: HashMap<NodeId, u64>,
 }
 
 /// How long after start a request for a model no node is known to serve
@@ -395,17 +406,21 @@ impl ProxyState {
         let now = now_ms();
         self.each_sched(|s| s.scheduler.note_routed(cluster, node, prefix, now));
         self.bindings.route(node, prefix, now);
+        if let Ok(mut seen) = self.routed_seen.lock() {
+            seen.own.insert(node, now);
+        }
     }
 
     /// Applies the prompts peers report having routed, each once (by its
     /// reporter's boot and sequence number): every router's prefix index
     /// learns what each engine holds, whichever node sent it there.
     fn learn_routed(&self, snapshot: &ClusterSnapshot, now: u64) {
-        let Ok(mut seen) = self.routed_seen.lock() else {
+        let Ok(mut guard) = self.routed_seen.lock() else {
             return;
         };
+        let RoutedSeen { peers, own } = &mut *guard;
         for peer in snapshot.nodes().iter().filter(|n| n.id != self.node.id) {
-            let last = seen.entry(peer.id).or_insert((peer.boot, 0));
+            let last = peers.entry(peer.id).or_insert((peer.boot, 0));
             if last.0 != peer.boot {
                 *last = (peer.boot, 0);
             }
@@ -413,7 +428,17 @@ impl ProxyState {
             let mut newest = last.1;
             for r in fresh {
                 newest = newest.max(r.seq);
-                self.each_sched(|s| s.scheduler.note_routed(snapshot, r.node, &r.prefix, now));
+                if own.get(&r.node).is_some_and(|&at| r.at_ms <= at) {
+                    continue;
+                }
+                // Held, and done as far as this node will hear: the engine's
+                // report on it goes to the peer that routed it, so the slot
+                // is not left looking busy here.
+                let held = r.prefix.tokens();
+                self.each_sched(|s| {
+                    s.scheduler.note_routed(snapshot, r.node, &r.prefix, now);
+                    s.scheduler.note_cached(r.node, &r.prefix, held, now);
+                });
             }
             last.1 = newest;
         }
