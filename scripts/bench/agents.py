@@ -1,18 +1,28 @@
 #!/usr/bin/env python3
 """Agent fan-out with the real Claude Code: N parallel `claude -p`
-sub-agents (each a turn with a tool call, as a sub-agent of a coding job
-does) through a 3-node `pair-node demo` (emulated RTX 4090, RTX 3060 and
-laptop), routed by pair; then the same job pinned to each node alone
-(`x-pair-node-pin`). Reports the makespan routed, on the fastest node
-alone, and the capacity-weighted ideal: with node i finishing the whole
-job alone in T_i, the cluster working as one fluid machine would take
-1 / sum(1 / T_i).
+sub-agents through a 3-node `pair-node demo` (emulated RTX 4090, RTX 3060
+and laptop), routed by pair; then the same job pinned to each node alone
+(`x-pair-node-pin`). Each sub-agent is a coding agent's loop of `--turns`
+tool calls: its task names the call with a count
+(`Bash({"command": ...}) x5`), so the emulated model calls Bash after
+each tool result until it has called it that many times, then answers in
+text; every request re-sends Claude Code's ~20k-token system prompt and
+tools and the sub-agent's growing conversation, which the engines' prompt
+caches serve.
 
-usage: scripts/bench/agents.py [--agents 5] [--time-scale 0.25] [--answer-tokens 200]
-       [--pair-node target/release/pair-node] [--json OUT]
+Reports the makespan routed, on the fastest node alone, and the
+capacity-weighted ideal (with node i finishing the whole job alone in
+T_i, the cluster as one fluid machine would take 1 / sum(1 / T_i)); per
+run, the prompt tokens sent and the cached prompt tokens served (from the
+job records, `GET /_pair/jobs`), and the answers' lengths (the demo's
+natural lengths unless --answer-tokens sets one).
+
+usage: scripts/bench/agents.py [--agents 5] [--turns 5] [--time-scale 0.25]
+       [--answer-tokens 0] [--pair-node target/release/pair-node] [--json OUT]
 Needs scripts/setup-agents.sh (PAIR_CLAUDE) and a built pair-node.
 Every request stays on loopback.
 """
+import statistics
 import argparse
 import collections
 import json
@@ -63,20 +73,53 @@ def start_demo(pair_node, time_scale, model):
     return proc, f"http://127.0.0.1:{openai}", names
 
 
-def placement(base, names, jobs):
-    """Where the last `jobs` requests ran, by node name."""
-    with urllib.request.urlopen(f"{base}/_pair/jobs?limit={jobs}", timeout=10) as r:
+def job_records(base, since_ms):
+    """The job records of requests made since `since_ms` (unix ms), one a job."""
+    with urllib.request.urlopen(f"{base}/_pair/jobs?limit=10000", timeout=10) as r:
         recent = json.load(r)
+    by_id = {}
+    for j in recent:
+        if j.get("created_at_ms", 0) >= since_ms:
+            by_id.setdefault(j["id"], j)
+    return list(by_id.values())
+
+
+def summary(base, names, records):
+    """Where the requests ran, by node name; prompt and cached tokens;
+    answer lengths."""
     cluster = json.load(urllib.request.urlopen(f"{base}/_pair/cluster", timeout=10))
     by_id = {n["id"]: n["name"] for n in cluster["snapshot"]["nodes"]}
-    return dict(collections.Counter(by_id.get(j.get("ran_on"), "none") for j in recent))
+    out = sorted(j.get("output_tokens") or 0 for j in records)
+    prompt = sum(j.get("prompt_tokens") or 0 for j in records)
+    cached = sum(j.get("cached_tokens") or 0 for j in records)
+    return {
+        "requests": len(records),
+        "placement": dict(collections.Counter(by_id.get(j.get("ran_on"), "none") for j in records)),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        # Records that hold a cache account at all (the engine's, or the
+        # scheduler's prediction): 0 cached of none recorded says nothing.
+        "cache_recorded": sum(1 for j in records if j.get("cached_tokens") is not None),
+        "cached_share": cached / prompt if prompt else 0.0,
+        "output_tokens": {"min": out[0], "median": statistics.median(out), "max": out[-1]}
+        if out else {},
+        "status": dict(collections.Counter(str(j.get("status")) for j in records)),
+        "records": [{k: j.get(k) for k in ("created_at_ms", "ran_on", "prompt_tokens",
+                                           "cached_tokens", "output_tokens", "ttft_ms",
+                                           "duration_ms")} for j in records],
+    }
 
 
-def run_job(claude, base, n, answer_tokens, pin=None):
-    """Runs n sub-agents at once; returns (makespan, per-agent seconds)."""
-    headers = f"x-emulator-answer-tokens: {answer_tokens}"
+def run_job(claude, base, n, turns, answer_tokens, pin=None):
+    """Runs n sub-agents at once; returns (makespan, per-agent seconds,
+    unix ms when it began)."""
+    headers = []
+    if answer_tokens:
+        headers.append(f"x-emulator-answer-tokens: {answer_tokens}")
     if pin:
-        headers += f"\nx-pair-node-pin: {pin}"
+        headers.append(f"x-pair-node-pin: {pin}")
+    headers = "\n".join(headers)
+    since_ms = int(time.time() * 1000)
     procs = []
     dirs = []
     t0 = time.monotonic()
@@ -86,7 +129,7 @@ def run_job(claude, base, n, answer_tokens, pin=None):
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TERM": "dumb",
             "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "sk-local",
-            "ANTHROPIC_CUSTOM_HEADERS": headers,
+            **({"ANTHROPIC_CUSTOM_HEADERS": headers} if headers else {}),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_MAX_RETRIES": "1",
@@ -94,7 +137,8 @@ def run_job(claude, base, n, answer_tokens, pin=None):
         }
         for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
             env[var] = "http://127.0.0.1:9"
-        prompt = f'Sub-task {k}: Bash({{"command": "echo sub-agent-{k} > done.txt"}})'
+        # Each call appends a line: the file shows every turn's tool ran.
+        prompt = f'Sub-task {k}: Bash({{"command": "echo sub-agent-{k} >> done.txt"}}) x{turns}'
         procs.append((subprocess.Popen(
             [claude, "-p", prompt, "--allowedTools", "Bash", "--output-format", "json"],
             cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
@@ -104,21 +148,29 @@ def run_job(claude, base, n, answer_tokens, pin=None):
         out, err = p.communicate(timeout=900)
         took = time.monotonic() - started
         ok = p.returncode == 0 and not json.loads(out or "{}").get("is_error", True)
-        done = os.path.exists(os.path.join(work, "done.txt"))
-        if not (ok and done):
-            sys.exit(f"a sub-agent failed (rc {p.returncode}, tool ran: {done}):\n{out}\n{err}")
+        try:
+            with open(os.path.join(work, "done.txt")) as f:
+                ran = len(f.read().splitlines())
+        except OSError:
+            ran = 0
+        if not (ok and ran == turns):
+            sys.exit(f"a sub-agent failed (rc {p.returncode}, tool ran {ran} of {turns} times):"
+                     f"\n{out}\n{err}")
         times.append(took)
     makespan = time.monotonic() - t0
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-    return makespan, times
+    return makespan, times, since_ms
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=5)
     ap.add_argument("--time-scale", type=float, default=0.25)
-    ap.add_argument("--answer-tokens", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=5,
+                    help="tool calls per sub-agent before its text answer")
+    ap.add_argument("--answer-tokens", type=int, default=0,
+                    help="every answer's length; 0: the demo's natural lengths")
     ap.add_argument("--model", default="llama3.2:3b")
     ap.add_argument("--pair-node", default=os.path.join(ROOT, "target/release/pair-node"))
     ap.add_argument("--json")
@@ -128,28 +180,37 @@ def main():
     try:
         # Warm each node's model (the demo's engines start with it loaded,
         # but a first job would also pay for the agent's own start-up).
-        run_job(claude, base, 1, a.answer_tokens)
-        alone = {}
+        run_job(claude, base, 1, a.turns, a.answer_tokens)
+        alone, alone_jobs = {}, {}
         for name in names:
-            alone[name], _ = run_job(claude, base, a.agents, a.answer_tokens, pin=name)
-            print(f"{name:<22} alone: {alone[name]:7.1f} s", file=sys.stderr)
-        routed, times = run_job(claude, base, a.agents, a.answer_tokens)
-        placed = placement(base, names, 2 * a.agents)
-        print(f"routed: {routed:.1f} s, requests ran on {placed}", file=sys.stderr)
+            alone[name], _, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens,
+                                            pin=name)
+            alone_jobs[name] = summary(base, names, job_records(base, since))
+            brief = {k: v for k, v in alone_jobs[name].items() if k != "records"}
+            print(f"{name:<22} alone: {alone[name]:7.1f} s, {brief}", file=sys.stderr)
+        routed, times, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens)
+        jobs = summary(base, names, job_records(base, since))
+        brief = {k: v for k, v in jobs.items() if k != "records"}
+        print(f"routed: {routed:.1f} s, {brief}", file=sys.stderr)
     finally:
         demo.terminate()
         demo.wait(timeout=30)
     fastest = min(alone.values())
     ideal = 1.0 / sum(1.0 / t for t in alone.values())
     result = {
-        "agents": a.agents, "time_scale": a.time_scale, "answer_tokens": a.answer_tokens,
-        "model": a.model, "alone_s": alone, "routed_s": routed, "fastest_alone_s": fastest,
-        "ideal_s": ideal, "routed_over_ideal": routed / ideal,
-        "fastest_over_routed": fastest / routed, "agent_s": times, "placement": placed,
+        "agents": a.agents, "turns": a.turns, "time_scale": a.time_scale,
+        "answer_tokens": a.answer_tokens, "model": a.model, "alone_s": alone,
+        "routed_s": routed, "fastest_alone_s": fastest, "ideal_s": ideal,
+        "routed_over_ideal": routed / ideal, "fastest_over_routed": fastest / routed,
+        "agent_s": times, "routed_jobs": jobs, "alone_jobs": alone_jobs,
     }
-    print(f"| {a.agents} sub-agents | routed {routed:.1f} s | fastest node alone {fastest:.1f} s "
-          f"({fastest / routed:.2f}x routed) | capacity-weighted ideal {ideal:.1f} s "
-          f"(routed {routed / ideal:.2f}x ideal) |")
+    print(f"| {a.agents} sub-agents x {a.turns} turns | routed {routed:.1f} s "
+          f"| fastest node alone {fastest:.1f} s ({fastest / routed:.2f}x routed) "
+          f"| capacity-weighted ideal {ideal:.1f} s (routed {routed / ideal:.2f}x ideal) "
+          f"| {jobs['requests']} requests: {jobs['cached_tokens']} of {jobs['prompt_tokens']} "
+          f"prompt tokens cached ({100 * jobs['cached_share']:.0f} %; a cache account on "
+          f"{jobs['cache_recorded']} records) "
+          f"| ran on {jobs['placement']} | answers {jobs['output_tokens']} tokens |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

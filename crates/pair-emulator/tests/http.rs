@@ -978,3 +978,54 @@ async fn natural_answers_end_short_of_an_agent_s_limit() {
     assert_eq!(v["usage"]["completion_tokens"], 7);
     e.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_counted_tool_call_is_an_agent_s_loop_of_that_many_calls() {
+    let e = start_with(EmulatorConfig::new(Flavor::OpenAi, [CHAT]).with_slots(1)).await;
+    let system = "You are a careful coding agent. ".repeat(300);
+    let mut messages = vec![
+        json!({ "role": "system", "content": system }),
+        json!({ "role": "user", "content": r#"run the tests: Bash({"command": "make test"}) x4"# }),
+    ];
+    let mut calls = 0;
+    let mut cached = Vec::new();
+    let answer = loop {
+        let body = json!({
+            "model": CHAT, "messages": messages,
+            "tools": [{ "type": "function", "function": { "name": "Bash", "parameters": {} } }],
+        });
+        let v: Value = post(&e, "/v1/chat/completions", body)
+            .await
+            .json()
+            .await
+            .unwrap();
+        cached.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+        let choice = &v["choices"][0];
+        if choice["finish_reason"] != "tool_calls" {
+            break choice["message"]["content"].as_str().unwrap().to_owned();
+        }
+        let call = &choice["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "Bash");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({ "command": "make test" }));
+        calls += 1;
+        assert!(calls <= 4, "the loop did not end: {v}");
+        messages.push(choice["message"].clone());
+        messages.push(json!({ "role": "tool", "tool_call_id": call["id"], "content": "ok" }));
+    };
+    assert_eq!(calls, 4);
+    assert!(!answer.is_empty());
+    // Each turn after the first finds the whole conversation before it in
+    // the slot: the agent's growing prompt is what the cache serves.
+    assert_eq!(cached[0], 0);
+    assert!(
+        cached.windows(2).skip(1).all(|w| w[1] > w[0]) && cached[1] >= 2_300,
+        "{cached:?}"
+    );
+    e.shutdown().await;
+}

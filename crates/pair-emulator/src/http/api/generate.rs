@@ -409,39 +409,77 @@ pub(crate) async fn openai_completions(State(app): State<App>, h: HeaderMap, b: 
 }
 
 /// The tool call an emulated model makes, on demand: a chat offered
-/// tools whose last message (system notes aside) is the user's, naming an offered tool as a
-/// call in its text (`get_weather({"city": "Oslo"})`, `Bash({"command":
-/// "ls"})`, or `name()` for no arguments). After a tool's answer, or with
-/// no such call asked for, it answers in text.
-fn tool_to_call(req: &serde_json::Map<String, serde_json::Value>) -> Option<ToolCall> {
-    // A system note after the user's turn (Claude Code sends its
-    // environment so) does not end the turn.
+/// tools whose last message (system notes aside) is the user's, naming an
+/// offered tool as a call in its text (`get_weather({"city": "Oslo"})`,
+/// `Bash({"command": "ls"})`, or `name()` for no arguments). A count after
+/// the call in the conversation's first user message (`Bash({"command":
+/// "ls"}) x5`) makes it an agent's loop: after each tool's answer the model
+/// calls the same tool again until it has called it that many times in
+/// all, then answers in text. Otherwise, after a tool's answer or with no
+/// such call asked for, it answers in text.
+fn tool_to_call(req: &Map<String, Value>) -> Option<ToolCall> {
     // An answer being continued (a final assistant message) is still
-    // the answer to the user's turn before it.
+    // the answer to the turn before it.
     let messages = req.get("messages")?.as_array()?;
     let messages = match messages.split_last() {
-        Some((last, before)) if last.get("role").and_then(Value::as_str) == Some("assistant") => {
-            before
-        }
+        Some((last, before)) if role_of(last) == Some("assistant") => before,
         _ => messages,
     };
-    let last = messages
-        .iter()
-        .rev()
-        .find(|m| m.get("role").and_then(Value::as_str) != Some("system"))?;
-    if last.get("role")?.as_str()? != "user" {
-        return None;
-    }
-    let text = content_text(last.get("content")?);
-    req.get("tools")?
+    let offered: Vec<&str> = req
+        .get("tools")?
         .as_array()?
         .iter()
         .filter_map(|t| t.pointer("/function/name")?.as_str())
-        .find_map(|name| asked_call(&text, name))
+        .collect();
+    let asked = |m: &Value| {
+        let text = content_text(m.get("content")?);
+        offered.iter().find_map(|name| asked_call(&text, name))
+    };
+    // A system note after the user's turn (Claude Code sends its
+    // environment so) does not end the turn.
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| role_of(m) != Some("system"))?;
+    if role_of(last) == Some("user")
+        && let Some((call, _)) = asked(last)
+    {
+        return Some(call);
+    }
+    // The agent's loop: the task is the first user message; every
+    // assistant turn since has been a tool call (a text answer ends the
+    // loop), and the last tool's answer is not yet answered.
+    let first = messages.iter().position(|m| role_of(m) == Some("user"))?;
+    let (call, turns) = asked(&messages[first])?;
+    let mut made = 0u32;
+    for m in &messages[first + 1..] {
+        if role_of(m) != Some("assistant") {
+            continue;
+        }
+        let calls = m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        if calls == 0 {
+            return None;
+        }
+        made = made.saturating_add(u32::try_from(calls).unwrap_or(u32::MAX));
+    }
+    (made > 0 && made < turns).then_some(call)
 }
 
-/// `name(ARGS)` in `text`, ARGS a JSON object or nothing.
-fn asked_call(text: &str, name: &str) -> Option<ToolCall> {
+fn role_of(m: &Value) -> Option<&str> {
+    m.get("role").and_then(Value::as_str)
+}
+
+/// The most turns one asked call may take: enough for any agent's loop,
+/// few enough that a typo cannot make a conversation endless.
+const MAX_TOOL_TURNS: u32 = 1000;
+
+/// `name(ARGS)` in `text`, ARGS a JSON object or nothing, and how many
+/// times in all it is to be called: `xN` (or `×N`) right after the call,
+/// else once.
+fn asked_call(text: &str, name: &str) -> Option<(ToolCall, u32)> {
     let call = format!("{name}(");
     text.match_indices(&call).find_map(|(at, _)| {
         // A name that ends another word (`my_get_weather(`) is not a call.
@@ -450,24 +488,44 @@ fn asked_call(text: &str, name: &str) -> Option<ToolCall> {
             return None;
         }
         let rest = text[at + call.len()..].trim_start();
-        if let Some(after) = rest.strip_prefix(')') {
-            let _ = after;
-            return Some(ToolCall {
-                name: name.to_owned(),
-                arguments: json!({}),
-            });
-        }
-        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        let args = values.next()?.ok().filter(Value::is_object)?;
-        rest[values.byte_offset()..]
-            .trim_start()
-            .starts_with(')')
-            .then(|| ToolCall {
-                name: name.to_owned(),
-                arguments: args,
-            })
+        let (arguments, after) = if let Some(after) = rest.strip_prefix(')') {
+            (json!({}), after)
+        } else {
+            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let args = values.next()?.ok().filter(Value::is_object)?;
+            let after = rest[values.byte_offset()..]
+                .trim_start()
+                .strip_prefix(')')?;
+            (args, after)
+        };
+        let call = ToolCall {
+            name: name.to_owned(),
+            arguments,
+        };
+        Some((call, turns_after(after)))
     })
 }
+
+/// The `xN` count that may follow a call; 1 without one.
+fn turns_after(text: &str) -> u32 {
+    let text = text.trim_start();
+    let Some(rest) = text.strip_prefix('x').or_else(|| text.strip_prefix('×')) else {
+        return 1;
+    };
+    let digits: &str = &rest[..rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len())];
+    // `x5` must end there: `xylophone` or `x5b` is text, not a count.
+    let ends = rest[digits.len()..]
+        .chars()
+        .next()
+        .is_none_or(|c| !c.is_alphanumeric() && c != '_');
+    match digits.parse::<u32>() {
+        Ok(n) if ends && n > 0 => n.min(MAX_TOOL_TURNS),
+        _ => 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,6 +586,65 @@ mod tests {
         assert!(tool_to_call(&req("my_get_weather()", "user")).is_none());
         assert!(tool_to_call(&req("Bash(not json)", "user")).is_none());
         assert!(tool_to_call(&req("Bash()", "tool")).is_none());
+    }
+
+    #[test]
+    fn a_counted_call_repeats_after_each_tool_answer_until_made_that_often() {
+        let task = r#"fix it: Bash({"command": "make"}) x3"#;
+        let call = json!({"id": "c", "type": "function",
+                          "function": {"name": "Bash", "arguments": "{\"command\":\"make\"}"}});
+        // The conversation after `calls` rounds of call and answer, with
+        // Claude Code's system note after each tool's answer.
+        let after = |calls: usize| {
+            let mut messages = vec![
+                json!({"role": "system", "content": "you are an agent"}),
+                json!({"role": "user", "content": [{"type": "text", "text": task}]}),
+            ];
+            for _ in 0..calls {
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+                messages.push(json!({"role": "tool", "tool_call_id": "c", "content": "ok"}));
+                messages.push(
+                    json!({"role": "user", "content": "<system-reminder>x</system-reminder>"}),
+                );
+            }
+            json!({"tools": [{"type": "function", "function": {"name": "Bash"}}],
+                   "messages": messages})
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+        };
+        for calls in 0..3 {
+            let next = tool_to_call(&after(calls)).unwrap();
+            assert_eq!(next.name, "Bash");
+            assert_eq!(next.arguments, json!({"command": "make"}));
+        }
+        assert!(tool_to_call(&after(3)).is_none());
+        assert!(tool_to_call(&after(4)).is_none());
+        // A text answer ends the loop; the same request gives the same call.
+        let mut ended = after(1);
+        if let Some(Value::Array(m)) = ended.get_mut("messages") {
+            m.push(json!({"role": "assistant", "content": "done"}));
+            m.push(json!({"role": "user", "content": "thanks"}));
+        }
+        assert!(tool_to_call(&ended).is_none());
+        assert_eq!(
+            tool_to_call(&after(2)).map(|c| c.arguments),
+            tool_to_call(&after(2)).map(|c| c.arguments)
+        );
+    }
+
+    #[test]
+    fn a_turn_count_is_x_and_digits_right_after_the_call() {
+        let turns = |text: &str| asked_call(text, "f").map(|(_, n)| n);
+        assert_eq!(turns("f() x5"), Some(5));
+        assert_eq!(turns(r#"f({"a": 1})x12."#), Some(12));
+        assert_eq!(turns("f() ×2"), Some(2));
+        assert_eq!(turns("f()"), Some(1));
+        assert_eq!(turns("f() x0"), Some(1));
+        assert_eq!(turns("f() xylophone"), Some(1));
+        assert_eq!(turns("f() x5b"), Some(1));
+        assert_eq!(turns("f() x99999999999"), Some(1));
+        assert_eq!(turns("f() x5000"), Some(MAX_TOOL_TURNS));
     }
 
     #[test]
