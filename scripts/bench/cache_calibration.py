@@ -11,9 +11,9 @@ The emulator's figures come from the profile's constants, read from
 crates/pair-emulator/src/profile.rs, the way `EngineModel::prefill_us`
 uses them: the request overhead plus the uncached prompt tokens at the
 prefill rate, the first token due when the prefill ends; its cache holds
-whole 64-token blocks (`pair_core::prompt::BLOCK_TOKENS`), so a cached
-prompt re-evaluates the new tokens plus what of the old prompt's last,
-partial block it could not keep.
+whole 16-token blocks (`ENGINE_BLOCK_TOKENS` in pair-emulator's
+http/api/prefix.rs), so a cached prompt re-evaluates the new tokens plus
+what of the old prompt's last, partial block it could not keep.
 
 usage: scripts/bench/cache_calibration.py [--reps 5] [--prompt-tokens 1500]
        [--new-tokens 60] [--json OUT]
@@ -38,7 +38,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.path.join(os.path.expanduser("~"), ".cache/pair/llama-0.3.36")
-BLOCK_TOKENS = 64
+BLOCK_TOKENS = 16  # the emulated engine's own blocks (pair-emulator http/api/prefix.rs)
 
 WORDS = ("river stone cloud garden lantern copper meadow harbor violet engine "
          "window forest signal marble thunder pepper canvas orbit saddle ribbon "

@@ -411,6 +411,7 @@ async fn demo(d: Demo, threads: usize) -> anyhow::Result<()> {
     // Real models stop on their own: an agent's greeting is a few words,
     // not the 32k tokens its max_tokens allows.
     spec.answer_length = pair_daemon::demo::NATURAL_ANSWERS;
+    spec.cache = Some(pair_daemon::demo::AGENT_CONTEXT);
     spec.policy = d
         .policy
         .parse()

@@ -266,6 +266,8 @@ pub struct ChainBuilder {
     hasher: xxhash_rust::xxh3::Xxh3,
     /// Bytes fed since the last block boundary.
     partial: usize,
+    /// Bytes in a block cut from bytes ([`BLOCK_BYTES`] unless set).
+    block_bytes: usize,
     /// Tokens at the last block boundary.
     end: u32,
     blocks: Vec<Block>,
@@ -288,8 +290,17 @@ impl Default for ChainBuilder {
 
 impl ChainBuilder {
     pub fn new() -> Self {
+        Self::with_block_tokens(BLOCK_TOKENS)
+    }
+
+    /// A builder that cuts a block every `tokens` tokens of bytes (at least
+    /// one): an engine's own view of its cache is finer than the routers'
+    /// (llama.cpp reuses a prefix to the token; the emulated engine, to its
+    /// blocks). Chains of different block sizes share no block.
+    pub fn with_block_tokens(tokens: u32) -> Self {
         Self {
             hasher: xxhash_rust::xxh3::Xxh3::new(),
+            block_bytes: tokens.max(1) as usize * 4,
             partial: 0,
             end: 0,
             blocks: Vec::new(),
@@ -300,15 +311,17 @@ impl ChainBuilder {
         self.blocks.len() >= MAX_BLOCKS
     }
 
-    /// Feeds prompt bytes: a block is cut every [`BLOCK_BYTES`].
+    /// Feeds prompt bytes: a block is cut every [`BLOCK_BYTES`] (or the
+    /// builder's own block size).
     pub fn bytes(&mut self, mut bytes: &[u8]) -> &mut Self {
         while !bytes.is_empty() && !self.full() {
-            let take = (BLOCK_BYTES - self.partial).min(bytes.len());
+            let take = (self.block_bytes - self.partial).min(bytes.len());
             self.hasher.update(&bytes[..take]);
             self.partial += take;
             bytes = &bytes[take..];
-            if self.partial == BLOCK_BYTES {
-                self.cut(BLOCK_TOKENS);
+            if self.partial == self.block_bytes {
+                let tokens = u32::try_from(self.block_bytes / 4).unwrap_or(BLOCK_TOKENS);
+                self.cut(tokens);
             }
         }
         self
@@ -389,6 +402,27 @@ mod tests {
         let mut other = system.clone();
         other.extend_from_slice(&[b'z'; BLOCK_BYTES]);
         assert_eq!(of(&other).common_blocks(c1.blocks()), 20);
+    }
+
+    #[test]
+    fn finer_blocks_find_a_longer_common_prefix() {
+        let prompt = vec![b'p'; 1_505 * 4];
+        let mut longer = prompt.clone();
+        longer.extend_from_slice(&[b'n'; 63 * 4]);
+        let common = |tokens| {
+            let chain = |bytes: &[u8]| {
+                let mut b = ChainBuilder::with_block_tokens(tokens);
+                b.bytes(bytes);
+                b.finish()
+            };
+            chain(&longer).common_tokens(chain(&prompt).blocks())
+        };
+        assert_eq!(common(BLOCK_TOKENS), 1_472);
+        assert_eq!(common(16), 1_504);
+        assert_eq!(
+            ChainBuilder::with_block_tokens(BLOCK_TOKENS).finish(),
+            PromptChain::EMPTY
+        );
     }
 
     #[test]

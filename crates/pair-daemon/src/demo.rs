@@ -77,11 +77,21 @@ pub struct ClusterSpec {
     /// count tokens), or to a natural length as a real model's do (the
     /// demo: an agent's greeting ends in seconds, not at its 32k limit).
     pub answer_length: pair_emulator::AnswerLength,
+    /// The emulated engines' prompt cache; `None`: what their kind keeps
+    /// by default (Ollama's 4,096 tokens a slot).
+    pub cache: Option<pair_emulator::CacheKind>,
 }
 
 /// How the demo's emulated answers end: at a natural length, as a real
 /// model's do ([`pair_emulator::AnswerLength::NATURAL`]).
 pub const NATURAL_ANSWERS: pair_emulator::AnswerLength = pair_emulator::AnswerLength::NATURAL;
+
+/// The demo's engines' prompt cache: 32k tokens a slot, the context a
+/// user gives an engine that serves coding agents (their ~20k-token
+/// prompts do not fit Ollama's default 4,096).
+pub const AGENT_CONTEXT: pair_emulator::CacheKind = pair_emulator::CacheKind::Slots {
+    context_tokens: 32_768,
+};
 
 /// Hardware profiles the demo cycles through, fastest first.
 pub const DEMO_PROFILES: [&str; 4] = ["rtx4090", "rtx3060", "laptop", "cpu"];
@@ -132,6 +142,7 @@ impl ClusterSpec {
             engine_seed: None,
             resume: pair_proxy::resume::ResumePolicy::default(),
             answer_length: pair_emulator::AnswerLength::Limit,
+            cache: None,
         }
     }
 }
@@ -180,6 +191,9 @@ impl LocalCluster {
                     emu.seed = spec.engine_seed.unwrap_or(i as u64);
                     emu.slots = ns.slots;
                     emu = emu.with_answer_length(spec.answer_length);
+                    if let Some(cache) = spec.cache {
+                        emu = emu.with_cache(cache);
+                    }
                     let engine =
                         EmulatedEngine::spawn(emu, TcpListener::bind("127.0.0.1:0").await?)?;
                     let kind = match ns.flavor {

@@ -2,11 +2,18 @@
 //! [`PromptChain`] cut from the JSON bytes of its prompt-bearing fields in
 //! the order the engine renders them (system, tools, then each message; or
 //! the prompt), so every turn that re-sends a conversation shares the
-//! earlier turn's blocks. The proxy cuts the same bytes the same way, so
-//! its guess of what an engine holds names the engine's blocks.
+//! earlier turn's blocks. Its blocks are finer than the routers' (16
+//! tokens, not 64): llama.cpp reuses a common prefix to the token, and a
+//! cached prompt that appends a few tokens would otherwise re-evaluate up
+//! to a router's block more than the real engine does
+//! (docs/engine-figures.md §5, calibration).
 
 use pair_core::{ChainBuilder, PromptChain};
 use serde_json::{Map, Value};
+
+/// Tokens in a block of the emulated engine's own chains (a chain holds at
+/// most `pair_core::prompt::MAX_BLOCKS`: 65k tokens at this size).
+pub(crate) const ENGINE_BLOCK_TOKENS: u32 = 16;
 
 /// Which fields carry the prompt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +40,7 @@ fn feed(b: &mut ChainBuilder, v: Option<&Value>) {
 /// past the text the engine tokenises (keys, quoting); the engine counts
 /// at least as many prompt tokens, so a hit never exceeds the prompt.
 pub(super) fn chain_of(req: &Map<String, Value>, shape: Shape) -> PromptChain {
-    let mut b = ChainBuilder::new();
+    let mut b = ChainBuilder::with_block_tokens(ENGINE_BLOCK_TOKENS);
     match shape {
         Shape::Chat => {
             feed(&mut b, req.get("system"));
