@@ -362,3 +362,42 @@ async fn an_agent_is_told_what_the_engine_read_from_its_prompt_cache() {
     }
     c.stop().await;
 }
+
+/// An engine that says nothing of its cache (Ollama's OpenAI-compatible
+/// API): the job record keeps the share of the prompt the scheduler priced
+/// as cached, so speeds are learned from what was prefilled; no client
+/// header needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_keeps_the_cached_share_the_scheduler_priced() {
+    let c = cluster(1, |_| {}).await.unwrap();
+    let system = "You are a coding agent. Read the files before editing them. ".repeat(300);
+    let mut records = Vec::new();
+    for task in ["task one", "task two"] {
+        let r = http()
+            .post(format!("{}/v1/messages", c.nodes[0].openai_url()))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-emulator-answer-tokens", "3")
+            .json(&json!({
+                "model": "llama3.2:3b", "max_tokens": 32000, "stream": true,
+                "system": system, "messages": [{"role": "user", "content": task}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let job = r.headers()["x-pair-job"].to_str().unwrap().to_owned();
+        let text = r.text().await.unwrap();
+        assert!(!text.contains("cache_read"), "{text}");
+        records.push(pair_testkit::cluster::record(&c, 0, &job).await);
+    }
+    assert_eq!(records[0].cached_tokens, None, "nothing was cached before");
+    let (prompt, cached) = (
+        records[1].prompt_tokens.unwrap(),
+        records[1].cached_tokens.unwrap(),
+    );
+    assert!(
+        cached >= prompt * 8 / 10 && cached < prompt,
+        "{cached} of {prompt}"
+    );
+    c.stop().await;
+}

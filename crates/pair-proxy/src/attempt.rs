@@ -118,6 +118,9 @@ pub(crate) struct Ticket<'a> {
     /// that sends nothing turns silent.
     expect: Duration,
     chosen: Option<Candidate>,
+    /// Prompt tokens the ranking priced as cached on this node: the job
+    /// record keeps its share where the engine says nothing of its cache.
+    cached: u32,
 }
 
 /// An answer's head, its body not yet read.
@@ -144,6 +147,8 @@ pub(crate) struct Committed {
     /// The snapshot it was routed by, and the node's place in its ranking.
     pub cluster: Arc<ClusterSnapshot>,
     pub chosen: Option<Candidate>,
+    /// Prompt tokens the ranking priced as cached on the node.
+    pub cached: u32,
 }
 
 /// An answer that was not committed, kept in case it is the last.
@@ -231,6 +236,7 @@ impl<'a> Attempts<'a> {
                 reservation: None,
                 cluster,
                 chosen: None,
+                cached: 0,
             }
         } else {
             Ticket {
@@ -240,6 +246,7 @@ impl<'a> Attempts<'a> {
                 expect: Duration::ZERO,
                 cluster,
                 chosen: None,
+                cached: 0,
             }
         }
     }
@@ -400,8 +407,12 @@ impl<'a> Exchange for Attempts<'a> {
         };
         let mut ticket = self.count(cluster, node);
         drop(turn);
+        let chosen = shortlist.iter().find(|c| c.node == node);
+        ticket.cached = chosen
+            .and_then(|c| c.score.prediction())
+            .map_or(0, |p| p.cached_tokens);
         if self.explain {
-            ticket.chosen = shortlist.iter().find(|c| c.node == node).copied();
+            ticket.chosen = chosen.copied();
         }
         (step, Some(ticket))
     }
@@ -446,6 +457,7 @@ impl<'a> Exchange for Attempts<'a> {
             guard,
             reservation,
             chosen,
+            cached,
             ..
         } = head.ticket;
         Committed {
@@ -460,6 +472,7 @@ impl<'a> Exchange for Attempts<'a> {
             resumed: head.resumed,
             cluster,
             chosen,
+            cached,
         }
     }
 

@@ -388,6 +388,7 @@ pub async fn execute(
         resumed,
         cluster,
         chosen,
+        cached,
     } = committed;
     let status = up.status;
     let tries = failover.dispatched();
@@ -452,10 +453,7 @@ pub async fn execute(
             node,
             prefix: profile.prefix.clone(),
             estimated: profile.prompt_tokens,
-            predicted: chosen
-                .as_ref()
-                .and_then(|c| c.score.prediction())
-                .map_or(0, |p| p.cached_tokens),
+            predicted: cached,
         }),
     };
     let body = reading(
