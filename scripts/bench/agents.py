@@ -121,11 +121,13 @@ def run_job(claude, base, n, turns, answer_tokens, pin=None):
     headers = "\n".join(headers)
     since_ms = int(time.time() * 1000)
     procs = []
-    dirs = []
+    # One job's sub-agents share a home and a working directory, as a
+    # coding agent's do: Claude Code names both in its system prompt, so
+    # they share the prompt's ~20k-token prefix as real sub-agents do.
+    home, work = tempfile.mkdtemp(), tempfile.mkdtemp()
+    dirs = [home, work]
     t0 = time.monotonic()
     for k in range(n):
-        home, work = tempfile.mkdtemp(), tempfile.mkdtemp()
-        dirs += [home, work]
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TERM": "dumb",
             "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "sk-local",
@@ -137,19 +139,21 @@ def run_job(claude, base, n, turns, answer_tokens, pin=None):
         }
         for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
             env[var] = "http://127.0.0.1:9"
-        # Each call appends a line: the file shows every turn's tool ran.
-        prompt = f'Sub-task {k}: Bash({{"command": "echo sub-agent-{k} >> done.txt"}}) x{turns}'
+        # Each call appends a line to the sub-agent's own file: it shows
+        # every turn's tool ran.
+        done = f"done-{k}.txt"
+        prompt = f'Sub-task {k}: Bash({{"command": "echo sub-agent-{k} >> {done}"}}) x{turns}'
         procs.append((subprocess.Popen(
             [claude, "-p", prompt, "--allowedTools", "Bash", "--output-format", "json"],
             cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-            work, time.monotonic()))
+            os.path.join(work, done), time.monotonic()))
     times = []
-    for p, work, started in procs:
+    for p, done, started in procs:
         out, err = p.communicate(timeout=900)
         took = time.monotonic() - started
         ok = p.returncode == 0 and not json.loads(out or "{}").get("is_error", True)
         try:
-            with open(os.path.join(work, "done.txt")) as f:
+            with open(done) as f:
                 ran = len(f.read().splitlines())
         except OSError:
             ran = 0
