@@ -419,29 +419,35 @@ impl ProxyState {
             return;
         };
         let RoutedSeen { peers, own } = &mut *guard;
+        let mut news: Vec<&pair_core::Routed> = Vec::new();
         for peer in snapshot.nodes().iter().filter(|n| n.id != self.node.id) {
             let last = peers.entry(peer.id).or_insert((peer.boot, 0));
             if last.0 != peer.boot {
                 *last = (peer.boot, 0);
             }
-            let fresh = peer.routed.iter().filter(|r| r.seq > last.1);
-            let mut newest = last.1;
-            for r in fresh {
-                newest = newest.max(r.seq);
-                if own.get(&r.node).is_some_and(|&at| r.at_ms <= at) {
-                    continue;
-                }
-                // Held, and done as far as this node will hear: the engine's
-                // report on it goes to the peer that routed it, so the slot
-                // is not left looking busy here.
-                let held = r.prefix.tokens();
-                self.each_sched(|s| {
-                    s.scheduler.note_routed(snapshot, r.node, &r.prefix, now);
-                    s.scheduler.note_cached(r.node, &r.prefix, held, now);
-                });
-            }
-            last.1 = newest;
+            let fresh: Vec<&pair_core::Routed> =
+                peer.routed.iter().filter(|r| r.seq > last.1).collect();
+            last.1 = fresh.iter().map(|r| r.seq).fold(last.1, u64::max);
+            news.extend(
+                fresh
+                    .into_iter()
+                    .filter(|r| own.get(&r.node).is_none_or(|&at| r.at_ms > at)),
+            );
         }
+        drop(guard);
+        if news.is_empty() {
+            return;
+        }
+        // Every loop's copy in one pass. Each prompt is held, and done as
+        // far as this node will hear: the engine's report on it goes to the
+        // peer that routed it, so its slot is not left looking busy here.
+        self.each_sched(|s| {
+            for r in &news {
+                s.scheduler.note_routed(snapshot, r.node, &r.prefix, now);
+                s.scheduler
+                    .note_cached(r.node, &r.prefix, r.prefix.tokens(), now);
+            }
+        });
     }
 
     /// Corrects what `node` is believed to hold of `prefix` by what its
