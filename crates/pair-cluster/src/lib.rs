@@ -42,7 +42,7 @@ use std::time::{Duration, SystemTime};
 pub use bindings::Bindings;
 pub use config::GossipConfig;
 pub use failover::{Rearmed, TLS_REFUSED};
-pub use link::{PeerLink, RELAY_PREFIX};
+pub use link::{ALONE_HEADER, FAILED_HEADER, PeerLink, RELAY_PREFIX};
 pub use links::{AddrBook, Peers};
 pub use load::{LoadGuard, LocalLoad};
 pub use port::{ClusterPort, PeerIdentity};

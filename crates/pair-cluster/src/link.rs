@@ -21,6 +21,18 @@ use crate::ClusterError;
 /// Path prefix under which a cluster port accepts relayed requests.
 pub const RELAY_PREFIX: &str = "/pair/v1/relay";
 
+/// On a relayed request: no other node is left to take it if this attempt
+/// fails, so the node waits on an engine that shows no progress (up to
+/// the request's silent bound) rather than give it up.
+pub const ALONE_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-alone");
+
+/// On a node's own error answer to a relayed request, when it gave up
+/// before any answer from its engine: the failure's class
+/// ([`pair_core::FAILURE_CLASSES`]), so the node (or edge client) that
+/// sent it treats the attempt as it treats its own: moved on, or not, by
+/// the class, never by guessing from the status.
+pub const FAILED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-failed");
+
 type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A pooled mTLS client to one peer, verifying that peer's pinned identity.

@@ -73,6 +73,38 @@ pub struct JobRecord {
     /// continued on another node), in order; `ran_on` is where it began.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resumed: Vec<Resumption>,
+    /// How long the request waited before its answer, and why, where it
+    /// waited for a reason the client should see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited: Option<JobWait>,
+}
+
+/// A wait a job went through before its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobWait {
+    /// From the start of the wait to the answer's first byte (or the
+    /// request's end without one), ms.
+    pub ms: u32,
+    pub why: WaitReason,
+}
+
+/// Why a job waited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WaitReason {
+    /// Its node's engine showed no progress past the stall allowance, and
+    /// no other node could take the request: it was waited for rather
+    /// than cut.
+    SilentOnlyOwner,
+}
+
+impl WaitReason {
+    /// What the Jobs view says.
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitReason::SilentOnlyOwner => "waited on a silent engine with no alternative",
+        }
+    }
 }
 
 /// A stream cut after its first byte and continued on another node.
@@ -171,6 +203,7 @@ impl JobRecord {
             engine: None,
             key: None,
             resumed: Vec::new(),
+            waited: None,
         }
     }
 }

@@ -176,6 +176,14 @@ pub fn print_jobs(jobs: &[JobRecord]) {
             j.duration_ms
                 .map_or_else(|| "-".to_owned(), |v| v.to_string()),
         );
+        if let Some(w) = j.waited {
+            println!(
+                "{:<10} {} ({:.1} s)",
+                "",
+                w.why.describe(),
+                f64::from(w.ms) / 1000.0
+            );
+        }
     }
 }
 

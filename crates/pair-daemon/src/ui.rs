@@ -38,6 +38,7 @@ pub const PAGE: &str = r##"<!doctype html>
 <script>
 const esc = s => String(s ?? "").replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c]));
 let names = {};
+const WAITS = {"silent-only-owner": "waited on a silent engine with no alternative"};
 async function refresh() {
   try {
     const [c, j] = await Promise.all([fetch("/_pair/cluster").then(r => r.json()), fetch("/_pair/jobs?limit=50").then(r => r.json())]);
@@ -55,7 +56,7 @@ async function refresh() {
     document.getElementById("jobs").innerHTML = j.map(r => `<tr>
       <td>${new Date(r.created_at_ms).toLocaleTimeString()}</td><td>${esc(r.model)}</td><td>${esc(r.route)}</td>
       <td>${esc(names[r.origin] || r.origin.slice(0, 8))}</td><td>${esc(r.ran_on ? (names[r.ran_on] || r.ran_on.slice(0, 8)) : "—")}</td>
-      <td>${r.key ? esc(r.key) : "—"}</td><td>${r.attempts}</td><td class="${r.status}">${r.status}${r.error ? " · " + esc(r.error) : ""}</td>
+      <td>${r.key ? esc(r.key) : "—"}</td><td>${r.attempts}</td><td class="${r.status}">${r.status}${r.error ? " · " + esc(r.error) : ""}${r.waited ? " · " + esc(WAITS[r.waited.why] || r.waited.why) + " (" + (r.waited.ms/1000).toFixed(1) + " s)" : ""}</td>
       <td>${r.ttft_ms ?? "—"} ms</td><td>${r.duration_ms ?? "—"} ms</td><td>${r.output_tokens ?? "—"}</td></tr>`).join("");
   } catch (e) {
     document.getElementById("sub").textContent = "cannot reach the node: " + e;

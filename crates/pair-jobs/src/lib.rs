@@ -435,6 +435,7 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
         cached_tokens,
         key,
         resumed,
+        waited,
     } = rec;
     buf.extend_from_slice(b"{\"id\":");
     json_uuid(buf, id.as_uuid());
@@ -502,6 +503,13 @@ fn encode(buf: &mut Vec<u8>, rec: &JobRecord) {
             buf.push(b'}');
         }
         buf.push(b']');
+    }
+    if let Some(w) = waited {
+        buf.extend_from_slice(b",\"waited\":{\"ms\":");
+        json_int(buf, w.ms);
+        buf.extend_from_slice(b",\"why\":");
+        json_serde(buf, &w.why);
+        buf.push(b'}');
     }
     buf.extend_from_slice(b"}\n");
 }
@@ -686,6 +694,11 @@ mod tests {
                             .collect()
                     })
                     .unwrap_or_default(),
+                // A wait, some of the time.
+                waited: c.2[3].filter(|_| a.4).map(|ms| pair_core::JobWait {
+                    ms,
+                    why: pair_core::WaitReason::SilentOnlyOwner,
+                }),
                 id: JobId::from_uuid(uuid::Uuid::from_u128(a.0)),
                 model: a.1,
                 flavor: a.2,

@@ -99,6 +99,9 @@ pub(crate) struct Attempts<'a> {
     pub reach: Reach<'a>,
     /// The candidate entry of each dispatch is kept for the receipt.
     pub explain: bool,
+    /// When (ms after the request's arrival, plus one; 0: never) an
+    /// attempt was waited on with no other node to go to.
+    pub alone_since: std::sync::atomic::AtomicU64,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -121,6 +124,9 @@ pub(crate) struct Ticket<'a> {
     /// Prompt tokens the ranking priced as cached on this node: the job
     /// record keeps its share where the engine says nothing of its cache.
     cached: u32,
+    /// No other node is left if this attempt fails: a peer is told so,
+    /// and waits on a silent engine rather than give the request up.
+    alone: bool,
 }
 
 /// An answer's head, its body not yet read.
@@ -172,6 +178,20 @@ impl<'a> Attempts<'a> {
             std::pin::pin!(Rearmed::new(timer, self.req.received)),
         )
         .await
+    }
+
+    /// The wait on a silent node with no other to go to, when there was
+    /// one: from its start until now.
+    pub(crate) fn waited(&self) -> Option<pair_core::JobWait> {
+        let since = self
+            .alone_since
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .checked_sub(1)?;
+        let now = u64::try_from(self.now().as_millis()).unwrap_or(u64::MAX);
+        Some(pair_core::JobWait {
+            ms: u32::try_from(now.saturating_sub(since)).unwrap_or(u32::MAX),
+            why: pair_core::WaitReason::SilentOnlyOwner,
+        })
     }
 
     pub(crate) fn plan(&self) -> Plan {
@@ -237,6 +257,7 @@ impl<'a> Attempts<'a> {
                 cluster,
                 chosen: None,
                 cached: 0,
+                alone: false,
             }
         } else {
             Ticket {
@@ -247,6 +268,7 @@ impl<'a> Attempts<'a> {
                 cluster,
                 chosen: None,
                 cached: 0,
+                alone: false,
             }
         }
     }
@@ -304,7 +326,10 @@ impl<'a> Attempts<'a> {
                 &hop,
                 out_head,
                 out_body.clone(),
-                job_header,
+                dispatch::Relayed {
+                    job: job_header,
+                    alone: ticket.alone,
+                },
             )?
             .await
         };
@@ -315,6 +340,12 @@ impl<'a> Attempts<'a> {
         })
         .await
         .inspect_err(|e| tracing::debug!(%node, error = %e, "attempt failed"))?;
+        // A peer that gave up before any answer from its engine says how:
+        // the attempt failed as one on this node's own engine would.
+        if let Some(class) = dispatch::peer_failure(&hop, &up) {
+            tracing::debug!(%node, class = class.label, "the peer gave up before an answer");
+            return Err(DispatchError::PeerGaveUp(class));
+        }
         let streamed = up.status.is_success()
             && Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE))
                 != Framing::Whole;
@@ -402,10 +433,11 @@ impl<'a> Exchange for Attempts<'a> {
             owners_down = owned(&cluster, self.profile, self.req.flavor);
         }
         let step = decide(&targets, owners_down);
-        let Step::Dispatch { node, .. } = step else {
+        let Step::Dispatch { node, alone, .. } = step else {
             return (step, None);
         };
         let mut ticket = self.count(cluster, node);
+        ticket.alone = alone;
         drop(turn);
         let chosen = shortlist.iter().find(|c| c.node == node);
         ticket.cached = chosen
@@ -496,9 +528,17 @@ impl<'a> Exchange for Attempts<'a> {
         let st = self.st;
         let cluster = st.cluster();
         if node != st.node.id {
+            // It watches its own engine; its report says when that engine
+            // has gone silent (then a node that appeared meanwhile may
+            // take the request).
             return cluster
                 .node(node)
-                .is_some_and(|n| n.liveness.is_routable())
+                .is_some_and(|n| {
+                    n.liveness.is_routable()
+                        && !n
+                            .find_model(&self.profile.model, self.req.flavor)
+                            .is_some_and(|(e, _)| e.silent)
+                })
                 .then(|| self.now());
         }
         if let Some(size) = loading(&cluster, node, self.profile, self.req.flavor)
@@ -513,6 +553,20 @@ impl<'a> Exchange for Attempts<'a> {
                 .map(|at| at.saturating_duration_since(self.req.received)),
             _ => None,
         }
+    }
+
+    fn candidates(&self) -> Vec<Target> {
+        self.targets(&self.st.cluster()).0.into_vec()
+    }
+
+    /// Said in the job record: how long it waited, and why.
+    fn waiting_alone(&self, node: NodeId) {
+        tracing::info!(%node, "no progress and no other node to go to: waiting on");
+        let since = u64::try_from(self.now().as_millis()).unwrap_or(u64::MAX);
+        self.alone_since.store(
+            since.saturating_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// A stalled local engine leaves routing.
@@ -724,6 +778,7 @@ pub(crate) async fn continue_on(
         job: cont.job,
         reach: Reach::Continuation { dead, api },
         explain: false,
+        alone_since: Default::default(),
     };
     let mut failover = Failover::new(FailoverConfig {
         stall_floor: st.timeouts.first_byte,

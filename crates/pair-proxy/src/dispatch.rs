@@ -152,6 +152,9 @@ pub enum DispatchError {
     NoLink(NodeId),
     #[error("the answer's body failed before its first byte")]
     Cut,
+    /// The peer gave up before any answer from its engine, and said why.
+    #[error("the peer gave up before an answer: {}", .0.what)]
+    PeerGaveUp(&'static pair_core::FailureClass),
 }
 
 impl DispatchError {
@@ -187,6 +190,14 @@ impl Classified for DispatchError {
             DispatchError::Body { .. } | DispatchError::Cut => "body",
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
+            DispatchError::PeerGaveUp(c) => c.label,
+        }
+    }
+
+    fn advice(&self) -> pair_core::RetryAdvice {
+        match self {
+            DispatchError::PeerGaveUp(c) => c.advice(),
+            _ => pair_core::RetryAdvice::BeforeFirstByte,
         }
     }
 
@@ -202,9 +213,34 @@ impl Classified for DispatchError {
                 other => engine_reset(other),
             },
             DispatchError::Peer { source } => source.transient(),
+            DispatchError::PeerGaveUp(c) => c.transient,
             _ => false,
         }
     }
+}
+
+/// What a relayed attempt tells the peer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Relayed {
+    /// The job it is, so the peer records it under the same id.
+    pub job: Option<JobId>,
+    /// No other node is left if this attempt fails
+    /// ([`pair_cluster::ALONE_HEADER`]).
+    pub alone: bool,
+}
+
+/// The class a peer gave for giving up on a relayed request before any
+/// answer from its engine ([`pair_cluster::FAILED_HEADER`]); `None` for
+/// an answer its engine gave, and for a local engine's.
+pub(crate) fn peer_failure(hop: &Hop, up: &Upstream) -> Option<&'static pair_core::FailureClass> {
+    if !matches!(hop, Hop::Peer(_)) {
+        return None;
+    }
+    let v = up.headers.get(&pair_cluster::FAILED_HEADER)?;
+    let label = std::str::from_utf8(v).ok()?;
+    // A class this node does not know (a newer peer's) moves on as a
+    // transport failure would.
+    pair_core::failure_class(label).or_else(|| pair_core::failure_class("transport"))
 }
 
 /// An engine connection closed or reset before its answer's head.
@@ -420,7 +456,7 @@ pub fn request<'a>(
     hop: &'a Hop,
     head: &RequestHead,
     body: Bytes,
-    job: Option<JobId>,
+    relayed: Relayed,
 ) -> Result<Pending<'a>, DispatchError> {
     match hop {
         Hop::Local(engine) => {
@@ -451,8 +487,12 @@ pub fn request<'a>(
         }
         Hop::Peer(link) => {
             let mut req = hyper_request(head, body);
+            if relayed.alone {
+                req.headers_mut()
+                    .insert(pair_cluster::ALONE_HEADER, HeaderValue::from_static("1"));
+            }
             // The node that runs it records the job under the same id.
-            if let Some(job) = job {
+            if let Some(job) = relayed.job {
                 let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
                 if let Ok(v) =
                     HeaderValue::from_str(job.as_uuid().hyphenated().encode_lower(&mut buf))
@@ -511,7 +551,12 @@ pub async fn send(
     timeouts: Timeouts,
 ) -> Result<Response<UpBody>, DispatchError> {
     let deadline = timeouts.first_byte;
-    match tokio::time::timeout(deadline, request(local, hop, head, body, None)?).await {
+    match tokio::time::timeout(
+        deadline,
+        request(local, hop, head, body, Relayed::default())?,
+    )
+    .await
+    {
         Ok(r) => r.map(Upstream::into_response),
         Err(_) => Err(DispatchError::Deadline(deadline)),
     }

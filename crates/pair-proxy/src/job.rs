@@ -35,6 +35,7 @@ pub(crate) fn new_record(
     JobRecord {
         key: None,
         resumed: Vec::new(),
+        waited: None,
         id,
         model: std::mem::take(&mut profile.model),
         flavor,

@@ -206,8 +206,19 @@ impl Attempts<'_> {
             reply
                 .extra
                 .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+            // To a relaying node or edge client: the class of the failure,
+            // so it treats the attempt as one on its own engine.
+            if let Plan::ThisNode { .. } = plan
+                && let Some(class) = failure_class_of(why, failover)
+            {
+                reply.extra.push((
+                    pair_cluster::FAILED_HEADER,
+                    http::HeaderValue::from_static(class.label),
+                ));
+            }
         }
         if let Some(mut record) = pending.take() {
+            record.waited = self.waited();
             record.attempts = u8::try_from(failover.dispatched()).unwrap_or(u8::MAX);
             record.status = JobStatus::Failed;
             record.http_status = Some(reply.status.as_u16());
@@ -216,6 +227,21 @@ impl Attempts<'_> {
             st.finish_job(record);
         }
         reply
+    }
+}
+
+/// The class of a request's failure when it gave up with nothing from an
+/// engine: its last attempt's (a stall, a refused connection), or why it
+/// stopped waiting.
+fn failure_class_of(why: GiveUp, failover: &Failover) -> Option<&'static pair_core::FailureClass> {
+    match why {
+        GiveUp::Deadline => pair_core::failure_class("deadline"),
+        GiveUp::OwnersGone => pair_core::failure_class("owners-down"),
+        GiveUp::NoCandidate => None,
+        GiveUp::Exhausted { .. } => failover
+            .failed()
+            .last()
+            .and_then(|a| pair_core::failure_class(&a.outcome.label())),
     }
 }
 
@@ -352,18 +378,21 @@ mod tests {
             _first: bool,
             decide: &mut dyn FnMut(&[Target], bool) -> Step,
         ) -> (Step, Option<()>) {
-            let targets: Vec<Target> = if self.owners_down {
-                Vec::new()
-            } else {
-                self.nodes
-                    .iter()
-                    .map(|(node, _)| Target {
-                        node: *node,
-                        predicted: None,
-                    })
-                    .collect()
-            };
+            let targets = self.candidates();
             (decide(&targets, self.owners_down), Some(()))
+        }
+
+        fn candidates(&self) -> Vec<Target> {
+            if self.owners_down {
+                return Vec::new();
+            }
+            self.nodes
+                .iter()
+                .map(|(node, _)| Target {
+                    node: *node,
+                    predicted: None,
+                })
+                .collect()
         }
 
         async fn send(&self, node: NodeId, _: Option<()>) -> Result<(NodeId, u16), Refused> {
@@ -481,6 +510,7 @@ mod tests {
             job,
             reach: Reach::Plan(Plan::Cluster),
             explain: false,
+            alone_since: Default::default(),
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

@@ -362,6 +362,11 @@ pub async fn execute(
             Plan::Cluster => pair_scheduler::MAX_DISPATCHES,
             Plan::ThisNode { .. } => 1,
         },
+        // Relayed: whether its origin has other nodes to try, as it said.
+        elsewhere: match plan {
+            Plan::Cluster => None,
+            Plan::ThisNode { .. } => Some(!req.head.headers.contains(&pair_cluster::ALONE_HEADER)),
+        },
         ..FailoverConfig::default()
     });
     let explain = req.head.headers.contains(&EXPLAIN_HEADER);
@@ -372,6 +377,7 @@ pub async fn execute(
         job,
         reach: Reach::Plan(plan),
         explain,
+        alone_since: Default::default(),
     };
     let (node, committed) = match attempts.run(&mut failover, deadline).await {
         Driven::Committed { node, answer } => (node, answer),
@@ -400,6 +406,7 @@ pub async fn execute(
         unreachable!("the pending record is taken once")
     };
     record.ran_on = Some(node);
+    record.waited = attempts.waited();
     record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
     record.http_status = Some(status.as_u16());
     record.ttft_ms = Some(millis(ttft));
@@ -424,7 +431,8 @@ pub async fn execute(
             headers: up.headers,
             extra: Extra::new(),
             body: Body::new(reading(
-                AnswerBody::new(first, up.body, framing, req.flavor, OnCut::Abort, watcher),
+                AnswerBody::new(first, up.body, framing, req.flavor, OnCut::Abort, watcher)
+                    .served_by_length(),
                 engine_made,
             )),
         };

@@ -124,6 +124,12 @@ pub struct AnswerBody<W: Watcher> {
     translated: bool,
     /// How it ended, once known (nothing more is read after).
     ending: Option<Ending>,
+    /// The upstream's last piece has been handed to the server.
+    drained: bool,
+    /// The server stops at the declared length without asking past the
+    /// last piece (hyper's, serving the relay): handed whole, the answer
+    /// was served.
+    stops_at_length: bool,
 }
 
 impl<W: Watcher> std::fmt::Debug for AnswerBody<W> {
@@ -156,7 +162,19 @@ impl<W: Watcher> AnswerBody<W> {
             last: None,
             translated: false,
             ending: None,
+            drained: false,
+            stops_at_length: false,
         }
+    }
+
+    /// For a server that stops at the declared length without asking past
+    /// the last piece (hyper's, on the relay): an answer handed over whole
+    /// ends completed when the server drops it. The node that relayed it
+    /// knows what its own client got, and its record of the job wins.
+    #[must_use]
+    pub fn served_by_length(mut self) -> Self {
+        self.stops_at_length = true;
+        self
     }
 
     /// Keeps the answer's last event, to learn from what the engine
@@ -186,6 +204,7 @@ impl<W: Watcher> AnswerBody<W> {
     /// the server asks past the last piece (it was written) or drops the
     /// body before that (the client went away).
     fn drain(&mut self) {
+        self.drained = true;
         if let Some(w) = self.watcher.as_mut() {
             w.drained();
         }
@@ -214,7 +233,12 @@ impl<W: Watcher> Drop for AnswerBody<W> {
         // false until they do): dropped before that, the client did not
         // get it all.
         if self.ending.is_none() {
-            self.end(Ending::Cancelled);
+            let served = self.stops_at_length && self.drained && self.first.is_none();
+            self.end(if served {
+                Ending::Completed
+            } else {
+                Ending::Cancelled
+            });
         }
     }
 }

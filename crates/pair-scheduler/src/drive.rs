@@ -103,8 +103,21 @@ pub trait Exchange {
     /// is cut.
     fn last_progress(&self, node: NodeId) -> Option<Duration>;
 
+    /// The request's candidates now, best first, as [`Exchange::choose`]
+    /// would hand them over (nothing counted): asked when an attempt
+    /// makes no progress, to see whether the request has somewhere else to
+    /// go before cutting it.
+    fn candidates(&self) -> Vec<Target>;
+
     /// `node`'s attempt was cut for making no progress.
     fn stalled(&self, node: NodeId) {
+        let _ = node;
+    }
+
+    /// `node`'s attempt makes no progress and the request has nowhere
+    /// else to go: it is waited for (said once per attempt, for the job
+    /// record).
+    fn waiting_alone(&self, node: NodeId) {
         let _ = node;
     }
 
@@ -144,17 +157,17 @@ pub async fn drive<E: Exchange, T: Timer>(
             failover.next_step(now, targets)
         });
         match step {
-            Step::Dispatch { node, stall_after } => {
-                match attempt(ex, failover, node, stall_after, ticket, timer.as_mut()).await {
-                    Ok(answer) => return Driven::Committed { node, answer },
-                    Err(k) => {
-                        if k.is_some() {
-                            kept = k;
-                        }
-                        ex.failed(failover);
+            Step::Dispatch {
+                node, stall_after, ..
+            } => match attempt(ex, failover, node, stall_after, ticket, timer.as_mut()).await {
+                Ok(answer) => return Driven::Committed { node, answer },
+                Err(k) => {
+                    if k.is_some() {
+                        kept = k;
                     }
+                    ex.failed(failover);
                 }
-            }
+            },
             Step::Wait(d) => {
                 drop(ticket);
                 timer.as_mut().rearm(now.saturating_add(d));
@@ -185,6 +198,7 @@ async fn attempt<E: Exchange, T: Timer>(
     let deadline = failover.deadline();
     let head = race(
         ex,
+        failover,
         ex.send(node, ticket),
         node,
         stall_after,
@@ -215,6 +229,7 @@ async fn attempt<E: Exchange, T: Timer>(
     }
     let read = race(
         ex,
+        failover,
         ex.first_byte(&mut head),
         node,
         stall_after,
@@ -256,10 +271,12 @@ fn past_deadline<E: Exchange>(ex: &E, failover: &mut Failover) -> Option<E::Kept
     None
 }
 
-/// `step`, unless its node shows no progress for `allowance` first, or
-/// the deadline comes (biased in that order: an answer that is there wins).
+/// `step`, unless its node shows no progress for `allowance` first (and
+/// the request has somewhere else to go), or the deadline comes (biased in
+/// that order: an answer that is there wins).
 async fn race<E: Exchange, T: Timer, R>(
     ex: &E,
+    failover: &Failover,
     step: impl Future<Output = R>,
     node: NodeId,
     allowance: Duration,
@@ -267,7 +284,7 @@ async fn race<E: Exchange, T: Timer, R>(
     timer: Pin<&mut T>,
 ) -> Raced<R> {
     let mut step = pin!(step);
-    let mut stall = pin!(stalled(ex, node, allowance, timer));
+    let mut stall = pin!(stalled(ex, failover, node, allowance, timer));
     let mut past = pin!(async {
         match deadline {
             Some(at) => ex.sleep_until(at).await,
@@ -289,15 +306,23 @@ async fn race<E: Exchange, T: Timer, R>(
     .await
 }
 
+/// How often an attempt that makes no progress, with nowhere else to go,
+/// looks again for another node (one that joined, or came back).
+pub const ALONE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Resolves once `node` has shown no progress for `allowance`, counted
-/// from now or its last progress, whichever is later.
+/// from now or its last progress, whichever is later, and the request has
+/// somewhere else to go; with nowhere else, not before the failover's
+/// silent bound ([`Failover::silent_bound`]).
 async fn stalled<E: Exchange, T: Timer>(
     ex: &E,
+    failover: &Failover,
     node: NodeId,
     allowance: Duration,
     mut timer: Pin<&mut T>,
 ) {
     let mut from = ex.now();
+    let mut alone = false;
     loop {
         let due = from.saturating_add(allowance);
         timer.as_mut().rearm(due);
@@ -311,7 +336,21 @@ async fn stalled<E: Exchange, T: Timer>(
         }
         match ex.last_progress(node) {
             Some(last) if last > from => from = last,
-            _ => return,
+            _ if now >= failover.silent_bound() || failover.elsewhere(node, &ex.candidates()) => {
+                return;
+            }
+            _ => {
+                // Slow is an answer; cut, it is none: wait on, looking
+                // again shortly for progress or another node.
+                if !alone {
+                    alone = true;
+                    ex.waiting_alone(node);
+                }
+                let next = now
+                    .saturating_add(ALONE_RECHECK)
+                    .min(failover.silent_bound());
+                from = next.saturating_sub(allowance);
+            }
         }
     }
 }

@@ -34,7 +34,11 @@
 //! - An attempt is cut when its node makes no progress for its stall
 //!   allowance: [`FailoverConfig::stall_floor`], or a multiple of the
 //!   scheduler's predicted time to first byte when that is longer (a queue
-//!   or a cold load is waited for; a hung engine is not).
+//!   or a cold load is waited for; a hung engine is not), but only when
+//!   there is somewhere else to go ([`Failover::elsewhere`]). The only
+//!   owner, or the last one not yet failed, is waited for: up to the
+//!   client's deadline, else [`FailoverConfig::silent_wait`]. Slow is an
+//!   answer; cut, it is none.
 
 use std::time::Duration;
 
@@ -66,7 +70,21 @@ pub struct FailoverConfig {
     /// The client's bound on the whole request (since its arrival), when
     /// it set one: past it, nothing more is tried.
     pub deadline: Option<Duration>,
+    /// How long after its arrival a request with nowhere else to go still
+    /// waits on a node that shows no progress (the client's deadline, when
+    /// it set one, comes first).
+    pub silent_wait: Duration,
+    /// Whether the request has somewhere to go when its attempt here is
+    /// cut. `None`: judged from its candidates (the request is routed
+    /// here). `Some(_)`: what the node that relayed it said (it tries the
+    /// other nodes; this node tries only itself).
+    pub elsewhere: Option<bool>,
 }
+
+/// How long a request waits on its only owner while the owner shows no
+/// progress, by default: an engine's cold load of a 70B model from a slow
+/// disk, or a queue of work pair did not route, takes minutes.
+pub const SILENT_WAIT: Duration = Duration::from_secs(600);
 
 impl Default for FailoverConfig {
     fn default() -> Self {
@@ -79,6 +97,8 @@ impl Default for FailoverConfig {
             backoff_max: Duration::from_secs(5),
             owner_poll: Duration::from_millis(250),
             deadline: None,
+            silent_wait: SILENT_WAIT,
+            elsewhere: None,
         }
     }
 }
@@ -137,8 +157,14 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Send the request to `node`; cut the attempt if the node shows no
-    /// progress for `stall_after`.
-    Dispatch { node: NodeId, stall_after: Duration },
+    /// progress for `stall_after` (and there is somewhere else to go).
+    /// `alone`: no other candidate is left if this attempt fails (a relayed
+    /// attempt tells its node so, which then waits on a silent engine).
+    Dispatch {
+        node: NodeId,
+        stall_after: Duration,
+        alone: bool,
+    },
     /// Wait this long (a back-off, or for an owner to come back), then ask
     /// again.
     Wait(Duration),
@@ -274,7 +300,7 @@ impl Failover {
             .iter()
             .find(|t| !self.tried.iter().any(|x| x.node == t.node))
         {
-            return self.dispatch(*t);
+            return self.dispatch(*t, targets);
         }
         // Every present candidate has been tried: the one that refused only
         // for now and may be tried soonest, after its back-off.
@@ -290,7 +316,7 @@ impl Failover {
             // A retry due before the patience ran out, found after it (the
             // attempt that failed last ran past it), does not start.
             Some(_) if now > self.cfg.patience => self.give_up(self.exhausted()),
-            Some((at, t)) if at <= now => self.dispatch(t),
+            Some((at, t)) if at <= now => self.dispatch(t, targets),
             Some((at, _)) => match self.wait_until(now, at) {
                 Some(step) => step,
                 None => self.give_up(self.exhausted()),
@@ -322,7 +348,7 @@ impl Failover {
         (at <= self.cfg.patience).then(|| Step::Wait(at.saturating_sub(now)))
     }
 
-    fn dispatch(&mut self, t: Target) -> Step {
+    fn dispatch(&mut self, t: Target, targets: &[Target]) -> Step {
         self.dispatched += 1;
         self.phase = Phase::Out(t.node);
         if !self.tried.iter().any(|x| x.node == t.node) {
@@ -339,7 +365,36 @@ impl Failover {
         Step::Dispatch {
             node: t.node,
             stall_after: self.cfg.stall_floor.max(predicted),
+            alone: !self.elsewhere(t.node, targets),
         }
+    }
+
+    /// Whether cutting `node`'s attempt would leave the request somewhere
+    /// to go, given its candidates now: another one not yet tried (or
+    /// that refused only for now), within the dispatches left; for a
+    /// relayed request, what its origin said. Where there is none, a
+    /// silent attempt is waited for rather than cut.
+    pub fn elsewhere(&self, node: NodeId, targets: &[Target]) -> bool {
+        if let Some(told) = self.cfg.elsewhere {
+            return told;
+        }
+        if self.stopped || self.dispatched >= self.cfg.max_dispatches {
+            return false;
+        }
+        targets.iter().any(|t| {
+            t.node != node
+                && self
+                    .tried
+                    .iter()
+                    .find(|x| x.node == t.node)
+                    .is_none_or(|x| x.again_at.is_some())
+        })
+    }
+
+    /// Until when (since the request's arrival) an attempt with nowhere
+    /// else to go is waited on while its node shows no progress.
+    pub fn silent_bound(&self) -> Duration {
+        self.cfg.deadline.unwrap_or(self.cfg.silent_wait)
     }
 
     /// How the attempt out now went, `now` after the request arrived; what
@@ -714,7 +769,8 @@ mod tests {
             f.next_step(at, &[t(2)]),
             Step::Dispatch {
                 node: n(2),
-                stall_after: FailoverConfig::default().stall_floor
+                stall_after: FailoverConfig::default().stall_floor,
+                alone: true,
             }
         );
         f.report(at, head(200));
@@ -777,8 +833,70 @@ mod tests {
             f.next_step(ZERO, &[cold]),
             Step::Dispatch {
                 node: n(1),
-                stall_after: Duration::from_secs(390)
+                stall_after: Duration::from_secs(390),
+                alone: true,
             }
+        );
+    }
+
+    /// A silent attempt is cut only where the request has somewhere to
+    /// go: a candidate not yet tried (or that refused only for now),
+    /// dispatches left, or, relayed, what its origin said.
+    #[test]
+    fn only_a_request_with_somewhere_to_go_may_leave_its_node() {
+        let mut f = Failover::new(FailoverConfig::default());
+        let Step::Dispatch { alone, .. } = f.next_step(ZERO, &[t(1), t(2)]) else {
+            panic!("expected a dispatch")
+        };
+        assert!(!alone);
+        assert!(f.elsewhere(n(1), &[t(1), t(2)]));
+        // The other owner left: the only owner is waited on.
+        assert!(!f.elsewhere(n(1), &[t(1)]));
+        // One appeared: the request may move there.
+        assert!(f.elsewhere(n(1), &[t(1), t(3)]));
+        // An owner that already failed the request is not somewhere to go;
+        // one that refused only for now is.
+        f.report(ZERO, failed("transport"));
+        let Step::Dispatch { node, alone, .. } = f.next_step(ZERO, &[t(1), t(2)]) else {
+            panic!("expected a dispatch")
+        };
+        assert_eq!((node, alone), (n(2), true));
+        assert!(!f.elsewhere(n(2), &[t(1), t(2)]));
+        let mut f = Failover::new(FailoverConfig::default());
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        f.report(ZERO, head(503));
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        assert!(f.elsewhere(n(2), &[t(1), t(2)]), "1 may be tried again");
+        // No dispatches left.
+        let mut f = Failover::new(FailoverConfig {
+            max_dispatches: 1,
+            ..FailoverConfig::default()
+        });
+        dispatch(&mut f, ZERO, &[t(1), t(2)]);
+        assert!(!f.elsewhere(n(1), &[t(1), t(2)]));
+        // Relayed: the origin's word, whatever the candidates here.
+        for told in [true, false] {
+            let mut f = Failover::new(FailoverConfig {
+                elsewhere: Some(told),
+                max_dispatches: 1,
+                ..FailoverConfig::default()
+            });
+            dispatch(&mut f, ZERO, &[t(1)]);
+            assert_eq!(f.elsewhere(n(1), &[t(1)]), told);
+        }
+        // The bound of the wait: the client's deadline, else the default.
+        assert_eq!(
+            Failover::new(FailoverConfig::default()).silent_bound(),
+            SILENT_WAIT
+        );
+        let d = Duration::from_secs(30);
+        assert_eq!(
+            Failover::new(FailoverConfig {
+                deadline: Some(d),
+                ..FailoverConfig::default()
+            })
+            .silent_bound(),
+            d
         );
     }
 }

@@ -338,6 +338,7 @@ mod tests {
         let mut job = JobRecord {
             key: None,
             resumed: Vec::new(),
+            waited: None,
             id: pair_core::JobId::from_uuid(Default::default()),
             model: "m".into(),
             flavor: pair_core::ApiFlavor::Ollama,

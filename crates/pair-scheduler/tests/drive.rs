@@ -36,6 +36,9 @@ enum Script {
     /// A 200 head after this many seconds, showing progress all along
     /// (a cold load or a queue the node reports).
     Slow(u8),
+    /// A 200 head after this many seconds, nothing shown meanwhile (an
+    /// engine queued behind work pair did not route, a slow disk).
+    Quiet(u8),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +66,7 @@ fn script() -> impl Strategy<Value = Script> {
         prop_oneof![Just(Body::First), Just(Body::Cut), Just(Body::Silent)].prop_map(Script::Ok),
         Just(Script::Hangs),
         (1u8..60).prop_map(Script::Slow),
+        (1u8..120).prop_map(Script::Quiet),
     ]
 }
 
@@ -85,6 +89,8 @@ struct Log {
     /// Attempts whose first byte was read.
     first_bytes: Vec<usize>,
     stalled: Vec<(Duration, usize)>,
+    /// Attempts waited on with nowhere else to go: when, which node.
+    alone: Vec<(Duration, usize)>,
     /// The node out now, and until when it shows progress.
     progressing: Option<(usize, Duration)>,
 }
@@ -131,12 +137,7 @@ impl Exchange for Fake {
         _first: bool,
         decide: &mut dyn FnMut(&[Target], bool) -> Step,
     ) -> (Step, Option<usize>) {
-        let targets: Vec<Target> = (0..self.nodes)
-            .map(|i| Target {
-                node: id(i),
-                predicted: None,
-            })
-            .collect();
+        let targets = self.targets();
         let step = decide(&targets, false);
         let ticket = match step {
             Step::Dispatch { node, .. } => Some(index(node)),
@@ -181,6 +182,10 @@ impl Exchange for Fake {
                 tokio::time::sleep(took).await;
                 Ok(head(200, None, Body::First))
             }
+            Script::Quiet(secs) => {
+                tokio::time::sleep(Duration::from_secs(u64::from(secs))).await;
+                Ok(head(200, None, Body::First))
+            }
         }
     }
 
@@ -215,9 +220,29 @@ impl Exchange for Fake {
         }
     }
 
+    fn candidates(&self) -> Vec<Target> {
+        self.targets()
+    }
+
     fn stalled(&self, node: NodeId) {
         let now = self.now();
         self.log.borrow_mut().stalled.push((now, index(node)));
+    }
+
+    fn waiting_alone(&self, node: NodeId) {
+        let now = self.now();
+        self.log.borrow_mut().alone.push((now, index(node)));
+    }
+}
+
+impl Fake {
+    fn targets(&self) -> Vec<Target> {
+        (0..self.nodes)
+            .map(|i| Target {
+                node: id(i),
+                predicted: None,
+            })
+            .collect()
     }
 }
 
@@ -293,14 +318,17 @@ proptest! {
             stall_floor: Duration::from_secs(5),
             patience: Duration::from_secs(30),
             deadline: deadline_s.map(Duration::from_secs),
+            silent_wait: Duration::from_secs(100),
             ..FailoverConfig::default()
         };
         let (end, log, took, dispatched) = run(script, nodes, cfg);
         prop_assert!(log.sends.len() <= cfg.max_dispatches);
         prop_assert_eq!(log.sends.len(), dispatched);
         // The request ends within its patience, one stall allowance, and
-        // the longest a scripted node took, or by its deadline.
-        let bound = cfg.patience + cfg.stall_floor + Duration::from_secs(61);
+        // the longest a scripted node took, or its silent bound (a silent
+        // node with no other to go to is waited for), or by its deadline.
+        let bound = (cfg.patience + cfg.stall_floor + Duration::from_secs(120))
+            .max(cfg.silent_wait + Duration::from_secs(1));
         prop_assert!(took <= bound, "took {took:?}");
         if let Some(d) = cfg.deadline {
             prop_assert!(took <= d, "past the deadline: {took:?}");
@@ -320,12 +348,27 @@ proptest! {
             prop_assert!(committed, "{:?}", end);
         }
         // Every stall is a hung or silent node cut at its allowance: a
-        // slow node that shows progress never is.
+        // slow node that shows progress never is. One waited on with
+        // nowhere else to go is cut only at the silent bound.
+        let silent_bound = cfg.deadline.unwrap_or(cfg.silent_wait);
         for &(at, node) in &log.stalled {
             let (sent_at, n, s) = *log.sends.iter().rev().find(|(t, n, _)| *t <= at && *n == node).unwrap();
             prop_assert_eq!(n, node);
-            prop_assert!(matches!(s, Script::Hangs | Script::Ok(Body::Silent)), "{s:?} cut as stalled");
+            prop_assert!(matches!(s, Script::Hangs | Script::Ok(Body::Silent) | Script::Quiet(_)), "{s:?} cut as stalled");
             prop_assert!(at >= sent_at + cfg.stall_floor, "cut early: {at:?} after {sent_at:?}");
+            if log.alone.iter().any(|&(t, n)| n == node && t >= sent_at && t <= at) {
+                prop_assert!(at >= silent_bound, "waited alone, then cut early at {at:?}");
+            }
+        }
+        // An attempt is waited on alone only where no other node is left:
+        // every other node was tried, or dispatches are used up.
+        for &(at, node) in &log.alone {
+            let tried: std::collections::BTreeSet<usize> =
+                log.sends.iter().filter(|(t, _, _)| *t <= at).map(|s| s.1).collect();
+            prop_assert!(
+                tried.len() == nodes || log.sends.len() >= cfg.max_dispatches,
+                "waited on {node} alone at {at:?} with untried nodes: {tried:?}"
+            );
         }
         match end {
             Driven::Committed { node, answer } => {
@@ -367,6 +410,66 @@ fn a_slow_node_that_shows_progress_is_waited_for_past_its_allowance() {
     );
     assert!(log.stalled.is_empty());
     assert!(took >= Duration::from_secs(130));
+}
+
+/// The only owner's head after 130 s, nothing from it meanwhile: waited
+/// for (said once), and the answer taken; with a second owner, the
+/// request moves there at the stall allowance.
+#[test]
+fn a_silent_only_owner_is_waited_for_and_left_only_for_another() {
+    let cfg = FailoverConfig {
+        stall_floor: Duration::from_secs(10),
+        patience: Duration::from_secs(10),
+        ..FailoverConfig::default()
+    };
+    let (end, log, took, _) = run(vec![Script::Quiet(130)], 1, cfg);
+    assert!(
+        matches!(
+            end,
+            Driven::Committed {
+                answer: (0, 200),
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    assert!(log.stalled.is_empty());
+    assert_eq!(log.alone, vec![(Duration::from_secs(10), 0)]);
+    assert!(took >= Duration::from_secs(130), "{took:?}");
+    let (end, log, took, _) = run(vec![Script::Quiet(130)], 2, cfg);
+    assert!(
+        matches!(
+            end,
+            Driven::Committed {
+                answer: (1, 200),
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    assert_eq!(log.stalled, vec![(Duration::from_secs(10), 0)]);
+    assert!(log.alone.is_empty());
+    assert!(took < Duration::from_secs(11), "{took:?}");
+    // Past the silent bound (here the client's deadline), it ends.
+    let (end, _, took, _) = run(
+        vec![Script::Quiet(130)],
+        1,
+        FailoverConfig {
+            deadline: Some(Duration::from_secs(60)),
+            ..cfg
+        },
+    );
+    assert!(
+        matches!(
+            end,
+            Driven::GaveUp {
+                why: GiveUp::Deadline,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    assert_eq!(took, Duration::from_secs(60));
 }
 
 #[test]

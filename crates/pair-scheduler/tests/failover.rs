@@ -85,7 +85,9 @@ fn drive(answers: &[Vec<Answer>], present: usize, cfg: FailoverConfig) -> (End, 
     let mut taken = vec![0usize; answers.len()];
     loop {
         let node = match f.next_step(now, &targets) {
-            Step::Dispatch { node, stall_after } => {
+            Step::Dispatch {
+                node, stall_after, ..
+            } => {
                 assert_eq!(stall_after, cfg.stall_floor);
                 node
             }

@@ -38,6 +38,9 @@ enum SendError {
     Invalid,
     /// The answer's body failed before its first byte.
     Cut,
+    /// The node gave up before any answer from its engine, and said why
+    /// ([`pair_cluster::FAILED_HEADER`]).
+    NodeGaveUp(&'static pair_core::FailureClass),
 }
 
 impl Classified for SendError {
@@ -47,16 +50,22 @@ impl Classified for SendError {
             SendError::Link(e) => e.class(),
             SendError::Invalid => "bad-request",
             SendError::Cut => "body",
+            SendError::NodeGaveUp(c) => c.label,
         }
     }
     fn advice(&self) -> RetryAdvice {
         match self {
             SendError::Invalid => RetryAdvice::Never,
+            SendError::NodeGaveUp(c) => c.advice(),
             _ => RetryAdvice::BeforeFirstByte,
         }
     }
     fn transient(&self) -> bool {
-        matches!(self, SendError::Link(e) if e.transient())
+        match self {
+            SendError::Link(e) => e.transient(),
+            SendError::NodeGaveUp(c) => c.transient,
+            _ => false,
+        }
     }
 }
 
@@ -64,6 +73,9 @@ impl Classified for SendError {
 struct Reserved<'a> {
     client: &'a Client,
     id: Option<ReservationId>,
+    /// No other node is left if this attempt fails: the node is told so
+    /// ([`pair_cluster::ALONE_HEADER`]), and waits on a silent engine.
+    alone: bool,
 }
 
 impl Drop for Reserved<'_> {
@@ -166,15 +178,7 @@ impl<'a> Exchange for Sending<'a> {
         let Some(profile) = self.profile else {
             return (decide(&nearest(&view), false), None);
         };
-        let mut targets = client.targets(&view, profile);
-        targets.retain(|t| {
-            !self.exclude.contains(&t.node)
-                && self.continuing.is_none_or(|api| {
-                    view.cluster
-                        .node(t.node)
-                        .is_some_and(|n| n.continues(&profile.model, profile.flavor, api.is_chat()))
-                })
-        });
+        let targets = self.targets(&view, profile);
         if targets.is_empty()
             && let Some(nodes) = client.all_owners_refuse(&view, profile)
         {
@@ -188,8 +192,9 @@ impl<'a> Exchange for Sending<'a> {
         // continuation does not wait: its caller is mid-answer.
         let step = decide(&targets, targets.is_empty() && self.exclude.is_empty());
         let ticket = match step {
-            Step::Dispatch { node, .. } => Some(Reserved {
+            Step::Dispatch { node, alone, .. } => Some(Reserved {
                 client,
+                alone,
                 id: client
                     .inner
                     .sched
@@ -212,14 +217,34 @@ impl<'a> Exchange for Sending<'a> {
             client.node_failed(node);
             return Err(SendError::NoLink);
         };
-        let out = relay_request(&link, self.req).map_err(|e| {
+        let mut out = relay_request(&link, self.req).map_err(|e| {
             if let Ok(mut i) = self.invalid.lock() {
                 *i = Some(e.clone());
             }
             SendError::Invalid
         })?;
+        if ticket.as_ref().is_some_and(|t| t.alone) {
+            out.headers_mut().insert(
+                pair_cluster::ALONE_HEADER,
+                http::HeaderValue::from_static("1"),
+            );
+        }
         let sent = Instant::now();
         match link.send(out).await {
+            // The node gave up before any answer from its engine: the
+            // attempt failed, by the class it names (as a node reads it).
+            Ok(resp) if resp.headers().contains_key(pair_cluster::FAILED_HEADER) => {
+                let class = resp
+                    .headers()
+                    .get(pair_cluster::FAILED_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(pair_core::failure_class)
+                    .or_else(|| pair_core::failure_class("transport"));
+                match class {
+                    Some(c) => Err(SendError::NodeGaveUp(c)),
+                    None => Err(SendError::Cut),
+                }
+            }
             Ok(resp) => Ok(Head {
                 resp,
                 first: None,
@@ -292,8 +317,37 @@ impl<'a> Exchange for Sending<'a> {
         None
     }
 
+    fn candidates(&self) -> Vec<Target> {
+        let view = self
+            .client
+            .current_view()
+            .unwrap_or_else(|| Arc::clone(&self.view));
+        match self.profile {
+            Some(profile) => self.targets(&view, profile),
+            None => nearest(&view),
+        }
+    }
+
     fn stalled(&self, node: NodeId) {
         self.client.node_failed(node);
+    }
+}
+
+impl Sending<'_> {
+    /// The request's candidates in `view`, best first: the ranking's,
+    /// less the nodes left out and, for a continuation, those whose
+    /// engine cannot continue it.
+    fn targets(&self, view: &View, profile: &RequestProfile) -> Vec<Target> {
+        let mut targets = self.client.targets(view, profile);
+        targets.retain(|t| {
+            !self.exclude.contains(&t.node)
+                && self.continuing.is_none_or(|api| {
+                    view.cluster
+                        .node(t.node)
+                        .is_some_and(|n| n.continues(&profile.model, profile.flavor, api.is_chat()))
+                })
+        });
+        targets
     }
 }
 
