@@ -339,3 +339,62 @@ async fn a_whole_answer_cut_mid_body_on_the_node_s_own_engine_is_retried() {
     assert_eq!(body["done"], true, "a complete answer: {body}");
     c.stop().await;
 }
+
+/// Requests that arrive at once on a node's two faces spread evenly over
+/// equal idle nodes: 100 rounds of 2 + 2 (Ollama and OpenAI faces) over
+/// two nodes come out 2/2, under the default policy and as the nodes
+/// learn their speeds from these very jobs (whole answers, which teach no
+/// decode speed nor stream overlap). The counting underneath (this node's
+/// own load read live, its reservations on the peer, the peer's reports,
+/// which cover a reservation only once they say they counted its request)
+/// is checked over every interleaving in `pair-scheduler`'s
+/// `tests/spread.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_requests_on_both_faces_spread_two_and_two() {
+    let c = cluster(2, |s| {
+        for n in &mut s.nodes {
+            n.profile = "rtx4090".into();
+        }
+        s.time_scale = 0.25;
+    })
+    .await
+    .unwrap();
+    pair_testkit::cluster::warm(&c, MODEL).await;
+    let me = c.nodes[0].id.to_string();
+    let mut uneven = Vec::new();
+    for round in 0..100 {
+        let ask = |i: usize| {
+            let (url, body) = if i.is_multiple_of(2) {
+                (
+                    format!("{}/api/chat", c.nodes[0].ollama_url()),
+                    json!({"model": MODEL, "messages": [{"role": "user", "content": format!("round {round}, {i}")}],
+                           "stream": false, "options": {"num_predict": 150}}),
+                )
+            } else {
+                (
+                    format!("{}/v1/chat/completions", c.nodes[0].openai_url()),
+                    json!({"model": MODEL, "messages": [{"role": "user", "content": format!("round {round}, {i}")}],
+                           "max_tokens": 150}),
+                )
+            };
+            async move {
+                let resp = http().post(url).json(&body).send().await.unwrap();
+                assert_eq!(resp.status(), 200);
+                pair_testkit::cluster::served_by(&resp)
+            }
+        };
+        let got = tokio::join!(ask(0), ask(1), ask(2), ask(3));
+        let here = [got.0, got.1, got.2, got.3]
+            .iter()
+            .filter(|n| n.as_deref() == Some(me.as_str()))
+            .count();
+        if here != 2 {
+            uneven.push((round, here));
+        }
+    }
+    assert!(
+        uneven.is_empty(),
+        "rounds not 2/2 (round, on node 0): {uneven:?}"
+    );
+    c.stop().await;
+}

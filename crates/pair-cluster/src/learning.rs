@@ -86,8 +86,11 @@ impl SpeedLearner {
             // Slots: the records timed on this node's clock of the jobs its
             // engines ran (its own requests and the ones it ran for peers).
             let timed_here = rec.origin == self.me || rec.recorded_by == Some(self.me);
+            // A whole answer's first byte is its last: its record shows
+            // neither when decoding began nor how long streams overlapped.
             if rec.ran_on == Some(self.me)
                 && timed_here
+                && rec.streaming
                 && rec.status == pair_core::JobStatus::Completed
                 && let (Some(ttft), Some(total)) = (rec.ttft_ms, rec.duration_ms)
             {

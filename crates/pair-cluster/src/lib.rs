@@ -42,7 +42,10 @@ use std::time::{Duration, SystemTime};
 pub use bindings::Bindings;
 pub use config::GossipConfig;
 pub use failover::{Rearmed, TLS_REFUSED};
-pub use link::{ALONE_HEADER, FAILED_HEADER, PeerLink, RELAY_PREFIX};
+pub use link::{
+    ALONE_HEADER, FAILED_HEADER, PeerLink, RELAY_PREFIX, RESERVATION_HEADER, parse_reservation,
+    reservation_value,
+};
 pub use links::{AddrBook, Peers};
 pub use load::{LoadGuard, LocalLoad};
 pub use port::{ClusterPort, PeerIdentity};

@@ -33,6 +33,27 @@ pub const ALONE_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair
 /// the class, never by guessing from the status.
 pub const FAILED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-failed");
 
+/// On a relayed request: the sender's reservation for it, `EPOCH.SEQ`
+/// (the sender's process, its reservation's sequence number). The node
+/// that takes it says in its reports which it has counted
+/// ([`pair_core::NodeSnapshot::admitted`]), so the sender stops adding the
+/// reservation exactly when a report counts the request.
+pub const RESERVATION_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-pair-reservation");
+
+/// [`RESERVATION_HEADER`]'s value.
+pub fn reservation_value(epoch: u64, seq: u64) -> http::HeaderValue {
+    http::HeaderValue::from_str(&format!("{epoch}.{seq}"))
+        .unwrap_or(http::HeaderValue::from_static("0.0"))
+}
+
+/// [`RESERVATION_HEADER`]'s value read back: `(epoch, seq)`.
+pub fn parse_reservation(v: &[u8]) -> Option<(u64, u64)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let (epoch, seq) = s.split_once('.')?;
+    Some((epoch.parse().ok()?, seq.parse().ok()?))
+}
+
 type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A pooled mTLS client to one peer, verifying that peer's pinned identity.

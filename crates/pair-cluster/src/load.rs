@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use pair_core::Workload;
+use pair_core::{Admitted, NodeId, Workload};
 
 use crossbeam_utils::CachePadded;
 
@@ -24,6 +24,10 @@ pub struct LocalLoad {
     /// passes no guard.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
+    /// Per router that relayed requests here, the newest of its
+    /// reservations counted in this workload (most recent first, at most
+    /// [`Admitted::MAX`]); written once per relayed request.
+    admitted: std::sync::Mutex<Vec<Admitted>>,
 }
 
 /// One event loop's share of [`LocalLoad`].
@@ -53,6 +57,47 @@ impl LocalLoad {
             prefill_left: prompt_tokens,
             decode_left: output_tokens,
         }
+    }
+
+    /// A request relayed by `from`, under its reservation `(epoch, seq)`,
+    /// is counted here (call it after its [`LocalLoad::begin`]): reports
+    /// made from now on say so.
+    pub fn admit(&self, from: NodeId, (epoch, seq): (u64, u64)) {
+        let Ok(mut a) = self.admitted.lock() else {
+            return;
+        };
+        match a.iter().position(|x| x.from == from) {
+            Some(i) => {
+                let mut x = a.remove(i);
+                if x.boot == epoch {
+                    x.seq = x.seq.max(seq);
+                } else {
+                    x = Admitted {
+                        from,
+                        boot: epoch,
+                        seq,
+                    };
+                }
+                a.insert(0, x);
+            }
+            None => {
+                a.truncate(Admitted::MAX - 1);
+                a.insert(
+                    0,
+                    Admitted {
+                        from,
+                        boot: epoch,
+                        seq,
+                    },
+                );
+            }
+        }
+    }
+
+    /// What [`LocalLoad::admit`] recorded, for a report (read it before the
+    /// workload: a request it names is then in the workload read after).
+    pub fn admitted(&self) -> Vec<Admitted> {
+        self.admitted.lock().map(|a| a.clone()).unwrap_or_default()
     }
 
     /// The workload as the scheduler models it: `slots` requests run at

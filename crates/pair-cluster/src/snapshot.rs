@@ -157,6 +157,9 @@ impl LocalReport {
                 (r.saturating_add(q.running), w.saturating_add(q.waiting))
             });
         self.load.set_engine_queue(running, waiting);
+        // What was admitted before the workload is read: every request it
+        // names is counted in the workload.
+        n.admitted = self.load.admitted();
         n.workload = self.load.workload(n.slots());
         n.reported_at_ms = now;
         n.boot = self.boot;
@@ -167,6 +170,27 @@ impl LocalReport {
         n.aliases.clone_from(&self.aliases);
         n.keys = self.keys.digest();
         n
+    }
+}
+
+impl LocalReport {
+    /// A peer's report with the speeds this node learned from the jobs it
+    /// sent there, for the models the peer has not learned itself (their
+    /// jobs entered at other nodes, so its own log never timed them):
+    /// otherwise the node that knows its own engine's real speed would
+    /// weigh it against a peer's seed.
+    pub fn observed_speeds(&self, mut snap: NodeSnapshot) -> NodeSnapshot {
+        let base = snap.base_perf;
+        for e in &mut snap.engines {
+            for m in e.models.iter_mut().filter(|m| !m.learned) {
+                let seed = m.perf.or(base).unwrap_or(ModelPerf::FALLBACK);
+                if let Some(p) = self.learner.learned(snap.id, m.name.as_str(), seed) {
+                    m.perf = Some(p);
+                    m.learned = true;
+                }
+            }
+        }
+        snap
     }
 }
 

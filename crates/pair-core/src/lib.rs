@@ -34,7 +34,7 @@ pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sa
 pub use prompt::{Block, ChainBuilder, PromptChain, Routed};
 pub use request::{RequestProfile, SessionKey};
 pub use snapshot::{
-    Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,
+    Admitted, Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,
     NodeSnapshot, Pressure, Workload,
 };
 

@@ -276,6 +276,32 @@ pub struct NodeSnapshot {
         with = "crate::prompt::routed_wire"
     )]
     pub routed: Vec<crate::Routed>,
+    /// Per router that relayed requests here (a peer, an edge client):
+    /// the newest of its reservations this node has counted in
+    /// `workload`. A router's reservation is covered by the report that
+    /// says so, whatever the clocks say (a report made as the request was
+    /// still on its way does not count it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admitted: Vec<Admitted>,
+}
+
+/// The newest reservation of one router a node has counted in its
+/// workload ([`NodeSnapshot::admitted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admitted {
+    /// The router.
+    pub from: NodeId,
+    /// The router's process (its boot id): its reservations count anew
+    /// when it restarts.
+    pub boot: u64,
+    /// Its reservation's sequence number.
+    pub seq: u64,
+}
+
+impl Admitted {
+    /// Routers a node keeps this for, the most recent; an older one's
+    /// reservations are covered by the reports' time again.
+    pub const MAX: usize = 64;
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -311,6 +337,7 @@ impl NodeSnapshot {
             bindings: Vec::new(),
             aliases: Vec::new(),
             routed: Vec::new(),
+            admitted: Vec::new(),
         }
     }
 

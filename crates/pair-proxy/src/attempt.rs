@@ -249,10 +249,24 @@ impl<'a> Attempts<'a> {
                     .filter(|_| !profile.streaming)
                     .map(|p| ms(p.first_token_ms())),
                 expect: predicted.map_or(Duration::ZERO, |p| ms(p.total_ms)),
-                guard: Some(
-                    st.load
-                        .begin(profile.prompt_tokens, profile.max_output_tokens),
-                ),
+                guard: Some({
+                    let guard = st
+                        .load
+                        .begin(profile.prompt_tokens, profile.max_output_tokens);
+                    // Relayed under the sender's reservation: this node's
+                    // reports say it is counted from here.
+                    if let Reach::Plan(Plan::ThisNode { origin }) = self.reach
+                        && let Some(r) = self
+                            .req
+                            .head
+                            .headers
+                            .get(&pair_cluster::RESERVATION_HEADER)
+                            .and_then(pair_cluster::parse_reservation)
+                    {
+                        st.load.admit(origin, r);
+                    }
+                    guard
+                }),
                 reservation: None,
                 cluster,
                 chosen: None,
@@ -329,6 +343,11 @@ impl<'a> Attempts<'a> {
                 dispatch::Relayed {
                     job: job_header,
                     alone: ticket.alone,
+                    reservation: ticket
+                        .reservation
+                        .as_ref()
+                        .and_then(crate::state::Reservation::id)
+                        .map(|id| (st.origin_epoch, id.seq())),
                 },
             )?
             .await

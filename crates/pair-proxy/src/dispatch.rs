@@ -227,6 +227,9 @@ pub struct Relayed {
     /// No other node is left if this attempt fails
     /// ([`pair_cluster::ALONE_HEADER`]).
     pub alone: bool,
+    /// The reservation it runs under, `(epoch, seq)`
+    /// ([`pair_cluster::RESERVATION_HEADER`]).
+    pub reservation: Option<(u64, u64)>,
 }
 
 /// The class a peer gave for giving up on a relayed request before any
@@ -487,6 +490,12 @@ pub fn request<'a>(
         }
         Hop::Peer(link) => {
             let mut req = hyper_request(head, body);
+            if let Some((epoch, seq)) = relayed.reservation {
+                req.headers_mut().insert(
+                    pair_cluster::RESERVATION_HEADER,
+                    pair_cluster::reservation_value(epoch, seq),
+                );
+            }
             if relayed.alone {
                 req.headers_mut()
                     .insert(pair_cluster::ALONE_HEADER, HeaderValue::from_static("1"));

@@ -104,6 +104,10 @@ pub struct ProxyState {
     /// the same instant are ranked one after the other, each seeing the
     /// ones before it (`ProxyState::dispatch_turn`).
     turn: Mutex<()>,
+    /// This process, as the peers it relays to name it in their reports
+    /// (drawn at start): with each reservation's sequence number it says
+    /// which reservation a relayed request is.
+    pub(crate) origin_epoch: u64,
     policy: Policy,
     pub load: Arc<LocalLoad>,
     bindings: Arc<Bindings>,
@@ -198,7 +202,10 @@ impl ProxyState {
     }
 
     pub fn new(config: ProxyConfig, jobs: Arc<JobLog>) -> Arc<Self> {
+        let origin_epoch = rand::random::<u64>();
+        let node_id = config.node.id;
         Arc::new(Self {
+            origin_epoch,
             warm: Mutex::new((std::time::Instant::now(), std::time::Instant::now())),
             receipt_self: PerLoop::new_with(|| node_receipt(&config.node.name, config.node.id)),
             local_pools: (0..config.loops.len())
@@ -212,7 +219,11 @@ impl ProxyState {
             sched: PerLoop::new_with(|| {
                 Mutex::new(Sched {
                     scheduler: Scheduler::new(config.scheduler),
-                    reservations: Reservations::new(),
+                    reservations: {
+                        let mut r = Reservations::new();
+                        r.set_origin(node_id, origin_epoch);
+                        r
+                    },
                     rng: SmallRng::from_os_rng(),
                     ranking: Ranking::new(),
                 })
@@ -499,6 +510,11 @@ pub struct Reservation<'a> {
 }
 
 impl Reservation<'_> {
+    /// The reservation, while this guard holds it.
+    pub fn id(&self) -> Option<ReservationId> {
+        self.id
+    }
+
     /// Takes the reservation out of this guard, for a holder that outlives
     /// the borrow (an answer's body) and calls [`ProxyState::release`]
     /// itself: no reference count on the shared state per request.

@@ -33,6 +33,9 @@ impl<'a> Observation<'a> {
                 prompt_ms: Some(p),
                 decode_ms: Some(d),
             }) => (p, p.saturating_add(d)),
+            // A whole answer's first byte is its last: its time says
+            // nothing of prefill apart from decode.
+            _ if !job.streaming => return None,
             _ => (job.ttft_ms?, job.duration_ms?),
         };
         Some(Self {
@@ -376,6 +379,16 @@ mod tests {
             decode_ms: Some(900),
         });
         assert_eq!(Observation::from_job(&job).unwrap().ttft_ms, 100);
+        // A whole answer timed only by the node (a translated one, say):
+        // its first byte came with its last, so it teaches nothing.
+        job.engine = None;
+        job.streaming = false;
+        assert_eq!(Observation::from_job(&job), None);
+        job.engine = Some(EngineTiming {
+            prompt_ms: Some(40),
+            decode_ms: Some(900),
+        });
+        assert_eq!(Observation::from_job(&job).unwrap().ttft_ms, 40);
         // A prompt mostly found in the engine's cache was prefilled only in
         // its uncached part.
         assert_eq!(Observation::from_job(&job).unwrap().prompt_tokens, 500);

@@ -252,7 +252,16 @@ pub fn predict_cached(
             + f64::from(jobs_ahead) * overhead;
         let share = f64::from(jobs_ahead - slots + 1) / f64::from(jobs_ahead);
         work_ms * share
-    } + unseen_arrivals(jobs_ahead, slots, age_ms, decode_tps, overhead, batching);
+    } + unseen_arrivals(
+        // Other routers' arrivals follow the traffic the view showed: this
+        // router's own reservations are its own, not a sign of others'.
+        w.pending(),
+        slots.saturating_sub(reserved.jobs).max(1),
+        age_ms,
+        decode_tps,
+        overhead,
+        batching,
+    );
 
     // Prefill is compute-bound: prompts prefilling together share the
     // engine (each of n at 1/n of its speed), while decoding streams add a

@@ -19,6 +19,12 @@ impl ReservationId {
     pub fn node(&self) -> NodeId {
         self.node
     }
+
+    /// Its sequence number: increasing over this router's reservations,
+    /// sent with the request so the node's report can say it counted it.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
 }
 
 /// Work reserved on one node and not yet covered by its workload report.
@@ -56,6 +62,10 @@ pub(crate) struct NodeReservations {
     /// finished: a report made between its dispatch and its finish (one
     /// that arrives after the finish) counts it, and then it is credited.
     finished: VecDeque<(Reservation, u64)>,
+    /// The newest report applied that said which of this router's
+    /// reservations it counted ([`NodeReservations::covered_by`]): `items`
+    /// are exactly what it did not count.
+    admitted_by: Option<u64>,
 }
 
 impl NodeReservations {
@@ -68,6 +78,7 @@ impl NodeReservations {
             credits: VecDeque::new(),
             credit_totals: Reserved::default(),
             finished: VecDeque::new(),
+            admitted_by: None,
         }
     }
 
@@ -80,9 +91,20 @@ impl NodeReservations {
 
     /// A report made at `reported_ms`: the reservations it covers move to
     /// `covered`, the credits it makes stale go.
-    fn covered_by(&mut self, reported_ms: u64) {
+    fn covered_by(&mut self, reported_ms: u64, coverage: Coverage) {
+        self.admitted_by = match coverage {
+            Coverage::Admitted(_) => {
+                Some(self.admitted_by.map_or(reported_ms, |s| s.max(reported_ms)))
+            }
+            Coverage::Time => None,
+        };
+        let saw = |r: &Reservation| match coverage {
+            Coverage::Admitted(Some(seq)) => r.seq <= seq,
+            Coverage::Admitted(None) => false,
+            Coverage::Time => r.at_ms <= reported_ms,
+        };
         while let Some(front) = self.items.front().copied() {
-            if front.at_ms > reported_ms {
+            if !saw(&front) {
                 break;
             }
             self.take(&front);
@@ -99,7 +121,7 @@ impl NodeReservations {
         waiting.retain(|&(r, finished_ms)| {
             if finished_ms <= reported_ms {
                 false
-            } else if r.at_ms <= reported_ms {
+            } else if saw(&r) {
                 self.credit(r, finished_ms);
                 false
             } else {
@@ -174,12 +196,27 @@ impl NodeReservations {
         pop_while(&mut self.items, &mut self.totals, covered);
     }
 
-    /// Reservations newer than a report made at `reported_at_ms`. O(1) when
-    /// [`Reservations::sync`] has run since the report; otherwise walks only
-    /// this node's (bounded) list.
+    /// Reservations a report made at `reported_at_ms` does not count: where
+    /// [`Reservations::sync`] applied that report (or a newer one) and it
+    /// said which it counted, exactly those it did not (what a newer report
+    /// did not count, an older one did not either); otherwise those
+    /// dispatched after it was made. O(1) when the report was synced.
     pub(crate) fn uncovered(&self, reported_at_ms: u64) -> Reserved {
+        if self.admitted_by.is_some_and(|s| reported_at_ms <= s) {
+            return self.totals;
+        }
         newer_than(&self.items, self.totals, reported_at_ms)
     }
+}
+
+/// Which of this router's reservations a report counts.
+#[derive(Clone, Copy, Debug)]
+enum Coverage {
+    /// Those it names: up to this sequence number (`None`: none of them).
+    Admitted(Option<u64>),
+    /// Those dispatched before it was made (a router that does not name
+    /// itself, or reports that say nothing of what they counted).
+    Time,
 }
 
 /// Drops the front of a time-ordered list while `stale` says so, keeping
@@ -237,6 +274,9 @@ pub struct Reservations {
     next_seq: u64,
     ttl_ms: u64,
     live: Option<(NodeId, Workload)>,
+    /// This router, as the nodes it relays to name it in their reports
+    /// ([`pair_core::NodeSnapshot::admitted`]): its id and boot.
+    origin: Option<(NodeId, u64)>,
 }
 
 impl Default for Reservations {
@@ -264,7 +304,16 @@ impl Reservations {
             next_seq: 0,
             ttl_ms,
             live: None,
+            origin: None,
         }
+    }
+
+    /// Names this router as the nodes it relays to name it: a report that
+    /// says which of its reservations it counted covers exactly those
+    /// ([`Reservations::sync`]). The shell sends each reservation's
+    /// sequence number with its request ([`ReservationId::seq`]).
+    pub fn set_origin(&mut self, id: NodeId, boot: u64) {
+        self.origin = Some((id, boot));
     }
 
     /// The workload of a node this router reads live rather than from
@@ -361,9 +410,22 @@ impl Reservations {
     /// without it (only slower), but credits come only from the reports it
     /// has seen.
     pub fn sync(&mut self, cluster: &ClusterSnapshot) {
+        let origin = self.origin;
         for entry in &mut self.nodes {
             if let Some(node) = cluster.node(entry.node) {
-                entry.covered_by(node.reported_at_ms);
+                // A router that names itself is covered only by what the
+                // node says it counted: a report made while a request was
+                // on its way does not count it, whatever the clocks say.
+                let coverage = match origin {
+                    Some((id, boot)) => Coverage::Admitted(
+                        node.admitted
+                            .iter()
+                            .find(|a| a.from == id && a.boot == boot)
+                            .map(|a| a.seq),
+                    ),
+                    None => Coverage::Time,
+                };
+                entry.covered_by(node.reported_at_ms, coverage);
             }
         }
         self.nodes.retain(|n| !n.is_empty());

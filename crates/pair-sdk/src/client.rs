@@ -220,6 +220,10 @@ struct Inner {
     probing: tokio::sync::Mutex<()>,
     links: Mutex<HashMap<NodeId, PeerLink>>,
     sched: Mutex<Sched>,
+    /// This client's process, as the nodes name it in their reports
+    /// (drawn at open): with a reservation's sequence number it says
+    /// which reservation a request is.
+    epoch: u64,
     rounds: AtomicU64,
     reprobes: AtomicU64,
     /// Nodes that refused this client's certificate on their last probe
@@ -296,9 +300,14 @@ impl Client {
         };
         let discovered = discovery.as_ref().map(Discovery::peers);
         let view = View::load(&cfg.cache_path()).map(Arc::new);
+        let epoch = rand::random::<u64>();
         let sched = Sched {
             scheduler: Scheduler::new(SchedulerConfig::new(cfg.policy)),
-            reservations: Reservations::new(),
+            reservations: {
+                let mut r = Reservations::new();
+                r.set_origin(identity.id(), epoch);
+                r
+            },
             ranking: Ranking::new(),
             rng: SmallRng::from_rng(&mut rand::rng()),
         };
@@ -312,6 +321,7 @@ impl Client {
                 probing: tokio::sync::Mutex::new(()),
                 links: Mutex::new(HashMap::new()),
                 sched: Mutex::new(sched),
+                epoch,
                 rounds: AtomicU64::new(0),
                 reprobes: AtomicU64::new(0),
                 refreshing: std::sync::atomic::AtomicBool::new(false),

@@ -223,6 +223,13 @@ impl<'a> Exchange for Sending<'a> {
             }
             SendError::Invalid
         })?;
+        // The node's reports say when they count this request.
+        if let Some(id) = ticket.as_ref().and_then(|t| t.id) {
+            out.headers_mut().insert(
+                pair_cluster::RESERVATION_HEADER,
+                pair_cluster::reservation_value(client.inner.epoch, id.seq()),
+            );
+        }
         if ticket.as_ref().is_some_and(|t| t.alone) {
             out.headers_mut().insert(
                 pair_cluster::ALONE_HEADER,
