@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything CI needs on a fresh machine, idempotently: Debian packages,
+# Everything CI needs on a fresh machine, idempotently: Debian packages
+# (systemd's tools among them, for the service unit's check),
 # cargo-deny, cargo-fuzz on the nightly toolchain (CI builds every fuzz
 # target), the Python side (scripts/setup-python.sh) and the coding-agent
 # CLIs (scripts/setup-agents.sh).
@@ -11,6 +12,8 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v chromium >/dev/null || need+=(chromium)
 command -v curl >/dev/null || need+=(curl)
+# `systemd-analyze verify` checks the unit `pair-node service install` writes.
+command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v npm >/dev/null || need+=(nodejs npm)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

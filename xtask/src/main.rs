@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the tests need, then fmt, clippy, test, doc, deny, tidy,
+    /// Install what the tests need, then fmt, clippy, test, the portable
+    /// fallbacks (`--cfg pair_portable`), doc, deny, tidy,
     /// the simulator smoke run and the fuzz targets' build and smoke run.
     Ci {
         /// Skip the idempotent install step (apt, cargo-deny, cargo-fuzz,
@@ -138,6 +139,7 @@ fn ci(root: &Path) -> Result<()> {
         .envs(py.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     status(test, "cargo nextest run")?;
     run(root, "cargo", &["test", "--workspace", "--doc"])?;
+    portable_fallbacks(root)?;
     let mut doc = Command::new("cargo");
     doc.current_dir(root)
         .args(["doc", "--workspace", "--no-deps"])
@@ -171,6 +173,28 @@ fn ci(root: &Path) -> Result<()> {
     ci::fuzz(root)?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
+}
+
+/// The fallbacks a non-Unix host takes (the fixed open-file cap,
+/// Ctrl-C-only shutdown, no Unix modes), compiled and tested on Linux with
+/// `--cfg pair_portable`: pair-os and pair-fs, in a target dir of their own
+/// so the main build's cache stays valid.
+fn portable_fallbacks(root: &Path) -> Result<()> {
+    let mut test = Command::new("cargo");
+    test.current_dir(root)
+        .args([
+            "nextest",
+            "run",
+            "-p",
+            "pair-os",
+            "-p",
+            "pair-fs",
+            "--all-features",
+            "--no-fail-fast",
+        ])
+        .env("RUSTFLAGS", "--cfg pair_portable -D warnings")
+        .env("CARGO_TARGET_DIR", root.join("target/portable"));
+    status(test, "portable fallbacks (--cfg pair_portable)")
 }
 
 /// The `KEY=VALUE` lines scripts/setup-python.sh and

@@ -3,7 +3,9 @@
 //! included; test support only in dev-dependencies; the emulator off the
 //! proxy, inference routes known only by the request path), no two files of
 //! a crate import each other in a circle, nothing outside `docs/` points
-//! outside the repository, and every Rust source file says what it is for.
+//! outside the repository, every Rust source file says what it is for, and
+//! what only some OSes have (`/proc`, `/etc/`, rlimits, Unix signals) is
+//! named only under a `cfg` that says which.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -29,6 +31,11 @@ pub(crate) const FORBIDDEN: &[&str] = &[
 pub(crate) const KEPT_OFF_TELEMETRY: &[&str] = &["pair-discovery", "pair-simulator", "pair-sim"];
 pub(crate) const TELEMETRY_SHELL: &[&str] = &["pair-telemetry", "sysinfo", "nvml-wrapper"];
 
+/// Crates at the bottom of the workspace: they depend on no other `pair-*`
+/// crate (pair-os: what differs between OSes, below pair-fs, discovery,
+/// engines, the daemon and the binaries).
+pub(crate) const LEAF_CRATES: &[&str] = &["pair-os"];
+
 pub(crate) fn run(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
     let graphs = dependency_graphs(root)?;
@@ -44,12 +51,14 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         }
     }
     problems.extend(layering(&graph)?);
+    problems.extend(leaves(&graph));
     problems.extend(dev_layering(&graph, &graphs.dev));
     problems.extend(routes_below_the_proxy(root, &graph)?);
     problems.extend(module_cycles(root)?);
     problems.extend(outside_links(root)?);
     problems.extend(missing_headers(root)?);
     problems.extend(thick_binaries(root)?);
+    problems.extend(unportable(root)?);
     if problems.is_empty() {
         eprintln!("xtask tidy: ok");
         Ok(())
@@ -222,6 +231,19 @@ pub(crate) fn layering(graph: &HashMap<String, Vec<String>>) -> Result<Vec<Strin
         }
     }
     Ok(problems)
+}
+
+/// [`LEAF_CRATES`] that depend on another workspace crate.
+pub(crate) fn leaves(graph: &HashMap<String, Vec<String>>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for leaf in LEAF_CRATES {
+        for d in graph.get(*leaf).into_iter().flatten() {
+            if d.starts_with("pair-") {
+                problems.push(format!("{leaf} (a leaf crate) depends on {d}"));
+            }
+        }
+    }
+    problems
 }
 
 /// The inference routes, as pair-proxy's route table lists them.
@@ -574,6 +596,117 @@ pub(crate) fn over_budget(sizes: &[(String, usize)], budget: usize) -> Vec<Strin
         .collect()
 }
 
+/// What only some OSes have: Linux's `/proc` and `/etc/` files, Unix's
+/// rlimits, signals, `SO_REUSEPORT` and `std::os::unix`. Spelt in pieces so
+/// this file does not name what it looks for.
+pub(crate) const OS_SPECIFIC: &[&str] = &[
+    concat!("/pr", "oc"),
+    concat!("/et", "c/"),
+    concat!("getr", "limit"),
+    concat!("signal", "::unix"),
+    concat!("set_reuse", "_port"),
+    concat!("os::", "unix"),
+];
+
+/// Source files under crates/, bins/ and tests/ that name [`OS_SPECIFIC`]
+/// outside a `cfg` naming an OS: pair builds for Windows and macOS by
+/// design, and a test that assumes Linux says so (`#[cfg(target_os =
+/// "linux")]`).
+fn unportable(root: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for top in ["crates", "bins", "tests"] {
+        walk(&root.join(top), &mut |path| {
+            if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                for (line, what) in unguarded_os_names(&text) {
+                    out.push(format!(
+                        "{}:{line} names {what} outside a cfg for the OS that has it",
+                        path.display()
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(out)
+}
+
+/// Whether a `cfg` predicate restricts by OS.
+fn names_an_os(cfg: &str) -> bool {
+    [
+        "unix",
+        "windows",
+        "target_os",
+        "target_family",
+        "pair_portable",
+    ]
+    .iter()
+    .any(|os| cfg.contains(os))
+}
+
+/// The lines (1-based) of `text` naming an [`OS_SPECIFIC`] item outside an
+/// OS `cfg`: a file-wide `#![cfg(...)]`, or the item (block, function,
+/// module, statement) an outer `#[cfg(...)]` is on. Comments do not count.
+pub(crate) fn unguarded_os_names(text: &str) -> Vec<(usize, &'static str)> {
+    let inner_cfg = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .take_while(|l| l.starts_with("#!["))
+        .any(|l| l.starts_with("#![cfg(") && names_an_os(l));
+    if inner_cfg {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    // Depths at which a guarded item's block opened: inside while deeper.
+    let mut guarded: Vec<usize> = Vec::new();
+    // An OS cfg seen, its item not yet opened (or ended with `;`).
+    let mut pending = false;
+    for (n, raw) in text.lines().enumerate() {
+        let code = match raw.find("//") {
+            Some(i) if !raw[..i].contains('"') => &raw[..i],
+            _ => raw,
+        };
+        let trimmed = code.trim();
+        if trimmed.starts_with("#[cfg(") && names_an_os(trimmed) {
+            pending = true;
+        }
+        let inside = pending || !guarded.is_empty();
+        if !inside && !trimmed.starts_with("#[") {
+            for what in OS_SPECIFIC {
+                if code.contains(what) {
+                    out.push((n + 1, *what));
+                }
+            }
+        }
+        if trimmed.starts_with("#[") {
+            continue;
+        }
+        for c in code.chars() {
+            match c {
+                '{' => {
+                    if pending {
+                        guarded.push(depth);
+                        pending = false;
+                    }
+                    depth += 1;
+                }
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    if guarded.last() == Some(&depth) {
+                        guarded.pop();
+                    }
+                }
+                ';' if pending => pending = false,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path) -> Result<()>) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
@@ -651,6 +784,13 @@ mod tests {
         let graphs = dependency_graphs(&root).expect("cargo metadata");
         let graph = &graphs.normal;
         assert_eq!(layering(graph).unwrap(), Vec::<String>::new());
+        assert_eq!(leaves(graph), Vec::<String>::new());
+        let mut leafy = HashMap::new();
+        leafy.insert("pair-os".to_owned(), vec!["pair-core".to_owned()]);
+        assert_eq!(
+            leaves(&leafy),
+            ["pair-os (a leaf crate) depends on pair-core"]
+        );
         assert_eq!(dev_layering(graph, &graphs.dev), Vec::<String>::new());
         assert_eq!(
             routes_below_the_proxy(&root, graph).unwrap(),
@@ -737,6 +877,38 @@ mod tests {
             layering(&normal).unwrap(),
             ["library pair-testkit depends on binary pair-node"]
         );
+    }
+
+    /// OS-specific names only under an OS `cfg`, in this workspace and
+    /// by the rule's own cases.
+    #[test]
+    fn os_specific_names_stay_under_a_cfg() {
+        assert_eq!(
+            unportable(&crate::project_root()).unwrap(),
+            Vec::<String>::new()
+        );
+        let p = concat!("/pr", "oc");
+        let sig = concat!("signal", "::unix");
+        let lim = concat!("getr", "limit");
+        let bare = format!("//! x\nfn f() {{\n    read(\"{p}/self/stat\");\n}}\n");
+        assert_eq!(unguarded_os_names(&bare), [(3, p)]);
+        // A comment is not code.
+        assert!(unguarded_os_names(&format!("//! {p}\n/// {sig}\nfn f() {{}}\n")).is_empty());
+        // An item under an OS cfg, a block, a statement; the file as a whole.
+        let guarded = format!(
+            "//! x\n#[cfg(target_os = \"linux\")]\nfn f() {{\n    if x {{\n        read(\"{p}\");\n    }}\n}}\n\
+             fn g() {{\n    #[cfg(unix)]\n    {{\n        use tokio::{sig};\n    }}\n    \
+             #[cfg(all(unix, not(pair_portable)))]\n    let n = rlimit::{lim}(x);\n}}\n"
+        );
+        assert!(unguarded_os_names(&guarded).is_empty(), "{guarded}");
+        let after = format!("{guarded}fn h() {{ {lim}(); }}\n");
+        assert_eq!(unguarded_os_names(&after).len(), 1);
+        let file = format!("//! x\n\n#![cfg(target_os = \"linux\")]\nfn f() {{ {p}; }}\n");
+        assert!(unguarded_os_names(&file).is_empty());
+        // A test cfg says nothing of the OS.
+        let test_only =
+            format!("//! x\n#[cfg(test)]\nmod t {{\n    const P: &str = \"{p}\";\n}}\n");
+        assert_eq!(unguarded_os_names(&test_only).len(), 1);
     }
 
     #[test]

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::StreamExt;
 use pair_client::serve::{self, Faces};
+use pair_os::signal::shutdown_signal;
 use pair_scheduler::Policy;
 use pair_sdk::api::{ollama, openai};
 use pair_sdk::{Client, Config, Mdns};
@@ -22,7 +23,9 @@ use pair_sdk::{Client, Config, Mdns};
     about = "Use a pair cluster from a machine without an engine"
 )]
 struct Cli {
-    /// Identity, pins and the ranking cache. Default: $XDG_STATE_HOME/pair-client.
+    /// Identity, pins and the ranking cache. Default: $XDG_STATE_HOME/pair-client
+    /// on Linux, ~/Library/Application Support/pair-client on macOS,
+    /// %LOCALAPPDATA%\pair-client on Windows.
     #[arg(long, global = true, env = "PAIR_CLIENT_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// A node's cluster port, HOST:PORT (repeat; a DNS name that resolves
@@ -160,11 +163,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    let mut cfg = Config::new(
-        cli.state_dir
-            .clone()
-            .unwrap_or_else(pair_sdk::config::default_state_dir),
-    );
+    let state_dir = match cli.state_dir.clone() {
+        Some(dir) => dir,
+        None => pair_sdk::config::default_state_dir()
+            .context("this user has no home folder: pass --state-dir")?,
+    };
+    let mut cfg = Config::new(state_dir);
     cfg.seeds.clone_from(&cli.seeds);
     cfg.mdns = match cli.mdns {
         MdnsArg::Off => Mdns::Off,
@@ -377,21 +381,4 @@ fn print_survey(survey: &pair_sdk::Survey, model: Option<&str>, probed: bool) {
     for f in &survey.failures {
         println!("unreachable: {} {}", f.addr, f.why);
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = ctrl_c.await;
 }

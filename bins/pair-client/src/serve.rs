@@ -65,7 +65,7 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
     let loops = EventLoops::start(2).context("starting the event loops")?;
     let peers = Peers::new();
     peers.set(client.links());
-    let nofile = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+    let nofile = pair_os::open_file_cap();
     let st = ProxyState::new(
         ProxyConfig {
             node: NodeIdentity {
@@ -103,8 +103,8 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
         (faces.openai, Face::OpenAi, &mut bound.1),
     ] {
         let Some(addr) = addr else { continue };
-        let listener = TcpListener::bind(addr)
-            .await
+        let listener = pair_os::bind_tcp(addr)
+            .and_then(TcpListener::from_std)
             .with_context(|| format!("cannot listen on {addr}"))?;
         *slot = Some(listener.local_addr()?);
         tasks.spawn(face::serve(

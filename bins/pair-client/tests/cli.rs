@@ -3,6 +3,9 @@
 //! `serve`, driven by the real `openai` and `ollama` Python SDKs (the same
 //! checks as against a node's own faces).
 
+// Linux: the client runs in a mount namespace (`unshare`) whose
+// /etc/hosts names the test cluster.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::path::{Path, PathBuf};

@@ -115,6 +115,26 @@ enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// Run the node as a service started at boot or login: a systemd user
+    /// unit (Linux), a launchd agent (macOS), a Windows service.
+    Service {
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ServiceAction {
+    /// Write, register and start the service, running `pair-node run` with
+    /// these flags: `pair-node service install -- --name gpu --engine-cmd 'ollama serve'`.
+    Install {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        run_args: Vec<String>,
+    },
+    /// Stop and remove the service.
+    Uninstall,
+    /// Whether the service is installed and running.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -171,7 +191,8 @@ struct ClientArgs {
     #[arg(long, env = "PAIR_CONTROL", default_value = "http://127.0.0.1:11434")]
     control: String,
     /// The node's state directory, where the calls that change the node
-    /// (pair, unpair) read its owner's token. Default: $XDG_CONFIG_HOME/pair.
+    /// (pair, unpair) read its owner's token. Default: the OS's (`pair-node
+    /// run --help`).
     #[arg(long, env = "PAIR_STATE_DIR")]
     state_dir: Option<std::path::PathBuf>,
     /// Print JSON for scripts.
@@ -188,10 +209,7 @@ impl ClientArgs {
     fn owner(&self) -> anyhow::Result<ControlClient> {
         let dir = match &self.state_dir {
             Some(d) => d.clone(),
-            None => pair_daemon::config::default_state_dir(
-                std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
-                std::env::var_os("HOME").map(Into::into),
-            )?,
+            None => pair_daemon::config::default_state_dir()?,
         };
         let token = pair_identity::ControlToken::read(&dir).with_context(|| {
             format!(
@@ -222,7 +240,7 @@ fn main() -> ExitCode {
     }
     // Each open connection costs a descriptor: take what the hard limit
     // allows (the connection cap is derived from it).
-    match rlimit::increase_nofile_limit(u64::MAX) {
+    match pair_os::raise_open_file_limit() {
         Ok(n) => tracing::debug!(nofile = n, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
@@ -266,9 +284,8 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             let cfg = NodeConfig::resolve(
                 *args,
                 file,
-                std::env::var_os("XDG_CONFIG_HOME").map(Into::into),
-                std::env::var_os("HOME").map(Into::into),
-                hostname(),
+                pair_daemon::config::default_state_dir().ok(),
+                pair_os::hostname(),
                 &local_ips(),
             )?;
             let mut cfg = cfg;
@@ -372,6 +389,7 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Keys { action } => keys(action).await,
+        Command::Service { action } => service(action),
         Command::Status(c) => {
             let s = c.client()?.status().await?;
             if c.json {
@@ -547,19 +565,38 @@ async fn keys(action: KeysAction) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
+use pair_os::signal::shutdown_signal as wait_for_signal;
+
+fn service(action: ServiceAction) -> anyhow::Result<()> {
+    use pair_daemon::service;
+    match action {
+        ServiceAction::Install { run_args } => {
+            let program = std::env::current_exe().context("finding this executable")?;
+            let dirs = pair_os::Dirs::host(pair_os::App::Node);
+            let spec = service::ServiceSpec::for_node(
+                program,
+                &run_args,
+                dirs.as_ref().map(|d| d.state.clone()),
+                dirs.map_or_else(std::env::temp_dir, |d| d.logs),
+            )?;
+            service::install(&spec).context("installing the service")?;
+            println!(
+                "installed and started pair-node as a service (state dir {})",
+                spec.state_dir.display()
+            );
+        }
+        ServiceAction::Uninstall => {
+            service::uninstall().context("removing the service")?;
+            println!("removed the pair-node service");
+        }
+        ServiceAction::Status => {
+            println!(
+                "{}",
+                service::status().context("asking the service manager")?
+            );
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
 }
 
 /// This machine's addresses (none when they cannot be listed: then only
@@ -568,11 +605,4 @@ fn local_ips() -> Vec<std::net::IpAddr> {
     pair_discovery::local_addrs()
         .map(|addrs| addrs.into_iter().map(|a| a.ip).collect())
         .unwrap_or_default()
-}
-
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
 }

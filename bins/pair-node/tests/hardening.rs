@@ -347,7 +347,9 @@ fn idle_and_stalled_clients_are_closed_by_their_deadlines() {
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
 }
 
-/// Resident memory of `pid`, in bytes.
+/// Resident memory of `pid`, in bytes (Linux's /proc: the tests that
+/// measure it are Linux's).
+#[cfg(target_os = "linux")]
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
@@ -358,6 +360,7 @@ fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn stalled_uploads_hold_what_they_sent_not_what_they_declared() {
     let node = start_with("uploads", engine(), 1, &[]);
@@ -393,6 +396,7 @@ fn stalled_uploads_hold_what_they_sent_not_what_they_declared() {
     drop(uploads);
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn uploads_that_send_fast_then_stall_are_cut_and_held_within_the_budget() {
     // 32 MiB minus a byte sent at once earns half an hour of body
@@ -445,6 +449,7 @@ fn uploads_that_send_fast_then_stall_are_cut_and_held_within_the_budget() {
     );
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn chunked_uploads_that_stall_take_from_the_same_budget() {
     // Chunked bodies (and HTTP/1.0 or `Expect` ones) are read by hyper:
@@ -474,6 +479,7 @@ fn chunked_uploads_that_stall_take_from_the_same_budget() {
     );
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn lan_face_uploads_show_a_key_before_their_body_is_read() {
     // On the LAN face a body is read only for a request with a valid key:

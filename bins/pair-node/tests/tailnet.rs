@@ -9,6 +9,8 @@
 //!
 //! Needs root for `ip netns` (CI runs as root); fails loudly otherwise.
 
+// Linux: network namespaces (`ip netns`) and their hosts files.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use std::process::{Command, Stdio};

@@ -105,8 +105,11 @@ pub enum ConfigError {
          --allow-remote-engine (PAIR_ALLOW_REMOTE_ENGINE=1) if that network is yours"
     )]
     RemoteEngine { kind: EngineKind, url: EngineUrl },
-    #[error("no state directory: set --state-dir, PAIR_STATE_DIR, XDG_CONFIG_HOME or HOME")]
+    #[error("no state directory: this user has no home folder; set --state-dir or PAIR_STATE_DIR")]
     NoStateDir,
+    /// `pair-node service install`'s flags are not `run`'s.
+    #[error("the service's flags are not pair-node run's: {0}")]
+    Service(clap::Error),
     /// Port inversion failed (e.g. the engine still holds the face's port):
     /// the engine crate's message says how to move it.
     #[error(transparent)]
@@ -200,7 +203,8 @@ pub struct RunArgs {
     #[arg(long, env = "PAIR_CONFIG")]
     pub config: Option<PathBuf>,
     /// State directory (identity, key, trust store, job history).
-    /// Default: $XDG_CONFIG_HOME/pair.
+    /// Default: $XDG_CONFIG_HOME/pair on Linux, ~/Library/Application
+    /// Support/pair on macOS, %LOCALAPPDATA%\pair on Windows.
     #[arg(long, env = "PAIR_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
     /// Display name of this node (default: host name).
@@ -434,21 +438,21 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// Merges flags/env over the file over defaults. `home` and
-    /// `xdg_config` come from the environment; `hostname` names the node;
+    /// Merges flags/env over the file over defaults. `default_state_dir`
+    /// is the OS's folder for it ([`default_state_dir`]; `None` where the
+    /// user has no home); `hostname` names the node;
     /// `local_ips` are this machine's addresses (an engine at one of them
     /// on a port the node binds would be the node itself).
     pub fn resolve(
         args: RunArgs,
         file: FileConfig,
-        xdg_config: Option<PathBuf>,
-        home: Option<PathBuf>,
+        default_state_dir: Option<PathBuf>,
         hostname: Option<String>,
         local_ips: &[IpAddr],
     ) -> Result<Self, ConfigError> {
         let state_dir = match args.state_dir {
             Some(d) => d,
-            None => default_state_dir(xdg_config, home)?,
+            None => default_state_dir.ok_or(ConfigError::NoStateDir)?,
         };
         let engines = if args.engines.is_empty() {
             file.engines.unwrap_or_default()
@@ -862,14 +866,12 @@ fn interval(what: &'static str, input: Option<String>) -> Result<Option<Duration
     Ok(Some(duration(what, input, Duration::ZERO)?).filter(|d| !d.is_zero()))
 }
 
-/// `$XDG_CONFIG_HOME/pair`, else `$HOME/.config/pair`.
-pub fn default_state_dir(
-    xdg_config: Option<PathBuf>,
-    home: Option<PathBuf>,
-) -> Result<PathBuf, ConfigError> {
-    xdg_config
-        .or_else(|| home.map(|h| h.join(".config")))
-        .map(|d| d.join("pair"))
+/// The node's state folder on this OS (`pair_os::dirs`: `$XDG_CONFIG_HOME/pair`
+/// or `~/.config/pair` on Linux, `~/Library/Application Support/pair` on
+/// macOS, `%LOCALAPPDATA%\pair` on Windows).
+pub fn default_state_dir() -> Result<PathBuf, ConfigError> {
+    pair_os::Dirs::host(pair_os::App::Node)
+        .map(|d| d.state)
         .ok_or(ConfigError::NoStateDir)
 }
 
@@ -931,8 +933,10 @@ mod tests {
         let c = NodeConfig::resolve(
             RunArgs::default(),
             FileConfig::default(),
-            None,
-            Some("/home/u".into()),
+            pair_os::Dirs::compute(pair_os::Os::Linux, pair_os::App::Node, &|k| {
+                (k == "HOME").then(|| "/home/u".into())
+            })
+            .map(|d| d.state),
             Some("box".into()),
             &[],
         )
@@ -954,7 +958,7 @@ mod tests {
     fn aliases_and_the_lan_face_come_from_the_file_unless_flags_name_them() {
         let resolve = |file: &str, args: RunArgs| {
             let file: FileConfig = toml::from_str(file).unwrap();
-            NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[])
+            NodeConfig::resolve(args, file, Some("/x/pair".into()), None, &[])
         };
         let file = r#"
             aliases = ["claude-*=qwen2.5:7b", "gpt-4o=llama3.2:3b"]
@@ -1020,7 +1024,7 @@ mod tests {
             engines: vec!["openai-compat=http://127.0.0.1:8081".into()],
             ..RunArgs::default()
         };
-        let c = NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[]).unwrap();
+        let c = NodeConfig::resolve(args, file, Some("/x/pair".into()), None, &[]).unwrap();
         assert_eq!(c.name, "from-flag");
         assert_eq!(c.policy, Policy::Pair);
         assert_eq!(c.engines[0].kind, EngineKind::OpenAiCompat);
@@ -1032,7 +1036,7 @@ mod tests {
     fn resume_is_on_by_default_and_set_by_file_or_flag() {
         let resolve = |file: &str, args: RunArgs| {
             let file: FileConfig = toml::from_str(file).unwrap();
-            NodeConfig::resolve(args, file, Some("/x".into()), None, None, &[])
+            NodeConfig::resolve(args, file, Some("/x/pair".into()), None, &[])
                 .unwrap()
                 .resume
         };
@@ -1067,8 +1071,7 @@ mod tests {
             NodeConfig::resolve(
                 args,
                 FileConfig::default(),
-                Some("/x".into()),
-                None,
+                Some("/x/pair".into()),
                 None,
                 &[],
             )
@@ -1136,8 +1139,7 @@ mod tests {
         NodeConfig::resolve(
             args,
             FileConfig::default(),
-            Some("/x".into()),
-            None,
+            Some("/x/pair".into()),
             Some("box".into()),
             &[IpAddr::V4(Ipv4Addr::LOCALHOST), lan],
         )
@@ -1372,7 +1374,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            NodeConfig::resolve(RunArgs::default(), file, Some("/x".into()), None, None, &[])
+            NodeConfig::resolve(RunArgs::default(), file, Some("/x/pair".into()), None, &[])
                 .is_ok()
         );
     }

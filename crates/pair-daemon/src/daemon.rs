@@ -55,8 +55,7 @@ impl Listeners {
         Ok(Self {
             ollama: bind_face(cfg.ollama_face, "Ollama").await?,
             openai: bind_face(cfg.openai_face, "OpenAI").await?,
-            cluster: TcpListener::bind(cfg.cluster)
-                .await
+            cluster: listen(cfg.cluster)
                 .with_context(|| format!("cannot listen on cluster port {}", cfg.cluster))?,
             lan: match &cfg.lan {
                 Some(lan) => Some(bind_face(lan.addr, "LAN").await?),
@@ -66,8 +65,14 @@ impl Listeners {
     }
 }
 
+/// A listener on `addr`; `[::]` explicitly dual-stack, IPv4 included, as
+/// on Linux also on Windows, where it would otherwise be IPv6 only.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(pair_os::bind_tcp(addr)?)
+}
+
 async fn bind_face(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| {
+    listen(addr).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             match addr.port() {
                 11434 => " — the engine probably still runs there; move it: OLLAMA_HOST=127.0.0.1:11435 ollama serve",
@@ -91,12 +96,8 @@ fn own_names(name: &str, face: SocketAddr) -> Vec<String> {
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
     };
     let mut names = Vec::new();
-    if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
-        let host = host.trim();
-        if !host.is_empty() {
-            names.push(host.to_owned());
-            names.push(format!("{host}.local"));
-        }
+    if let Some(host) = pair_os::hostname() {
+        names.extend(pair_os::host::lan_names(&host));
     }
     names.push(name.to_owned());
     names.push(literal(face.ip()));
@@ -107,10 +108,10 @@ fn own_names(name: &str, face: SocketAddr) -> Vec<String> {
 }
 
 /// The connection cap that fits this process's open-file limit (which
-/// `main` raises to the hard limit at start).
+/// `main` raises to the hard limit at start; a fixed cap where the OS has
+/// no such limit: `pair_os::limits`).
 fn default_max_connections() -> usize {
-    let nofile = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
-    pair_http::conns::cap_for_fd_limit(nofile)
+    pair_http::conns::cap_for_fd_limit(pair_os::open_file_cap())
 }
 
 /// Optional parts the demo and tests swap in.
@@ -479,9 +480,8 @@ pub async fn start(
         }
     });
     if let Some(addr) = cfg.metrics_listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+        let listener =
+            listen(addr).with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
         tracing::info!(addr = %listener.local_addr()?, "metrics served for scraping");
         tasks.spawn(face::serve_metrics(
             listener,

@@ -2,7 +2,9 @@
 //! (`daemon`), its configuration (`config`), the
 //! engines it fronts (`engines`: named, started, or detected), the local
 //! control API and Jobs view (`control`, `ui`), the CLI client (`cli`), the
-//! GPU of an emulated engine (`emulated`) and, with feature `demo`, the
+//! GPU of an emulated engine (`emulated`), the node as an OS service
+//! (`service`: systemd, launchd, the Windows service controller) and, with
+//! feature `demo`, the
 //! demo's in-process cluster (`demo`), which the tests also start through
 //! `pair-testkit`.
 
@@ -14,4 +16,5 @@ pub mod daemon;
 pub mod demo;
 pub mod emulated;
 pub mod engines;
+pub mod service;
 pub mod ui;

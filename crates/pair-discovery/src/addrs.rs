@@ -24,17 +24,22 @@ impl std::str::FromStr for Interfaces {
     type Err = crate::DiscoveryError;
 
     /// `loopback`, `all` (all except virtual), or a comma-separated list of
-    /// interface names (`eth0,wlan0`).
+    /// interface names (`eth0,wlan0`; on Windows `Ethernet 2,Wi-Fi`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse_for(pair_os::Os::current(), s)
+    }
+}
+
+impl Interfaces {
+    /// `Interfaces::from_str` with `os`'s interface name rules
+    /// (`pair_os::net::valid_interface_name`).
+    pub fn parse_for(os: pair_os::Os, s: &str) -> Result<Self, crate::DiscoveryError> {
         match s.trim() {
             "loopback" => Ok(Interfaces::LoopbackOnly),
             "all" => Ok(Interfaces::AllExceptVirtual),
             list => {
                 let names: Vec<String> = list.split(',').map(|n| n.trim().to_owned()).collect();
-                // Linux interface names: 1-15 bytes, no spaces or slashes.
-                let valid =
-                    |n: &String| !n.is_empty() && n.len() <= 15 && !n.contains(['/', ' ', ':']);
-                if names.iter().all(valid) {
+                if names.iter().all(|n| pair_os::valid_interface_name(os, n)) {
                     Ok(Interfaces::Named(names))
                 } else {
                     Err(crate::DiscoveryError::BadInterfaces {
@@ -64,17 +69,12 @@ pub struct LocalAddr {
     pub is_loopback: bool,
 }
 
-/// Interface-name prefixes of container and VM plumbing that other machines
-/// cannot reach: Docker (`docker0`, `br-*`, `veth*`), libvirt (`virbr*`),
-/// LXC/LXD, Podman, CNI/Kubernetes overlays, VirtualBox and VMware host-only.
-const VIRTUAL_PREFIXES: &[&str] = &[
-    "docker", "br-", "veth", "virbr", "lxcbr", "lxdbr", "podman", "cni", "flannel", "cali",
-    "weave", "kube-", "vboxnet", "vmnet", "tunl0", "ifb",
-];
-
-/// Whether `name` is a container or VM bridge that must not be advertised.
+/// Whether `name` is, on this OS, a container or VM bridge or a tunnel that
+/// must not be advertised as the LAN (Docker's and libvirt's on Linux,
+/// `bridge*` and `utun*` on macOS, `vEthernet (...)` on Windows: the rules
+/// are `pair_os::net::is_virtual_interface`, tested for each OS there).
 pub fn is_virtual_interface(name: &str) -> bool {
-    VIRTUAL_PREFIXES.iter().any(|p| name.starts_with(p))
+    pair_os::is_virtual_interface(pair_os::Os::current(), name)
 }
 
 /// Link-local (169.254/16, fe80::/10): valid on one link only, never advertised.
@@ -170,6 +170,8 @@ mod tests {
         ]
     }
 
+    // Linux interface names: the rule is the host's.
+    #[cfg(target_os = "linux")]
     #[test]
     fn lan_node_advertises_only_reachable_addresses_ranked() {
         let got = advertised_addrs(&Interfaces::AllExceptVirtual, &host());
@@ -218,8 +220,18 @@ mod tests {
         for bad in ["", "eth0,", "a/b", "averyveryverylongname0"] {
             assert!(bad.parse::<Interfaces>().is_err(), "{bad:?}");
         }
+        // Windows names its adapters for people.
+        let win = Interfaces::parse_for(pair_os::Os::Windows, "Ethernet 2, Wi-Fi").unwrap();
+        assert_eq!(
+            win,
+            Interfaces::Named(vec!["Ethernet 2".into(), "Wi-Fi".into()])
+        );
+        assert!(Interfaces::parse_for(pair_os::Os::Linux, "Ethernet 2").is_err());
+        assert!(Interfaces::parse_for(pair_os::Os::MacOs, "en0,bridge100").is_ok());
     }
 
+    // Linux interface names: the rule is the host's.
+    #[cfg(target_os = "linux")]
     #[test]
     fn virtual_names() {
         for n in [

@@ -190,6 +190,8 @@ async fn static_peer_is_found_without_multicast() {
 /// answers and queries, from its socket bound to the mDNS port: a node's
 /// packets, caught by a listener sharing that port, all come from it (in
 /// production the port is 5353; tests use their own).
+// SO_REUSEPORT, to listen beside the node on its port, is Unix's.
+#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mdns_packets_go_out_from_the_mdns_port() {
     use socket2::{Domain, Protocol, Socket, Type};

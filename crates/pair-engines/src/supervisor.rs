@@ -8,6 +8,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use pair_core::EngineKind;
+use pair_os::process::Stop;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -26,50 +27,26 @@ pub struct EngineCommand {
 }
 
 impl EngineCommand {
-    /// Splits a command line on whitespace, honouring single and double
-    /// quotes and backslash escapes outside single quotes (no expansion,
-    /// no shell).
+    /// Splits a command line as this OS's programs do (no expansion, no
+    /// shell): POSIX quoting on Unix, the C runtime's rules on Windows, where
+    /// `C:\models\x.gguf` keeps its backslashes (`pair_os::cmdline`).
     pub fn parse(input: &str) -> Result<Self, EngineError> {
+        Self::parse_for(pair_os::Os::current(), input)
+    }
+
+    /// [`EngineCommand::parse`] as `os` would split it.
+    pub fn parse_for(os: pair_os::Os, input: &str) -> Result<Self, EngineError> {
         let bad = |reason| EngineError::BadCommand {
             input: input.to_owned(),
             reason,
         };
-        let mut words = Vec::new();
-        let mut cur = String::new();
-        let mut in_word = false;
-        let mut quote: Option<char> = None;
-        let mut chars = input.chars();
-        while let Some(c) = chars.next() {
-            match (quote, c) {
-                (Some('\''), '\'') | (Some('"'), '"') => quote = None,
-                (Some('"') | None, '\\') => {
-                    let next = chars.next().ok_or_else(|| bad("ends with a backslash"))?;
-                    cur.push(next);
-                    in_word = true;
-                }
-                (Some(_), c) => cur.push(c),
-                (None, '\'' | '"') => {
-                    quote = Some(c);
-                    in_word = true;
-                }
-                (None, c) if c.is_whitespace() => {
-                    if in_word {
-                        words.push(std::mem::take(&mut cur));
-                        in_word = false;
-                    }
-                }
-                (None, c) => {
-                    cur.push(c);
-                    in_word = true;
-                }
-            }
-        }
-        if quote.is_some() {
-            return Err(bad("unbalanced quote"));
-        }
-        if in_word {
-            words.push(cur);
-        }
+        let words = pair_os::split_command_line(os, input).map_err(|e| {
+            bad(match e {
+                pair_os::SplitError::UnbalancedQuote => "unbalanced quote",
+                pair_os::SplitError::TrailingBackslash => "ends with a backslash",
+                pair_os::SplitError::Empty => "empty command",
+            })
+        })?;
         Self::from_argv(words).map_err(|_| bad("empty command"))
     }
 
@@ -125,7 +102,8 @@ pub struct SupervisorConfig {
     pub probe_timeout: Duration,
     /// How long a launched engine may take to answer.
     pub ready_timeout: Duration,
-    /// Between SIGTERM and SIGKILL at shutdown.
+    /// Between the graceful stop (SIGTERM; `taskkill /T`) and the forced
+    /// one at shutdown.
     pub stop_grace: Duration,
     /// Pass the child's stdout/stderr through (the default); tests silence it.
     pub inherit_output: bool,
@@ -242,8 +220,10 @@ impl EngineSupervisor {
             .and_then(|c| c.child.try_wait().ok().flatten())
     }
 
-    /// Stops the engine if this supervisor started it: SIGTERM to its
-    /// process group, SIGKILL after [`SupervisorConfig::stop_grace`]. An
+    /// Stops the engine if this supervisor started it, with its whole
+    /// process tree (`pair_os::process`): SIGTERM to its process group
+    /// (Windows: `taskkill /T`), then after [`SupervisorConfig::stop_grace`]
+    /// SIGKILL to the group (`taskkill /T /F`) and the child itself. An
     /// adopted engine is left running. Returns the child's exit status, if
     /// there was a child.
     pub async fn shutdown(mut self) -> Result<Option<ExitStatus>, EngineError> {
@@ -256,13 +236,16 @@ impl EngineSupervisor {
         }
         // Still our un-reaped child, so its pid (and the group it leads) is
         // ours: signalling it cannot hit a stranger.
-        terminate_group(owned.pid).await;
+        stop_tree(owned.pid, Stop::Graceful).await;
         match tokio::time::timeout(grace, owned.child.wait()).await {
             Ok(status) => status.map(Some).map_err(|source| EngineError::Stop {
                 pid: owned.pid,
                 source,
             }),
             Err(_) => {
+                // The tree first: once the leader is gone, Windows can no
+                // longer find its children by it.
+                stop_tree(owned.pid, Stop::Force).await;
                 owned
                     .child
                     .kill()
@@ -312,8 +295,7 @@ async fn launch(
     }
     // Its own process group, so shutdown reaches the engine's helpers
     // (Ollama's runners) and a Ctrl-C in the terminal reaches the node only.
-    #[cfg(unix)]
-    command.process_group(0);
+    pair_os::process::isolate(command.as_std_mut());
     let mut child = command.spawn().map_err(|source| EngineError::Spawn {
         program: cmd.program.clone(),
         source,
@@ -346,7 +328,7 @@ async fn launch(
             });
         }
         if started.elapsed() >= cfg.ready_timeout {
-            terminate_group(pid).await;
+            stop_tree(pid, Stop::Force).await;
             let _ = child.kill().await;
             return Err(EngineError::NotReady {
                 kind: cfg.kind,
@@ -358,24 +340,20 @@ async fn launch(
     }
 }
 
-/// SIGTERM to the process group `pgid` (our child leads it). Uses the
-/// system `kill`, since this crate forbids `unsafe` and carries no libc.
-async fn terminate_group(pgid: u32) {
-    if pgid == 0 {
+/// Stops the process tree our child `pid` leads, as this OS does it
+/// (`pair_os::process::stop_command`), through the system's own tool, since
+/// this crate forbids `unsafe` and carries no libc.
+async fn stop_tree(pid: u32, how: Stop) {
+    let Some(cmd) = pair_os::process::stop_command(pair_os::Os::current(), pid, how) else {
         return;
-    }
-    #[cfg(unix)]
-    {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg("--")
-            .arg(format!("-{pgid}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
-    }
+    };
+    let _ = Command::new(cmd.program)
+        .args(&cmd.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
 }
 
 #[cfg(test)]
@@ -436,5 +414,21 @@ mod tests {
                 .unwrap()
                 .mentions_port()
         );
+    }
+
+    /// On Windows a path's backslashes are not escapes.
+    #[test]
+    fn windows_command_lines_keep_their_paths() {
+        let c = EngineCommand::parse_for(
+            pair_os::Os::Windows,
+            r#""C:\Program Files\llama\llama-server.exe" -m C:\models\q.gguf --port {port}"#,
+        )
+        .unwrap();
+        assert_eq!(c.program(), r"C:\Program Files\llama\llama-server.exe");
+        assert_eq!(c.args(), [r"-m", r"C:\models\q.gguf", "--port", "{port}"]);
+        assert!(matches!(
+            EngineCommand::parse_for(pair_os::Os::Windows, "  "),
+            Err(EngineError::BadCommand { .. })
+        ));
     }
 }

@@ -95,20 +95,18 @@ pub fn clean_leftovers(path: &Path) {
     }
 }
 
-/// Creates `dir` (and parents) with owner-only permissions.
+/// Creates `dir` (and parents) with owner-only permissions (a Unix mode,
+/// or on Windows an owner-only ACL; see `pair_os::secrets`).
 pub fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        builder.mode(0o700);
-    }
-    builder.create(dir).map_err(|source| FsError {
+    let err = |source| FsError {
         action: "create directory",
         path: dir.to_path_buf(),
         source,
-    })
+    };
+    pair_os::secrets::dir_builder(0o700)
+        .create(dir)
+        .map_err(err)?;
+    pair_os::secrets::protect(dir, 0o700, true).map_err(err)
 }
 
 /// Reads a file, `Ok(None)` when it does not exist.
@@ -142,17 +140,16 @@ fn parent(path: &Path) -> PathBuf {
     }
 }
 
+/// A new file, protected as `mode` says before any byte is written (the
+/// mode at creation on Unix; the owner-only ACL on Windows).
 fn open_new(path: &Path, mode: u32) -> std::io::Result<fs::File> {
-    let mut opts = fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(mode);
+    let file = pair_os::secrets::create_new(mode).open(path)?;
+    if let Err(e) = pair_os::secrets::protect(path, mode, false) {
+        drop(file);
+        let _ = fs::remove_file(path);
+        return Err(e);
     }
-    #[cfg(not(unix))]
-    let _ = mode;
-    opts.open(path)
+    Ok(file)
 }
 
 fn sync_dir(dir: &Path) {
@@ -179,11 +176,19 @@ mod tests {
         clean_leftovers(&path);
         assert!(!leftover.exists());
         assert_eq!(fs::read(&path).unwrap(), b"two");
-        #[cfg(unix)]
+        // Unix modes where the host has them (not in the portable
+        // fallback, `--cfg pair_portable`).
+        #[cfg(all(unix, not(pair_portable)))]
         {
             use std::os::unix::fs::PermissionsExt;
             let mode = fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
+            ensure_private_dir(&dir.path().join("a/b")).unwrap();
+            let mode = fs::metadata(dir.path().join("a/b"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700);
         }
     }
 

@@ -935,7 +935,9 @@ fn failover(nodes_rt: &Runtime, client_rt: &Runtime, time_scale: f64, cycles: us
 
 // ---- figures ---------------------------------------------------------------
 
-/// Times this thread went to sleep (voluntary context switches).
+/// Times this thread went to sleep (voluntary context switches; Linux's
+/// /proc, 0 elsewhere).
+#[cfg(target_os = "linux")]
 fn thread_sleeps() -> u64 {
     std::fs::read_to_string("/proc/thread-self/status")
         .ok()
@@ -947,13 +949,25 @@ fn thread_sleeps() -> u64 {
         .unwrap_or(0)
 }
 
+#[cfg(not(target_os = "linux"))]
+fn thread_sleeps() -> u64 {
+    0
+}
+
 /// CPU time of this thread so far (the scheduler's account, updated at
-/// least every tick: good to ~1% over a block of requests).
+/// least every tick: good to ~1% over a block of requests; Linux's /proc,
+/// zero elsewhere).
+#[cfg(target_os = "linux")]
 fn thread_cpu() -> Duration {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu() -> Duration {
+    Duration::ZERO
 }
 
 fn us(d: Duration) -> f64 {

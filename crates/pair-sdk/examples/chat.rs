@@ -12,7 +12,8 @@ use pair_sdk::{Client, Config};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut cfg = Config::new(pair_sdk::config::default_state_dir());
+    let dir = pair_sdk::config::default_state_dir().ok_or("no home folder for the state")?;
+    let mut cfg = Config::new(dir);
     let mut model = None;
     let mut prompt = Vec::new();
     let mut args = std::env::args().skip(1);

@@ -79,23 +79,20 @@ pub fn cache_path(state_dir: &Path) -> PathBuf {
     state_dir.join("edge-cache.json")
 }
 
-/// `$XDG_STATE_HOME/pair-client`, else `~/.local/state/pair-client`.
-pub fn default_state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("pair-client");
-    }
-    std::env::var_os("HOME")
-        .map_or_else(|| PathBuf::from("."), PathBuf::from)
-        .join(".local/state/pair-client")
+/// The client's state folder on this OS (`pair_os::dirs`):
+/// `$XDG_STATE_HOME/pair-client` (`~/.local/state/pair-client`) on Linux,
+/// `~/Library/Application Support/pair-client` on macOS,
+/// `%LOCALAPPDATA%\pair-client` on Windows. `None` where the user has no
+/// home: never a folder relative to wherever the client runs, which would
+/// make a new identity each time.
+pub fn default_state_dir() -> Option<PathBuf> {
+    pair_os::Dirs::host(pair_os::App::Client).map(|d| d.state)
 }
 
-/// The host name, for the node's peer list.
+/// The host name (from the OS, `pair_os::hostname`), for the node's peer
+/// list.
 fn default_name() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "pair-client".to_owned())
+    pair_os::hostname().unwrap_or_else(|| "pair-client".to_owned())
 }
 
 /// Builds a [`crate::Client`]: `Client::builder(dir).seed("gpu.lan:14318").build().await`.

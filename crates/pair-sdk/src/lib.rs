@@ -21,7 +21,8 @@
 //! use futures_util::StreamExt;
 //!
 //! # async fn run() -> pair_sdk::Result<()> {
-//! let client = Client::builder(pair_sdk::config::default_state_dir())
+//! let dir = pair_sdk::config::default_state_dir().expect("a home folder");
+//! let client = Client::builder(dir)
 //!     .seed("gpu-box.lan:14318")
 //!     .build()
 //!     .await?;

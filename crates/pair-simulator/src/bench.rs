@@ -81,6 +81,7 @@ pub fn run_bench(requests: u64, nodes: usize, policy: Policy) -> Result<BenchRes
 
 /// User + system CPU seconds of this process (Linux `/proc/self/stat`,
 /// in clock ticks of 1/100 s); `None` elsewhere.
+#[cfg(target_os = "linux")]
 pub fn cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the parenthesised command name; utime and stime are the
@@ -90,4 +91,10 @@ pub fn cpu_seconds() -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
+}
+
+/// No portable source of a process's CPU time: `None`.
+#[cfg(not(target_os = "linux"))]
+pub fn cpu_seconds() -> Option<f64> {
+    None
 }

@@ -100,10 +100,24 @@ impl GpuProbe for NvmlProbe {
     }
 }
 
-/// The best probe this build and machine offer: NVML when the feature is on
-/// and the driver loads, otherwise [`NoGpu`]. A missing driver is logged
-/// once, at info level, and is not an error.
+/// The best probe this build and machine offer: on macOS the Apple GPU
+/// (`crate::apple`, the machine's memory as its unified VRAM); elsewhere
+/// NVML when the feature is on and the driver loads; otherwise [`NoGpu`]. A
+/// missing driver is logged once, at info level, and is not an error.
 pub fn default_gpu_probe() -> Box<dyn GpuProbe> {
+    #[cfg(target_os = "macos")]
+    {
+        let memory = sysinfo::System::new().map_or(0, |mut sys| {
+            sys.refresh_memory();
+            sys.total_memory()
+        });
+        match crate::apple::AppleGpuProbe::start(memory) {
+            Ok(probe) => return Box::new(probe),
+            Err(err) => {
+                tracing::info!(error = %err, "no Apple GPU telemetry; continuing without GPU")
+            }
+        }
+    }
     #[cfg(feature = "nvml")]
     {
         match NvmlProbe::init() {
@@ -115,6 +129,16 @@ pub fn default_gpu_probe() -> Box<dyn GpuProbe> {
         }
     }
     Box::new(NoGpu)
+}
+
+/// Apple GPUs, read on a thread of their own (`crate::apple`).
+impl GpuProbe for crate::apple::AppleGpuProbe {
+    fn kind(&self) -> &'static str {
+        "apple"
+    }
+    fn sample(&mut self) -> Result<Vec<GpuDevice>, TelemetryError> {
+        self.latest()
+    }
 }
 
 /// A fake GPU probe whose utilisation follows a script, for tests.
@@ -291,7 +315,10 @@ mod tests {
         // On machines without the NVIDIA driver this is NoGpu; with one, NVML.
         let mut probe = default_gpu_probe();
         let kind = probe.kind();
-        assert!(kind == "none" || kind == "nvml", "{kind}");
+        assert!(
+            kind == "none" || kind == "nvml" || kind == "apple",
+            "{kind}"
+        );
         if kind == "none" {
             assert!(probe.sample().unwrap().is_empty());
         }

@@ -8,11 +8,13 @@
 //! HTTP, and are re-exported here unchanged. Probes, the sampler and the
 //! node-info router are the thin shell around them. NVML is optional
 //! (feature `nvml`, on by default) and a missing driver means "no GPU",
-//! never an error at start.
+//! never an error at start. On macOS the Apple GPU is read from the IOKit
+//! registry ([`apple`]), its unified memory counted as VRAM.
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod apple;
 pub mod error;
 pub mod gpu;
 pub mod host;
@@ -21,6 +23,7 @@ pub mod sampler;
 
 pub use pair_core::pressure;
 
+pub use apple::{AppleGpuProbe, parse_ioreg};
 pub use error::TelemetryError;
 #[cfg(feature = "nvml")]
 pub use gpu::NvmlProbe;
