@@ -477,3 +477,58 @@ async fn a_client_with_no_address_finds_the_nodes_by_mdns() {
     client.close().await;
     c.stop().await;
 }
+
+/// A node that gives up on its engine before the first byte tells the edge
+/// client so, as its class on the link: the client moves on as it does
+/// for a failure of its own (the next node answers), and when every node
+/// fails, its error names each node's class, not a status to guess from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_s_failure_keeps_its_class_for_the_edge_client() {
+    let c = cluster(2, |s| {
+        for n in &mut s.nodes {
+            n.profile = "rtx3060".into();
+        }
+        s.first_byte_timeout = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    let seeds: Vec<SocketAddr> = c.nodes.iter().map(|n| n.cluster_addr).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::open(config(dir.path(), &seeds)).await.unwrap();
+    join(&c, 0, &client).await;
+    let send = || client.send(chat_request("llama3.2:3b", 4).in_session("conversation-1"));
+    let first = send().await.unwrap();
+    let home = first.node;
+    first.bytes().await.unwrap();
+    let i = c.nodes.iter().position(|n| n.id == home).unwrap();
+    // The home node's engine sends its head, then closes: the node gives
+    // up before any byte, and says why.
+    c.engines[i]
+        .faults()
+        .add(pair_emulator::FaultRule::for_model(
+            "llama3.2:3b",
+            pair_emulator::FaultAction::CloseAfterChunks(0),
+        ));
+    let moved = send().await.unwrap();
+    assert_eq!(moved.status, 200);
+    assert_ne!(moved.node, home);
+    assert_eq!(moved.attempts, 2, "one retry");
+    moved.bytes().await.unwrap();
+    // Every node fails: the error names the class each gave.
+    c.engines[1 - i]
+        .faults()
+        .add(pair_emulator::FaultRule::for_model(
+            "llama3.2:3b",
+            pair_emulator::FaultAction::CloseAfterChunks(0),
+        ));
+    match send().await {
+        Err(Error::Exhausted { attempts, .. }) => {
+            let text = attempts.to_string();
+            assert!(text.contains("body"), "{text}");
+            assert!(!text.contains("502") && !text.contains("504"), "{text}");
+        }
+        other => panic!("expected every attempt to fail: {other:?}"),
+    }
+    client.close().await;
+    c.stop().await;
+}

@@ -398,3 +398,68 @@ async fn simultaneous_requests_on_both_faces_spread_two_and_two() {
     );
     c.stop().await;
 }
+
+/// The same reset behind the relay: the origin records what its client
+/// got (cancelled), and the node that ran it, which handed the whole
+/// answer over, ends with the origin's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_whole_answer_the_client_reset_during_is_cancelled_everywhere() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = cluster(2, |spec| spec.time_scale = 0.0002).await.unwrap();
+    let addr = c.nodes[0]
+        .ollama_url()
+        .trim_start_matches("http://")
+        .to_owned();
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "long"}],
+                      "stream": false, "options": {"num_predict": 700_000}})
+    .to_string();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /api/chat HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nx-pair-node-pin: {}\r\ncontent-length: {}\r\n\r\n{body}",
+            c.nodes[1].id,
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 64];
+    let n = tcp.read(&mut head).await.unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    tcp.set_zero_linger().unwrap();
+    drop(tcp);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let origin = loop {
+        if let Some(r) = c.nodes[0].state.jobs.recent(1).first()
+            && r.status.is_terminal()
+        {
+            break r.clone();
+        }
+        assert!(Instant::now() < deadline, "no record on the origin");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(origin.ran_on, Some(c.nodes[1].id), "{origin:?}");
+    assert_eq!(origin.status, JobStatus::Cancelled, "{origin:?}");
+    // The node that ran it takes the origin's record.
+    loop {
+        if let Some(r) = c.nodes[1].state.jobs.get(origin.id)
+            && r.status == JobStatus::Cancelled
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner's record: {:?}",
+            c.nodes[1].state.jobs.get(origin.id)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}

@@ -180,7 +180,7 @@ impl Classified for DispatchError {
     fn class(&self) -> &'static str {
         match self {
             DispatchError::BadUri { .. } | DispatchError::BadRequest { .. } => "bad-request",
-            DispatchError::NoHost => "connect",
+            DispatchError::NoHost => "no-link",
             DispatchError::Engine {
                 source: ClientError::Connect { .. },
             } => "connect",
@@ -239,7 +239,13 @@ pub(crate) fn peer_failure(hop: &Hop, up: &Upstream) -> Option<&'static pair_cor
     if !matches!(hop, Hop::Peer(_)) {
         return None;
     }
-    let v = up.headers.get(&pair_cluster::FAILED_HEADER)?;
+    link_failure(&up.headers)
+}
+
+/// The class in a peer's [`pair_cluster::FAILED_HEADER`], when there is
+/// one.
+fn link_failure(headers: &Headers) -> Option<&'static pair_core::FailureClass> {
+    let v = headers.get(&pair_cluster::FAILED_HEADER)?;
     let label = std::str::from_utf8(v).ok()?;
     // A class this node does not know (a newer peer's) moves on as a
     // transport failure would.
@@ -633,5 +639,53 @@ mod tests {
         ] {
             assert!(e.advice().may_retry(), "{e}");
         }
+    }
+
+    /// Every class this node's failures take is one of the table's, and
+    /// a peer's class read off the link fails the attempt as it would
+    /// here: moved on, refused for now or not, by the table.
+    #[test]
+    fn failures_are_classed_by_the_one_table_on_both_sides_of_a_hop() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let here = [
+            DispatchError::NoHost,
+            DispatchError::NoLink(NodeId::from_u128(1)),
+            DispatchError::Deadline(std::time::Duration::from_secs(1)),
+            DispatchError::Cut,
+            DispatchError::Engine {
+                source: ClientError::Connect { source: refused },
+            },
+            DispatchError::Engine {
+                source: ClientError::Closed,
+            },
+        ];
+        for e in &here {
+            let class = pair_core::failure_class(e.class())
+                .unwrap_or_else(|| panic!("{} is not in the table", e.class()));
+            assert_eq!(e.transient(), class.transient, "{}", e.class());
+            assert_eq!(e.advice(), class.advice(), "{}", e.class());
+        }
+        let link = |class: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                pair_cluster::FAILED_HEADER,
+                HeaderValue::from_str(class).unwrap(),
+            );
+            Headers::Map(headers)
+        };
+        for class in pair_core::FAILURE_CLASSES {
+            let got = link_failure(&link(class.label)).expect("a peer's class");
+            let e = DispatchError::PeerGaveUp(got);
+            assert_eq!(e.class(), class.label);
+            assert_eq!(e.transient(), class.transient);
+            assert_eq!(e.advice().may_retry(), class.moves_on);
+        }
+        // A class this node does not know moves on as a transport failure.
+        assert_eq!(
+            link_failure(&link("newer-class")).map(|c| c.label),
+            Some("transport")
+        );
+        // An engine's own 504, no class on it, is an answer.
+        assert!(link_failure(&Headers::Map(http::HeaderMap::new())).is_none());
     }
 }
