@@ -98,6 +98,8 @@ struct Log {
 struct Fake {
     t0: Instant,
     nodes: usize,
+    /// One more node joins at this time (since the request's arrival).
+    joins_at: Option<Duration>,
     script: Vec<Script>,
     log: RefCell<Log>,
 }
@@ -237,7 +239,8 @@ impl Exchange for Fake {
 
 impl Fake {
     fn targets(&self) -> Vec<Target> {
-        (0..self.nodes)
+        let joined = self.joins_at.is_some_and(|at| self.now() >= at);
+        (0..self.nodes + usize::from(joined))
             .map(|i| Target {
                 node: id(i),
                 predicted: None,
@@ -275,6 +278,16 @@ fn run(
     nodes: usize,
     cfg: FailoverConfig,
 ) -> (Driven<(usize, u16), u16>, Log, Duration, usize) {
+    run_joining(script, nodes, None, cfg)
+}
+
+/// [`run`], with one more node joining at `joins_at`.
+fn run_joining(
+    script: Vec<Script>,
+    nodes: usize,
+    joins_at: Option<Duration>,
+    cfg: FailoverConfig,
+) -> (Driven<(usize, u16), u16>, Log, Duration, usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -285,6 +298,7 @@ fn run(
         let fake = Fake {
             t0,
             nodes,
+            joins_at,
             script,
             log: RefCell::default(),
         };
@@ -470,6 +484,38 @@ fn a_silent_only_owner_is_waited_for_and_left_only_for_another() {
         "{end:?}"
     );
     assert_eq!(took, Duration::from_secs(60));
+}
+
+/// An owner that appears while the request waits on a silent only owner
+/// takes it (nothing went to the client yet): within a second of joining.
+#[test]
+fn an_owner_that_appears_while_the_only_one_is_silent_takes_the_request() {
+    let cfg = FailoverConfig {
+        stall_floor: Duration::from_secs(10),
+        patience: Duration::from_secs(10),
+        ..FailoverConfig::default()
+    };
+    let joins = Duration::from_secs(40);
+    let (end, log, took, _) = run_joining(vec![Script::Quiet(130)], 1, Some(joins), cfg);
+    assert!(
+        matches!(
+            end,
+            Driven::Committed {
+                answer: (1, 200),
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    assert_eq!(log.alone, vec![(Duration::from_secs(10), 0)]);
+    assert_eq!(log.stalled.len(), 1);
+    let (cut, node) = log.stalled[0];
+    assert_eq!(node, 0);
+    assert!(
+        cut >= joins && cut <= joins + Duration::from_secs(1),
+        "left at {cut:?}"
+    );
+    assert!(took < joins + Duration::from_secs(2), "{took:?}");
 }
 
 #[test]
