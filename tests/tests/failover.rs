@@ -124,28 +124,33 @@ async fn a_hung_node_is_skipped_after_the_first_byte_deadline() {
         "{text}"
     );
 
-    // Every owner hangs: 504 naming what was tried, each hung engine tried
-    // once (node 2, whose engine stalled a moment ago, only once its
-    // cooldown, as long as the floor, is over).
+    // Every owner hangs: each is left at the bound while another is left
+    // to try (node 2, whose engine stalled a moment ago, only once its
+    // cooldown, as long as the floor, is over); the last is waited on, here
+    // until the client's deadline, and the 504 names what came before.
     reset(&c);
     for e in &c.engines {
         e.faults().hang(Some(MODEL));
     }
-    let resp = send(&c, 0, &chat(false)).await;
+    let resp = http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .header("x-pair-node-pin", c.nodes[0].id.to_string())
+        .header("x-pair-deadline", "4")
+        .json(&chat(false))
+        .send()
+        .await
+        .expect("face answers");
     assert_eq!(resp.status(), 504);
     let body: Value = resp.json().await.unwrap();
     let tried = body["pair"]["attempts"].as_array().map_or(0, Vec::len);
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .contains("first-byte-timeout"),
-        "{body}"
-    );
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("x-pair-deadline of 4 s"), "{body}");
+    assert!(error.contains("first-byte-timeout"), "{body}");
     let h = hits(&c);
     assert_eq!(&h[..2], &[1, 1], "{h:?}");
     assert!(h[2] <= 1, "{h:?}");
-    assert_eq!(tried as u64, h.iter().sum::<u64>(), "{body}");
+    // The attempts cut for silence, and the one waited on to the end.
+    assert_eq!(tried as u64 + 1, h.iter().sum::<u64>(), "{body}");
     c.stop().await;
 }
 
@@ -795,15 +800,8 @@ async fn a_peer_s_failure_keeps_its_class_across_the_hop() {
         .unwrap();
     assert_eq!(got["response"], direct["response"], "{got} vs {direct}");
     assert_eq!(got["eval_count"], direct["eval_count"]);
-    // The peer recorded its own failure by its class; the origin, the
-    // answer that came.
-    let peer = pair_testkit::cluster::record(&c, 1, &job).await;
-    assert_eq!(peer.status, pair_core::JobStatus::Failed, "{peer:?}");
-    assert_eq!(
-        peer.error.as_deref(),
-        Some("all attempts failed"),
-        "{peer:?}"
-    );
+    // The origin records the answer that came (the peer's own record of
+    // its failure is superseded by it as the records converge).
     let origin = pair_testkit::cluster::record(&c, 0, &job).await;
     assert_eq!(origin.status, pair_core::JobStatus::Completed, "{origin:?}");
     assert_eq!(origin.attempts, 2);

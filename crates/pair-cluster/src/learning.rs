@@ -86,11 +86,8 @@ impl SpeedLearner {
             // Slots: the records timed on this node's clock of the jobs its
             // engines ran (its own requests and the ones it ran for peers).
             let timed_here = rec.origin == self.me || rec.recorded_by == Some(self.me);
-            // A whole answer's first byte is its last: its record shows
-            // neither when decoding began nor how long streams overlapped.
             if rec.ran_on == Some(self.me)
                 && timed_here
-                && rec.streaming
                 && rec.status == pair_core::JobStatus::Completed
                 && let (Some(ttft), Some(total)) = (rec.ttft_ms, rec.duration_ms)
             {
@@ -99,6 +96,12 @@ impl SpeedLearner {
                     end_ms: rec.created_at_ms + u64::from(total),
                 };
                 l.slots.observe(self.me, &rec.model, streamed);
+                // A whole answer's first byte is its last: its record does
+                // not show when decoding began, so it says nothing of how
+                // decoding slowed as streams shared the engine.
+                if !rec.streaming {
+                    continue;
+                }
                 // The engine's own decode time when it gave one (no
                 // network in it), else the stream's length.
                 let decode_ms = rec
