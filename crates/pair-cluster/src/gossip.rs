@@ -182,12 +182,7 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
             v.liveness = probed(v.liveness, unreached, &cfg);
         }
         generation += 1;
-        let reports = reports
-            .ages()
-            .into_iter()
-            .map(|(snap, age)| (local.observed_speeds(snap), age))
-            .collect();
-        let snapshot = assemble(generation, now_ms(), mine, reports, &views, &cfg);
+        let snapshot = assemble(generation, now_ms(), mine, reports.ages(), &views, &cfg);
         publish(snapshot);
     }
 }

@@ -173,27 +173,6 @@ impl LocalReport {
     }
 }
 
-impl LocalReport {
-    /// A peer's report with the speeds this node learned from the jobs it
-    /// sent there, for the models the peer has not learned itself (their
-    /// jobs entered at other nodes, so its own log never timed them):
-    /// otherwise the node that knows its own engine's real speed would
-    /// weigh it against a peer's seed.
-    pub fn observed_speeds(&self, mut snap: NodeSnapshot) -> NodeSnapshot {
-        let base = snap.base_perf;
-        for e in &mut snap.engines {
-            for m in e.models.iter_mut().filter(|m| !m.learned) {
-                let seed = m.perf.or(base).unwrap_or(ModelPerf::FALLBACK);
-                if let Some(p) = self.learner.learned(snap.id, m.name.as_str(), seed) {
-                    m.perf = Some(p);
-                    m.learned = true;
-                }
-            }
-        }
-        snap
-    }
-}
-
 /// The peers the scheduler may route to: paired nodes with a link, with
 /// what discovery says of them (peers known only by address are taken as
 /// alive; their report age decides).

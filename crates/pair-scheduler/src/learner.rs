@@ -18,6 +18,11 @@ pub struct Observation<'a> {
     pub output_tokens: u32,
     /// Whole request.
     pub duration_ms: u32,
+    /// A whole (non-streamed) answer timed by the node: its first byte was
+    /// its last, so its time is prefill and decode together. It teaches
+    /// prefill only, net of the decode the learned speed accounts for, and
+    /// never decode.
+    pub whole: bool,
 }
 
 impl<'a> Observation<'a> {
@@ -28,15 +33,12 @@ impl<'a> Observation<'a> {
         if job.status != JobStatus::Completed {
             return None;
         }
-        let (ttft_ms, duration_ms) = match job.engine {
+        let (ttft_ms, duration_ms, whole) = match job.engine {
             Some(EngineTiming {
                 prompt_ms: Some(p),
                 decode_ms: Some(d),
-            }) => (p, p.saturating_add(d)),
-            // A whole answer's first byte is its last: its time says
-            // nothing of prefill apart from decode.
-            _ if !job.streaming => return None,
-            _ => (job.ttft_ms?, job.duration_ms?),
+            }) => (p, p.saturating_add(d), false),
+            _ => (job.ttft_ms?, job.duration_ms?, !job.streaming),
         };
         Some(Self {
             node: job.ran_on?,
@@ -49,6 +51,7 @@ impl<'a> Observation<'a> {
             ttft_ms,
             output_tokens: job.output_tokens.unwrap_or(0),
             duration_ms,
+            whole,
         })
     }
 }
@@ -134,10 +137,26 @@ impl PerfLearner {
 
     /// Folds one finished job in; returns whether it taught anything.
     pub fn observe(&mut self, obs: &Observation<'_>) -> bool {
-        let prefill = (obs.prompt_tokens >= Self::MIN_PROMPT_TOKENS && obs.ttft_ms > 0)
-            .then(|| obs.prompt_tokens as f32 * 1000.0 / obs.ttft_ms as f32);
+        // A whole answer's prefill: its time less the decode the learned
+        // speed accounts for (none learned yet: it teaches nothing).
+        let prefill_ms = if obs.whole {
+            let Some(decode_tps) = self
+                .rates(obs.node, obs.model)
+                .and_then(|r| r.decode_tps)
+                .filter(|d| *d > 0.0)
+            else {
+                return false;
+            };
+            let decoding = obs.output_tokens.saturating_sub(1) as f32 * 1000.0 / decode_tps;
+            obs.duration_ms as f32 - decoding
+        } else {
+            obs.ttft_ms as f32
+        };
+        let prefill = (obs.prompt_tokens >= Self::MIN_PROMPT_TOKENS && prefill_ms >= 1.0)
+            .then(|| obs.prompt_tokens as f32 * 1000.0 / prefill_ms);
         let decode_ms = obs.duration_ms.saturating_sub(obs.ttft_ms);
-        let decode = (obs.output_tokens >= Self::MIN_OUTPUT_TOKENS
+        let decode = (!obs.whole
+            && obs.output_tokens >= Self::MIN_OUTPUT_TOKENS
             && obs.duration_ms >= obs.ttft_ms
             && decode_ms > 0)
             .then(|| (obs.output_tokens - 1) as f32 * 1000.0 / decode_ms as f32);
@@ -273,7 +292,30 @@ mod tests {
             ttft_ms: ttft,
             output_tokens: out,
             duration_ms: dur,
+            whole: false,
         }
+    }
+
+    /// A whole answer teaches prefill net of the decode already learned,
+    /// and never decode: its first byte is its last.
+    #[test]
+    fn a_whole_answer_teaches_prefill_net_of_decode_and_no_decode() {
+        let mut l = PerfLearner::with(1.0, 16);
+        let whole = |prompt, out, dur| Observation {
+            whole: true,
+            ..obs(1, prompt, dur, out, dur)
+        };
+        // No decode speed learned yet: nothing to net out.
+        assert!(!l.observe(&whole(1000, 101, 1500)));
+        assert!(l.observe(&obs(1, 1000, 500, 101, 1500)));
+        // 1,000 prompt tokens and 100 more decoded at 100/s in 1.5 s: 0.5 s
+        // of prefill.
+        assert!(l.observe(&whole(4000, 101, 2000)));
+        let r = l.rates(NodeId::from_u128(1), "m").unwrap();
+        assert_eq!(r.prefill_tps, Some(4000.0));
+        assert_eq!(r.decode_tps, Some(100.0), "a whole answer moved decode");
+        // All decode and no room for prefill: nothing learned.
+        assert!(!l.observe(&whole(4000, 101, 900)));
     }
 
     #[test]
@@ -380,10 +422,10 @@ mod tests {
         });
         assert_eq!(Observation::from_job(&job).unwrap().ttft_ms, 100);
         // A whole answer timed only by the node (a translated one, say):
-        // its first byte came with its last, so it teaches nothing.
+        // its first byte came with its last, which the observation says.
         job.engine = None;
         job.streaming = false;
-        assert_eq!(Observation::from_job(&job), None);
+        assert!(Observation::from_job(&job).unwrap().whole);
         job.engine = Some(EngineTiming {
             prompt_ms: Some(40),
             decode_ms: Some(900),
