@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[cfg(windows)]
+mod winsvc;
+
 /// Exit code for bad configuration (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 
@@ -48,6 +51,10 @@ struct Cli {
     /// a line, for log shippers.
     #[arg(long, global = true, env = "PAIR_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Started by the Windows service controller (the command line
+    /// `service install` registers there says so).
+    #[arg(long, hide = true)]
+    windows_service: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -224,6 +231,26 @@ impl ClientArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.windows_service {
+        return as_windows_service(cli);
+    }
+    run_cli(cli)
+}
+
+/// The node under the Windows service controller: the same work, on the
+/// service's thread, stopped by the controller's Stop.
+#[cfg(windows)]
+fn as_windows_service(cli: Cli) -> ExitCode {
+    winsvc::run(Box::new(move || run_cli(cli)))
+}
+
+#[cfg(not(windows))]
+fn as_windows_service(_: Cli) -> ExitCode {
+    eprintln!("pair-node: --windows-service is for the Windows service controller");
+    ExitCode::from(EXIT_CONFIG)
+}
+
+fn run_cli(cli: Cli) -> ExitCode {
     // One crypto provider (ring) for every TLS user in the process.
     pair_identity::install_crypto_provider();
     let filter = tracing_subscriber::EnvFilter::try_from_env("PAIR_LOG")

@@ -437,3 +437,24 @@ fn keys_add_list_revoke_and_the_lan_face_through_the_cli() {
 fn lan_addr(node: &pair_testkit::node::Running) -> String {
     node.lan.clone().expect("the node logged its LAN face")
 }
+
+/// `--windows-service` is the Windows service controller's: elsewhere the
+/// node refuses it as a usage error, saying so, and starts nothing.
+#[cfg(not(windows))]
+#[test]
+fn the_windows_service_flag_is_refused_off_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["--windows-service", "run", "--state-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Windows service controller"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing started"
+    );
+}

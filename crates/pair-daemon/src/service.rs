@@ -92,6 +92,20 @@ impl ServiceSpec {
     }
 }
 
+impl ServiceSpec {
+    /// The command line's arguments under `os`'s manager: on Windows, the
+    /// node is told it runs under the service controller (which it must
+    /// answer within 30 s).
+    pub fn args_for(&self, os: Os) -> Vec<String> {
+        let lead = (os == Os::Windows).then(|| WINDOWS_SERVICE_FLAG.to_owned());
+        lead.into_iter().chain(self.args.iter().cloned()).collect()
+    }
+}
+
+/// The flag that tells `pair-node` the Windows service controller started
+/// it.
+pub const WINDOWS_SERVICE_FLAG: &str = "--windows-service";
+
 /// A systemd unit: `ExecStart` with the node's flags, its state dir in
 /// the environment, restarted when it fails, wanted by the user's default
 /// target (with lingering, `loginctl enable-linger`, that is at boot).
@@ -206,7 +220,7 @@ fn xml_escape(v: &str) -> String {
 /// back the same words).
 pub fn windows_bin_path(spec: &ServiceSpec) -> String {
     std::iter::once(spec.program.display().to_string())
-        .chain(spec.args.iter().cloned())
+        .chain(spec.args_for(Os::Windows))
         .map(|w| windows_word(&w))
         .collect::<Vec<_>>()
         .join(" ")
@@ -302,7 +316,7 @@ pub fn install(spec: &ServiceSpec) -> std::io::Result<()> {
     m.install(ServiceInstallCtx {
         label: label(),
         program: spec.program.clone(),
-        args: spec.args.iter().map(OsString::from).collect(),
+        args: spec.args_for(os).into_iter().map(OsString::from).collect(),
         contents,
         username: None,
         working_directory: Some(spec.state_dir.clone()).filter(|d| d.is_dir()),
@@ -603,7 +617,10 @@ mod tests {
         s.args.push(String::new());
         let bin = windows_bin_path(&s);
         let mut argv = vec![s.program.display().to_string()];
+        // The controller starts the node telling it so, then `run`.
+        argv.push(WINDOWS_SERVICE_FLAG.to_owned());
         argv.extend(s.args.iter().cloned());
+        assert_eq!(argv[2], "run");
         assert_eq!(pair_os::cmdline::split_windows(&bin), argv);
         let sc = windows_sc_create(&s);
         assert_eq!(sc[..2], ["create", "io.pair.node"]);

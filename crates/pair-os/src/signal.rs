@@ -1,9 +1,41 @@
 //! The binaries' shutdown signal: SIGTERM (what systemd and launchd send
 //! to stop a service) or Ctrl-C on Unix; Ctrl-C (and the console's close)
-//! elsewhere.
+//! elsewhere; and, on every host, a stop asked from inside the process
+//! ([`request_stop`]: the Windows service controller's Stop, which comes
+//! as a call, not a signal).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP_ASKED: AtomicBool = AtomicBool::new(false);
+static STOP: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Asks the process to stop: [`shutdown_signal`] resolves, now or when it
+/// is next awaited.
+pub fn request_stop() {
+    STOP_ASKED.store(true, Ordering::SeqCst);
+    STOP.notify_waiters();
+}
+
+/// Resolves once [`request_stop`] has been called.
+async fn stop_requested() {
+    loop {
+        let notified = STOP.notified();
+        if STOP_ASKED.load(Ordering::SeqCst) {
+            return;
+        }
+        notified.await;
+    }
+}
 
 /// Resolves when the process is asked to stop.
 pub async fn shutdown_signal() {
+    tokio::select! {
+        () = os_signal() => {}
+        () = stop_requested() => {}
+    }
+}
+
+async fn os_signal() {
     #[cfg(all(unix, not(pair_portable)))]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -15,7 +47,11 @@ pub async fn shutdown_signal() {
             return;
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    if tokio::signal::ctrl_c().await.is_err() {
+        // No console to listen on (a service): only a stop asked from
+        // inside ends it.
+        std::future::pending::<()>().await;
+    }
 }
 
 #[cfg(test)]
@@ -43,6 +79,24 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), stop)
             .await
             .is_ok()
+    }
+
+    /// A stop asked from inside (the Windows service controller's) ends
+    /// the wait on every host, whether it comes before or during it.
+    #[tokio::test]
+    async fn a_stop_asked_from_inside_ends_the_wait() {
+        let stop = tokio::spawn(shutdown_signal());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!stop.is_finished());
+        request_stop();
+        tokio::time::timeout(Duration::from_secs(5), stop)
+            .await
+            .expect("the wait ended")
+            .unwrap();
+        // Asked already: a later wait ends at once.
+        tokio::time::timeout(Duration::from_secs(5), shutdown_signal())
+            .await
+            .expect("the wait ended at once");
     }
 
     /// Ctrl-C stops the process on every host (here: SIGINT, which is what

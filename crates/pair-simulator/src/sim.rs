@@ -968,6 +968,8 @@ impl<'a> Sim<'a> {
                 ttft_ms: ms(t.first_token_us - t.started_us),
                 output_tokens: t.output_tokens,
                 duration_ms: ms(t.finished_us - t.started_us),
+                // The engine's own durations split prefill from decode.
+                whole: false,
             });
         }
         if let Some(session) = f.demand.session {
