@@ -86,34 +86,66 @@ pub fn protect(path: &Path, mode: u32, is_dir: bool) -> io::Result<()> {
     }
 }
 
+/// The program that sets the ACL: Windows' own `icacls`, by its full path
+/// where `SystemRoot` says where Windows is (not whatever `icacls` a `PATH`
+/// finds first).
+pub fn icacls_program(env: impl Fn(&str) -> Option<String>) -> std::path::PathBuf {
+    env("SystemRoot").map_or_else(
+        || "icacls.exe".into(),
+        |root| {
+            let mut p = std::path::PathBuf::from(root);
+            p.push("System32");
+            p.push("icacls.exe");
+            p
+        },
+    )
+}
+
+/// The user a process runs as, as `icacls` names it (`DOMAIN\user`), from
+/// the variables Windows sets for every process.
+pub fn windows_user(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let user = env("USERNAME").filter(|u| !u.is_empty())?;
+    Some(match env("USERDOMAIN").filter(|d| !d.is_empty()) {
+        Some(domain) => format!("{domain}\\{user}"),
+        None => user,
+    })
+}
+
+/// `icacls` arguments that leave `path` to `user` alone: inheritance
+/// removed (the folder's entries are dropped, not copied) and full control
+/// granted to the user, replacing any grant it had; for a folder, the
+/// grant is inherited by what is created in it.
+pub fn owner_only_icacls(path: &Path, user: &str, is_dir: bool) -> Vec<std::ffi::OsString> {
+    let grant = if is_dir {
+        format!("{user}:(OI)(CI)F")
+    } else {
+        format!("{user}:F")
+    };
+    vec![
+        path.as_os_str().to_owned(),
+        "/inheritance:r".into(),
+        "/grant:r".into(),
+        grant.into(),
+    ]
+}
+
 #[cfg(windows)]
 fn owner_only_acl(path: &Path, is_dir: bool) -> io::Result<()> {
-    use winapi::um::winnt::{FILE_ALL_ACCESS, PSID};
-    use windows_acl::acl::ACL;
-    use windows_acl::helper;
-
-    let os_err = |code: u32| io::Error::from_raw_os_error(code as i32);
-    let name = path
-        .to_str()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path is not UTF-8"))?;
-    let user =
-        helper::current_user().ok_or_else(|| io::Error::other("cannot name the current user"))?;
-    let me = helper::name_to_sid(&user, None).map_err(os_err)?;
-    let me_str = helper::sid_to_string(me.as_ptr() as PSID).map_err(os_err)?;
-    let mut acl = ACL::from_file_path(name, false).map_err(os_err)?;
-    // Every entry but the owner's goes; the ACL is written back protected,
-    // so nothing is inherited from the folder either.
-    for entry in acl.all().map_err(os_err)? {
-        if entry.string_sid != me_str
-            && let Some(sid) = entry.sid
-        {
-            acl.remove(sid.as_ptr() as PSID, None, None)
-                .map_err(os_err)?;
-        }
+    let env = |k: &str| std::env::var(k).ok();
+    let user = windows_user(env)
+        .ok_or_else(|| io::Error::other("cannot name the current user (USERNAME is not set)"))?;
+    let out = std::process::Command::new(icacls_program(env))
+        .args(owner_only_icacls(path, &user, is_dir))
+        .output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "icacls could not leave {} to {user} alone: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
-    acl.allow(me.as_ptr() as PSID, is_dir, FILE_ALL_ACCESS)
-        .map_err(os_err)?;
-    Ok(())
 }
 
 #[cfg(not(windows))]
@@ -128,6 +160,50 @@ fn owner_only_acl(path: &Path, _is_dir: bool) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// Windows' owner-only ACL: Windows' own icacls by its full path, the
+    /// user as Windows names it, inheritance removed and the user's grant
+    /// (inherited by a folder's contents) the only one.
+    #[test]
+    fn windows_leaves_a_secret_to_its_user_through_icacls() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let full = env(&[
+            ("SystemRoot", r"C:\Windows"),
+            ("USERNAME", "ann"),
+            ("USERDOMAIN", "BOX"),
+        ]);
+        assert_eq!(
+            icacls_program(full),
+            std::path::PathBuf::from(r"C:\Windows")
+                .join("System32")
+                .join("icacls.exe")
+        );
+        assert_eq!(windows_user(full).as_deref(), Some(r"BOX\ann"));
+        let bare = env(&[("USERNAME", "ann")]);
+        assert_eq!(windows_user(bare).as_deref(), Some("ann"));
+        assert_eq!(icacls_program(bare), std::path::PathBuf::from("icacls.exe"));
+        assert_eq!(windows_user(env(&[])), None);
+        let path = Path::new(r"C:\Users\ann\AppData\Local\pair\node.key");
+        assert_eq!(
+            owner_only_icacls(path, r"BOX\ann", false),
+            [
+                path.as_os_str(),
+                "/inheritance:r".as_ref(),
+                "/grant:r".as_ref(),
+                r"BOX\ann:F".as_ref()
+            ]
+        );
+        assert_eq!(
+            owner_only_icacls(path, "ann", true)[3],
+            std::ffi::OsString::from("ann:(OI)(CI)F")
+        );
+    }
 
     #[test]
     fn unix_uses_modes_and_windows_an_owner_only_acl() {
