@@ -20,14 +20,13 @@ pub(crate) fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
-/// A job record with what is known before any attempt; the profile's
-/// model moves into it (the profile is not read after). `recorded_by` is
+/// A job record with what is known before any attempt. `recorded_by` is
 /// this node: the origin, or the node running a relayed request.
 pub(crate) fn new_record(
     id: JobId,
     flavor: ApiFlavor,
     route: &'static str,
-    profile: &mut RequestProfile,
+    profile: &RequestProfile,
     origin: NodeId,
     recorded_by: NodeId,
     created_at_ms: u64,
@@ -37,7 +36,7 @@ pub(crate) fn new_record(
         resumed: Vec::new(),
         waited: None,
         id,
-        model: std::mem::take(&mut profile.model),
+        model: profile.model.clone(),
         flavor,
         route: route.into(),
         streaming: profile.streaming,
@@ -78,6 +77,11 @@ impl PendingJob {
 
     /// The record, for whoever finishes it (the answer, or the failure).
     pub(crate) fn take(&mut self) -> Option<JobRecord> {
+        self.record.take()
+    }
+
+    /// An answer was committed: its record goes to the answer's watcher.
+    pub(crate) fn commit(mut self) -> Option<JobRecord> {
         self.record.take()
     }
 }

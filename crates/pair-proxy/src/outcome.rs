@@ -474,18 +474,9 @@ mod tests {
             received: Instant::now(),
             key: None,
         };
-        let mut profile = RequestProfile::new("m", flavor);
+        let profile = RequestProfile::new("m", flavor);
         let job = JobId::from_uuid(uuid::Uuid::from_u128(7));
-        let record = new_record(
-            job,
-            flavor,
-            route,
-            &mut profile.clone(),
-            st.node.id,
-            st.node.id,
-            0,
-        );
-        profile.model = "m".into();
+        let record = new_record(job, flavor, route, &profile, st.node.id, st.node.id, 0);
         let mut pending = PendingJob::new(&st, record, req.received);
         let hop = FakeHop {
             t0: req.received,

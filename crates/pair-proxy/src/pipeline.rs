@@ -269,28 +269,85 @@ pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session")
 pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
 
 /// Routes one inference request. `deadline` is the connection's timer,
-/// moved forward for each wait and each attempt's stall check.
+/// moved forward for each wait and each attempt's stall check. Read top to
+/// bottom: what the request is ([`prepare`]), its failover's rules
+/// ([`failover_config`]), the attempts ([`Attempts::run`]), and the answer
+/// committed ([`answer`]) or the request given up ([`Attempts::gave_up`]).
 pub async fn execute(
     st: &Arc<ProxyState>,
     req: Inference,
     plan: Plan,
     deadline: Pin<&mut Sleep>,
 ) -> Reply {
-    let t0 = req.received;
-    let created_at_ms = unix_ms_at(t0);
+    let Prepared {
+        req,
+        profile,
+        first_turn,
+        aliased,
+        job,
+        mut pending,
+        client_deadline,
+    } = match prepare(st, req, plan).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let mut failover = Failover::new(failover_config(st, plan, &req, client_deadline));
+    let attempts = Attempts {
+        st,
+        req: &req,
+        profile: &profile,
+        job,
+        reach: Reach::Plan(plan),
+        explain: req.head.headers.contains(&EXPLAIN_HEADER),
+        alone_since: Default::default(),
+    };
+    match attempts.run(&mut failover, deadline).await {
+        Driven::Committed { node, answer: a } => answer(
+            &attempts,
+            pending,
+            failover.dispatched(),
+            node,
+            a,
+            first_turn,
+            aliased,
+        ),
+        Driven::GaveUp { why, kept } => attempts.gave_up(&mut pending, &failover, why, kept),
+    }
+}
+
+/// An inference request made ready for its attempts: the body's routing
+/// fields read, an alias resolved, the scheduler's profile, the job and its
+/// record (recorded as cancelled if the client leaves before an answer).
+struct Prepared {
+    req: Inference,
+    profile: RequestProfile,
+    /// The conversation a chat's first turn starts (bound to the node that
+    /// serves it, not routed by).
+    first_turn: Option<SessionKey>,
+    /// The model the request named, when it was an alias's.
+    aliased: Option<pair_core::ModelName>,
+    job: JobId,
+    pending: PendingJob,
+    client_deadline: Option<Duration>,
+}
+
+/// Reads what `req` is and asks for; a reply instead when it is refused (a
+/// malformed body or deadline, a model the key may not use, a relayed
+/// model this node does not hold).
+async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Prepared, Reply> {
+    let mut req = req;
     let mut facts = match body::extract_off_loop(&req.body, req.flavor, req.work).await {
         Ok(f) => f,
-        Err(e) => return bad_request(st, &req, plan, &e.to_string()),
+        Err(e) => return Err(bad_request(st, &req, plan, &e.to_string())),
     };
     let client_deadline = match deadline_of(&req.head.headers) {
         Ok(d) => d,
-        Err(why) => return bad_request(st, &req, plan, &why),
+        Err(why) => return Err(bad_request(st, &req, plan, &why)),
     };
     let cluster = st.cluster();
     // A model no node holds may be an alias's (a tool's default name):
     // the request becomes one for its target before anything is ranked.
     // A relayed request was aliased by its origin.
-    let mut req = req;
     let aliased = match plan {
         Plan::Cluster => cluster
             .alias_for(&facts.model, st.node.id)
@@ -304,7 +361,7 @@ pub async fn execute(
     if let Some(key) = &req.key
         && !key.allows_model(&facts.model)
     {
-        return key_refuses_model(st, &req, key, &facts.model);
+        return Err(key_refuses_model(st, &req, key, &facts.model));
     }
     // A chat's conversation, read where the request is routed, for a
     // policy that keeps sessions, when the client names none.
@@ -317,10 +374,10 @@ pub async fn execute(
     } else {
         None
     };
-    let (mut profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
+    let (profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
     if let Plan::ThisNode { .. } = plan {
         if !holds(st, &cluster, &profile, req.flavor) {
-            return model_not_here(st, &req, &profile);
+            return Err(model_not_here(st, &req, &profile));
         }
         st.metrics.relayed_in.inc();
     }
@@ -337,54 +394,73 @@ pub async fn execute(
             origin,
         ),
     };
-    let model = profile.model.clone();
     let mut record = new_record(
         job,
         req.flavor,
         req.route,
-        &mut profile,
+        &profile,
         origin,
         st.node.id,
-        created_at_ms,
+        unix_ms_at(req.received),
     );
     record.key = req.key.as_ref().map(|k| k.name.clone());
-    let mut pending = PendingJob::new(st, record, t0);
-    profile.model = model;
-    let mut failover = Failover::new(FailoverConfig {
+    let pending = PendingJob::new(st, record, req.received);
+    Ok(Prepared {
+        req,
+        profile,
+        first_turn,
+        aliased,
+        job,
+        pending,
+        client_deadline,
+    })
+}
+
+/// The failover rules for a request of `plan`.
+fn failover_config(
+    st: &ProxyState,
+    plan: Plan,
+    req: &Inference,
+    client_deadline: Option<Duration>,
+) -> FailoverConfig {
+    FailoverConfig {
         stall_floor: st.timeouts.first_byte,
         // As long as an engine may go without progress, a request waits
         // for an owner to come back.
         patience: st.timeouts.first_byte,
         deadline: client_deadline,
         // A relayed request is tried once here: its origin drives the
-        // retries (and may have other nodes to try).
+        // retries (and may have other nodes to try), and says whether it
+        // has any.
         max_dispatches: match plan {
             Plan::Cluster => pair_scheduler::MAX_DISPATCHES,
             Plan::ThisNode { .. } => 1,
         },
-        // Relayed: whether its origin has other nodes to try, as it said.
         elsewhere: match plan {
             Plan::Cluster => None,
             Plan::ThisNode { .. } => Some(!req.head.headers.contains(&pair_cluster::ALONE_HEADER)),
         },
         ..FailoverConfig::default()
-    });
-    let explain = req.head.headers.contains(&EXPLAIN_HEADER);
-    let attempts = Attempts {
-        st,
-        req: &req,
-        profile: &profile,
-        job,
-        reach: Reach::Plan(plan),
-        explain,
-        alone_since: Default::default(),
-    };
-    let (node, committed) = match attempts.run(&mut failover, deadline).await {
-        Driven::Committed { node, answer } => (node, answer),
-        Driven::GaveUp { why, kept } => {
-            return attempts.gave_up(&mut pending, &failover, why, kept);
-        }
-    };
+    }
+}
+
+/// The answer committed to: its job record completed as far as it is known
+/// (the rest when the answer ends), the body that streams it back and, for
+/// a request this node routed, the route receipt. A relayed request's
+/// origin keeps the receipt and the metrics, and learns from the engine's
+/// account of its cache; a cut after the first byte aborts the relay, so
+/// the origin sees it and tells its client.
+fn answer(
+    attempts: &Attempts<'_>,
+    pending: PendingJob,
+    tries: usize,
+    node: NodeId,
+    committed: Committed,
+    first_turn: Option<SessionKey>,
+    aliased: Option<pair_core::ModelName>,
+) -> Reply {
+    let (st, req, profile, job) = (attempts.st, attempts.req, attempts.profile, attempts.job);
+    let relayed = matches!(attempts.plan(), Plan::ThisNode { .. });
     let Committed {
         up,
         first,
@@ -397,84 +473,68 @@ pub async fn execute(
         cached,
     } = committed;
     let status = up.status;
-    let tries = failover.dispatched();
     let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
     // A translated answer carries durations pair made, not the engine's.
     let engine_made = !up.headers.contains(&crate::translate::TRANSLATED_HEADER);
-    let ttft = t0.elapsed();
-    let Some(mut record) = pending.take() else {
-        unreachable!("the pending record is taken once")
-    };
-    record.ran_on = Some(node);
-    record.waited = attempts.waited();
-    record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
-    record.http_status = Some(status.as_u16());
-    record.ttft_ms = Some(millis(ttft));
-    if let Plan::ThisNode { .. } = plan {
-        // The origin keeps the receipt and the metrics; a cut after the
-        // first byte aborts, so the origin sees it and tells its client.
-        let watcher = JobWatcher {
-            st: Arc::clone(st),
-            record: Some(record),
-            metrics: None,
-            t0,
-            peer_name: None,
-            guard,
-            reservation,
-            engine,
-            resumed: None,
-            // The origin routed it, and learns from the engine's account.
-            cache: None,
-        };
-        return Reply {
-            status,
-            headers: up.headers,
-            extra: Extra::new(),
-            body: Body::new(reading(
-                AnswerBody::new(first, up.body, framing, req.flavor, OnCut::Abort, watcher)
-                    .served_by_length(),
-                engine_made,
-            )),
-        };
+    let ttft = req.received.elapsed();
+    let mut record = pending.commit();
+    if let Some(record) = record.as_mut() {
+        record.ran_on = Some(node);
+        record.waited = attempts.waited();
+        record.attempts = u8::try_from(tries).unwrap_or(u8::MAX);
+        record.http_status = Some(status.as_u16());
+        record.ttft_ms = Some(millis(ttft));
     }
     // This node's own name is at hand; a peer's is copied out of the
     // snapshot for the metrics and the receipt.
     let peer_name = (node != st.node.id).then(|| name_of(&cluster, node));
-    st.bind_session(profile.session.or(first_turn), node);
-    st.note_routed(&cluster, node, &profile.prefix);
-    let slot = st.metrics.route_slot(req.route);
-    if let Some(slot) = slot {
-        st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
-    }
-    let why = chosen.and_then(|c| http::HeaderValue::from_str(&c.to_string()).ok());
+    let slot = if relayed {
+        None
+    } else {
+        st.bind_session(profile.session.or(first_turn), node);
+        st.note_routed(&cluster, node, &profile.prefix);
+        let slot = st.metrics.route_slot(req.route);
+        if let Some(slot) = slot {
+            st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
+        }
+        Some(slot)
+    };
     let watcher = JobWatcher {
         st: Arc::clone(st),
-        record: Some(record),
-        metrics: Some((req.route, slot)),
-        t0,
+        record,
+        metrics: slot.map(|slot| (req.route, slot)),
+        t0: req.received,
         peer_name: peer_name.clone(),
         guard,
         reservation,
         engine,
-        resumed,
-        cache: (!profile.prefix.is_empty()).then(|| CacheNote {
+        resumed: if relayed { None } else { resumed },
+        cache: (!relayed && !profile.prefix.is_empty()).then(|| CacheNote {
             node,
             prefix: profile.prefix.clone(),
             estimated: profile.prompt_tokens,
             predicted: cached,
         }),
     };
-    let body = reading(
-        AnswerBody::new(
-            first,
-            up.body,
-            framing,
-            req.flavor,
-            OnCut::ErrorEvent,
-            watcher,
-        ),
-        engine_made,
-    );
+    let on_cut = if relayed {
+        OnCut::Abort
+    } else {
+        OnCut::ErrorEvent
+    };
+    let mut body = AnswerBody::new(first, up.body, framing, req.flavor, on_cut, watcher);
+    if relayed {
+        body = body.served_by_length();
+    }
+    let body = Body::new(reading(body, engine_made));
+    if relayed {
+        return Reply {
+            status,
+            headers: up.headers,
+            extra: Extra::new(),
+            body,
+        };
+    }
+    let why = chosen.and_then(|c| http::HeaderValue::from_str(&c.to_string()).ok());
     let node_receipt = match &peer_name {
         None => st.receipt_self(),
         Some(name) => crate::state::node_receipt(name, node),
@@ -491,7 +551,7 @@ pub async fn execute(
             model: aliased.and_then(|m| http::HeaderValue::from_str(m.as_str()).ok()),
         }
         .into_extra(),
-        body: Body::new(body),
+        body,
     }
 }
 
