@@ -221,36 +221,9 @@ fn xml_escape(v: &str) -> String {
 pub fn windows_bin_path(spec: &ServiceSpec) -> String {
     std::iter::once(spec.program.display().to_string())
         .chain(spec.args_for(Os::Windows))
-        .map(|w| windows_word(&w))
+        .map(|w| pair_os::cmdline::quote_windows(&w))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// A word quoted for the Windows C runtime (backslashes before a quote
-/// doubled, quotes escaped), bare when it needs no quotes.
-fn windows_word(word: &str) -> String {
-    if !word.is_empty() && !word.contains([' ', '\t', '"']) {
-        return word.to_owned();
-    }
-    let mut out = String::from("\"");
-    let mut backslashes = 0;
-    for c in word.chars() {
-        if c == '\\' {
-            backslashes += 1;
-            continue;
-        }
-        let n = if c == '"' {
-            backslashes * 2 + 1
-        } else {
-            backslashes
-        };
-        out.extend(std::iter::repeat_n('\\', n));
-        out.push(c);
-        backslashes = 0;
-    }
-    out.extend(std::iter::repeat_n('\\', backslashes * 2));
-    out.push('"');
-    out
 }
 
 /// The `sc.exe create` arguments the service controller gets (what

@@ -71,6 +71,35 @@ pub fn split_unix(input: &str) -> Result<Vec<String>, SplitError> {
     Ok(words)
 }
 
+/// One argument quoted for the Windows C runtime, so [`split_windows`]
+/// gives it back: bare when it holds no space, tab or quote (and is not
+/// empty); otherwise in quotes, backslashes before a quote doubled and the
+/// quote escaped.
+pub fn quote_windows(word: &str) -> String {
+    if !word.is_empty() && !word.contains([' ', '\t', '"']) {
+        return word.to_owned();
+    }
+    let mut out = String::from("\"");
+    let mut backslashes = 0;
+    for c in word.chars() {
+        if c == '\\' {
+            backslashes += 1;
+            continue;
+        }
+        let n = if c == '"' {
+            backslashes * 2 + 1
+        } else {
+            backslashes
+        };
+        out.extend(std::iter::repeat_n('\\', n));
+        out.push(c);
+        backslashes = 0;
+    }
+    out.extend(std::iter::repeat_n('\\', backslashes * 2));
+    out.push('"');
+    out
+}
+
 /// The rules of `CommandLineToArgvW` and the Microsoft C runtime (2008 and
 /// later): spaces and tabs separate arguments; `"` starts and ends a quoted
 /// part; `2n` backslashes before a `"` are `n` backslashes and the quote
@@ -267,32 +296,12 @@ mod tests {
         assert_eq!(split_command_line(os, r#""""#), Err(SplitError::Empty));
     }
 
-    /// Any argv, quoted as Rust's std quotes arguments for a Windows child
-    /// (each in quotes, backslashes before a quote doubled, quotes escaped),
-    /// splits back to itself.
+    /// Any argv, quoted for the Windows C runtime ([`quote_windows`]: the
+    /// way Rust's std quotes arguments for a Windows child), splits back to
+    /// itself.
     #[test]
     fn windows_quoting_round_trips() {
-        fn quote(arg: &str) -> String {
-            let mut out = String::from("\"");
-            let mut backslashes = 0;
-            for c in arg.chars() {
-                if c == '\\' {
-                    backslashes += 1;
-                    continue;
-                }
-                let n = if c == '"' {
-                    backslashes * 2 + 1
-                } else {
-                    backslashes
-                };
-                out.extend(std::iter::repeat_n('\\', n));
-                out.push(c);
-                backslashes = 0;
-            }
-            out.extend(std::iter::repeat_n('\\', backslashes * 2));
-            out.push('"');
-            out
-        }
+        let quote = quote_windows;
         let args = [
             "",
             "a b",
