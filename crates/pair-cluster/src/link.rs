@@ -34,7 +34,8 @@ pub const ALONE_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair
 pub const FAILED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-failed");
 
 /// On a relayed request: the sender's reservation for it, `EPOCH.SEQ`
-/// (the sender's process, its reservation's sequence number). The node
+/// (the sender's process, and the reservation's number among the sender's
+/// reservations on this node: [`pair_core::Admitted`]). The node
 /// that takes it says in its reports which it has counted
 /// ([`pair_core::NodeSnapshot::admitted`]), so the sender stops adding the
 /// reservation exactly when a report counts the request.

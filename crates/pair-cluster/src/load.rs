@@ -70,26 +70,15 @@ impl LocalLoad {
             Some(i) => {
                 let mut x = a.remove(i);
                 if x.boot == epoch {
-                    x.seq = x.seq.max(seq);
+                    x.admit(seq);
                 } else {
-                    x = Admitted {
-                        from,
-                        boot: epoch,
-                        seq,
-                    };
+                    x = Admitted::first(from, epoch, seq);
                 }
                 a.insert(0, x);
             }
             None => {
                 a.truncate(Admitted::MAX - 1);
-                a.insert(
-                    0,
-                    Admitted {
-                        from,
-                        boot: epoch,
-                        seq,
-                    },
-                );
+                a.insert(0, Admitted::first(from, epoch, seq));
             }
         }
     }

@@ -285,23 +285,68 @@ pub struct NodeSnapshot {
     pub admitted: Vec<Admitted>,
 }
 
-/// The newest reservation of one router a node has counted in its
-/// workload ([`NodeSnapshot::admitted`]).
+/// Which of one router's reservations a node has counted in its workload
+/// ([`NodeSnapshot::admitted`]). A router numbers its reservations on each
+/// node from 0; requests may arrive out of order (each on its own
+/// connection), so the node keeps the newest number and which of the
+/// [`Admitted::WINDOW`] before it came.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admitted {
     /// The router.
     pub from: NodeId,
-    /// The router's process (its boot id): its reservations count anew
-    /// when it restarts.
+    /// The router's process (drawn at its start): its reservations are
+    /// numbered anew when it restarts.
     pub boot: u64,
-    /// Its reservation's sequence number.
+    /// The newest of its reservations counted here.
     pub seq: u64,
+    /// Bit `i`: reservation `seq - 1 - i` was counted too.
+    #[serde(default)]
+    pub window: u64,
 }
 
 impl Admitted {
-    /// Routers a node keeps this for, the most recent; an older one's
-    /// reservations are covered by the reports' time again.
+    /// Routers a node keeps this for, the most recent.
     pub const MAX: usize = 64;
+    /// Reservations before the newest whose arrival is kept; an older one
+    /// has arrived, or failed and been released, by the time 64 newer ones
+    /// to the same node were made.
+    pub const WINDOW: u64 = 64;
+
+    /// The first reservation of a router's process counted.
+    pub fn first(from: NodeId, boot: u64, seq: u64) -> Self {
+        Self {
+            from,
+            boot,
+            seq,
+            window: 0,
+        }
+    }
+
+    /// Reservation `seq` is counted now.
+    pub fn admit(&mut self, seq: u64) {
+        if seq > self.seq {
+            let shift = seq - self.seq;
+            self.window = if shift > Self::WINDOW {
+                0
+            } else {
+                // The old newest becomes bit `shift - 1`.
+                (self.window << (shift - 1) << 1) | (1 << (shift - 1))
+            };
+            self.seq = seq;
+        } else if seq < self.seq && self.seq - seq <= Self::WINDOW {
+            self.window |= 1 << (self.seq - seq - 1);
+        }
+    }
+
+    /// Whether reservation `seq` is counted (or too old to be on its way).
+    pub fn counts(&self, seq: u64) -> bool {
+        match self.seq.checked_sub(seq) {
+            None => false,
+            Some(0) => true,
+            Some(d) if d > Self::WINDOW => true,
+            Some(d) => self.window >> (d - 1) & 1 == 1,
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -485,6 +530,32 @@ impl ClusterSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// However a router's reservations to a node arrive (any order,
+        /// some never), a reservation counts exactly when it arrived, or
+        /// when it is older than the window behind the newest that did.
+        #[test]
+        fn admitted_counts_what_arrived_in_any_order(
+            order in proptest::sample::subsequence((0u64..150).collect::<Vec<_>>(), 1..150)
+                .prop_shuffle(),
+        ) {
+            let mut a = Admitted::first(NodeId::from_u128(1), 7, order[0]);
+            let mut arrived = std::collections::BTreeSet::from([order[0]]);
+            for &seq in &order[1..] {
+                a.admit(seq);
+                arrived.insert(seq);
+                let newest = *arrived.iter().next_back().unwrap();
+                prop_assert_eq!(a.seq, newest);
+                for s in 0..160u64 {
+                    let want = arrived.contains(&s) || (s < newest && newest - s > Admitted::WINDOW);
+                    prop_assert_eq!(a.counts(s), want, "seq {} after {:?}", s, arrived);
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_reported_rate_must_be_finite_and_not_negative() {

@@ -347,7 +347,7 @@ impl<'a> Attempts<'a> {
                         .reservation
                         .as_ref()
                         .and_then(crate::state::Reservation::id)
-                        .map(|id| (st.origin_epoch, id.seq())),
+                        .map(|id| (st.origin_epoch, id.wire_seq())),
                 },
             )?
             .await

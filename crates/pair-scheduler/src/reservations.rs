@@ -12,6 +12,8 @@ use pair_core::{ClusterSnapshot, NodeId, RequestProfile, Workload};
 pub struct ReservationId {
     node: NodeId,
     seq: u64,
+    /// Its number among this router's reservations on `node`.
+    wire: u64,
 }
 
 impl ReservationId {
@@ -20,10 +22,11 @@ impl ReservationId {
         self.node
     }
 
-    /// Its sequence number: increasing over this router's reservations,
-    /// sent with the request so the node's report can say it counted it.
-    pub fn seq(&self) -> u64 {
-        self.seq
+    /// Its number among this router's reservations on its node (from 0,
+    /// per process), sent with the request so the node's reports can say
+    /// they counted it ([`pair_core::Admitted`]).
+    pub fn wire_seq(&self) -> u64 {
+        self.wire
     }
 }
 
@@ -38,6 +41,8 @@ pub struct Reserved {
 #[derive(Clone, Copy, Debug)]
 struct Reservation {
     seq: u64,
+    /// [`ReservationId::wire_seq`].
+    wire: u64,
     at_ms: u64,
     prefill: u32,
     decode: u32,
@@ -99,20 +104,29 @@ impl NodeReservations {
             Coverage::Time => None,
         };
         let saw = |r: &Reservation| match coverage {
-            Coverage::Admitted(Some(seq)) => r.seq <= seq,
+            Coverage::Admitted(Some(a)) => a.counts(r.wire),
             Coverage::Admitted(None) => false,
             Coverage::Time => r.at_ms <= reported_ms,
         };
-        while let Some(front) = self.items.front().copied() {
-            if !saw(&front) {
-                break;
+        // Requests arrive out of order: every one the report counts is
+        // covered, not only those before the first it does not.
+        let mut i = 0;
+        while i < self.items.len() {
+            let r = self.items[i];
+            if !saw(&r) {
+                if matches!(coverage, Coverage::Time) {
+                    break;
+                }
+                i += 1;
+                continue;
             }
-            self.take(&front);
-            self.items.pop_front();
+            self.take(&r);
+            self.items.remove(i);
             if self.covered.len() >= Reservations::MAX_PER_NODE {
                 self.covered.pop_front();
             }
-            self.covered.push_back(front);
+            let at = self.covered.partition_point(|c| c.seq < r.seq);
+            self.covered.insert(at, r);
         }
         self.drop_credits_while(|c| c.at_ms <= reported_ms);
         // Finished requests this report saw running are credited; those it
@@ -212,8 +226,8 @@ impl NodeReservations {
 /// Which of this router's reservations a report counts.
 #[derive(Clone, Copy, Debug)]
 enum Coverage {
-    /// Those it names: up to this sequence number (`None`: none of them).
-    Admitted(Option<u64>),
+    /// Those it names (`None`: none of them).
+    Admitted(Option<pair_core::Admitted>),
     /// Those dispatched before it was made (a router that does not name
     /// itself, or reports that say nothing of what they counted).
     Time,
@@ -272,6 +286,9 @@ fn sub(t: &mut Reserved, r: &Reservation) {
 pub struct Reservations {
     nodes: Vec<NodeReservations>,
     next_seq: u64,
+    /// Per node, the number its next reservation gets
+    /// ([`ReservationId::wire_seq`]); kept when the node has none left.
+    wire: std::collections::BTreeMap<NodeId, u64>,
     ttl_ms: u64,
     live: Option<(NodeId, Workload)>,
     /// This router, as the nodes it relays to name it in their reports
@@ -302,6 +319,7 @@ impl Reservations {
         Self {
             nodes: Vec::new(),
             next_seq: 0,
+            wire: std::collections::BTreeMap::new(),
             ttl_ms,
             live: None,
             origin: None,
@@ -342,6 +360,12 @@ impl Reservations {
     ) -> ReservationId {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if self.wire.len() >= Self::MAX_NODES && !self.wire.contains_key(&node) {
+            self.wire.pop_first();
+        }
+        let next = self.wire.entry(node).or_insert(0);
+        let wire = *next;
+        *next += 1;
         let i = match self.nodes.binary_search_by_key(&node, |n| n.node) {
             Ok(i) => i,
             Err(_) => {
@@ -368,11 +392,12 @@ impl Reservations {
         let at_ms = entry.newest_at().map_or(now_ms, |t| t.max(now_ms));
         entry.push(Reservation {
             seq,
+            wire,
             at_ms,
             prefill: profile.prompt_tokens,
             decode: profile.max_output_tokens,
         });
-        ReservationId { node, seq }
+        ReservationId { node, seq, wire }
     }
 
     /// The request finished (or failed) at `now_ms`; returns whether it
@@ -421,7 +446,7 @@ impl Reservations {
                         node.admitted
                             .iter()
                             .find(|a| a.from == id && a.boot == boot)
-                            .map(|a| a.seq),
+                            .copied(),
                     ),
                     None => Coverage::Time,
                 };

@@ -179,13 +179,10 @@ impl World {
         t.running += 1;
         if self.counting {
             let from = id(relay.from);
+            let seq = relay.rid.wire_seq();
             match t.admitted.iter_mut().find(|a| a.from == from) {
-                Some(a) => a.seq = a.seq.max(relay.rid.seq()),
-                None => t.admitted.push(Admitted {
-                    from,
-                    boot: BOOT,
-                    seq: relay.rid.seq(),
-                }),
+                Some(a) => a.admit(seq),
+                None => t.admitted.push(Admitted::first(from, BOOT, seq)),
             }
         }
     }
@@ -303,7 +300,7 @@ fn even(counts: &[u32]) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1_000))]
+    #![proptest_config(ProptestConfig::with_cases(4_000))]
 
     /// One router (both faces of one node share its turn and its
     /// reservations): any number of requests over 2 to 4 nodes.

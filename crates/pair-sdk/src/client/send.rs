@@ -227,7 +227,7 @@ impl<'a> Exchange for Sending<'a> {
         if let Some(id) = ticket.as_ref().and_then(|t| t.id) {
             out.headers_mut().insert(
                 pair_cluster::RESERVATION_HEADER,
-                pair_cluster::reservation_value(client.inner.epoch, id.seq()),
+                pair_cluster::reservation_value(client.inner.epoch, id.wire_seq()),
             );
         }
         if ticket.as_ref().is_some_and(|t| t.alone) {
