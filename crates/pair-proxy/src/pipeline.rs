@@ -270,9 +270,9 @@ pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain")
 
 /// Routes one inference request. `deadline` is the connection's timer,
 /// moved forward for each wait and each attempt's stall check. Read top to
-/// bottom: what the request is ([`prepare`]), its failover's rules
-/// ([`failover_config`]), the attempts ([`Attempts::run`]), and the answer
-/// committed ([`answer`]) or the request given up ([`Attempts::gave_up`]).
+/// bottom: what the request is (`prepare`), its failover's rules
+/// (`failover_config`), the attempts (`Attempts::run`), and the answer
+/// committed (`answer`) or the request given up (`Attempts::gave_up`).
 pub async fn execute(
     st: &Arc<ProxyState>,
     req: Inference,
