@@ -329,7 +329,7 @@ impl Reservations {
     /// Names this router as the nodes it relays to name it: a report that
     /// says which of its reservations it counted covers exactly those
     /// ([`Reservations::sync`]). The shell sends each reservation's
-    /// sequence number with its request ([`ReservationId::seq`]).
+    /// sequence number with its request ([`ReservationId::wire_seq`]).
     pub fn set_origin(&mut self, id: NodeId, boot: u64) {
         self.origin = Some((id, boot));
     }
