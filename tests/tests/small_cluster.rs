@@ -226,7 +226,6 @@ async fn a_client_that_leaves_before_the_head_leaves_a_cancelled_record() {
 /// as what the client got: cancelled, not completed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_answer_the_client_reset_during_is_recorded_cancelled() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let c = cluster(1, |spec| spec.time_scale = 0.0002).await.unwrap();
     let addr = c.nodes[0]
         .ollama_url()
@@ -234,30 +233,7 @@ async fn a_whole_answer_the_client_reset_during_is_recorded_cancelled() {
         .to_owned();
     // About 6 MB of answer, more than loopback's socket buffers hold for a
     // reader whose window is 4 KiB.
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "long"}],
-                      "stream": false, "options": {"num_predict": 700_000}})
-    .to_string();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
-    tcp.write_all(
-        format!(
-            "POST /api/chat HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut head = [0u8; 64];
-    let n = tcp.read(&mut head).await.unwrap();
-    assert!(
-        head[..n].starts_with(b"HTTP/1.1 200"),
-        "{:?}",
-        String::from_utf8_lossy(&head[..n])
-    );
-    tcp.set_zero_linger().unwrap();
-    drop(tcp);
+    reset_after_the_head(&addr, "").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let rec = loop {
         if let Some(r) = c.nodes[0].state.jobs.recent(1).first()
@@ -406,37 +382,12 @@ async fn simultaneous_requests_on_both_faces_spread_two_and_two() {
 /// answer over, ends with the origin's record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_whole_answer_the_client_reset_during_is_cancelled_everywhere() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let c = cluster(2, |spec| spec.time_scale = 0.0002).await.unwrap();
     let addr = c.nodes[0]
         .ollama_url()
         .trim_start_matches("http://")
         .to_owned();
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "long"}],
-                      "stream": false, "options": {"num_predict": 700_000}})
-    .to_string();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
-    tcp.write_all(
-        format!(
-            "POST /api/chat HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nx-pair-node-pin: {}\r\ncontent-length: {}\r\n\r\n{body}",
-            c.nodes[1].id,
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut head = [0u8; 64];
-    let n = tcp.read(&mut head).await.unwrap();
-    assert!(
-        head[..n].starts_with(b"HTTP/1.1 200"),
-        "{:?}",
-        String::from_utf8_lossy(&head[..n])
-    );
-    tcp.set_zero_linger().unwrap();
-    drop(tcp);
+    reset_after_the_head(&addr, &format!("x-pair-node-pin: {}\r\n", c.nodes[1].id)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let origin = loop {
         if let Some(r) = c.nodes[0].state.jobs.recent(1).first()
@@ -464,4 +415,35 @@ async fn a_relayed_whole_answer_the_client_reset_during_is_cancelled_everywhere(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     c.stop().await;
+}
+
+/// Asks `addr` for about 6 MB of whole answer (more than loopback's socket
+/// buffers hold for a reader whose window is 4 KiB), with `extra` header
+/// lines, reads the 200 head, then resets the connection.
+async fn reset_after_the_head(addr: &str, extra: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "long"}],
+                      "stream": false, "options": {"num_predict": 700_000}})
+    .to_string();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut tcp = socket.connect(addr.parse().unwrap()).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST /api/chat HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 64];
+    let n = tcp.read(&mut head).await.unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    tcp.set_zero_linger().unwrap();
+    drop(tcp);
 }
