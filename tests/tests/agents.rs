@@ -401,3 +401,55 @@ async fn a_record_keeps_the_cached_share_the_scheduler_priced() {
     );
     c.stop().await;
 }
+
+/// Claude Code asks for up to 32,000 tokens and answers a few dozen: its
+/// turns are planned at the length its kind of request gave before. An
+/// agent's turn (tools offered) is ranked by when its whole answer ends
+/// even as a stream; after a few answers of 40 tokens, its decode is
+/// priced at a fraction of a request of another shape that nothing has
+/// taught yet (planned at the default 256), at the same moment and speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_turns_are_planned_at_the_length_its_answers_had() {
+    let c = cluster(1, |s| s.time_scale = 0.2).await.unwrap();
+    let url = format!("{}/v1/messages", c.nodes[0].openai_url());
+    let send = |body: Value| {
+        let url = url.clone();
+        async move {
+            let r = http()
+                .post(url)
+                .header("x-pair-explain", "1")
+                .header("x-emulator-answer-tokens", "40")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let route = header(&r, "x-pair-route").unwrap();
+            r.text().await.unwrap();
+            route
+        }
+    };
+    // "... + decode N + ...": N.
+    let decode_in = |route: &str| -> u32 {
+        route
+            .split_once("+ decode ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no decode priced in {route}"))
+    };
+    let first = send(claude_code_request("qwen2.5:7b", true)).await;
+    assert!(first.contains("predicted total"), "{first}");
+    for _ in 0..6 {
+        send(claude_code_request("qwen2.5:7b", true)).await;
+    }
+    let agent = send(claude_code_request("qwen2.5:7b", true)).await;
+    let mut untaught = claude_code_request("qwen2.5:7b", false);
+    untaught.as_object_mut().unwrap().remove("tools");
+    let untaught = send(untaught).await;
+    let (learned, default) = (decode_in(&agent), decode_in(&untaught));
+    assert!(
+        learned * 4 < default,
+        "40 tokens priced {learned} ms, 256 tokens {default} ms:\n{agent}\n{untaught}"
+    );
+    c.stop().await;
+}

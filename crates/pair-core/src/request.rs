@@ -34,9 +34,18 @@ pub struct RequestProfile {
     pub streaming: bool,
     /// Estimated prompt tokens.
     pub prompt_tokens: u32,
-    /// Expected output tokens (the request's max, or a default; 0 for
-    /// embeddings).
+    /// The answer's limit: the request's max, or a default; 0 for
+    /// embeddings.
     pub max_output_tokens: u32,
+    /// The answer's predicted length, learned from earlier answers of the
+    /// same model and client shape (`pair_scheduler`'s answer lengths);
+    /// `None` until predicted: the limit stands in for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_output_tokens: Option<u32>,
+    /// The request offers tools (an agent's turn): its client acts on the
+    /// whole answer, where a tool call comes last.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tools: bool,
     pub session: Option<SessionKey>,
     /// A node the user asked for by name; goes first when eligible.
     pub pinned: Option<NodeId>,
@@ -58,10 +67,26 @@ impl RequestProfile {
             streaming: false,
             prompt_tokens: 0,
             max_output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
+            expected_output_tokens: None,
+            tools: false,
             session: None,
             pinned: None,
             prefix: PromptChain::EMPTY,
         }
+    }
+
+    /// The output tokens to plan for: the predicted length within the
+    /// limit, or the limit where nothing is predicted.
+    pub fn answer_tokens(&self) -> u32 {
+        self.expected_output_tokens
+            .map_or(self.max_output_tokens, |e| e.min(self.max_output_tokens))
+    }
+
+    /// Whether the client waits for the whole answer rather than its first
+    /// token: it did not ask for a stream, or it is an agent that acts on
+    /// the tool call at the answer's end.
+    pub fn wants_whole_answer(&self) -> bool {
+        !self.streaming || self.tools
     }
 
     /// A cheap prompt-token estimate from the size of the request body: about

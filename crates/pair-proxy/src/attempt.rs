@@ -252,7 +252,7 @@ impl<'a> Attempts<'a> {
                 guard: Some({
                     let guard = st
                         .load
-                        .begin(profile.prompt_tokens, profile.max_output_tokens);
+                        .begin(profile.prompt_tokens, profile.answer_tokens());
                     // Relayed under the sender's reservation: this node's
                     // reports say it is counted from here.
                     if let Reach::Plan(Plan::ThisNode { origin }) = self.reach

@@ -592,6 +592,8 @@ pub struct RequestFacts {
     pub model_at: (usize, usize),
     pub streaming: bool,
     pub max_output_tokens: Option<u32>,
+    /// The request offers tools (a non-empty `tools` field).
+    pub tools: bool,
     /// The prompt's block chain (system, tools, turns; no text kept), what
     /// a node's cache may hold of it.
     pub prefix: PromptChain,
@@ -642,6 +644,10 @@ pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFact
         .or(facts.max_tokens)
         .or_else(|| facts.num_predict.and_then(|n| u64::try_from(n).ok()))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let tools = pair_core::prompt::prompt_part(b"tools")
+        .and_then(|i| facts.prompt_at[i])
+        .and_then(|(start, end)| body.get(start..end))
+        .is_some_and(offers_tools);
     let prefix = if work == Work::Generate {
         prompt_chain(body, &facts.prompt_at)
     } else {
@@ -652,8 +658,19 @@ pub fn extract(body: &[u8], flavor: ApiFlavor, work: Work) -> Result<RequestFact
         model_at,
         streaming,
         max_output_tokens,
+        tools,
         prefix,
     })
+}
+
+/// Whether a `tools` value (its JSON as written) offers any: not `null`,
+/// not an empty array.
+fn offers_tools(value: &[u8]) -> bool {
+    match value.trim_ascii() {
+        b"null" => false,
+        [b'[' | b'{', inner @ .., _] => !inner.trim_ascii().is_empty(),
+        _ => true,
+    }
 }
 
 /// The chain of the prompt's fields, in engine order, each field's JSON as
@@ -675,6 +692,7 @@ impl RequestFacts {
     pub fn profile(self, flavor: ApiFlavor, work: Work, body_len: usize) -> RequestProfile {
         let mut p = RequestProfile::new(self.model, flavor);
         p.streaming = self.streaming;
+        p.tools = self.tools;
         p.prefix = self.prefix;
         p.prompt_tokens = RequestProfile::estimate_tokens_from_bytes(body_len);
         p.max_output_tokens = match work {
@@ -900,6 +918,22 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn tools_are_offered_only_by_a_non_empty_list() {
+        let tools = |body: &str| {
+            extract(body.as_bytes(), ApiFlavor::OpenAi, Work::Generate)
+                .unwrap()
+                .tools
+        };
+        assert!(tools(
+            r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"Bash"}}]}"#
+        ));
+        assert!(!tools(r#"{"model":"m","messages":[]}"#));
+        assert!(!tools(r#"{"model":"m","messages":[],"tools":[ ]}"#));
+        assert!(!tools(r#"{"model":"m","messages":[],"tools":null}"#));
+        assert!(!tools(r#"{"model":"m","tools" : [],"messages":[]}"#));
     }
 
     #[test]

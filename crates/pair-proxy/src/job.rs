@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pair_cluster::{Engaged, LoadGuard};
 use pair_core::{ApiFlavor, JobId, JobRecord, JobStatus, NodeId, PromptChain, RequestProfile};
-use pair_scheduler::ReservationId;
+use pair_scheduler::{AnswerKey, ReservationId};
 use tokio::time::Instant;
 
 use crate::engine_report::{PromptCache, Reported};
@@ -118,6 +118,9 @@ pub(crate) struct JobWatcher {
     pub(crate) engine: Option<Engaged>,
     /// Where the answer moved after a cut, when it may move.
     pub(crate) resumed: Option<Arc<crate::resume::ResumeLog>>,
+    /// The model and client shape whose answer lengths this answer
+    /// teaches, for a request this node routed.
+    pub(crate) answer: Option<AnswerKey>,
     /// What the prefix index learns from the engine's account of its
     /// prompt cache, for a request this node routed.
     pub(crate) cache: Option<CacheNote>,
@@ -236,6 +239,17 @@ impl Watcher for JobWatcher {
             }
         }
         let ok = rec.http_status.is_some_and(|s| s < 400);
+        // A whole answer teaches its length: counted by the engine, or by
+        // its stream's events (one a token).
+        if let Some(key) = self.answer.take()
+            && ending == Ending::Completed
+            && ok
+            && let Some(tokens) = reported
+                .and_then(|r| r.output_tokens)
+                .or(rec.output_tokens.filter(|_| rec.streaming))
+        {
+            self.st.note_answer(key, tokens);
+        }
         rec.status = match ending {
             Ending::Completed if ok => JobStatus::Completed,
             Ending::Completed => JobStatus::Failed,

@@ -33,7 +33,7 @@ use pair_http::h1::Headers;
 use pair_http::{Extra, Reply, RequestHead};
 use pair_identity::keys::KeyRecord;
 use pair_scheduler::drive::Driven;
-use pair_scheduler::{Failover, FailoverConfig};
+use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
 use crate::attempt::{Attempts, Committed, Reach, holds};
@@ -374,7 +374,8 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
     } else {
         None
     };
-    let (profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
+    let (mut profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
+    st.expect_answer(&mut profile);
     if let Plan::ThisNode { .. } = plan {
         if !holds(st, &cluster, &profile, req.flavor) {
             return Err(model_not_here(st, &req, &profile));
@@ -509,6 +510,7 @@ fn answer(
         reservation,
         engine,
         resumed: if relayed { None } else { resumed },
+        answer: (!relayed).then(|| AnswerKey::of(profile)),
         cache: (!relayed && !profile.prefix.is_empty()).then(|| CacheNote {
             node,
             prefix: profile.prefix.clone(),

@@ -11,7 +11,8 @@ use pair_core::{
 };
 use pair_scheduler::predict::predict;
 use pair_scheduler::{
-    Candidate, Policy, Ranking, ReservationId, Reservations, Reserved, Scheduler, SchedulerConfig,
+    AnswerKey, Candidate, Policy, Ranking, ReservationId, Reservations, Reserved, Scheduler,
+    SchedulerConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -353,6 +354,20 @@ impl ProxyState {
             top.extend(ranking.iter().take(MAX_ATTEMPTS).copied());
         }
         top
+    }
+
+    /// Sets `request`'s predicted answer length from what this node's
+    /// scheduler learned of its model and client shape.
+    pub fn expect_answer(&self, request: &mut RequestProfile) {
+        if let Ok(s) = self.sched.local().lock() {
+            s.scheduler.expect_answer(request);
+        }
+    }
+
+    /// Teaches every loop's scheduler that an answer to a request of `key`
+    /// generated `tokens`.
+    pub fn note_answer(&self, key: AnswerKey, tokens: u32) {
+        self.each_sched(|s| s.scheduler.note_answer(key, tokens));
     }
 
     /// What `request` would feel if this node's engine took it now, from

@@ -20,6 +20,13 @@
 //! conversation so stays where its context is for as long as that is
 //! soonest, with or without a session.
 //!
+//! Answers are planned at their learned length ([`AnswerLengths`], per
+//! model and client shape), not at the request's `max_tokens`: what a
+//! node's queue holds, what a reservation counts, and how long a whole
+//! answer takes. A client that waits for the whole answer (not streaming,
+//! or an agent whose tool call comes last) is ranked by when its answer
+//! ends; a streaming chat by its first token.
+//!
 //! # Embedding it in another router
 //!
 //! ```
@@ -68,6 +75,9 @@
 //! let mut chain = pair_scheduler::pair_core::ChainBuilder::new();
 //! chain.bytes(&[b'x'; 2_400]); // the system prompt, tools, messages
 //! request.prefix = chain.finish();
+//! // Plan for the answer this kind of request gives, not its limit
+//! // (learned below; 256 tokens within the limit until then).
+//! scheduler.expect_answer(&mut request);
 //! let mut ranking = Ranking::new(); // reuse it: warmed, ranking allocates nothing
 //! let now_ms = 1_010;
 //! scheduler.rank_into(&mut ranking, &cluster, &request, &reservations, now_ms, &mut rng);
@@ -88,6 +98,10 @@
 //! assert_eq!(served_by, Some(NodeId::from_u128(1)), "the 4090 wins");
 //! let receipt = ranking.first().map(ToString::to_string).unwrap_or_default();
 //! assert!(receipt.starts_with("predicted-latency: predicted total "), "{receipt}");
+//!
+//! // When the answer ends, teach its length to its model and client shape.
+//! scheduler.note_answer(pair_scheduler::AnswerKey::of(&request), 180);
+//! assert_eq!(scheduler.expect_answer(&mut request).mean, 180);
 //!
 //! // When the answer's usage arrives, correct the index with what the
 //! // engine found cached (OpenAI `prompt_tokens_details.cached_tokens`,
@@ -122,6 +136,7 @@
 //! ```
 
 mod affinity;
+pub mod answer;
 mod batching;
 pub mod drive;
 mod error;
@@ -140,6 +155,7 @@ mod slots;
 pub use pair_core;
 
 pub use affinity::{AffinityConfig, TIE_MARGIN_MS, TIE_MARGIN_PCT};
+pub use answer::{AnswerKey, AnswerLengths, Expected};
 pub use batching::{BatchFit, BatchLearner, Decoded, learned_perf};
 pub use error::SchedulerError;
 pub use failover::{

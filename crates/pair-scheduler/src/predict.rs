@@ -279,14 +279,14 @@ pub fn predict_cached(
     // in flight; each of `active` streams gets speedup(active)/active of one.
     let active = jobs_ahead.min(slots - 1) + 1;
     let sharing = f64::from(active) / batching.speedup(active);
-    let metric = if request.streaming {
-        Metric::FirstToken
-    } else {
+    let metric = if request.wants_whole_answer() {
         Metric::WholeAnswer
+    } else {
+        Metric::FirstToken
     };
     let decode_ms = match metric {
         Metric::FirstToken => 0.0,
-        Metric::WholeAnswer => f64::from(request.max_output_tokens) * 1000.0 / decode_tps * sharing,
+        Metric::WholeAnswer => f64::from(request.answer_tokens()) * 1000.0 / decode_tps * sharing,
     };
     let load_ms = if entry.loaded { 0 } else { perf.load_ms };
     let rtt_ms = node.rtt_us.div_ceil(1000);

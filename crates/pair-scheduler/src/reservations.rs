@@ -395,7 +395,7 @@ impl Reservations {
             wire,
             at_ms,
             prefill: profile.prompt_tokens,
-            decode: profile.max_output_tokens,
+            decode: profile.answer_tokens(),
         });
         ReservationId { node, seq, wire }
     }

@@ -1,11 +1,13 @@
 //! The `Scheduler` value: a policy, its small state (round-robin cursor,
-//! session affinity table, prefix index) and the ranking pass itself.
+//! session affinity table, prefix index, answer lengths) and the ranking
+//! pass itself.
 
 use pair_core::{ClusterSnapshot, NodeId, PromptChain, RequestProfile, SessionKey};
 use rand_core::RngCore;
 use serde::{Deserialize, Serialize};
 
 use crate::affinity::AffinityTable;
+use crate::answer::{AnswerKey, AnswerLengths, Expected};
 use crate::matcher::Wanted;
 use crate::predict::predict_cached;
 use crate::prefix::PrefixIndex;
@@ -41,6 +43,7 @@ pub struct Scheduler {
     rr_cursor: u64,
     affinity: Option<AffinityTable>,
     prefix: PrefixIndex,
+    answers: AnswerLengths,
 }
 
 impl Default for Scheduler {
@@ -56,6 +59,7 @@ impl Scheduler {
             rr_cursor: 0,
             affinity: config.affinity.map(AffinityTable::new),
             prefix: PrefixIndex::new(),
+            answers: AnswerLengths::new(),
         }
     }
 
@@ -181,6 +185,28 @@ impl Scheduler {
         now_ms: u64,
     ) {
         self.prefix.correct(node, chain, cached_tokens, now_ms);
+    }
+
+    /// Predicts `request`'s answer length from the answers of its model
+    /// and client shape ([`AnswerLengths`]) and sets it on the request
+    /// (`expected_output_tokens`): call it before ranking, so that the
+    /// prediction, the reservation and the node's workload plan for it
+    /// rather than for the request's limit.
+    pub fn expect_answer(&self, request: &mut RequestProfile) -> Expected {
+        let e = self.answers.expect(request);
+        request.expected_output_tokens = Some(e.mean);
+        e
+    }
+
+    /// Call when an answer to a request of `key` ([`AnswerKey::of`]) ended
+    /// whole, with the `tokens` it generated.
+    pub fn note_answer(&mut self, key: AnswerKey, tokens: u32) {
+        self.answers.learn(key, tokens);
+    }
+
+    /// The answer lengths learned so far.
+    pub fn answers(&self) -> &AnswerLengths {
+        &self.answers
     }
 
     /// Forgets a session's node; returns whether it was known.

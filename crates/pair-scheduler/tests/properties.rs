@@ -6,12 +6,15 @@
 
 use std::collections::BTreeMap;
 
+use pair_scheduler::answer::MAX_SHAPES;
 use pair_scheduler::pair_core::{
     ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
     ModelName, ModelPerf, NodeId, NodeSnapshot, Pressure, RequestProfile, Workload,
 };
 use pair_scheduler::predict::{MAX_VIEW_AGE_MS, unseen_arrivals_ms};
-use pair_scheduler::{Policy, Ranking, Reservations, Scheduler, SchedulerConfig};
+use pair_scheduler::{
+    AnswerKey, AnswerLengths, Policy, Ranking, Reservations, Scheduler, SchedulerConfig,
+};
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
@@ -646,6 +649,91 @@ proptest! {
                         s1.prefix().cached_tokens(cand.node, &request.prefix).min(request.prompt_tokens)
                     );
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Learned answer lengths stay within what was seen and the request's
+    /// limit, the tail never under the mean, whatever the order.
+    #[test]
+    fn an_expected_answer_lies_within_what_its_shape_generated(
+        lengths in prop::collection::vec(0u32..40_000, 1..80),
+        limit in 1u32..65_536,
+        streaming in any::<bool>(),
+        tools in any::<bool>(),
+    ) {
+        let mut request = RequestProfile::new("llama3", ApiFlavor::OpenAi);
+        request.max_output_tokens = limit;
+        request.streaming = streaming;
+        request.tools = tools;
+        let mut a = AnswerLengths::new();
+        for &t in &lengths {
+            a.learn(AnswerKey::of(&request), t);
+        }
+        let e = a.expect(&request);
+        let (lo, hi) = (lengths.iter().min().unwrap(), lengths.iter().max().unwrap());
+        prop_assert!(e.learned);
+        prop_assert!(e.mean <= limit && e.tail <= limit, "{:?} over {}", e, limit);
+        prop_assert!(e.mean >= (*lo).min(limit) && e.mean <= (*hi).min(limit), "{:?} outside {}..={}", e, lo, hi);
+        prop_assert!(e.tail >= e.mean, "{:?}", e);
+        // Plain data: the same answers give the same expectation.
+        let mut b = AnswerLengths::new();
+        for &t in &lengths {
+            b.learn(AnswerKey::of(&request), t);
+        }
+        prop_assert_eq!(b.expect(&request), e);
+    }
+
+    /// However many models and shapes teach it, the learner keeps at most
+    /// its cap of them, and the newest is always among them.
+    #[test]
+    fn answer_lengths_stay_within_their_cap(
+        taught in prop::collection::vec((0u32..600, 0u32..5, any::<bool>(), 1u32..40_000), 1..700),
+    ) {
+        let mut a = AnswerLengths::new();
+        for &(model, flavor, tools, tokens) in &taught {
+            let mut r = RequestProfile::new(format!("m{model}"), [ApiFlavor::OpenAi, ApiFlavor::Ollama, ApiFlavor::Anthropic][flavor as usize % 3]);
+            r.tools = tools;
+            r.max_output_tokens = 1 << (flavor * 3);
+            a.learn(AnswerKey::of(&r), tokens);
+            prop_assert!(a.len() <= MAX_SHAPES);
+            prop_assert!(a.expect(&r).learned);
+        }
+    }
+
+    /// A request expected to answer longer is never predicted to finish
+    /// sooner on the same node, and one waited on at its first token does
+    /// not depend on its answer's length.
+    #[test]
+    fn a_longer_expected_answer_never_predicts_sooner(
+        c in case(),
+        a in 0u32..4_000,
+        b in 0u32..4_000,
+        whole in any::<bool>(),
+    ) {
+        let (short, long) = (a.min(b), a.max(b));
+        let mut request = c.request.clone();
+        request.max_output_tokens = 4_000;
+        request.streaming = !whole;
+        for n in c.cluster.nodes() {
+            let Some((_, entry)) = n.find_model(&request.model, request.flavor) else {
+                continue;
+            };
+            let at = |tokens| {
+                let mut r = request.clone();
+                r.expected_output_tokens = Some(tokens);
+                pair_scheduler::predict::predict(
+                    n, &n.workload, entry, &r, pair_scheduler::Reserved::default(), 0,
+                )
+            };
+            let (p, q) = (at(short), at(long));
+            prop_assert!(p.total_ms <= q.total_ms, "{}: {}; {}: {}", short, p, long, q);
+            if !whole {
+                prop_assert_eq!(p.total_ms, q.total_ms);
             }
         }
     }

@@ -35,8 +35,8 @@ use pair_core::{
 use pair_emulator::cache::LLAMA_CPP_CONTEXT_TOKENS;
 use pair_emulator::{CacheKind, EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
-    BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId, Reservations,
-    Scheduler, Streamed, learned_perf,
+    AnswerKey, BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId,
+    Reservations, Scheduler, Streamed, learned_perf,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -446,6 +446,10 @@ struct InFlight {
     /// The router that dispatched it, and its reservation there.
     router: u16,
     reservation: ReservationId,
+    /// The answer's length as the router planned for it (counted in the
+    /// node's workload until the answer ends), and what it learns under.
+    planned: u32,
+    answer: AnswerKey,
 }
 
 /// What one router's prefix index learns from another's dispatch or the
@@ -731,10 +735,14 @@ impl<'a> Sim<'a> {
         self.profile.streaming = d.streaming;
         self.profile.prompt_tokens = d.prompt_tokens;
         self.profile.max_output_tokens = d.declared_output;
+        self.profile.tools = d.tools;
         self.profile.session = d.session;
         self.profile.prefix.clone_from(&d.prompt);
         let r = self.entry(&d);
         let router = &mut self.routers[r];
+        router.scheduler.expect_answer(&mut self.profile);
+        let planned = self.profile.answer_tokens();
+        let answer = AnswerKey::of(&self.profile);
         // A router on a node reads that node's own workload live, as a
         // node's proxy does; the single router runs on no node.
         if let Routing::PerNode(_) = self.scn.routing {
@@ -819,7 +827,7 @@ impl<'a> Sim<'a> {
             prompt: d.prompt.clone(),
         };
         let node = &mut self.nodes[i];
-        node.declared_out += u64::from(d.declared_output);
+        node.declared_out += u64::from(planned);
         node.actual_out += u64::from(d.output_tokens);
         self.inflight[slot] = Some(InFlight {
             demand: d,
@@ -828,6 +836,8 @@ impl<'a> Sim<'a> {
             node: i as u16,
             router: r as u16,
             reservation,
+            planned,
+            answer,
         });
         self.live += 1;
         // The model index is the engine's own; it cannot be out of range.
@@ -912,6 +922,7 @@ impl<'a> Sim<'a> {
         let finished_ms = t.finished_us / US_PER_MS;
         let router = &mut self.routers[usize::from(f.router)];
         router.reservations.release(f.reservation, finished_ms);
+        router.scheduler.note_answer(f.answer, t.output_tokens);
         // The engine said what it found cached (its usage): the dispatching
         // router corrects its index now, the others when the node reports.
         let node_id = self.plan.nodes[i].id;
@@ -936,9 +947,7 @@ impl<'a> Sim<'a> {
         }
         let plan = &self.plan.nodes[i];
         let node = &mut self.nodes[i];
-        node.declared_out = node
-            .declared_out
-            .saturating_sub(u64::from(f.demand.declared_output));
+        node.declared_out = node.declared_out.saturating_sub(u64::from(f.planned));
         node.actual_out = node
             .actual_out
             .saturating_sub(u64::from(f.demand.output_tokens));
@@ -1365,6 +1374,7 @@ mod tests {
                 output_tokens: 200,
                 declared_output: 256,
                 streaming: false,
+                tools: false,
                 session: None,
                 user: None,
                 burst: Some(1),
@@ -1399,6 +1409,7 @@ mod tests {
             output_tokens,
             declared_output: 800,
             streaming: false,
+            tools: false,
             session: None,
             user: None,
             burst: Some(1),

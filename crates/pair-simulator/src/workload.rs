@@ -41,6 +41,8 @@ pub struct Demand {
     /// default when it sets none).
     pub declared_output: u32,
     pub streaming: bool,
+    /// The request offers tools: an agent-loop turn.
+    pub tools: bool,
     pub session: Option<SessionKey>,
     /// The closed-loop user waiting for this answer (for an agent loop,
     /// the developer whose job it is).
@@ -383,6 +385,7 @@ impl SourceState {
                 }
                 d.prompt_tokens = context.tokens();
                 d.burst = Some(job);
+                d.tools = true;
                 let tool_result = tool_tokens.sample_count(&mut u.rng, 1);
                 let tool = (tool_ms.sample(&mut u.rng) * US_PER_MS as f64) as Micros;
                 context.segment(seg(index, SEG_ANSWER, owner, u64::from(k)), d.output_tokens);
@@ -490,6 +493,7 @@ fn draw<R: Rng + ?Sized>(
         output_tokens: output,
         declared_output: declared,
         streaming,
+        tools: false,
         session,
         user,
         burst: None,

@@ -141,6 +141,10 @@ pub(super) fn chat_body(
         }
     };
     let mut body = json!({ "model": model, "messages": messages, "stream": d.streaming });
+    // An agent's turn offers its tools, as a coding agent's does.
+    if d.tools {
+        body["tools"] = json!([{ "type": "function", "function": { "name": "Bash" } }]);
+    }
     if let Some(max) = max_tokens {
         body["options"] = json!({ "num_predict": max });
     }
@@ -470,6 +474,7 @@ mod tests {
             output_tokens: 10,
             declared_output: 256,
             streaming: true,
+            tools: false,
             session: session.map(SessionKey),
             user: Some(0),
             burst: None,
