@@ -12,7 +12,9 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use pair_scheduler::{Policy, Ranking, Reservations, Scheduler};
+use pair_scheduler::{
+    ClusterQueue, Order, Policy, Priority, Ranking, Reservations, Scheduler, Waiting,
+};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
@@ -89,5 +91,34 @@ fn rank_prefix(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, rank, rank_prefix);
+/// One request joining and one leaving a cluster queue of 1,000 waiting
+/// over three lanes (the queue's own cost per request; target < 5 µs).
+fn queue(c: &mut Criterion) {
+    let mut group = c.benchmark_group("queue");
+    let mut q = ClusterQueue::new(Order::Priorities);
+    let waiting = |i: u64| Waiting {
+        lane: (i % 3) as u32,
+        arrived_ms: i * 7,
+        work_ms: ((i * 7_919) % 20_000) as u32,
+        priority: if i % 4 == 0 {
+            Priority::Batch
+        } else {
+            Priority::Interactive
+        },
+    };
+    for i in 0..1_000 {
+        q.push(waiting(i), i);
+    }
+    let mut i = 1_000u64;
+    group.bench_function("push-pop/1000", |b| {
+        b.iter(|| {
+            i += 1;
+            q.push(black_box(waiting(i)), i);
+            black_box(q.pop_first(black_box(&[0, 1, 2])))
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, rank, rank_prefix, queue);
 criterion_main!(benches);

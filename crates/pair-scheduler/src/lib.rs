@@ -147,6 +147,7 @@ mod policy;
 pub mod predict;
 pub mod prefix;
 pub mod prior;
+pub mod queue;
 mod ranking;
 mod reservations;
 mod scheduler;
@@ -165,6 +166,7 @@ pub use failover::{
 pub use learner::{LearnedRates, Observation, PerfLearner};
 pub use policy::Policy;
 pub use prefix::PrefixIndex;
+pub use queue::{ClusterQueue, Order, Priority, Ticket, Waiting};
 pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
 pub use reservations::{ReservationId, Reservations, Reserved};
 pub use scheduler::{Scheduler, SchedulerConfig};

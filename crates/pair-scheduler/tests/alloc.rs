@@ -7,7 +7,9 @@
 
 mod common;
 
-use pair_scheduler::{Policy, Ranking, Reservations, Scheduler};
+use pair_scheduler::{
+    AnswerKey, ClusterQueue, Order, Policy, Priority, Ranking, Reservations, Scheduler, Waiting,
+};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
@@ -22,6 +24,52 @@ fn main() {
     }
     a_warmed_rank_into_allocates_nothing();
     println!("test {NAME} ... ok");
+    a_warmed_cluster_queue_allocates_nothing();
+    println!("test a_warmed_cluster_queue_allocates_nothing ... ok");
+}
+
+/// A request joining and leaving a queue of 1,000 waiting, once the queue
+/// has held that many, allocates nothing; nor does planning its answer.
+fn a_warmed_cluster_queue_allocates_nothing() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let mut q = ClusterQueue::new(Order::Priorities);
+    let waiting = |i: u64| Waiting {
+        lane: (i % 3) as u32,
+        arrived_ms: i * 7,
+        work_ms: ((i * 7_919) % 20_000) as u32,
+        priority: if i % 4 == 0 {
+            Priority::Batch
+        } else {
+            Priority::Interactive
+        },
+    };
+    let mut scheduler = Scheduler::with_policy(Policy::PredictedLatency);
+    let mut request = common::request();
+    scheduler.note_answer(AnswerKey::of(&request), 120);
+    for round in 0..2 {
+        for i in 0..1_000 {
+            q.push(waiting(i), i);
+        }
+        let before = dhat::HeapStats::get();
+        for i in 1_000..3_000u64 {
+            let t = q.push(waiting(i), i);
+            if i % 5 == 0 {
+                q.remove(t);
+            } else {
+                q.pop_first(&[0, 1, 2]);
+            }
+            scheduler.expect_answer(&mut request);
+        }
+        let after = dhat::HeapStats::get();
+        while q.pop_first(&[0, 1, 2]).is_some() {}
+        if round == 1 {
+            dhat::assert_eq!(
+                after.total_blocks,
+                before.total_blocks,
+                "the queue allocated once warmed"
+            );
+        }
+    }
 }
 
 fn a_warmed_rank_into_allocates_nothing() {

@@ -13,7 +13,8 @@ use pair_scheduler::pair_core::{
 };
 use pair_scheduler::predict::{MAX_VIEW_AGE_MS, unseen_arrivals_ms};
 use pair_scheduler::{
-    AnswerKey, AnswerLengths, Policy, Ranking, Reservations, Scheduler, SchedulerConfig,
+    AnswerKey, AnswerLengths, ClusterQueue, Order, Policy, Priority, Ranking, Reservations,
+    Scheduler, SchedulerConfig, Waiting,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -736,5 +737,58 @@ proptest! {
                 prop_assert_eq!(p.total_ms, q.total_ms);
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever arrives and whenever slots free, a request is never passed
+    /// by one that arrived after it was due, every request leaves once,
+    /// and first come first served is exactly arrival order.
+    #[test]
+    fn the_cluster_queue_never_lets_a_later_request_pass_one_that_is_due(
+        ops in prop::collection::vec((0u64..3_000, 1u32..20_000, any::<bool>(), 0u32..3, any::<bool>()), 1..120),
+        order in prop::sample::select(vec![Order::Fifo, Order::ShortestFirst, Order::Priorities]),
+    ) {
+        let mut q = ClusterQueue::new(order);
+        let mut now = 0u64;
+        let mut waiting: Vec<(u64, Waiting)> = Vec::new();
+        let mut served = Vec::new();
+        for (i, &(gap, work_ms, batch, lane, pop)) in ops.iter().enumerate() {
+            now += gap;
+            let w = Waiting {
+                lane,
+                arrived_ms: now,
+                work_ms,
+                priority: if batch { Priority::Batch } else { Priority::Interactive },
+            };
+            q.push(w, i as u64);
+            waiting.push((i as u64, w));
+            if pop {
+                let lanes = [0, 1, 2];
+                let (got, id) = q.pop_first(&lanes).unwrap();
+                for (other, o) in &waiting {
+                    if *other == id {
+                        continue;
+                    }
+                    prop_assert!(
+                        got.arrived_ms <= q.due_ms(o),
+                        "{:?} passed {:?}, due at {}", got, o, q.due_ms(o)
+                    );
+                    if order == Order::Fifo {
+                        prop_assert!(got.arrived_ms <= o.arrived_ms);
+                    }
+                }
+                waiting.retain(|(other, _)| *other != id);
+                served.push(id);
+            }
+        }
+        while let Some((_, id)) = q.pop_first(&[0, 1, 2]) {
+            served.push(id);
+        }
+        served.sort_unstable();
+        prop_assert_eq!(served, (0..ops.len() as u64).collect::<Vec<_>>());
+        prop_assert!(q.is_empty());
     }
 }

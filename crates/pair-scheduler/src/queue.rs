@@ -1,0 +1,339 @@
+//! The cluster queue: where a request waits when every node that could
+//! take it has its slots full (late binding), instead of in one engine's
+//! own first-come queue, so it goes to whichever node frees a slot first.
+//!
+//! Order is shortest predicted job first, with aging, in one key: each
+//! request is due at `arrival + AGING × predicted work` (plus
+//! [`BATCH_DELAY_MS`] for batch work), and the earliest due goes first. A
+//! short request so passes a long one, but nothing that arrives after a
+//! request's due time passes it: no request waits more than
+//! [`AGING`] times its own predicted work because of shorter ones, and
+//! batch work waits at most [`BATCH_DELAY_MS`] more for interactive work
+//! (it never starves).
+//!
+//! Requests wait in lanes (one per model, or whatever set of nodes can take
+//! them, as the embedder numbers them); a node that frees a slot takes the
+//! earliest due request among the lanes it serves. Plain data: no clock, no
+//! I/O; after warm-up (as many requests waiting as ever before) pushing and
+//! popping allocate nothing.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// How far a request may be passed by shorter ones: it is due at its
+/// arrival plus this many times its predicted work.
+pub const AGING: u64 = 4;
+
+/// How long batch work yields to interactive work at most.
+pub const BATCH_DELAY_MS: u64 = 30_000;
+
+/// A request's class (the Gateway API Inference Extension's criticality,
+/// named as `x-pair-priority` takes it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// A person is waiting (chat, an editor): goes before batch work.
+    #[default]
+    Interactive,
+    /// An agent farm, an evaluation, a backfill: yields to interactive
+    /// work for up to [`BATCH_DELAY_MS`].
+    Batch,
+}
+
+impl Priority {
+    /// Parses `interactive`, `batch`, and the ecosystem's other names for
+    /// them: `high`, `normal`, `critical`, `standard` (interactive); `low`,
+    /// `sheddable` (batch). Case-insensitive.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        let is = |name: &str| s.eq_ignore_ascii_case(name);
+        if ["interactive", "high", "normal", "critical", "standard"]
+            .iter()
+            .any(|n| is(n))
+        {
+            Some(Self::Interactive)
+        } else if ["batch", "low", "sheddable"].iter().any(|n| is(n)) {
+            Some(Self::Batch)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}
+
+/// The order a [`ClusterQueue`] serves in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// First come, first served.
+    Fifo,
+    /// Shortest predicted job first, with aging.
+    #[default]
+    ShortestFirst,
+    /// Shortest first, batch work after interactive work.
+    Priorities,
+}
+
+/// A request joining the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    /// Which lane it waits in (the nodes that can take it).
+    pub lane: u32,
+    pub arrived_ms: u64,
+    /// Its predicted work where it would run: the prompt tokens not cached
+    /// prefilled, and the expected answer decoded.
+    pub work_ms: u32,
+    pub priority: Priority,
+}
+
+/// A place in the queue, to take a request out before its turn (its
+/// client left, its wait ran out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    slot: u32,
+    generation: u32,
+}
+
+/// Heap entry: due time, arrival order, slot and its generation.
+type Entry = Reverse<(u64, u64, u32, u32)>;
+
+#[derive(Clone, Debug, Default)]
+struct Slot<T> {
+    generation: u32,
+    held: Option<(Waiting, T)>,
+}
+
+/// Requests waiting for a slot anywhere in the cluster, each with the
+/// caller's `T` (what it needs to dispatch the request).
+#[derive(Clone, Debug)]
+pub struct ClusterQueue<T> {
+    order: Order,
+    /// One heap a lane; entries of requests taken out stay until popped.
+    lanes: Vec<BinaryHeap<Entry>>,
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    arrivals: u64,
+    len: usize,
+}
+
+impl<T> ClusterQueue<T> {
+    pub fn new(order: Order) -> Self {
+        Self {
+            order,
+            lanes: Vec::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            arrivals: 0,
+            len: 0,
+        }
+    }
+
+    pub fn order(&self) -> Order {
+        self.order
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// When `w` is due: the key the queue serves in.
+    pub fn due_ms(&self, w: &Waiting) -> u64 {
+        match self.order {
+            Order::Fifo => w.arrived_ms,
+            Order::ShortestFirst => w.arrived_ms + AGING * u64::from(w.work_ms),
+            Order::Priorities => {
+                let delay = match w.priority {
+                    Priority::Interactive => 0,
+                    Priority::Batch => BATCH_DELAY_MS,
+                };
+                w.arrived_ms + AGING * u64::from(w.work_ms) + delay
+            }
+        }
+    }
+
+    /// Adds a request.
+    pub fn push(&mut self, w: Waiting, item: T) -> Ticket {
+        let due = self.due_ms(&w);
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    held: None,
+                });
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        s.held = Some((w, item));
+        let generation = s.generation;
+        let lane = w.lane as usize;
+        if self.lanes.len() <= lane {
+            self.lanes.resize_with(lane + 1, BinaryHeap::new);
+        }
+        self.arrivals += 1;
+        self.lanes[lane].push(Reverse((due, self.arrivals, slot, generation)));
+        self.len += 1;
+        Ticket { slot, generation }
+    }
+
+    /// Takes a request out before its turn; `None` if it already left.
+    pub fn remove(&mut self, ticket: Ticket) -> Option<(Waiting, T)> {
+        let s = self.slots.get_mut(ticket.slot as usize)?;
+        if s.generation != ticket.generation {
+            return None;
+        }
+        let out = s.held.take()?;
+        s.generation = s.generation.wrapping_add(1);
+        self.free.push(ticket.slot);
+        self.len -= 1;
+        Some(out)
+    }
+
+    /// The next request among `lanes` (those a node with a free slot
+    /// serves), earliest due first; `None` if none waits there.
+    pub fn pop_first(&mut self, lanes: &[u32]) -> Option<(Waiting, T)> {
+        let mut best: Option<(u64, u64, usize)> = None;
+        for &lane in lanes {
+            let Some((due, seq)) = self.head(lane as usize) else {
+                continue;
+            };
+            if best.is_none_or(|(d, s, _)| (due, seq) < (d, s)) {
+                best = Some((due, seq, lane as usize));
+            }
+        }
+        let (_, _, lane) = best?;
+        let Reverse((_, _, slot, generation)) = self.lanes[lane].pop()?;
+        self.remove(Ticket { slot, generation })
+    }
+
+    /// The lane's earliest live entry, dropping those taken out.
+    fn head(&mut self, lane: usize) -> Option<(u64, u64)> {
+        let heap = self.lanes.get_mut(lane)?;
+        while let Some(&Reverse((due, seq, slot, generation))) = heap.peek() {
+            if self.slots[slot as usize].generation == generation {
+                return Some((due, seq));
+            }
+            heap.pop();
+        }
+        None
+    }
+
+    /// The request `ticket` names, while it waits.
+    pub fn get(&self, ticket: Ticket) -> Option<&(Waiting, T)> {
+        let s = self.slots.get(ticket.slot as usize)?;
+        (s.generation == ticket.generation)
+            .then_some(s.held.as_ref())
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(arrived_ms: u64, work_ms: u32, priority: Priority) -> Waiting {
+        Waiting {
+            lane: 0,
+            arrived_ms,
+            work_ms,
+            priority,
+        }
+    }
+
+    fn drain(q: &mut ClusterQueue<&'static str>) -> Vec<&'static str> {
+        std::iter::from_fn(|| q.pop_first(&[0]).map(|(_, t)| t)).collect()
+    }
+
+    #[test]
+    fn a_short_request_passes_long_ones_until_they_are_due() {
+        let mut q = ClusterQueue::new(Order::ShortestFirst);
+        q.push(w(0, 20_000, Priority::Interactive), "long");
+        q.push(w(100, 200, Priority::Interactive), "short");
+        assert_eq!(drain(&mut q), ["short", "long"]);
+        // A short request arriving after the long one is due does not pass.
+        q.push(w(0, 1_000, Priority::Interactive), "waited");
+        q.push(w(4_001, 10, Priority::Interactive), "late");
+        assert_eq!(drain(&mut q), ["waited", "late"]);
+        let mut fifo = ClusterQueue::new(Order::Fifo);
+        fifo.push(w(0, 20_000, Priority::Interactive), "long");
+        fifo.push(w(100, 200, Priority::Interactive), "short");
+        assert_eq!(drain(&mut fifo), ["long", "short"]);
+    }
+
+    #[test]
+    fn batch_yields_to_interactive_work_for_a_bounded_time() {
+        let mut q = ClusterQueue::new(Order::Priorities);
+        q.push(w(0, 100, Priority::Batch), "batch");
+        q.push(w(10, 5_000, Priority::Interactive), "chat");
+        assert_eq!(drain(&mut q), ["chat", "batch"]);
+        q.push(w(0, 100, Priority::Batch), "batch");
+        q.push(
+            w(BATCH_DELAY_MS + 1_000, 10, Priority::Interactive),
+            "later chat",
+        );
+        assert_eq!(drain(&mut q), ["batch", "later chat"]);
+        // Without priorities, batch is just shorter.
+        let mut q = ClusterQueue::new(Order::ShortestFirst);
+        q.push(w(0, 100, Priority::Batch), "batch");
+        q.push(w(10, 5_000, Priority::Interactive), "chat");
+        assert_eq!(drain(&mut q), ["batch", "chat"]);
+    }
+
+    #[test]
+    fn a_node_takes_only_from_its_lanes_and_removed_requests_are_skipped() {
+        let mut q = ClusterQueue::new(Order::ShortestFirst);
+        let a = q.push(
+            Waiting {
+                lane: 1,
+                ..w(0, 10, Priority::Interactive)
+            },
+            "a",
+        );
+        q.push(
+            Waiting {
+                lane: 2,
+                ..w(0, 20, Priority::Interactive)
+            },
+            "b",
+        );
+        q.push(
+            Waiting {
+                lane: 1,
+                ..w(0, 30, Priority::Interactive)
+            },
+            "c",
+        );
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.remove(a).map(|(_, t)| t), Some("a"));
+        assert_eq!(q.remove(a), None, "once");
+        assert_eq!(q.pop_first(&[0]), None);
+        assert_eq!(q.pop_first(&[1, 2]).map(|(_, t)| t), Some("b"));
+        assert_eq!(q.pop_first(&[1]).map(|(_, t)| t), Some("c"));
+        assert!(q.is_empty());
+        // The slot is reused; the old ticket does not name the new request.
+        let d = q.push(w(0, 1, Priority::Interactive), "d");
+        assert_eq!(q.get(a), None);
+        assert_eq!(q.get(d).map(|(_, t)| *t), Some("d"));
+    }
+
+    #[test]
+    fn priorities_parse_as_the_ecosystem_names_them() {
+        for s in ["interactive", "HIGH", "normal", "Critical", "standard"] {
+            assert_eq!(Priority::parse(s), Some(Priority::Interactive), "{s}");
+        }
+        for s in ["batch", "low", " Sheddable "] {
+            assert_eq!(Priority::parse(s), Some(Priority::Batch), "{s}");
+        }
+        assert_eq!(Priority::parse("urgent"), None);
+    }
+}
