@@ -1,7 +1,8 @@
 //! The response body handed to the client: upstream frames pass through as
 //! they arrive (nothing buffers a response), progress is counted, and a
 //! failure after the first byte ends a stream with an explicit error event
-//! instead of a silent truncation that looks like success.
+//! instead of a silent truncation that looks like success. Events are
+//! found by the one stream [`Reader`], read once as they pass, in place.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -10,53 +11,18 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pair_core::ApiFlavor;
 
+pub use pair_translate::frame::Framing;
+use pair_translate::frame::{Kind, Reader, Step};
+
 use crate::dispatch::{UpBody, UpBodyError};
 use crate::engine_report::{Reported, read};
-
-/// How the answer is framed, from its content type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Framing {
-    /// `application/x-ndjson` (Ollama streams).
-    Ndjson,
-    /// `text/event-stream` (OpenAI and Anthropic streams).
-    Sse,
-    /// A single document.
-    Whole,
-}
-
-impl Framing {
-    pub fn from_content_type(ct: Option<&[u8]>) -> Self {
-        let ct = ct.unwrap_or(b"");
-        if ct.starts_with(b"application/x-ndjson") {
-            Framing::Ndjson
-        } else if ct.starts_with(b"text/event-stream") {
-            Framing::Sse
-        } else {
-            Framing::Whole
-        }
-    }
-
-    /// Stream events in a chunk: one per NDJSON line or SSE `data:` line. In
-    /// token streams that is one token per event, give or take the last.
-    pub fn events_in(self, chunk: &[u8]) -> u32 {
-        let n = match self {
-            Framing::Ndjson => chunk.iter().filter(|&&b| b == b'\n').count(),
-            Framing::Sse => chunk
-                .split(|&b| b == b'\n')
-                .filter(|l| l.starts_with(b"data:") && !l.starts_with(b"data: [DONE]"))
-                .count(),
-            Framing::Whole => 0,
-        };
-        u32::try_from(n).unwrap_or(u32::MAX)
-    }
-}
 
 /// The event that ends a stream whose upstream failed after the first byte,
 /// in the stream's own framing so SDKs raise it as an error.
 pub fn stream_error_event(framing: Framing, flavor: ApiFlavor, message: &str) -> Option<Bytes> {
     let msg = serde_json::Value::from(message);
     let text = match (framing, flavor) {
-        (Framing::Ndjson, _) => format!("{{\"error\":{msg}}}\n"),
+        (Framing::JsonLines, _) => format!("{{\"error\":{msg}}}\n"),
         (Framing::Sse, ApiFlavor::Anthropic) => format!(
             "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":{msg}}}}}\n\n"
         ),
@@ -97,7 +63,8 @@ pub enum OnCut {
 /// Told about progress, that the upstream answer has ended, and, exactly
 /// once, how the client's answer ended.
 pub trait Watcher: Send + 'static {
-    /// `events` stream events (about one token each) just passed through.
+    /// `events` stream events (about one token each) just passed through:
+    /// events with a payload other than `[DONE]`, counted as they end.
     fn progress(&mut self, events: u32);
     /// The upstream's last piece is on its way to the client: the node's
     /// work on it is over (its load can go), though the client may not
@@ -112,7 +79,8 @@ pub trait Watcher: Send + 'static {
 pub struct AnswerBody<W: Watcher> {
     first: Option<Bytes>,
     inner: UpBody,
-    framing: Framing,
+    /// Finds the answer's events as it passes.
+    reader: Reader,
     flavor: ApiFlavor,
     on_cut: OnCut,
     watcher: Option<W>,
@@ -135,7 +103,7 @@ pub struct AnswerBody<W: Watcher> {
 impl<W: Watcher> std::fmt::Debug for AnswerBody<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AnswerBody")
-            .field("framing", &self.framing)
+            .field("framing", &self.reader.framing())
             .field("events", &self.events)
             .finish_non_exhaustive()
     }
@@ -154,7 +122,7 @@ impl<W: Watcher> AnswerBody<W> {
         Self {
             first,
             inner,
-            framing,
+            reader: Reader::new(framing),
             flavor,
             on_cut,
             watcher: Some(watcher),
@@ -182,16 +150,17 @@ impl<W: Watcher> AnswerBody<W> {
     /// engine's counts ([`Reported::counts_only`]).
     #[must_use]
     pub fn reading_report(mut self, made_by_pair: bool) -> Self {
-        self.last = Some(LastEvent::new(self.framing));
+        self.last = Some(LastEvent::new(self.reader.framing()));
         self.translated = made_by_pair;
         self
     }
 
     fn count(&mut self, chunk: &[u8]) {
-        if let Some(l) = self.last.as_mut() {
-            l.push(chunk);
-        }
-        let n = self.framing.events_in(chunk);
+        let n = tally(&mut self.last, self.reader.read(chunk));
+        self.progress(n);
+    }
+
+    fn progress(&mut self, n: u32) {
         self.events = self.events.saturating_add(n);
         if let Some(w) = self.watcher.as_mut() {
             w.progress(n);
@@ -210,9 +179,17 @@ impl<W: Watcher> AnswerBody<W> {
         }
     }
 
-    /// The answer has ended.
+    /// The answer has ended. Completed, what came after its last line end
+    /// is its last event (a whole answer's is the answer, not a stream
+    /// event: it is not counted).
     fn end(&mut self, ending: Ending) {
         self.ending.get_or_insert(ending);
+        if ending == Ending::Completed && self.watcher.is_some() {
+            let n = tally(&mut self.last, self.reader.finish());
+            if n > 0 && self.reader.framing() != Framing::Whole {
+                self.progress(n);
+            }
+        }
         if let Some(mut w) = self.watcher.take() {
             let reported = match ending {
                 Ending::Completed => self
@@ -281,7 +258,7 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
                     return Poll::Ready(Some(Err(err)));
                 }
                 match stream_error_event(
-                    this.framing,
+                    this.reader.framing(),
                     this.flavor,
                     &format!(
                         "pair: the serving node failed mid-stream ({class}); the answer is incomplete"
@@ -319,114 +296,88 @@ impl<W: Watcher + Unpin> Body for AnswerBody<W> {
     }
 }
 
+/// The payload events among `steps`, counted as they end; `last` keeps
+/// the last, where one is kept.
+fn tally<'a>(last: &mut Option<LastEvent>, steps: impl Iterator<Item = Step<'a>>) -> u32 {
+    let mut n = 0u32;
+    for step in steps {
+        if let Some(l) = last.as_mut() {
+            l.step(step);
+        }
+        if step == Step::End(Kind::Json) {
+            n = n.saturating_add(1);
+        }
+    }
+    n
+}
+
 /// Most bytes kept of a whole (non-streamed) answer to read its counts
 /// from; a longer one is not read.
 const WHOLE_MAX: usize = 256 << 10;
-/// Most bytes of one unfinished line held; a longer line is skipped.
-const LINE_MAX: usize = 64 << 10;
+/// Most payload bytes kept of one stream event; a longer event is skipped.
+const EVENT_MAX: usize = 64 << 10;
 
-/// The last event of an answer going by: for a stream, its last complete
-/// JSON line (an SSE `data:` line other than `[DONE]`); for a whole
-/// answer, the answer.
+/// The last event of an answer going by, from its [`Reader`]'s steps: for
+/// a stream, its last payload other than `[DONE]` and Anthropic's
+/// `message_stop`; for a whole answer, the answer. Copied into buffers
+/// kept for the answer's life: no allocation per event once they have
+/// grown to an event's size.
 #[derive(Debug)]
 pub struct LastEvent {
-    framing: Framing,
-    /// The line still arriving.
+    /// Most bytes kept of one event.
+    max: usize,
+    /// The event still arriving.
     pending: Vec<u8>,
+    /// The event arriving is too long to keep.
+    skip: bool,
     last: Vec<u8>,
-    /// A whole answer too long to keep.
-    gave_up: bool,
 }
 
 impl LastEvent {
     pub fn new(framing: Framing) -> Self {
         Self {
-            framing,
+            max: if framing == Framing::Whole {
+                WHOLE_MAX
+            } else {
+                EVENT_MAX
+            },
             pending: Vec::new(),
+            skip: false,
             last: Vec::new(),
-            gave_up: false,
         }
     }
 
-    pub fn push(&mut self, chunk: &[u8]) {
-        if self.gave_up {
-            return;
-        }
-        if self.framing == Framing::Whole {
-            if self.last.len() + chunk.len() > WHOLE_MAX {
-                self.gave_up = true;
-                self.last = Vec::new();
-            } else {
-                self.last.extend_from_slice(chunk);
-            }
-            return;
-        }
-        let Some(end) = chunk.iter().rposition(|&b| b == b'\n') else {
-            if self.pending.len() + chunk.len() > LINE_MAX {
+    /// Takes the answer's next step.
+    pub fn step(&mut self, step: Step<'_>) {
+        match step {
+            Step::Data(_) if self.skip => {}
+            Step::Data(d) if self.pending.len() + d.len() > self.max => {
+                self.skip = true;
                 self.pending.clear();
-            } else {
-                self.pending.extend_from_slice(chunk);
             }
-            return;
-        };
-        let (complete, rest) = (&chunk[..end], &chunk[end + 1..]);
-        // The lines this chunk completes, the last event among them: all
-        // but the first are whole in the chunk; the first began in
-        // `pending`.
-        let first_end = complete.iter().position(|&b| b == b'\n');
-        let later = first_end.map_or(&[][..], |i| &complete[i + 1..]);
-        let found = later
-            .rsplit(|&b| b == b'\n')
-            .find_map(|line| payload(self.framing, line));
-        // Copied into buffers kept for the answer's life: no allocation per
-        // event once they have grown to an event's size.
-        if let Some(p) = found {
-            self.last.clear();
-            self.last.extend_from_slice(p);
-        } else {
-            let first = &complete[..first_end.unwrap_or(complete.len())];
-            if self.pending.len() + first.len() <= LINE_MAX {
-                self.pending.extend_from_slice(first);
-                if let Some(p) = payload(self.framing, &self.pending) {
-                    self.last.clear();
-                    self.last.extend_from_slice(p);
+            Step::Data(d) => self.pending.extend_from_slice(d),
+            Step::End(kind) => {
+                // Anthropic's end of stream: the usage is in the
+                // message_delta before it.
+                if kind == Kind::Json
+                    && !self.skip
+                    && !self.pending.starts_with(b"{\"type\":\"message_stop\"")
+                {
+                    std::mem::swap(&mut self.pending, &mut self.last);
                 }
+                self.pending.clear();
+                self.skip = false;
             }
-        }
-        self.pending.clear();
-        if rest.len() <= LINE_MAX {
-            self.pending.extend_from_slice(rest);
         }
     }
 
     /// What the engine reported at the end of the answer.
     pub fn reported(&self) -> Option<Reported> {
-        if self.gave_up || self.last.is_empty() {
+        if self.last.is_empty() {
             return None;
         }
         read(&self.last)
     }
-}
-
-/// An event's JSON in one line of a stream, if it holds one.
-fn payload(framing: Framing, line: &[u8]) -> Option<&[u8]> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let json = match framing {
-        Framing::Sse => {
-            let data = line.strip_prefix(b"data:")?;
-            let data = data.strip_prefix(b" ").unwrap_or(data);
-            // OpenAI's end of stream, and Anthropic's (the usage is in the
-            // message_delta before it).
-            if data == b"[DONE]" || data.starts_with(b"{\"type\":\"message_stop\"") {
-                return None;
-            }
-            data
-        }
-        Framing::Ndjson | Framing::Whole => line,
-    };
-    json.iter()
-        .any(|b| !b.is_ascii_whitespace())
-        .then_some(json)
 }
 
 #[cfg(test)]
@@ -434,28 +385,50 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// What a watcher was told.
+    #[derive(Debug, Default)]
+    struct Told {
+        drained: bool,
+        ending: Option<Ending>,
+        progress: u32,
+        events: u32,
+        reported: Option<Reported>,
+    }
+
     /// What a watcher heard, shared with the test.
     #[derive(Clone, Default)]
-    struct Heard(std::sync::Arc<std::sync::Mutex<(bool, Option<Ending>)>>);
+    struct Heard(std::sync::Arc<std::sync::Mutex<Told>>);
 
-    impl Watcher for Heard {
-        fn progress(&mut self, _: u32) {}
-        fn drained(&mut self) {
-            self.0.lock().unwrap().0 = true;
-        }
-        fn finish(&mut self, ending: Ending, _: u32, _: Option<Reported>) {
-            let mut h = self.0.lock().unwrap();
-            assert!(h.1.is_none(), "finished twice");
-            h.1 = Some(ending);
+    impl Heard {
+        fn told(&self) -> std::sync::MutexGuard<'_, Told> {
+            self.0.lock().unwrap()
         }
     }
 
-    fn body(first: Option<&'static str>, rest: Option<&'static str>) -> (AnswerBody<Heard>, Heard) {
+    impl Watcher for Heard {
+        fn progress(&mut self, events: u32) {
+            self.told().progress += events;
+        }
+        fn drained(&mut self) {
+            self.told().drained = true;
+        }
+        fn finish(&mut self, ending: Ending, events: u32, reported: Option<Reported>) {
+            let mut h = self.told();
+            assert!(h.ending.is_none(), "finished twice");
+            (h.ending, h.events, h.reported) = (Some(ending), events, reported);
+        }
+    }
+
+    fn body(
+        framing: Framing,
+        first: Option<&'static str>,
+        rest: Option<&'static str>,
+    ) -> (AnswerBody<Heard>, Heard) {
         let heard = Heard::default();
         let b = AnswerBody::new(
             first.map(Bytes::from),
             UpBody::Fixed(rest.map(Bytes::from)),
-            Framing::Whole,
+            framing,
             ApiFlavor::OpenAi,
             OnCut::ErrorEvent,
             heard.clone(),
@@ -476,37 +449,53 @@ mod tests {
     fn an_answer_is_completed_only_once_the_server_asks_past_its_last_piece() {
         // A whole answer read before committing, and a stream's last frame.
         for (first, rest) in [(Some("whole"), None), (None, Some("last"))] {
-            let (mut b, heard) = body(first, rest);
+            let (mut b, heard) = body(Framing::Whole, first, rest);
             assert!(poll(&mut b).is_some());
             // Its load goes at once; the client may not have it yet.
-            assert_eq!(*heard.0.lock().unwrap(), (true, None));
+            let h = heard.told();
+            assert_eq!((h.drained, h.ending), (true, None));
+            drop(h);
             assert!(!b.is_end_stream());
             assert!(poll(&mut b).is_none());
             assert!(b.is_end_stream());
-            assert_eq!(heard.0.lock().unwrap().1, Some(Ending::Completed));
+            let h = heard.told();
+            assert_eq!((h.ending, h.events), (Some(Ending::Completed), 0));
+            drop(h);
             drop(b);
             // Dropped after the last piece was handed but before the server
             // asked past it (its write failed: the client reset).
-            let (mut b, heard) = body(first, rest);
+            let (mut b, heard) = body(Framing::Whole, first, rest);
             assert!(poll(&mut b).is_some());
             drop(b);
-            assert_eq!(*heard.0.lock().unwrap(), (true, Some(Ending::Cancelled)));
+            let h = heard.told();
+            assert_eq!((h.drained, h.ending), (true, Some(Ending::Cancelled)));
         }
     }
 
     #[test]
-    fn counts_events_per_framing() {
-        assert_eq!(Framing::Ndjson.events_in(b"{\"a\":1}\n{\"a\":2}\n"), 2);
-        assert_eq!(
-            Framing::Sse.events_in(b"data: {}\n\ndata: {}\n\ndata: [DONE]\n\n"),
-            2
+    fn events_are_counted_as_they_end_whatever_the_chunks() {
+        let (b, heard) = body(
+            Framing::Sse,
+            Some(": ping\r\n\r\ndata: {\"choices\":[]}\r\n\r\ndata: {\"usage\":\n"),
+            Some("data: {\"prompt_tokens\":3,\"completion_tokens\":4}}\n"),
         );
-        assert_eq!(Framing::Whole.events_in(b"{}\n"), 0);
+        let mut b = b.reading_report(false);
+        assert!(poll(&mut b).is_some());
+        assert_eq!(heard.told().progress, 1, "the usage event has not ended");
+        assert!(poll(&mut b).is_some());
+        assert!(poll(&mut b).is_none());
+        let h = heard.told();
+        assert_eq!(
+            (h.progress, h.events),
+            (2, 2),
+            "the end of the answer ends it"
+        );
+        assert_eq!(h.reported.and_then(|r| r.output_tokens), Some(4));
     }
 
     #[test]
     fn error_events_parse_in_their_framing() {
-        let nd = stream_error_event(Framing::Ndjson, ApiFlavor::Ollama, "boom \"x\"").unwrap();
+        let nd = stream_error_event(Framing::JsonLines, ApiFlavor::Ollama, "boom \"x\"").unwrap();
         let v: serde_json::Value = serde_json::from_slice(nd.trim_ascii_end()).unwrap();
         assert_eq!(v["error"], "boom \"x\"");
 
@@ -517,19 +506,6 @@ mod tests {
         assert_eq!(v["error"]["message"], "boom");
 
         assert!(stream_error_event(Framing::Whole, ApiFlavor::OpenAi, "boom").is_none());
-    }
-
-    #[test]
-    fn framing_from_content_type() {
-        assert_eq!(
-            Framing::from_content_type(Some(b"text/event-stream; charset=utf-8")),
-            Framing::Sse
-        );
-        assert_eq!(
-            Framing::from_content_type(Some(b"application/x-ndjson")),
-            Framing::Ndjson
-        );
-        assert_eq!(Framing::from_content_type(None), Framing::Whole);
     }
 
     const OLLAMA: &[u8] = b"{\"model\":\"m\",\"response\":\"Hi\",\"done\":false}\n\
@@ -543,16 +519,17 @@ data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\
 data: [DONE]\n\n";
 
     fn last(framing: Framing, pieces: &[&[u8]]) -> Option<Reported> {
-        let mut l = LastEvent::new(framing);
+        let (mut reader, mut l) = (Reader::new(framing), LastEvent::new(framing));
         for p in pieces {
-            l.push(p);
+            reader.read(p).for_each(|s| l.step(s));
         }
+        reader.finish().for_each(|s| l.step(s));
         l.reported()
     }
 
     #[test]
     fn the_last_event_of_each_framing_is_read() {
-        let r = last(Framing::Ndjson, &[OLLAMA]).unwrap();
+        let r = last(Framing::JsonLines, &[OLLAMA]).unwrap();
         assert_eq!((r.prompt_tokens, r.output_tokens), (Some(26), Some(290)));
         let r = last(Framing::Sse, &[LLAMA_CPP]).unwrap();
         assert_eq!((r.prompt_tokens, r.output_tokens), (Some(12), Some(33)));
@@ -562,6 +539,14 @@ data: [DONE]\n\n";
                 .unwrap()
                 .output_tokens,
             Some(7)
+        );
+        // An event's data lines join; Anthropic's message_stop is passed over.
+        let anthropic = b"event: message_delta\ndata: {\"type\":\"message_delta\",\n\
+data: \"usage\":{\"input_tokens\":2,\"output_tokens\":9}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(
+            last(Framing::Sse, &[anthropic]).and_then(|r| r.output_tokens),
+            Some(9)
         );
         // A stream whose last event reports nothing reports nothing.
         assert_eq!(
@@ -577,7 +562,7 @@ data: [DONE]\n\n";
             cuts in prop::collection::vec(0usize..LLAMA_CPP.len(), 0..8),
             ndjson in any::<bool>(),
         ) {
-            let (framing, body) = if ndjson { (Framing::Ndjson, OLLAMA) } else { (Framing::Sse, LLAMA_CPP) };
+            let (framing, body) = if ndjson { (Framing::JsonLines, OLLAMA) } else { (Framing::Sse, LLAMA_CPP) };
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % body.len()).collect();
             cuts.sort_unstable();
             let mut pieces = Vec::new();

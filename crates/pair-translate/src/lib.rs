@@ -6,7 +6,9 @@
 //! One module owns each mapping: [`ollama`] (Ollama client, OpenAI engine),
 //! [`anthropic`] (Anthropic client, OpenAI engine) and [`responses`]
 //! (OpenAI Responses client, any engine's chat completions); [`frame`]
-//! cuts a stream into events. [`fields`] holds the one rule for fields
+//! is the one reader of streamed answers (server-sent events, JSON lines)
+//! that cuts them into events, for translation, continuation ([`resume`])
+//! and the proxy's counts alike. [`fields`] holds the one rule for fields
 //! the engine lacks: each is mapped, dropped (named in the
 //! [`Translated::dropped`] list, `x-pair-dropped`) or refused (a
 //! [`TranslateError`] naming the field, a 400 for the client), never a

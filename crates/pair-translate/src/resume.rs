@@ -23,7 +23,7 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value, json};
 
-use crate::frame::Framing;
+use crate::frame::{Event, Framing, Kind, Reader, Splitter, Step};
 
 /// The API of a stream below translation (the shells know which route
 /// is which).
@@ -55,22 +55,6 @@ impl Api {
     }
 }
 
-/// The JSON events of a piece of a stream (complete events only): SSE
-/// `data:` payloads other than `[DONE]`, or NDJSON lines.
-fn payloads(framing: Framing, chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
-    chunk.split(|&b| b == b'\n').filter_map(move |line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        match framing {
-            Framing::Sse => {
-                let data = line.strip_prefix(b"data:")?;
-                let data = data.strip_prefix(b" ").unwrap_or(data);
-                (data != b"[DONE]").then_some(data)
-            }
-            _ => (!line.iter().all(u8::is_ascii_whitespace)).then_some(line),
-        }
-    })
-}
-
 /// What the client has of an answer, read back from the events it was
 /// given.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -86,15 +70,22 @@ pub struct Transcript {
 }
 
 impl Transcript {
+    /// Reads the complete events of `events` (a stream's pieces, in order).
     pub fn read<'a>(api: Api, events: impl IntoIterator<Item = &'a Bytes>) -> Transcript {
         let mut t = Transcript::default();
+        let (mut splitter, mut out) = (Splitter::new(api.framing()), Vec::new());
         for chunk in events {
-            for payload in payloads(api.framing(), chunk) {
-                let Ok(v) = serde_json::from_slice::<Value>(payload) else {
-                    t.unresumable.get_or_insert("an event that is not JSON");
+            splitter.push(chunk, &mut out);
+            for event in out.drain(..) {
+                let Event::Json(payload) = event else {
                     continue;
                 };
-                t.event(api, &v);
+                match serde_json::from_slice::<Value>(&payload) {
+                    Ok(v) => t.event(api, &v),
+                    Err(_) => {
+                        t.unresumable.get_or_insert("an event that is not JSON");
+                    }
+                }
             }
         }
         t
@@ -346,28 +337,28 @@ struct Splice {
 }
 
 impl Splice {
+    /// Rewrites the events in `events` (complete ones, and a last one that
+    /// came without its end); bytes that are no event's pass as they are.
     fn rewrite(&self, framing: Framing, events: &Bytes) -> Bytes {
-        let sep: &[u8] = if framing == Framing::Sse {
-            b"\n\n"
-        } else {
-            b"\n"
-        };
         let mut out = BytesMut::with_capacity(events.len() + 64);
-        let mut changed = false;
-        let mut rest: &[u8] = events;
-        while !rest.is_empty() {
-            let (event, tail) = match memchr::memmem::find(rest, sep) {
-                Some(at) => rest.split_at(at + sep.len()),
-                None => (rest, &[][..]),
+        let (mut changed, mut from, mut payload) = (false, 0, Vec::new());
+        let mut take = |step: Step<'_>, to: usize| {
+            let kind = match step {
+                Step::Data(d) => {
+                    payload.extend_from_slice(d);
+                    return;
+                }
+                Step::End(kind) => kind,
             };
-            rest = tail;
-            let Some(payload) = payloads(framing, event).next() else {
+            let event = &events[from..to];
+            from = to;
+            let parsed = (kind == Kind::Json)
+                .then(|| serde_json::from_slice::<Value>(&payload).ok())
+                .flatten();
+            payload.clear();
+            let Some(mut v) = parsed else {
                 out.extend_from_slice(event);
-                continue;
-            };
-            let Ok(mut v) = serde_json::from_slice::<Value>(payload) else {
-                out.extend_from_slice(event);
-                continue;
+                return;
             };
             match self.event(&mut v) {
                 Edit::Keep => out.extend_from_slice(event),
@@ -380,7 +371,16 @@ impl Splice {
                     }
                 }
             }
+        };
+        let mut reader = Reader::new(framing);
+        let mut steps = reader.read(events);
+        while let Some(step) = steps.next() {
+            take(step, steps.at());
         }
+        for step in reader.finish() {
+            take(step, events.len());
+        }
+        out.extend_from_slice(&events[from..]);
         if changed {
             out.freeze()
         } else {
@@ -491,7 +491,8 @@ pub enum Cut {
 #[derive(Debug)]
 pub struct Stitcher {
     api: Api,
-    framing: Framing,
+    /// Reads the stream to find where its events end.
+    reader: Reader,
     /// The request as it went to the engine.
     request: Bytes,
     model: String,
@@ -514,7 +515,7 @@ impl Stitcher {
     pub fn new(api: Api, request: Bytes, model: impl Into<String>, limit: u8) -> Self {
         Self {
             api,
-            framing: api.framing(),
+            reader: Reader::new(api.framing()),
             request,
             model: model.into(),
             limit: usize::from(limit),
@@ -540,20 +541,26 @@ impl Stitcher {
     /// finishes), spliced after a move; `None` while an event is still
     /// incomplete.
     pub fn feed(&mut self, data: Bytes) -> Option<Bytes> {
-        let sep: &[u8] = if self.framing == Framing::Sse {
-            b"\n\n"
-        } else {
-            b"\n"
-        };
-        let whole = if self.partial.is_empty() && data.ends_with(sep) {
-            data
-        } else {
+        let mut end = None;
+        let mut steps = self.reader.read(&data);
+        while let Some(step) = steps.next() {
+            if let Step::End(_) = step {
+                end = Some(steps.at());
+            }
+        }
+        let Some(end) = end else {
             self.partial.extend_from_slice(&data);
-            let end = memchr::memmem::rfind(&self.partial, sep)? + sep.len();
-            self.partial.split_to(end).freeze()
+            return None;
         };
+        let whole = if self.partial.is_empty() {
+            data.slice(..end)
+        } else {
+            self.partial.extend_from_slice(&data[..end]);
+            self.partial.split().freeze()
+        };
+        self.partial.extend_from_slice(&data[end..]);
         let out = match &self.splice {
-            Some(s) => s.rewrite(self.framing, &whole),
+            Some(s) => s.rewrite(self.reader.framing(), &whole),
             None => whole,
         };
         if out.is_empty() {
@@ -578,7 +585,8 @@ impl Stitcher {
         if t.finished {
             // Only the stream's end is missing.
             return Cut::End(
-                (self.framing == Framing::Sse).then(|| Bytes::from_static(b"data: [DONE]\n\n")),
+                (self.reader.framing() == Framing::Sse)
+                    .then(|| Bytes::from_static(b"data: [DONE]\n\n")),
             );
         }
         match continuation(self.api, &self.request, &t) {
@@ -601,6 +609,7 @@ impl Stitcher {
         let mut receipt = self.splice.take().map(|s| s.receipt).unwrap_or_default();
         receipt.push(entry);
         self.partial.clear();
+        self.reader = Reader::new(self.api.framing());
         self.splice = Some(Splice {
             api: self.api,
             from,
@@ -616,7 +625,7 @@ impl Stitcher {
         }
         let rest = self.partial.split().freeze();
         Some(match &self.splice {
-            Some(s) => s.rewrite(self.framing, &rest),
+            Some(s) => s.rewrite(self.reader.framing(), &rest),
             None => rest,
         })
     }
@@ -626,6 +635,7 @@ impl Stitcher {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sse(events: &[Value]) -> Bytes {
         let mut s = String::new();
@@ -830,5 +840,65 @@ mod tests {
         // Events it does not change pass as they came.
         let plain = sse(&[chunk("x")]);
         assert_eq!(splice.rewrite(Framing::Sse, &plain), plain);
+    }
+
+    /// What a stitcher passes on of `stream` fed in `pieces`, each piece
+    /// it passes, and what it holds at the end.
+    fn passed(stream: &[u8], cuts: &[usize]) -> (Vec<Bytes>, Option<Bytes>) {
+        let mut st = Stitcher::new(Api::OpenAiChat, Bytes::from_static(b"{}"), "m", 1);
+        let out = crate::frame::cut(stream, cuts)
+            .into_iter()
+            .filter_map(|p| st.feed(Bytes::copy_from_slice(p)))
+            .collect();
+        (out, st.rest())
+    }
+
+    const CRLF: &[u8] =
+        b"data: {\"choices\":[{\"index\":0,\r\ndata: \"delta\":{\"content\":\"Hi\"}}]}\r\n\r\n\
+: ping\r\rdata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"}}]}\r\n\r\n";
+
+    #[test]
+    fn events_pass_whole_whatever_their_line_ends() {
+        let (out, rest) = passed(CRLF, &[40, 70]);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(out[0].ends_with(b"\r\n\r\n") && out[1].starts_with(b": ping"));
+        assert_eq!(rest, None);
+        let t = Transcript::read(Api::OpenAiChat, &out);
+        assert_eq!((t.text.as_str(), t.tokens, t.unresumable), ("Hi!", 2, None));
+        // A continuation's CRLF events are rewritten whole.
+        let splice = Splice {
+            api: Api::OpenAiChat,
+            from: Api::OpenAiChat,
+            before: 1,
+            receipt: vec![json!({"node": "b", "at_token": 1})],
+        };
+        let role =
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\r\n\r\n";
+        let events = Bytes::from([&role[..], CRLF].concat());
+        assert_eq!(
+            splice.rewrite(Framing::Sse, &events),
+            CRLF,
+            "its opening is dropped"
+        );
+    }
+
+    proptest! {
+        /// However a stream is cut, what a stitcher passes on is the
+        /// stream, in whole events.
+        #[test]
+        fn a_stream_in_any_pieces_passes_in_whole_events(
+            cuts in prop::collection::vec(0usize..200, 0..12),
+        ) {
+            let (whole, _) = passed(CRLF, &[]);
+            let (mut out, rest) = passed(CRLF, &cuts);
+            let last = out.last().cloned().unwrap_or_default();
+            prop_assert!(last.ends_with(b"\r\n\r\n") || last.ends_with(b"\r\n\r"));
+            out.extend(rest);
+            prop_assert_eq!(out.concat(), CRLF);
+            prop_assert_eq!(
+                Transcript::read(Api::OpenAiChat, &out),
+                Transcript::read(Api::OpenAiChat, &whole)
+            );
+        }
     }
 }
