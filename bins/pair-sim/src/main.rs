@@ -73,6 +73,12 @@ enum Command {
         /// caching nothing), to see what the index changes.
         #[arg(long)]
         no_prefix_index: bool,
+        /// Late binding: `off` (commit each request to a node at once),
+        /// `fifo`, `sjf` (shortest predicted job first, with aging) or
+        /// `priorities` (sjf, batch work after interactive); overrides the
+        /// scenario's `routing.queue`.
+        #[arg(long)]
+        queue: Option<String>,
         /// Skip the users-at-SLO search (one run per policy only).
         #[arg(long)]
         no_search: bool,
@@ -225,6 +231,7 @@ fn main() -> ExitCode {
             fan_out,
             only,
             no_prefix_index,
+            queue,
             no_search,
             sequential,
         } => run(
@@ -240,6 +247,7 @@ fn main() -> ExitCode {
                 fan_out,
                 only: only.as_deref(),
                 no_prefix_index,
+                queue: queue.as_deref(),
             },
             !no_search,
             !sequential,
@@ -284,6 +292,7 @@ struct Overrides<'a> {
     /// Comma-separated node names.
     only: Option<&'a str>,
     no_prefix_index: bool,
+    queue: Option<&'a str>,
 }
 
 /// Loads a scenario file with the command line's overrides applied.
@@ -311,6 +320,10 @@ fn load(path: &Path, o: &Overrides<'_>) -> Result<Scenario, Failure> {
     }
     if o.no_prefix_index {
         s.prefix_index = false;
+    }
+    if let Some(q) = o.queue {
+        s.queue = pair_simulator::scenario::parse_queue(q)
+            .map_err(|e| Failure::Config(format!("--queue: {}", chain(&e))))?;
     }
     if let Some(n) = o.fan_out {
         s = s.with_fan_out(n).map_err(|e| {

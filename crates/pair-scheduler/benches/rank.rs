@@ -100,7 +100,7 @@ fn queue(c: &mut Criterion) {
         lane: (i % 3) as u32,
         arrived_ms: i * 7,
         work_ms: ((i * 7_919) % 20_000) as u32,
-        priority: if i % 4 == 0 {
+        priority: if i.is_multiple_of(4) {
             Priority::Batch
         } else {
             Priority::Interactive

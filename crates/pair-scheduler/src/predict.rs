@@ -284,9 +284,10 @@ pub fn predict_cached(
     } else {
         Metric::FirstToken
     };
+    let answer_ms = f64::from(request.answer_tokens()) * 1000.0 / decode_tps * sharing;
     let decode_ms = match metric {
         Metric::FirstToken => 0.0,
-        Metric::WholeAnswer => f64::from(request.answer_tokens()) * 1000.0 / decode_tps * sharing,
+        Metric::WholeAnswer => answer_ms,
     };
     let load_ms = if entry.loaded { 0 } else { perf.load_ms };
     let rtt_ms = node.rtt_us.div_ceil(1000);
@@ -298,6 +299,7 @@ pub fn predict_cached(
         prefill_ms: ms(prefill_ms),
         cached_tokens,
         decode_ms: ms(decode_ms),
+        answer_ms: ms(answer_ms),
         overhead_ms: perf.overhead_ms,
         load_ms,
         rtt_ms,

@@ -11,6 +11,13 @@
 //! batch work waits at most [`BATCH_DELAY_MS`] more for interactive work
 //! (it never starves).
 //!
+//! Batch work also leaves interactive work room: while interactive
+//! requests were seen in the last [`INTERACTIVE_WINDOW_MS`], batch work
+//! does not take the cluster's last free slot ([`batch_may_take`]), so a
+//! chat question on serial engines finds a slot instead of waiting behind
+//! a long batch answer. Batch work keeps a share (every slot but one); on
+//! a cluster of one slot, it takes it once it has waited its delay.
+//!
 //! Requests wait in lanes (one per model, or whatever set of nodes can take
 //! them, as the embedder numbers them); a node that frees a slot takes the
 //! earliest due request among the lanes it serves. Plain data: no clock, no
@@ -22,10 +29,29 @@ use std::collections::BinaryHeap;
 
 /// How far a request may be passed by shorter ones: it is due at its
 /// arrival plus this many times its predicted work.
-pub const AGING: u64 = 4;
+pub const AGING: u64 = 2;
 
 /// How long batch work yields to interactive work at most.
 pub const BATCH_DELAY_MS: u64 = 30_000;
+
+/// How long interactive work counts as present after its last request,
+/// for [`batch_may_take`].
+pub const INTERACTIVE_WINDOW_MS: u64 = 60_000;
+
+/// Whether a batch request may take a slot now, with `free_slots` of the
+/// `slots` that could serve it free: not the last free one while
+/// interactive work was seen `interactive_seen_ms_ago`, within
+/// [`INTERACTIVE_WINDOW_MS`]; where there is one slot in all, once it has
+/// waited [`BATCH_DELAY_MS`].
+pub fn batch_may_take(
+    free_slots: u32,
+    slots: u32,
+    interactive_seen_ms_ago: Option<u64>,
+    waited_ms: u64,
+) -> bool {
+    let interactive = interactive_seen_ms_ago.is_some_and(|ago| ago <= INTERACTIVE_WINDOW_MS);
+    free_slots >= 2 || !interactive || (slots <= 1 && waited_ms >= BATCH_DELAY_MS)
+}
 
 /// A request's class (the Gateway API Inference Extension's criticality,
 /// named as `x-pair-priority` takes it).
@@ -112,7 +138,8 @@ struct Slot<T> {
 #[derive(Clone, Debug)]
 pub struct ClusterQueue<T> {
     order: Order,
-    /// One heap a lane; entries of requests taken out stay until popped.
+    /// Two heaps a lane (interactive, then batch: lane `l`'s at `2l` and
+    /// `2l + 1`); entries of requests taken out stay until popped.
     lanes: Vec<BinaryHeap<Entry>>,
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
@@ -176,7 +203,7 @@ impl<T> ClusterQueue<T> {
         let s = &mut self.slots[slot as usize];
         s.held = Some((w, item));
         let generation = s.generation;
-        let lane = w.lane as usize;
+        let lane = heap_of(w.lane, w.priority);
         if self.lanes.len() <= lane {
             self.lanes.resize_with(lane + 1, BinaryHeap::new);
         }
@@ -202,13 +229,26 @@ impl<T> ClusterQueue<T> {
     /// The next request among `lanes` (those a node with a free slot
     /// serves), earliest due first; `None` if none waits there.
     pub fn pop_first(&mut self, lanes: &[u32]) -> Option<(Waiting, T)> {
+        self.pop_among(lanes, &[Priority::Interactive, Priority::Batch])
+    }
+
+    /// [`ClusterQueue::pop_first`] among interactive requests only (a slot
+    /// batch work may not take, [`batch_may_take`]).
+    pub fn pop_interactive(&mut self, lanes: &[u32]) -> Option<(Waiting, T)> {
+        self.pop_among(lanes, &[Priority::Interactive])
+    }
+
+    fn pop_among(&mut self, lanes: &[u32], classes: &[Priority]) -> Option<(Waiting, T)> {
         let mut best: Option<(u64, u64, usize)> = None;
         for &lane in lanes {
-            let Some((due, seq)) = self.head(lane as usize) else {
-                continue;
-            };
-            if best.is_none_or(|(d, s, _)| (due, seq) < (d, s)) {
-                best = Some((due, seq, lane as usize));
+            for &class in classes {
+                let heap = heap_of(lane, class);
+                let Some((due, seq)) = self.head(heap) else {
+                    continue;
+                };
+                if best.is_none_or(|(d, s, _)| (due, seq) < (d, s)) {
+                    best = Some((due, seq, heap));
+                }
             }
         }
         let (_, _, lane) = best?;
@@ -235,6 +275,11 @@ impl<T> ClusterQueue<T> {
             .then_some(s.held.as_ref())
             .flatten()
     }
+}
+
+/// The heap of `lane`'s requests of `class`.
+fn heap_of(lane: u32, class: Priority) -> usize {
+    lane as usize * 2 + class as usize
 }
 
 #[cfg(test)]
@@ -324,6 +369,32 @@ mod tests {
         let d = q.push(w(0, 1, Priority::Interactive), "d");
         assert_eq!(q.get(a), None);
         assert_eq!(q.get(d).map(|(_, t)| *t), Some("d"));
+    }
+
+    #[test]
+    fn batch_work_leaves_interactive_work_the_last_slot() {
+        assert!(batch_may_take(2, 3, Some(0), 0));
+        assert!(!batch_may_take(1, 3, Some(0), 0));
+        assert!(
+            !batch_may_take(1, 3, Some(0), 10 * BATCH_DELAY_MS),
+            "it keeps 2 of 3"
+        );
+        assert!(
+            batch_may_take(1, 3, Some(INTERACTIVE_WINDOW_MS + 1), 0),
+            "no chat lately"
+        );
+        assert!(batch_may_take(1, 3, None, 0));
+        assert!(!batch_may_take(1, 1, Some(0), 0));
+        assert!(
+            batch_may_take(1, 1, Some(0), BATCH_DELAY_MS),
+            "one slot: it waits its delay"
+        );
+        let mut q = ClusterQueue::new(Order::Priorities);
+        q.push(w(0, 10, Priority::Batch), "batch");
+        assert_eq!(q.pop_interactive(&[0]), None);
+        q.push(w(5, 10_000, Priority::Interactive), "chat");
+        assert_eq!(q.pop_interactive(&[0]).map(|(_, t)| t), Some("chat"));
+        assert_eq!(q.pop_first(&[0]).map(|(_, t)| t), Some("batch"));
     }
 
     #[test]

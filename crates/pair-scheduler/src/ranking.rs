@@ -346,6 +346,10 @@ pub struct Prediction {
     pub cached_tokens: u32,
     /// Generating the answer (0 for [`Metric::FirstToken`]).
     pub decode_ms: u32,
+    /// Generating the expected answer whatever the metric: with
+    /// `prefill_ms`, the request's own work ([`Prediction::work_ms`]).
+    #[serde(default)]
+    pub answer_ms: u32,
     /// The engine's fixed cost per request.
     pub overhead_ms: u32,
     /// Loading the model when it is not in memory.
@@ -381,6 +385,18 @@ impl Prediction {
         ]
         .into_iter()
         .fold(0u32, u32::saturating_add)
+    }
+
+    /// The request's own work on this node, waiting aside: prefilling
+    /// what is not cached and generating the expected answer. What a
+    /// cluster queue orders by ([`crate::ClusterQueue`]).
+    pub fn work_ms(&self) -> u32 {
+        self.prefill_ms.saturating_add(self.answer_ms)
+    }
+
+    /// No slot is free for it: it would wait in the engine's own queue.
+    pub fn queued(&self) -> bool {
+        self.jobs_ahead >= self.slots
     }
 }
 

@@ -43,6 +43,10 @@ pub struct Scenario {
     /// node's engine caches), which predicted-latency prices prefill from;
     /// off, every node is priced as holding nothing.
     pub prefix_index: bool,
+    /// Late binding: where every node that could take a request has its
+    /// slots full, the request waits at its router in this order (`None`:
+    /// it is committed to a node at once, as before).
+    pub queue: Option<pair_scheduler::Order>,
 }
 
 /// Who routes the requests.
@@ -67,6 +71,7 @@ impl Routing {
                 mode: Some(mode.to_owned()),
                 entry,
                 prefix_index: None,
+                queue: None,
             },
             nodes,
         )
@@ -178,6 +183,8 @@ pub struct Source {
     pub max_tokens: Option<u32>,
     /// Fraction of requests that stream.
     pub streaming: f64,
+    /// The class its requests carry (`x-pair-priority`).
+    pub priority: pair_scheduler::Priority,
     /// Tokens of a system prompt (and tools) every request of the source
     /// starts with, identical across its requests, so an engine that holds
     /// it prefills only what follows; 0 for none.
@@ -417,6 +424,26 @@ struct RawRouting {
     /// Feed the routers' prefix index (default true).
     #[serde(default)]
     prefix_index: Option<bool>,
+    /// Late binding: "off" (default), "fifo", "sjf" or "priorities".
+    #[serde(default)]
+    queue: Option<String>,
+}
+
+/// A `queue` setting: `off`, `fifo`, `sjf` or `priorities`.
+pub fn parse_queue(s: &str) -> Result<Option<pair_scheduler::Order>, SimError> {
+    use pair_scheduler::Order;
+    Ok(match s {
+        "off" => None,
+        "fifo" => Some(Order::Fifo),
+        "sjf" => Some(Order::ShortestFirst),
+        "priorities" => Some(Order::Priorities),
+        _ => {
+            return Err(SimError::invalid(
+                "routing.queue",
+                "is off, fifo, sjf or priorities",
+            ));
+        }
+    })
 }
 
 /// `[routing]`: who routes, and where clients enter.
@@ -549,6 +576,9 @@ struct RawSource {
     max_tokens: Option<u32>,
     #[serde(default = "one_f")]
     streaming: f64,
+    /// "interactive" (default) or "batch" (`x-pair-priority`).
+    #[serde(default)]
+    priority: Option<String>,
     // poisson / bursty
     rate_per_s: Option<f64>,
     burst_rate_per_s: Option<f64>,
@@ -704,6 +734,7 @@ impl RawScenario {
             search,
             routing,
             prefix_index: self.routing.prefix_index.unwrap_or(true),
+            queue: parse_queue(self.routing.queue.as_deref().unwrap_or("off"))?,
         })
     }
 }
@@ -936,6 +967,11 @@ fn parse_source(
     if w.max_tokens == Some(0) {
         return Err(SimError::invalid(f("max_tokens"), "must be >= 1"));
     }
+    let priority = match w.priority.as_deref() {
+        None => pair_scheduler::Priority::Interactive,
+        Some(p) => pair_scheduler::Priority::parse(p)
+            .ok_or_else(|| SimError::invalid(f("priority"), "is interactive or batch"))?,
+    };
     Ok(Source {
         name: w.name.clone(),
         kind: parse_source_kind(field, w)?,
@@ -944,6 +980,7 @@ fn parse_source(
         output_tokens: w.output_tokens.parse(&f("output_tokens"))?,
         max_tokens: w.max_tokens,
         streaming: w.streaming,
+        priority,
         system_tokens: w.system_tokens.unwrap_or(0),
     })
 }

@@ -35,8 +35,9 @@ use pair_core::{
 use pair_emulator::cache::LLAMA_CPP_CONTEXT_TOKENS;
 use pair_emulator::{CacheKind, EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
-    AnswerKey, BatchLearner, Decoded, Observation, PerfLearner, Policy, Ranking, ReservationId,
-    Reservations, Scheduler, Streamed, learned_perf,
+    AnswerKey, BatchLearner, ClusterQueue, Decoded, Observation, Order, PerfLearner, Policy,
+    Priority, Ranking, ReservationId, Reservations, Scheduler, Streamed, Waiting, batch_may_take,
+    learned_perf,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -471,6 +472,10 @@ struct Router {
     snapshot: ClusterSnapshot,
     scheduler: Scheduler,
     reservations: Reservations,
+    /// Requests waiting for a slot (late binding), with their arrival.
+    queue: ClusterQueue<(Demand, Micros)>,
+    /// When it last routed interactive work.
+    interactive_at: Option<Micros>,
 }
 
 /// Per-node state the simulation keeps beside the engine.
@@ -598,6 +603,8 @@ impl<'a> Sim<'a> {
                     snapshot: ClusterSnapshot::new(0, 0, view.clone()),
                     scheduler: Scheduler::with_policy(policy),
                     reservations: Reservations::new(),
+                    queue: ClusterQueue::new(scn.queue.unwrap_or_default()),
+                    interactive_at: None,
                 })
                 .collect(),
             next_entry: 0,
@@ -636,7 +643,10 @@ impl<'a> Sim<'a> {
 
     /// Whether periodic machinery must keep ticking.
     fn active(&self, now: Micros) -> bool {
-        now < self.scn.duration || self.live > 0 || self.tools_running > 0
+        now < self.scn.duration
+            || self.live > 0
+            || self.tools_running > 0
+            || self.routers.iter().any(|r| !r.queue.is_empty())
     }
 
     fn run(&mut self) {
@@ -728,6 +738,14 @@ impl<'a> Sim<'a> {
 
     fn dispatch(&mut self, now: Micros, d: Demand) {
         self.generated += 1;
+        self.route(now, d, now, false);
+    }
+
+    /// Sends `d` (arrived at `arrival`) to the best node now, or, with late
+    /// binding, queues it at its router while every node that could take
+    /// it has its slots full. `forced`: a slot just freed for it (it goes
+    /// to the best node whatever the router's view says).
+    fn route(&mut self, now: Micros, d: Demand, arrival: Micros, forced: bool) {
         let now_ms = now / US_PER_MS;
         let model = &self.scn.models[usize::from(d.model)];
         self.profile.model.clear();
@@ -758,6 +776,42 @@ impl<'a> Sim<'a> {
             now_ms,
             &mut self.rng,
         );
+        // Late binding: every candidate full, the request waits here; with
+        // priorities, batch work also waits for the last free slot while
+        // interactive work is about.
+        let (free, slots) = self
+            .ranking
+            .iter()
+            .filter_map(|c| c.score.prediction())
+            .fold((0u32, 0u32), |(f, s), p| {
+                (f + p.slots.saturating_sub(p.jobs_ahead), s + p.slots)
+            });
+        let batch_waits = self.scn.queue == Some(Order::Priorities)
+            && d.priority == Priority::Batch
+            && !batch_may_take(
+                free,
+                slots,
+                router
+                    .interactive_at
+                    .map(|t| now.saturating_sub(t) / US_PER_MS),
+                (now - arrival) / US_PER_MS,
+            );
+        if d.priority == Priority::Interactive {
+            router.interactive_at = Some(now);
+        }
+        if self.scn.queue.is_some()
+            && (!forced && free == 0 || batch_waits)
+            && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
+        {
+            let waiting = Waiting {
+                lane: u32::from(d.model),
+                arrived_ms: arrival / US_PER_MS,
+                work_ms: best.work_ms(),
+                priority: d.priority,
+            };
+            router.queue.push(waiting, (d, arrival));
+            return;
+        }
         // The first candidate, resolved to a node and its engine's model
         // index (both always exist: the snapshot is built from the plan).
         let snapshot = &router.snapshot;
@@ -769,7 +823,7 @@ impl<'a> Sim<'a> {
         let Some((node_id, i, local)) = target else {
             // No eligible node: the client gets a 502 at once.
             self.record(Record {
-                arrival: now,
+                arrival,
                 node: None,
                 source: d.source,
                 ttft: 0,
@@ -832,7 +886,7 @@ impl<'a> Sim<'a> {
         self.inflight[slot] = Some(InFlight {
             demand: d,
             oracle,
-            arrival: now,
+            arrival,
             node: i as u16,
             router: r as u16,
             reservation,
@@ -883,6 +937,51 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A slot freed on node `i`: the earliest due request waiting for a
+    /// model it holds goes to the best node now.
+    fn offer_slot(&mut self, now: Micros, i: usize) {
+        if self.scn.queue.is_none() {
+            return;
+        }
+        let lanes: Vec<u32> = (0..self.scn.models.len())
+            .filter(|&m| self.plan.nodes[i].local[m].is_some())
+            .map(|m| m as u32)
+            .collect();
+        // Interactive work first: batch work may not take this slot
+        // (route decides, and queues it again if so).
+        let first = self.scn.queue == Some(Order::Priorities);
+        let popped = self
+            .routers
+            .iter_mut()
+            .find_map(|r| first.then(|| r.queue.pop_interactive(&lanes)).flatten())
+            .or_else(|| {
+                self.routers
+                    .iter_mut()
+                    .find_map(|r| r.queue.pop_first(&lanes))
+            });
+        if let Some((_, (d, arrival))) = popped {
+            self.route(now, d, arrival, true);
+        }
+    }
+
+    /// Every waiting request is ranked again on a fresh view: one a node
+    /// now has room for goes (a view can show slots full that have freed).
+    fn recheck_queues(&mut self, now: Micros) {
+        if self.scn.queue.is_none() {
+            return;
+        }
+        let lanes: Vec<u32> = (0..self.scn.models.len() as u32).collect();
+        let mut waiting = Vec::new();
+        for r in &mut self.routers {
+            while let Some((_, w)) = r.queue.pop_first(&lanes) {
+                waiting.push(w);
+            }
+        }
+        for (d, arrival) in waiting {
+            self.route(now, d, arrival, false);
+        }
+    }
+
     fn reschedule(&mut self, i: usize) {
         let at = self.nodes[i].engine.next_event_at();
         if at != self.nodes[i].due {
@@ -901,12 +1000,17 @@ impl<'a> Sim<'a> {
         let mut events = std::mem::take(&mut self.engine_events);
         events.clear();
         self.nodes[i].engine.advance(now, &mut events);
+        let mut freed = 0;
         for ev in &events {
             if let EngineEvent::Finished(t) = ev {
                 self.on_finished(i, t);
+                freed += 1;
             }
         }
         self.engine_events = events;
+        for _ in 0..freed {
+            self.offer_slot(now, i);
+        }
         self.reschedule(i);
     }
 
@@ -991,7 +1095,8 @@ impl<'a> Sim<'a> {
             source: f.demand.source,
             ttft: t.first_token_us - f.arrival + rtt,
             e2e: t.finished_us - f.arrival + rtt,
-            queue: t.started_us - t.submitted_us,
+            // At the cluster (late binding) and in the engine's queue.
+            queue: t.started_us - f.arrival.min(t.submitted_us),
             output_tokens: t.output_tokens,
             cold: t.cold,
             prompt_tokens: f.demand.prompt_tokens,
@@ -1170,6 +1275,7 @@ impl<'a> Sim<'a> {
                 r.reservations.sync(&r.snapshot);
             }
         }
+        self.recheck_queues(now);
         if self.active(now) {
             self.push(now + PUBLISH_INTERVAL, Ev::Publish);
         }
@@ -1375,6 +1481,7 @@ mod tests {
                 declared_output: 256,
                 streaming: false,
                 tools: false,
+                priority: pair_scheduler::Priority::Interactive,
                 session: None,
                 user: None,
                 burst: Some(1),
@@ -1410,6 +1517,7 @@ mod tests {
             declared_output: 800,
             streaming: false,
             tools: false,
+            priority: pair_scheduler::Priority::Interactive,
             session: None,
             user: None,
             burst: Some(1),

@@ -43,6 +43,8 @@ pub struct Demand {
     pub streaming: bool,
     /// The request offers tools: an agent-loop turn.
     pub tools: bool,
+    /// Its class (`x-pair-priority`), from its source.
+    pub priority: pair_scheduler::Priority,
     pub session: Option<SessionKey>,
     /// The closed-loop user waiting for this answer (for an agent loop,
     /// the developer whose job it is).
@@ -494,6 +496,7 @@ fn draw<R: Rng + ?Sized>(
         declared_output: declared,
         streaming,
         tools: false,
+        priority: source.priority,
         session,
         user,
         burst: None,

@@ -475,6 +475,7 @@ mod tests {
             declared_output: 256,
             streaming: true,
             tools: false,
+            priority: pair_scheduler::Priority::Interactive,
             session: session.map(SessionKey),
             user: Some(0),
             burst: None,
