@@ -21,7 +21,7 @@ use pair_daemon::cli::ControlClient;
 use pair_daemon::config::LanFace;
 use pair_daemon::control::NewKey;
 use pair_testkit::cluster::LocalCluster;
-use pair_testkit::cluster::cluster;
+use pair_testkit::cluster::{cluster, http};
 use pair_testkit::netns::Joined;
 use serde_json::Value;
 
@@ -94,6 +94,7 @@ async fn the_lan_face_serves_keyed_clients_from_another_network() {
             name: "colleague".into(),
             models: Vec::new(),
             rate_per_min: None,
+            priority: None,
         })
         .await
         .unwrap();
@@ -222,6 +223,7 @@ async fn the_lan_face_serves_keyed_clients_from_another_network() {
             name: "phone".into(),
             models: vec!["qwen*".into()],
             rate_per_min: std::num::NonZeroU32::new(2),
+            priority: None,
         })
         .await
         .unwrap()
@@ -294,6 +296,7 @@ async fn key_for_browser(c: &LocalCluster) -> String {
             name: "open-webui".into(),
             models: Vec::new(),
             rate_per_min: None,
+            priority: None,
         })
         .await
         .unwrap()
@@ -382,4 +385,56 @@ fetch("{lan}/v1/chat/completions", {{method: "POST",
             .unwrap_or(&dom)
             .to_owned()
     }
+}
+
+/// A key's default class: requests under a key made `--priority batch`
+/// are batch work unless they say otherwise. On a one-slot node queueing
+/// with priorities, where interactive work was just served, its request
+/// waits for the slot batch work leaves free (here past its deadline),
+/// and the same request marked interactive goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_requests_carry_its_priority() {
+    let net = ClientNet::create();
+    let c = cluster(1, |s| {
+        s.nodes[0].slots = Some(1);
+        s.queue = Some(pair_scheduler::Order::Priorities);
+        s.nodes[0].lan = Some(LanFace {
+            addr: SocketAddr::new(NODE_IP.parse().unwrap(), 0),
+            origins: Vec::new(),
+            per_address: 16,
+        });
+    })
+    .await
+    .unwrap();
+    let made = control(&c, 0)
+        .add_key(&NewKey {
+            name: "farm".into(),
+            models: Vec::new(),
+            rate_per_min: None,
+            priority: Some(pair_core::Priority::Batch),
+        })
+        .await
+        .unwrap();
+    let rows = control(&c, 0).keys().await.unwrap();
+    assert_eq!(rows[0].priority, Some(pair_core::Priority::Batch));
+    let bearer = format!("authorization: Bearer {}", made.secret);
+    let url = format!("{}/v1/chat/completions", lan_url(&c, 0));
+    // Interactive work on the node's own face.
+    let r = http()
+        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
+        .body(CHAT)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (s, b) = net.curl(&url, &[&bearer, "x-pair-deadline: 1"], Some(CHAT));
+    assert_eq!(s, 503, "batch by its key: {b}");
+    let (s, b) = net.curl(
+        &url,
+        &[&bearer, "x-pair-deadline: 1", "x-pair-priority: interactive"],
+        Some(CHAT),
+    );
+    assert_eq!(s, 200, "the header wins: {b}");
+    c.stop().await;
 }

@@ -90,6 +90,7 @@ pub async fn start(client: Client, faces: Faces, name: &str) -> Result<Serving> 
             load: LocalLoad::new(),
             // No node reports for this client: its bindings stay its own.
             bindings: Arc::default(),
+            queue: None,
         },
         jobs,
     );

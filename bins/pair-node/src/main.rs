@@ -157,6 +157,12 @@ enum KeysAction {
         /// Requests a minute the key may make: `30/min` or `30`.
         #[arg(long, value_parser = parse_rate)]
         rate: Option<std::num::NonZeroU32>,
+        /// The class of the key's requests that name none
+        /// (`x-pair-priority`): `interactive` (default) or `batch`, which
+        /// waits for interactive work when the cluster is full (`--queue
+        /// priorities`).
+        #[arg(long, value_parser = parse_priority)]
+        priority: Option<pair_daemon::control::Priority>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -171,6 +177,11 @@ enum KeysAction {
 }
 
 /// `30/min` or `30`: requests a minute.
+fn parse_priority(s: &str) -> Result<pair_daemon::control::Priority, String> {
+    pair_daemon::control::Priority::parse(s)
+        .ok_or_else(|| format!("{s:?}: interactive or batch expected"))
+}
+
 fn parse_rate(s: &str) -> Result<std::num::NonZeroU32, String> {
     let n = s.strip_suffix("/min").unwrap_or(s).trim();
     n.parse()
@@ -534,6 +545,7 @@ async fn keys(action: KeysAction) -> anyhow::Result<()> {
             name,
             models,
             rate,
+            priority,
             client,
         } => {
             let made = client
@@ -542,6 +554,7 @@ async fn keys(action: KeysAction) -> anyhow::Result<()> {
                     name,
                     models,
                     rate_per_min: rate,
+                    priority,
                 })
                 .await?;
             if client.json {
@@ -573,7 +586,8 @@ async fn keys(action: KeysAction) -> anyhow::Result<()> {
                     } else {
                         "live"
                     };
-                    println!("{:<20} {state:<8} {models}; {rate}", k.name);
+                    let class = k.priority.unwrap_or_default().as_str();
+                    println!("{:<20} {state:<8} {models}; {rate}; {class}", k.name);
                 }
             }
         }

@@ -165,6 +165,10 @@ struct LiveArgs {
     /// a conversation from its messages).
     #[arg(long)]
     session_header: bool,
+    /// Late binding on the live nodes and in the simulator: `off`, `fifo`,
+    /// `sjf` or `priorities` (default: the scenario's).
+    #[arg(long)]
+    queue: Option<String>,
     /// Live runs of each scenario (a fresh cluster each): with more than
     /// one, each figure is shown as its median and range over the runs,
     /// beside the simulator's (one live run on two cores is noisy).
@@ -410,6 +414,7 @@ fn live(args: &LiveArgs) -> Result<(), Failure> {
     let overrides = Overrides {
         duration: args.duration,
         users: args.users,
+        queue: args.queue.as_deref(),
         ..Overrides::default()
     };
     let mut scenarios = Vec::with_capacity(args.scenarios.len());

@@ -10,12 +10,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CoreError, ModelName};
 
-/// `PATTERN=TARGET`: requests for a model matching `pattern` go to
-/// `target`.
+/// `PATTERN=TARGET[@PRIORITY]`: requests for a model matching `pattern`
+/// go to `target`, of class `priority` unless they say otherwise
+/// (`claude-*=qwen2.5:7b@batch` marks an agent farm as batch work).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelAlias {
     pub pattern: String,
     pub target: ModelName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<crate::Priority>,
 }
 
 impl ModelAlias {
@@ -42,6 +45,13 @@ impl FromStr for ModelAlias {
             .split_once('=')
             .ok_or_else(|| bad("expected PATTERN=MODEL, e.g. 'claude-*=qwen2.5:7b'"))?;
         let (pattern, target) = (pattern.trim(), target.trim());
+        let (target, priority) = match target.rsplit_once('@') {
+            Some((t, p)) => match crate::Priority::parse(p) {
+                Some(p) => (t.trim(), Some(p)),
+                None => return Err(bad("after '@' comes a priority: interactive or batch")),
+            },
+            None => (target, None),
+        };
         if pattern.is_empty() || pattern.chars().all(|c| c == '*') {
             return Err(bad("the pattern must name something besides '*'"));
         }
@@ -58,13 +68,18 @@ impl FromStr for ModelAlias {
         Ok(Self {
             pattern: pattern.to_owned(),
             target,
+            priority,
         })
     }
 }
 
 impl fmt::Display for ModelAlias {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.pattern, self.target.as_str())
+        write!(f, "{}={}", self.pattern, self.target.as_str())?;
+        match self.priority {
+            Some(p) => write!(f, "@{}", p.as_str()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -132,6 +147,22 @@ mod tests {
         assert!(alias("gpt-*-codex*=m").matches("gpt-5.1-codex-max"));
         assert!(!alias("gpt-*-codex*=m").matches("gpt-5.1"));
         assert_eq!(a.to_string(), "claude-*=qwen2.5:7b");
+        assert_eq!(a.priority, None);
+    }
+
+    #[test]
+    fn an_alias_may_name_its_requests_priority() {
+        let farm = alias("farm-*=qwen2.5:7b@batch");
+        assert_eq!(farm.target.as_str(), "qwen2.5:7b");
+        assert_eq!(farm.priority, Some(crate::Priority::Batch));
+        assert_eq!(farm.to_string(), "farm-*=qwen2.5:7b@batch");
+        assert_eq!(alias(&farm.to_string()), farm);
+        assert_eq!(
+            alias("x=m @ High").priority,
+            Some(crate::Priority::Interactive)
+        );
+        let e = "x=m@urgent".parse::<ModelAlias>().unwrap_err();
+        assert!(e.to_string().contains("priority"), "{e}");
     }
 
     #[test]

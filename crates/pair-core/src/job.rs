@@ -96,6 +96,10 @@ pub enum WaitReason {
     /// no other node could take the request: it was waited for rather
     /// than cut.
     SilentOnlyOwner,
+    /// Every node that could take it had its slots full: it waited at the
+    /// cluster (late binding) for the first slot to free, in the cluster
+    /// queue's order.
+    ClusterQueue,
 }
 
 impl WaitReason {
@@ -103,6 +107,7 @@ impl WaitReason {
     pub fn describe(self) -> &'static str {
         match self {
             WaitReason::SilentOnlyOwner => "waited on a silent engine with no alternative",
+            WaitReason::ClusterQueue => "waited at the cluster for a free slot",
         }
     }
 }

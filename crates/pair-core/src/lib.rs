@@ -32,7 +32,7 @@ pub use model::ModelName;
 pub use node_info::{NODE_INFO_PATH, NODE_INFO_VERSION, NodeInfo, NodeInfoConfig};
 pub use pressure::{ComputeSource, HostStats, PressureConfig, PressureTracker, Sample, Telemetry};
 pub use prompt::{Block, ChainBuilder, PromptChain, Routed};
-pub use request::{RequestProfile, SessionKey};
+pub use request::{Priority, RequestProfile, SessionKey};
 pub use snapshot::{
     Admitted, Binding, ClusterSnapshot, EngineSnapshot, GpuDevice, Liveness, ModelEntry, ModelPerf,
     NodeSnapshot, Pressure, Workload,

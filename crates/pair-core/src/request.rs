@@ -22,6 +22,48 @@ impl SessionKey {
     }
 }
 
+/// A request's class (the Gateway API Inference Extension's criticality,
+/// named as `x-pair-priority` takes it).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Priority {
+    /// A person is waiting (chat, an editor): goes before batch work.
+    #[default]
+    Interactive,
+    /// An agent farm, an evaluation, a backfill: yields to interactive
+    /// work for up to `pair_scheduler::queue::BATCH_DELAY_MS`.
+    Batch,
+}
+
+impl Priority {
+    /// Parses `interactive`, `batch`, and the ecosystem's other names for
+    /// them: `high`, `normal`, `critical`, `standard` (interactive); `low`,
+    /// `sheddable` (batch). Case-insensitive.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        let is = |name: &str| s.eq_ignore_ascii_case(name);
+        if ["interactive", "high", "normal", "critical", "standard"]
+            .iter()
+            .any(|n| is(n))
+        {
+            Some(Self::Interactive)
+        } else if ["batch", "low", "sheddable"].iter().any(|n| is(n)) {
+            Some(Self::Batch)
+        } else {
+            None
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}
+
 /// The scheduler's view of one request. Built once by the proxy (or the
 /// simulator) from the route and the request body; never holds prompt text.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +88,9 @@ pub struct RequestProfile {
     /// whole answer, where a tool call comes last.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tools: bool,
+    /// Its class (`x-pair-priority`, or its API key's or alias's default).
+    #[serde(default)]
+    pub priority: Priority,
     pub session: Option<SessionKey>,
     /// A node the user asked for by name; goes first when eligible.
     pub pinned: Option<NodeId>,
@@ -69,6 +114,7 @@ impl RequestProfile {
             max_output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
             expected_output_tokens: None,
             tools: false,
+            priority: Priority::Interactive,
             session: None,
             pinned: None,
             prefix: PromptChain::EMPTY,

@@ -173,6 +173,34 @@ pub struct FileConfig {
     pub metrics_listen: Option<SocketAddr>,
     pub resume: Option<Switch>,
     pub resume_limit: Option<u8>,
+    pub queue: Option<QueueSetting>,
+}
+
+/// Late binding: `off`, or the order requests wait in at the cluster
+/// while every node that could take them is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueSetting {
+    /// Each request is committed to a node at once (its engine queues it).
+    Off,
+    /// First come, first served.
+    Fifo,
+    /// Shortest predicted job first, with aging.
+    Sjf,
+    /// Shortest first, `x-pair-priority: batch` after interactive work.
+    Priorities,
+}
+
+impl QueueSetting {
+    pub fn order(self) -> Option<pair_scheduler::Order> {
+        use pair_scheduler::Order;
+        match self {
+            Self::Off => None,
+            Self::Fifo => Some(Order::Fifo),
+            Self::Sjf => Some(Order::ShortestFirst),
+            Self::Priorities => Some(Order::Priorities),
+        }
+    }
 }
 
 /// `on` or `off`.
@@ -333,6 +361,13 @@ pub struct RunArgs {
     /// Default 2.
     #[arg(long, env = "PAIR_RESUME_LIMIT", value_parser = clap::value_parser!(u8).range(1..))]
     pub resume_limit: Option<u8>,
+    /// Late binding: while every node that could take a request has its
+    /// slots full, it waits at the cluster (until `x-pair-deadline`, or 120
+    /// s, then 503) and goes to the first node with room: `fifo`, `sjf`
+    /// (shortest predicted job first, with aging) or `priorities` (sjf,
+    /// and `x-pair-priority: batch` after interactive work). Default off.
+    #[arg(long, value_enum, env = "PAIR_QUEUE")]
+    pub queue: Option<QueueSetting>,
     /// Request body bytes the node holds while they arrive, over every
     /// connection, in MiB; a body with no room gets 503 and Retry-After.
     /// Default 64 (two bodies at the 32 MiB cap).
@@ -404,6 +439,8 @@ pub struct NodeConfig {
     pub first_byte_timeout: Duration,
     /// How a stream cut after its first byte is continued elsewhere.
     pub resume: pair_proxy::resume::ResumePolicy,
+    /// Late binding (`--queue`); `None`: off.
+    pub queue: Option<pair_scheduler::Order>,
     /// No `--engine` given: engines are detected on loopback, or with
     /// `--engine-cmd` the default Ollama is found or launched by port
     /// inversion.
@@ -576,6 +613,7 @@ impl NodeConfig {
                         .unwrap_or(pair_proxy::resume::ResumePolicy::default().limit),
                 },
             },
+            queue: args.queue.or(file.queue).and_then(QueueSetting::order),
             default_engine,
             engine_cmd: match args.engine_cmd.or(file.engine_cmd) {
                 Some(c) => Some(

@@ -380,6 +380,9 @@ pub struct UnpairRequest {
     pub node: String,
 }
 
+/// A request class, as keys carry it.
+pub use pair_core::Priority;
+
 /// `pair-node keys add`'s request.
 #[derive(Serialize, Deserialize, Debug)]
 pub struct NewKey {
@@ -389,6 +392,9 @@ pub struct NewKey {
     pub models: Vec<String>,
     /// Requests a minute (none: no limit).
     pub rate_per_min: Option<std::num::NonZeroU32>,
+    /// The class of its requests that name none (none: interactive).
+    #[serde(default)]
+    pub priority: Option<pair_core::Priority>,
 }
 
 /// A key just made: the secret, shown this once.
@@ -405,6 +411,8 @@ pub struct KeyRow {
     pub id: String,
     pub models: Vec<String>,
     pub rate_per_min: Option<std::num::NonZeroU32>,
+    #[serde(default)]
+    pub priority: Option<pair_core::Priority>,
     pub created_at_ms: u64,
     pub revoked_at_ms: Option<u64>,
     /// The node that made it.
@@ -418,6 +426,7 @@ impl From<&pair_identity::keys::KeyRecord> for KeyRow {
             id: k.id.to_string(),
             models: k.models.clone(),
             rate_per_min: k.rate_per_min,
+            priority: k.priority,
             created_at_ms: k.created_at_ms,
             revoked_at_ms: k.revoked_at_ms,
             origin: k.origin,
@@ -440,8 +449,11 @@ fn unix_ms() -> u64 {
 async fn add_key(State(c): State<Control>, Json(req): Json<NewKey>) -> Response {
     match c.keys.add(
         &req.name,
-        req.models,
-        req.rate_per_min,
+        pair_identity::keys::KeyTerms {
+            models: req.models,
+            rate_per_min: req.rate_per_min,
+            priority: req.priority,
+        },
         unix_ms(),
         c.st.node.id,
         &mut rand::rng(),

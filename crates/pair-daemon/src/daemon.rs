@@ -347,6 +347,7 @@ pub async fn start(
             peers: Arc::clone(&peers),
             load: Arc::clone(&load),
             bindings: Arc::clone(&bindings),
+            queue: cfg.queue,
         },
         Arc::clone(&jobs),
     );

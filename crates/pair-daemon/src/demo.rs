@@ -73,6 +73,8 @@ pub struct ClusterSpec {
     pub engine_seed: Option<u64>,
     /// How a stream cut after its first byte is continued (`--resume`).
     pub resume: pair_proxy::resume::ResumePolicy,
+    /// Late binding (`--queue`); `None`: off.
+    pub queue: Option<pair_scheduler::Order>,
     /// How long emulated answers run: to the request's limit (tests that
     /// count tokens), or to a natural length as a real model's do (the
     /// demo: an agent's greeting ends in seconds, not at its 32k limit).
@@ -141,6 +143,7 @@ impl ClusterSpec {
             seed_perf: true,
             engine_seed: None,
             resume: pair_proxy::resume::ResumePolicy::default(),
+            queue: None,
             answer_length: pair_emulator::AnswerLength::Limit,
             cache: None,
         }
@@ -227,6 +230,7 @@ impl LocalCluster {
                 mdns_port: spec.mdns_port,
                 first_byte_timeout: spec.first_byte_timeout,
                 resume: spec.resume,
+                queue: spec.queue,
                 default_engine: false,
                 engine_cmd: None,
                 detect_ports: Vec::new(),

@@ -105,6 +105,10 @@ pub struct KeyRecord {
     /// Requests per minute (burst: the same number); `None`: unlimited.
     #[serde(default)]
     pub rate_per_min: Option<NonZeroU32>,
+    /// The class of its requests that name none (`x-pair-priority`);
+    /// `None`: interactive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<pair_core::Priority>,
     /// Wall-clock milliseconds since the Unix epoch.
     pub created_at_ms: u64,
     /// Set once, never cleared: a revoked key stays revoked everywhere.
@@ -112,6 +116,18 @@ pub struct KeyRecord {
     pub revoked_at_ms: Option<u64>,
     /// The node that made the key.
     pub origin: NodeId,
+}
+
+/// What a new key may do and how its requests are treated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyTerms {
+    /// Model patterns it may use (exact names or `*` globs); empty: every
+    /// model.
+    pub models: Vec<String>,
+    /// Requests per minute; `None`: unlimited.
+    pub rate_per_min: Option<NonZeroU32>,
+    /// The class of its requests that name none; `None`: interactive.
+    pub priority: Option<pair_core::Priority>,
 }
 
 impl KeyRecord {
@@ -155,6 +171,7 @@ impl KeyRecord {
                 r.name.clone(),
                 r.models.clone(),
                 r.rate_per_min,
+                r.priority,
                 r.created_at_ms,
                 r.origin,
             )
@@ -306,6 +323,7 @@ fn digest(records: &BTreeMap<KeyId, KeyRecord>) -> u64 {
             bytes(&mut h, m.as_bytes());
         }
         h.update(r.rate_per_min.map_or(0, NonZeroU32::get).to_le_bytes());
+        h.update([r.priority.map_or(0, |p| 1 + p as u8)]);
         h.update(r.created_at_ms.to_le_bytes());
         match r.revoked_at_ms {
             Some(at) => {
@@ -396,12 +414,16 @@ impl KeyStore {
     pub fn add<R: rand::CryptoRng + ?Sized>(
         &self,
         name: &str,
-        models: Vec<String>,
-        rate_per_min: Option<NonZeroU32>,
+        terms: KeyTerms,
         now_ms: u64,
         origin: NodeId,
         rng: &mut R,
     ) -> Result<(KeyRecord, Secret)> {
+        let KeyTerms {
+            models,
+            rate_per_min,
+            priority,
+        } = terms;
         check_name(name).map_err(|reason| Error::BadKeyName {
             name: name.to_owned(),
             reason,
@@ -421,6 +443,7 @@ impl KeyStore {
             hash: hash_secret(secret.expose()),
             models,
             rate_per_min,
+            priority,
             created_at_ms: now_ms,
             revoked_at_ms: None,
             origin,
@@ -877,7 +900,19 @@ mod tests {
     }
 
     fn add(store: &KeyStore, name: &str, rng: &mut StdRng) -> (KeyRecord, Secret) {
-        store.add(name, vec![], None, 1_000, ORIGIN, rng).unwrap()
+        store
+            .add(
+                name,
+                KeyTerms {
+                    models: vec![],
+                    rate_per_min: None,
+                    ..KeyTerms::default()
+                },
+                1_000,
+                ORIGIN,
+                rng,
+            )
+            .unwrap()
     }
 
     #[test]
@@ -888,8 +923,11 @@ mod tests {
         let (ci, ci_secret) = store
             .add(
                 "ci",
-                vec!["qwen*".into()],
-                NonZeroU32::new(30),
+                KeyTerms {
+                    models: vec!["qwen*".into()],
+                    rate_per_min: NonZeroU32::new(30),
+                    ..KeyTerms::default()
+                },
                 1_000,
                 ORIGIN,
                 &mut rng,
@@ -985,20 +1023,50 @@ mod tests {
         for bad in ["", "has space", "ü", "a/b", &"x".repeat(65)] {
             assert!(
                 matches!(
-                    store.add(bad, vec![], None, 0, ORIGIN, &mut rng),
+                    store.add(
+                        bad,
+                        KeyTerms {
+                            models: vec![],
+                            rate_per_min: None,
+                            ..KeyTerms::default()
+                        },
+                        0,
+                        ORIGIN,
+                        &mut rng
+                    ),
                     Err(Error::BadKeyName { .. })
                 ),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            store.add("ok", vec!["two words".into()], None, 0, ORIGIN, &mut rng),
+            store.add(
+                "ok",
+                KeyTerms {
+                    models: vec!["two words".into()],
+                    rate_per_min: None,
+                    ..KeyTerms::default()
+                },
+                0,
+                ORIGIN,
+                &mut rng
+            ),
             Err(Error::BadModelPattern { .. })
         ));
         add(&store, "A.b_c-9", &mut rng);
         add(&store, &"x".repeat(64), &mut rng);
         assert!(matches!(
-            store.add("A.b_c-9", vec![], None, 0, ORIGIN, &mut rng),
+            store.add(
+                "A.b_c-9",
+                KeyTerms {
+                    models: vec![],
+                    rate_per_min: None,
+                    ..KeyTerms::default()
+                },
+                0,
+                ORIGIN,
+                &mut rng
+            ),
             Err(Error::KeyNameTaken { .. })
         ));
         assert!(matches!(
@@ -1035,6 +1103,7 @@ mod tests {
             hash: [0; 32],
             models: vec![],
             rate_per_min: None,
+            priority: None,
             created_at_ms: 0,
             revoked_at_ms: None,
             origin: ORIGIN,
@@ -1103,14 +1172,34 @@ mod tests {
         let mut rng = rng();
         let (ka, sa) = add(&a, "ci", &mut rng);
         let (kb, sb) = b
-            .add("ci", vec![], None, 1, NodeId::from_u128(8), &mut rng)
+            .add(
+                "ci",
+                KeyTerms {
+                    models: vec![],
+                    rate_per_min: None,
+                    ..KeyTerms::default()
+                },
+                1,
+                NodeId::from_u128(8),
+                &mut rng,
+            )
             .unwrap();
         assert!(a.merge(b.records()).unwrap());
         assert_eq!(a.verify(sa.expose()).unwrap().id, ka.id);
         assert_eq!(a.verify(sb.expose()).unwrap().id, kb.id);
         assert_eq!(a.list().len(), 2);
         assert!(matches!(
-            a.add("ci", vec![], None, 2, ORIGIN, &mut rng),
+            a.add(
+                "ci",
+                KeyTerms {
+                    models: vec![],
+                    rate_per_min: None,
+                    ..KeyTerms::default()
+                },
+                2,
+                ORIGIN,
+                &mut rng
+            ),
             Err(Error::KeyNameTaken { .. })
         ));
         assert_eq!(
@@ -1316,13 +1405,21 @@ mod tests {
             prop::sample::select(vec!["a", "b", "ci"]),
             prop::option::of(0u64..4),
             prop::option::of(1u32..5),
+            prop::option::of(any::<bool>()),
         )
-            .prop_map(|(id, hash, name, revoked, rate)| KeyRecord {
+            .prop_map(|(id, hash, name, revoked, rate, batch)| KeyRecord {
                 id: KeyId([id; 16]),
                 name: name.into(),
                 hash: [hash; 32],
                 models: vec![],
                 rate_per_min: rate.and_then(NonZeroU32::new),
+                priority: batch.map(|b| {
+                    if b {
+                        pair_core::Priority::Batch
+                    } else {
+                        pair_core::Priority::Interactive
+                    }
+                }),
                 created_at_ms: 0,
                 revoked_at_ms: revoked,
                 origin: ORIGIN,

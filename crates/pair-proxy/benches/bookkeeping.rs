@@ -76,6 +76,7 @@ fn shared() -> Shared {
             peers: pair_cluster::Peers::new(),
             load: pair_cluster::LocalLoad::new(),
             bindings: Arc::default(),
+            queue: None,
         },
         Arc::new(JobLog::in_memory()),
     );

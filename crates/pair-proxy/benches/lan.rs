@@ -21,17 +21,40 @@ fn bench(c: &mut Criterion) {
     let mut rng = rand::rng();
     // A few hundred keys: the lookup is by hash, not a scan.
     for i in 0..300 {
-        keys.add(&format!("k{i}"), Vec::new(), None, 1, node, &mut rng)
-            .unwrap();
+        keys.add(
+            &format!("k{i}"),
+            pair_identity::keys::KeyTerms {
+                models: Vec::new(),
+                rate_per_min: None,
+                ..pair_identity::keys::KeyTerms::default()
+            },
+            1,
+            node,
+            &mut rng,
+        )
+        .unwrap();
     }
     let (_, plain) = keys
-        .add("plain", Vec::new(), None, 1, node, &mut rng)
+        .add(
+            "plain",
+            pair_identity::keys::KeyTerms {
+                models: Vec::new(),
+                rate_per_min: None,
+                ..pair_identity::keys::KeyTerms::default()
+            },
+            1,
+            node,
+            &mut rng,
+        )
         .unwrap();
     let (_, rated) = keys
         .add(
             "rated",
-            Vec::new(),
-            std::num::NonZeroU32::new(1_000_000_000),
+            pair_identity::keys::KeyTerms {
+                models: Vec::new(),
+                rate_per_min: std::num::NonZeroU32::new(1_000_000_000),
+                ..pair_identity::keys::KeyTerms::default()
+            },
             1,
             node,
             &mut rng,

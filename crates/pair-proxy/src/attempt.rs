@@ -102,6 +102,8 @@ pub(crate) struct Attempts<'a> {
     /// When (ms after the request's arrival, plus one; 0: never) an
     /// attempt was waited on with no other node to go to.
     pub alone_since: std::sync::atomic::AtomicU64,
+    /// The wait at the cluster for a free slot before the first attempt.
+    pub queued: Option<pair_core::JobWait>,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -183,10 +185,13 @@ impl<'a> Attempts<'a> {
     /// The wait on a silent node with no other to go to, when there was
     /// one: from its start until now.
     pub(crate) fn waited(&self) -> Option<pair_core::JobWait> {
-        let since = self
+        let Some(since) = self
             .alone_since
             .load(std::sync::atomic::Ordering::Relaxed)
-            .checked_sub(1)?;
+            .checked_sub(1)
+        else {
+            return self.queued;
+        };
         let now = u64::try_from(self.now().as_millis()).unwrap_or(u64::MAX);
         Some(pair_core::JobWait {
             ms: u32::try_from(now.saturating_sub(since)).unwrap_or(u32::MAX),
@@ -798,6 +803,7 @@ pub(crate) async fn continue_on(
         reach: Reach::Continuation { dead, api },
         explain: false,
         alone_since: Default::default(),
+        queued: None,
     };
     let mut failover = Failover::new(FailoverConfig {
         stall_floor: st.timeouts.first_byte,

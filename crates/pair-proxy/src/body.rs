@@ -705,18 +705,6 @@ impl RequestFacts {
     }
 }
 
-/// The body with another model's name where `at` (from [`RequestFacts`])
-/// had one: the rest of the bytes as they came.
-pub fn with_model(body: &Bytes, at: (usize, usize), model: &str) -> Bytes {
-    let (start, end) = at;
-    let quoted = serde_json::Value::from(model).to_string();
-    let mut out = Vec::with_capacity(body.len() + quoted.len());
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(quoted.as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Bytes::from(out)
-}
-
 /// 413 in the face's flavour.
 pub fn too_large(cap: usize, flavor: ApiFlavor) -> Response<Body> {
     json_error(
@@ -1380,7 +1368,6 @@ mod tests {
             let _ = extract(&bytes, ApiFlavor::Ollama, Work::Generate);
         }
 
-        #[test]
         #[test]
         fn reads_what_serde_json_reads(body in body()) {
             prop_assert_eq!(read(&body), oracle::read(&body), "{}", String::from_utf8_lossy(&body));

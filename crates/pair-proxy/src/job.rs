@@ -176,6 +176,8 @@ impl JobWatcher {
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
         }
+        // A slot freed: a request waiting for one may go.
+        self.st.waitroom.wake();
     }
 }
 

@@ -398,8 +398,11 @@ mod tests {
         let (_, secret) = keys
             .add(
                 "phone",
-                vec!["llama*".into()],
-                std::num::NonZeroU32::new(2),
+                pair_identity::keys::KeyTerms {
+                    models: vec!["llama*".into()],
+                    rate_per_min: std::num::NonZeroU32::new(2),
+                    ..pair_identity::keys::KeyTerms::default()
+                },
                 1,
                 NodeId::from_u128(1),
                 &mut rand::rng(),

@@ -41,3 +41,4 @@ pub mod route;
 pub mod state;
 pub mod stream;
 pub mod translate;
+pub mod waiting;

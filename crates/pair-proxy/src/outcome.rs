@@ -321,119 +321,10 @@ mod tests {
     use pair_http::h1::Headers;
     use pair_scheduler::FailoverConfig;
     use pair_scheduler::drive::Driven;
-    use pair_scheduler::drive::{Classified, Exchange, drive};
-    use pair_scheduler::{Step, Target};
-    use std::future::Future;
+    use pair_testkit::hop::{Does, FakeHop};
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::time::Instant;
-
-    /// What a node does with each attempt.
-    #[derive(Clone, Copy, Debug)]
-    enum Does {
-        /// Its connection is refused.
-        Refuses,
-        /// It answers this status (its engine's own error body).
-        Answers(u16),
-        /// Nothing at all.
-        Hangs,
-    }
-
-    struct Refused;
-
-    impl Classified for Refused {
-        fn class(&self) -> &'static str {
-            "connect"
-        }
-        fn transient(&self) -> bool {
-            false
-        }
-    }
-
-    /// A hop whose nodes do as scripted, on tokio's paused clock.
-    struct FakeHop {
-        t0: Instant,
-        nodes: Vec<(NodeId, Does)>,
-        /// Owners that are all down for now (none is offered).
-        owners_down: bool,
-    }
-
-    impl Exchange for FakeHop {
-        type Head = (NodeId, u16);
-        type Answer = (NodeId, u16);
-        type Kept = Held;
-        type Ticket = ();
-        type Error = Refused;
-
-        fn now(&self) -> Duration {
-            self.t0.elapsed()
-        }
-
-        fn sleep_until(&self, at: Duration) -> impl Future<Output = ()> {
-            tokio::time::sleep_until(self.t0 + at)
-        }
-
-        fn choose(
-            &self,
-            _first: bool,
-            decide: &mut dyn FnMut(&[Target], bool) -> Step,
-        ) -> (Step, Option<()>) {
-            let targets = self.candidates();
-            (decide(&targets, self.owners_down), Some(()))
-        }
-
-        fn candidates(&self) -> Vec<Target> {
-            if self.owners_down {
-                return Vec::new();
-            }
-            self.nodes
-                .iter()
-                .map(|(node, _)| Target {
-                    node: *node,
-                    predicted: None,
-                })
-                .collect()
-        }
-
-        async fn send(&self, node: NodeId, _: Option<()>) -> Result<(NodeId, u16), Refused> {
-            let does = self.nodes.iter().find(|(n, _)| *n == node).unwrap().1;
-            match does {
-                Does::Refuses => Err(Refused),
-                Does::Answers(status) => Ok((node, status)),
-                Does::Hangs => std::future::pending().await,
-            }
-        }
-
-        fn status(&self, _: NodeId, head: &(NodeId, u16)) -> (u16, Option<Duration>) {
-            (head.1, None)
-        }
-
-        async fn first_byte(&self, _: &mut (NodeId, u16)) -> Result<(), Refused> {
-            Ok(())
-        }
-
-        fn commit(&self, _: NodeId, head: (NodeId, u16)) -> (NodeId, u16) {
-            head
-        }
-
-        async fn keep(&self, node: NodeId, head: (NodeId, u16)) -> Option<Held> {
-            let mut headers = http::HeaderMap::new();
-            headers.insert(
-                header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            Some(Held {
-                node,
-                status: StatusCode::from_u16(head.1).unwrap(),
-                headers: Headers::Map(headers),
-                body: Bytes::from(format!(r#"{{"error":"the engine said {}"}}"#, head.1)),
-            })
-        }
-
-        fn last_progress(&self, _: NodeId) -> Option<Duration> {
-            None
-        }
-    }
 
     fn node(i: u128) -> NodeId {
         NodeId::from_u128(i)
@@ -478,22 +369,27 @@ mod tests {
         let job = JobId::from_uuid(uuid::Uuid::from_u128(7));
         let record = new_record(job, flavor, route, &profile, st.node.id, st.node.id, 0);
         let mut pending = PendingJob::new(&st, record, req.received);
-        let hop = FakeHop {
-            t0: req.received,
-            nodes,
-            owners_down,
-        };
+        let mut hop = FakeHop::new(req.received, nodes);
+        if owners_down {
+            hop = hop.owners_down();
+        }
         let mut failover = Failover::new(config);
-        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
-        let driven = drive(
-            &hop,
-            &mut failover,
-            std::pin::pin!(pair_cluster::Rearmed::new(timer, req.received)),
-        )
-        .await;
-        let Driven::GaveUp { why, kept } = driven else {
+        let Driven::GaveUp { why, kept } = hop.run(&mut failover).await else {
             panic!("the script commits nothing");
         };
+        let kept = kept.map(|k| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            Held {
+                node: k.node,
+                status: StatusCode::from_u16(k.status).unwrap(),
+                headers: Headers::Map(headers),
+                body: Bytes::from(k.body),
+            }
+        });
         let attempts = Attempts {
             st: &st,
             req: &req,
@@ -502,6 +398,7 @@ mod tests {
             reach: Reach::Plan(Plan::Cluster),
             explain: false,
             alone_since: Default::default(),
+            queued: None,
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

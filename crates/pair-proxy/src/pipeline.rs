@@ -50,6 +50,7 @@ use crate::receipt::Receipt;
 use crate::route::{self, Face, RouteClass};
 use crate::state::{ProxyState, unix_ms_at};
 use crate::stream::{AnswerBody, Framing, OnCut};
+use crate::waiting;
 
 /// A request at any door, read whole (the body is kept for replay).
 #[derive(Debug)]
@@ -291,6 +292,10 @@ pub async fn execute(
         Ok(p) => p,
         Err(refused) => return refused,
     };
+    let queued = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
+        Ok(waited) => waited,
+        Err(full) => return full.refuse(st, &req, &mut pending),
+    };
     let mut failover = Failover::new(failover_config(st, plan, &req, client_deadline));
     let attempts = Attempts {
         st,
@@ -300,6 +305,7 @@ pub async fn execute(
         reach: Reach::Plan(plan),
         explain: req.head.headers.contains(&EXPLAIN_HEADER),
         alone_since: Default::default(),
+        queued,
     };
     match attempts.run(&mut failover, deadline).await {
         Driven::Committed { node, answer: a } => answer(
@@ -312,6 +318,98 @@ pub async fn execute(
             aliased,
         ),
         Driven::GaveUp { why, kept } => attempts.gave_up(&mut pending, &failover, why, kept),
+    }
+}
+
+/// Late binding: while every node that could take the request has its
+/// slots full, it waits here for one to free ([`crate::waiting`]), until
+/// its `x-pair-deadline` or [`waiting::DEFAULT_WAIT`]. Only where the
+/// request entered the cluster, and not for a request pinned to a node.
+async fn wait_for_slot(
+    st: &Arc<ProxyState>,
+    req: &Inference,
+    profile: &RequestProfile,
+    plan: Plan,
+    client_deadline: Option<Duration>,
+) -> Result<Option<pair_core::JobWait>, SlotsFull> {
+    if st.waitroom.order().is_none() || plan != Plan::Cluster || profile.pinned.is_some() {
+        return Ok(None);
+    }
+    let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
+    let mut waited = false;
+    loop {
+        let cluster = st.cluster();
+        let top = st.rank(&cluster, profile, unix_ms_at(tokio::time::Instant::now()));
+        let (woken, ticket) =
+            match st
+                .waitroom
+                .admit(&profile.model, profile.priority, req.received, &top)
+            {
+                waiting::Admit::Go => {
+                    return Ok(waited.then(|| pair_core::JobWait {
+                        ms: millis(req.received.elapsed()),
+                        why: pair_core::WaitReason::ClusterQueue,
+                    }));
+                }
+                waiting::Admit::Wait { woken, ticket } => (woken, ticket),
+            };
+        waited = true;
+        let recheck = tokio::time::sleep(waiting::RECHECK);
+        tokio::select! {
+            _ = woken => {}
+            () = recheck => st.waitroom.leave(ticket),
+            () = tokio::time::sleep_until(bound) => {
+                st.waitroom.leave(ticket);
+                let retry_s = top
+                    .first()
+                    .and_then(|c| c.score.prediction())
+                    .map_or(1, |p| u64::from(p.queue_ms).div_ceil(1000).max(1));
+                return Err(SlotsFull { retry_s });
+            }
+        }
+    }
+}
+
+/// A request waited for a slot past its bound.
+struct SlotsFull {
+    /// When a slot is predicted to free, in whole seconds.
+    retry_s: u64,
+}
+
+impl SlotsFull {
+    /// 503 in the client's shape, with `Retry-After`; the job is recorded
+    /// as failed.
+    fn refuse(self, st: &ProxyState, req: &Inference, pending: &mut PendingJob) -> Reply {
+        let waited = req.received.elapsed();
+        let message = format!(
+            "every node that serves this model has its slots full, and the request waited {:.1} s at the cluster for one (its x-pair-deadline, or {} s); retry later",
+            waited.as_secs_f64(),
+            waiting::DEFAULT_WAIT.as_secs()
+        );
+        st.metrics.count_request(req.route, 503, "none");
+        if let Some(mut record) = pending.take() {
+            record.waited = Some(pair_core::JobWait {
+                ms: millis(waited),
+                why: pair_core::WaitReason::ClusterQueue,
+            });
+            record.status = pair_core::JobStatus::Failed;
+            record.http_status = Some(503);
+            record.duration_ms = Some(millis(waited));
+            record.error = Some("slots full past the wait bound".into());
+            st.finish_job(record);
+        }
+        let mut resp = json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            req.flavor,
+            "cluster_full",
+            &message,
+            None,
+        );
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(self.retry_s),
+        );
+        resp.into()
     }
 }
 
@@ -344,18 +442,21 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
         Ok(d) => d,
         Err(why) => return Err(bad_request(st, &req, plan, &why)),
     };
+    let priority = match priority_of(&req.head.headers) {
+        Ok(p) => p,
+        Err(why) => return Err(bad_request(st, &req, plan, &why)),
+    };
     let cluster = st.cluster();
     // A model no node holds may be an alias's (a tool's default name):
     // the request becomes one for its target before anything is ranked.
     // A relayed request was aliased by its origin.
-    let aliased = match plan {
-        Plan::Cluster => cluster
-            .alias_for(&facts.model, st.node.id)
-            .map(|a| a.target.clone()),
+    let alias = match plan {
+        Plan::Cluster => cluster.alias_for(&facts.model, st.node.id).cloned(),
         Plan::ThisNode { .. } => None,
     };
+    let aliased = alias.as_ref().map(|a| a.target.clone());
     if let Some(target) = &aliased {
-        req.body = body::with_model(&req.body, facts.model_at, target.as_str());
+        req.body = pair_translate::model::splice(&req.body, facts.model_at, target.as_str());
         facts.model = target.as_str().to_owned();
     }
     if let Some(key) = &req.key
@@ -376,6 +477,12 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
     };
     let (mut profile, first_turn) = profile_for(facts, &req, &cluster, conversation);
     st.expect_answer(&mut profile);
+    // The request's class: its header's, else its alias's, else its API
+    // key's; interactive by default.
+    profile.priority = priority
+        .or(alias.and_then(|a| a.priority))
+        .or(req.key.as_ref().and_then(|k| k.priority))
+        .unwrap_or_default();
     if let Plan::ThisNode { .. } = plan {
         if !holds(st, &cluster, &profile, req.flavor) {
             return Err(model_not_here(st, &req, &profile));
@@ -560,6 +667,27 @@ fn answer(
 /// The client's bound on a request: `x-pair-deadline: SECONDS` (a
 /// positive number, fractions allowed, at most a day).
 pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-pair-deadline");
+
+/// The request's class: `x-pair-priority: interactive | batch` (or
+/// `high | normal | low`, `critical | standard | sheddable`).
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-pair-priority");
+
+/// The request's [`PRIORITY_HEADER`], or what is wrong with it.
+fn priority_of(headers: &Headers) -> Result<Option<pair_core::Priority>, String> {
+    let Some(v) = headers.get(&PRIORITY_HEADER) else {
+        return Ok(None);
+    };
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(pair_core::Priority::parse)
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "x-pair-priority must be interactive or batch (or high, normal, low), not {:?}",
+                String::from_utf8_lossy(v)
+            )
+        })
+}
 
 /// The request's [`DEADLINE_HEADER`], or what is wrong with it.
 fn deadline_of(headers: &Headers) -> Result<Option<Duration>, String> {

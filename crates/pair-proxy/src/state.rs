@@ -116,6 +116,8 @@ pub struct ProxyState {
     routed_seen: Mutex<RoutedSeen>,
     pub jobs: Arc<JobLog>,
     pub metrics: Arc<Metrics>,
+    /// Requests waiting for a slot (late binding).
+    pub waitroom: crate::waiting::WaitRoom,
     /// When the node started, or came back from a pause (a snapshot after
     /// a long gap: a stopped process, a suspended machine): until
     /// [`WARM_UP`] after it, the node may not yet know its own engine's
@@ -192,6 +194,9 @@ pub struct ProxyConfig {
     /// Where conversations that entered here were sent, which its reports
     /// carry.
     pub bindings: Arc<Bindings>,
+    /// Late binding: requests wait at this node, in this order, while every
+    /// node that could take them is full (`None`: committed at once).
+    pub queue: Option<pair_scheduler::Order>,
 }
 
 impl ProxyState {
@@ -245,6 +250,7 @@ impl ProxyState {
             routed_seen: Mutex::default(),
             jobs,
             metrics: Arc::new(Metrics::new()),
+            waitroom: crate::waiting::WaitRoom::new(config.queue),
         })
     }
 
@@ -297,6 +303,8 @@ impl ProxyState {
             .peers
             .set(i64::try_from(snapshot.len().saturating_sub(1)).unwrap_or(i64::MAX));
         self.cluster.store(snapshot);
+        // Peers' slots may have freed.
+        self.waitroom.wake();
     }
 
     /// This node's engines: the running loop's copies.
@@ -629,6 +637,7 @@ pub(crate) mod tests {
                 peers: Peers::new(),
                 load: LocalLoad::new(),
                 bindings: Arc::default(),
+                queue: None,
             },
             jobs,
         )

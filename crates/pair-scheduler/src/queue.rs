@@ -24,6 +24,7 @@
 //! I/O; after warm-up (as many requests waiting as ever before) pushing and
 //! popping allocate nothing.
 
+pub use pair_core::Priority;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -51,45 +52,6 @@ pub fn batch_may_take(
 ) -> bool {
     let interactive = interactive_seen_ms_ago.is_some_and(|ago| ago <= INTERACTIVE_WINDOW_MS);
     free_slots >= 2 || !interactive || (slots <= 1 && waited_ms >= BATCH_DELAY_MS)
-}
-
-/// A request's class (the Gateway API Inference Extension's criticality,
-/// named as `x-pair-priority` takes it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    /// A person is waiting (chat, an editor): goes before batch work.
-    #[default]
-    Interactive,
-    /// An agent farm, an evaluation, a backfill: yields to interactive
-    /// work for up to [`BATCH_DELAY_MS`].
-    Batch,
-}
-
-impl Priority {
-    /// Parses `interactive`, `batch`, and the ecosystem's other names for
-    /// them: `high`, `normal`, `critical`, `standard` (interactive); `low`,
-    /// `sheddable` (batch). Case-insensitive.
-    pub fn parse(s: &str) -> Option<Self> {
-        let s = s.trim();
-        let is = |name: &str| s.eq_ignore_ascii_case(name);
-        if ["interactive", "high", "normal", "critical", "standard"]
-            .iter()
-            .any(|n| is(n))
-        {
-            Some(Self::Interactive)
-        } else if ["batch", "low", "sheddable"].iter().any(|n| is(n)) {
-            Some(Self::Batch)
-        } else {
-            None
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Interactive => "interactive",
-            Self::Batch => "batch",
-        }
-    }
 }
 
 /// The order a [`ClusterQueue`] serves in.
@@ -238,7 +200,26 @@ impl<T> ClusterQueue<T> {
         self.pop_among(lanes, &[Priority::Interactive])
     }
 
+    /// When the first request among `lanes` that a request of `class` waits
+    /// behind is due: any for batch work, interactive ones for interactive
+    /// work (which batch work never holds up). `None`: none waits there.
+    pub fn first_due(&mut self, lanes: &[u32], class: Priority) -> Option<u64> {
+        let classes: &[Priority] = match class {
+            Priority::Interactive => &[Priority::Interactive],
+            Priority::Batch => &[Priority::Interactive, Priority::Batch],
+        };
+        self.first_among(lanes, classes).map(|(due, _, _)| due)
+    }
+
     fn pop_among(&mut self, lanes: &[u32], classes: &[Priority]) -> Option<(Waiting, T)> {
+        let (_, _, lane) = self.first_among(lanes, classes)?;
+        let Reverse((_, _, slot, generation)) = self.lanes[lane].pop()?;
+        self.remove(Ticket { slot, generation })
+    }
+
+    /// The earliest due live entry among `lanes` and `classes`: its due
+    /// time, arrival number and heap.
+    fn first_among(&mut self, lanes: &[u32], classes: &[Priority]) -> Option<(u64, u64, usize)> {
         let mut best: Option<(u64, u64, usize)> = None;
         for &lane in lanes {
             for &class in classes {
@@ -251,9 +232,7 @@ impl<T> ClusterQueue<T> {
                 }
             }
         }
-        let (_, _, lane) = best?;
-        let Reverse((_, _, slot, generation)) = self.lanes[lane].pop()?;
-        self.remove(Ticket { slot, generation })
+        best
     }
 
     /// The lane's earliest live entry, dropping those taken out.
@@ -392,6 +371,15 @@ mod tests {
         let mut q = ClusterQueue::new(Order::Priorities);
         q.push(w(0, 10, Priority::Batch), "batch");
         assert_eq!(q.pop_interactive(&[0]), None);
+        assert_eq!(
+            q.first_due(&[0], Priority::Interactive),
+            None,
+            "batch holds no chat up"
+        );
+        assert_eq!(
+            q.first_due(&[0], Priority::Batch),
+            Some(20 + BATCH_DELAY_MS)
+        );
         q.push(w(5, 10_000, Priority::Interactive), "chat");
         assert_eq!(q.pop_interactive(&[0]).map(|(_, t)| t), Some("chat"));
         assert_eq!(q.pop_first(&[0]).map(|(_, t)| t), Some("batch"));

@@ -170,10 +170,11 @@ fn aliased(
     else {
         return Ok((req, profile));
     };
-    let mut body: serde_json::Value = serde_json::from_slice(&req.body)
-        .map_err(|e| Error::InvalidRequest(format!("body is not JSON: {e}")))?;
-    body["model"] = serde_json::Value::String(target.clone());
-    req.body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+    // Put in as a node's face puts it: the rest of the body byte for byte.
+    let at = pair_translate::model::span(&req.body).ok_or_else(|| {
+        Error::InvalidRequest("body has no single top-level \"model\" string".to_owned())
+    })?;
+    req.body = pair_translate::model::splice(&req.body, at, &target);
     req.model = Some(target.clone());
     profile.model = target;
     Ok((req, profile))
@@ -944,23 +945,4 @@ fn unix_ms() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_prompt_chain_is_the_fields_bytes_in_engine_order() {
-        // Anthropic's shape: the turns first in the body, system and tools
-        // after; the engine's context (and the chain) has them the other
-        // way round.
-        let body = br#"{"model":"m","messages":[{"role":"user","content":"fix it"}],"max_tokens":9,"tools":[{"name":"Bash"}],"system":"be an agent"}"#;
-        let mut expected = ChainBuilder::new();
-        expected
-            .bytes(br#""be an agent""#)
-            .bytes(br#"[{"name":"Bash"}]"#)
-            .bytes(br#"[{"role":"user","content":"fix it"}]"#);
-        assert_eq!(prompt_chain(body), expected.finish());
-        // A body that is not a JSON object has no prompt to cache.
-        assert!(prompt_chain(b"not json").is_empty());
-        assert!(prompt_chain(br#"{"model":"m"}"#).is_empty());
-    }
-}
+mod tests;

@@ -429,6 +429,18 @@ struct RawRouting {
     queue: Option<String>,
 }
 
+/// The name of a `queue` setting, as `parse_queue` and `pair-node
+/// --queue` take it.
+pub fn queue_name(order: Option<pair_scheduler::Order>) -> &'static str {
+    use pair_scheduler::Order;
+    match order {
+        None => "off",
+        Some(Order::Fifo) => "fifo",
+        Some(Order::ShortestFirst) => "sjf",
+        Some(Order::Priorities) => "priorities",
+    }
+}
+
 /// A `queue` setting: `off`, `fifo`, `sjf` or `priorities`.
 pub fn parse_queue(s: &str) -> Result<Option<pair_scheduler::Order>, SimError> {
     use pair_scheduler::Order;

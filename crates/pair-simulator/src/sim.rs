@@ -947,18 +947,20 @@ impl<'a> Sim<'a> {
             .filter(|&m| self.plan.nodes[i].local[m].is_some())
             .map(|m| m as u32)
             .collect();
-        // Interactive work first: batch work may not take this slot
-        // (route decides, and queues it again if so).
+        // The node's own router hears of it at once, as a live node's
+        // waiting requests do; the others at the node's next report (the
+        // recheck on each published view). Interactive work first: batch
+        // work may not take this slot (route decides, and queues it again).
+        let r = match self.scn.routing {
+            Routing::Single => 0,
+            Routing::PerNode(_) => i,
+        };
         let first = self.scn.queue == Some(Order::Priorities);
-        let popped = self
-            .routers
-            .iter_mut()
-            .find_map(|r| first.then(|| r.queue.pop_interactive(&lanes)).flatten())
-            .or_else(|| {
-                self.routers
-                    .iter_mut()
-                    .find_map(|r| r.queue.pop_first(&lanes))
-            });
+        let queue = &mut self.routers[r].queue;
+        let popped = first
+            .then(|| queue.pop_interactive(&lanes))
+            .flatten()
+            .or_else(|| queue.pop_first(&lanes));
         if let Some((_, (d, arrival))) = popped {
             self.route(now, d, arrival, true);
         }

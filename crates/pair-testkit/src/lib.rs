@@ -7,6 +7,8 @@
 //!   their output.
 //! - [`netns`]: a network namespace joined to this one by a veth pair.
 //! - [`harness`]: libtest's list and filter for harness-free test binaries.
+//! - `hop` (feature `hop`): a fake hop whose nodes do as scripted, for
+//!   tests of how a node's pipeline and the edge SDK end a request.
 //! - `cluster` (feature `cluster`): the in-process local cluster
 //!   (`pair_daemon::demo`, the demo's own) and what tests do with it.
 //! - `node` (feature `cluster`): `pair-node run` processes over emulated
@@ -19,5 +21,7 @@ pub mod process;
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "hop")]
+pub mod hop;
 #[cfg(feature = "cluster")]
 pub mod node;

@@ -12,13 +12,15 @@
 //! the engine lacks: each is mapped, dropped (named in the
 //! [`Translated::dropped`] list, `x-pair-dropped`) or refused (a
 //! [`TranslateError`] naming the field, a 400 for the client), never a
-//! silent drop of something that changes the answer. Clocks are
-//! arguments: durations and timestamps come from the caller.
+//! silent drop of something that changes the answer. [`model`] puts
+//! another model's name in a request, for a node and the edge SDK alike.
+//! Clocks are arguments: durations and timestamps come from the caller.
 
 pub mod anthropic;
 mod chunk;
 pub mod fields;
 pub mod frame;
+pub mod model;
 pub mod ollama;
 pub mod responses;
 pub mod resume;

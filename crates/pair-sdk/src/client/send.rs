@@ -28,7 +28,7 @@ use crate::view::View;
 
 /// Why an attempt from the client failed.
 #[derive(Debug)]
-enum SendError {
+pub(super) enum SendError {
     /// The node has no address in the view, or no link could be made.
     NoLink,
     /// The link failed (it classifies itself, as a node reads it).
@@ -238,26 +238,15 @@ impl<'a> Exchange for Sending<'a> {
         }
         let sent = Instant::now();
         match link.send(out).await {
-            // The node gave up before any answer from its engine: the
-            // attempt failed, by the class it names (as a node reads it).
-            Ok(resp) if resp.headers().contains_key(pair_cluster::FAILED_HEADER) => {
-                let class = resp
-                    .headers()
-                    .get(pair_cluster::FAILED_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(pair_core::failure_class)
-                    .or_else(|| pair_core::failure_class("transport"));
-                match class {
-                    Some(c) => Err(SendError::NodeGaveUp(c)),
-                    None => Err(SendError::Cut),
-                }
-            }
-            Ok(resp) => Ok(Head {
-                resp,
-                first: None,
-                sent,
-                _reserved: ticket,
-            }),
+            Ok(resp) => match node_gave_up(resp.headers()) {
+                Some(e) => Err(e),
+                None => Ok(Head {
+                    resp,
+                    first: None,
+                    sent,
+                    _reserved: ticket,
+                }),
+            },
             Err(e) => {
                 // A node that refused this client is up: it stays ranked
                 // (another request may be let in once vouching reaches
@@ -338,6 +327,19 @@ impl<'a> Exchange for Sending<'a> {
     fn stalled(&self, node: NodeId) {
         self.client.node_failed(node);
     }
+}
+
+/// The attempt's error when the node gave up before any answer from its
+/// engine ([`pair_cluster::FAILED_HEADER`]): the class it names, as a node
+/// reads it (one it does not know is `transport`).
+pub(super) fn node_gave_up(headers: &http::HeaderMap) -> Option<SendError> {
+    let value = headers.get(pair_cluster::FAILED_HEADER)?;
+    let class = value
+        .to_str()
+        .ok()
+        .and_then(pair_core::failure_class)
+        .or_else(|| pair_core::failure_class("transport"));
+    Some(class.map_or(SendError::Cut, SendError::NodeGaveUp))
 }
 
 impl Sending<'_> {
@@ -508,17 +510,13 @@ impl Client {
                 ))
             }
             Driven::GaveUp { why, kept } => {
-                if let Some(why) = sending.invalid.lock().ok().and_then(|mut i| i.take()) {
-                    return Err(Error::InvalidRequest(why));
-                }
-                if let Some(nodes) = sending.refused.lock().ok().and_then(|mut r| r.take()) {
-                    return Err(Error::Refused {
-                        model: model.to_owned(),
-                        nodes,
-                    });
-                }
-                self.confirm_refusals(&failover).await;
-                Err(self.give_up(why, model, &failover, kept))
+                let gave_up = GaveUp {
+                    why,
+                    kept,
+                    invalid: sending.invalid.lock().ok().and_then(|mut i| i.take()),
+                    refused: sending.refused.lock().ok().and_then(|mut r| r.take()),
+                };
+                Err(gave_up.error(self, model, &failover).await)
             }
         }
     }
@@ -567,22 +565,37 @@ impl Client {
             .or_else(|| self.inner.trust.get(id).map(|r| r.name))
             .unwrap_or_else(|| id.short())
     }
+}
 
-    /// When some node refused this client's certificate, the others that
-    /// failed may have too, their alert lost with the connection (hyper
-    /// ends a refused connection quietly when it reads the alert first):
-    /// a probe of each says which. Only when the request gives up, so it
-    /// costs a failover nothing.
-    async fn confirm_refusals(&self, failover: &Failover) {
-        let failed = failover.failed();
-        let refused = |n: NodeId| self.inner.refused.lock().is_ok_and(|r| r.contains(&n));
-        if !failed.iter().any(|f| refused(f.node)) {
-            return;
-        }
-        let unsure: Vec<(std::net::SocketAddr, Option<NodeId>)> = failed
-            .iter()
-            .filter(|f| !refused(f.node))
-            .filter_map(|f| self.known_addr(f.node).map(|a| (a, Some(f.node))))
+/// What ending a request that gave up asks of the client.
+pub(super) trait Roster {
+    /// A node's name, for errors.
+    fn name(&self, node: NodeId) -> String;
+    /// Whether `node` refuses this client's certificate.
+    fn refuses(&self, node: NodeId) -> bool;
+    /// How many nodes the client's view holds.
+    fn probed(&self) -> usize;
+    /// Probes `nodes` again; those that refuse this client are marked so.
+    fn reprobe(&self, nodes: Vec<NodeId>) -> impl Future<Output = ()>;
+}
+
+impl Roster for Client {
+    fn name(&self, node: NodeId) -> String {
+        self.node_name(node)
+    }
+
+    fn refuses(&self, node: NodeId) -> bool {
+        self.inner.refused.lock().is_ok_and(|r| r.contains(&node))
+    }
+
+    fn probed(&self) -> usize {
+        self.current_view().map_or(0, |v| v.nodes.len())
+    }
+
+    async fn reprobe(&self, nodes: Vec<NodeId>) {
+        let unsure: Vec<(std::net::SocketAddr, Option<NodeId>)> = nodes
+            .into_iter()
+            .filter_map(|n| self.known_addr(n).map(|a| (a, Some(n))))
             .collect();
         for r in self.inner.prober.round(unsure).await {
             if let Err(f) = r
@@ -593,59 +606,114 @@ impl Client {
             }
         }
     }
+}
 
-    fn give_up(
-        &self,
-        why: GiveUp,
+/// A request the driver gave up on, with what its attempts left behind.
+pub(super) struct GaveUp {
+    pub(super) why: GiveUp,
+    /// The last answer a node gave.
+    pub(super) kept: Option<(NodeId, u16, Bytes)>,
+    /// Why no node could take the request as it is.
+    pub(super) invalid: Option<String>,
+    /// Every owner refused this client's certificate: their names.
+    pub(super) refused: Option<Vec<String>>,
+}
+
+impl GaveUp {
+    /// The caller's error for a request of `model` (`-`: a listing). An
+    /// invalid request or one every owner refused is said as such;
+    /// otherwise the refusals are confirmed first ([`confirm_refusals`]),
+    /// then a request every node tried refuses is [`Error::Refused`], one
+    /// whose owners left [`Error::OwnersGone`], one a node answered the
+    /// last answer's [`Error::Status`], and the rest [`Error::NoNodeServes`]
+    /// (no node was eligible) or [`Error::Exhausted`].
+    pub(super) async fn error(
+        self,
+        roster: &impl Roster,
         model: &str,
         failover: &Failover,
-        last_answer: Option<(NodeId, u16, Bytes)>,
     ) -> Error {
-        let attempts = Attempts(
-            failover
-                .failed()
-                .iter()
-                .map(|f| Tried {
-                    node: f.node,
-                    name: self.node_name(f.node),
-                    what: f.outcome.label().into_owned(),
-                })
-                .collect(),
-        );
-        let refused = |t: &Tried| {
-            t.what == TLS_REFUSED || self.inner.refused.lock().is_ok_and(|r| r.contains(&t.node))
-        };
-        if !attempts.0.is_empty() && attempts.0.iter().all(refused) {
-            let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
-            nodes.dedup();
+        if let Some(why) = self.invalid {
+            return Error::InvalidRequest(why);
+        }
+        if let Some(nodes) = self.refused {
             return Error::Refused {
                 model: model.to_owned(),
                 nodes,
             };
         }
-        match (why, last_answer) {
-            (GiveUp::OwnersGone, _) => Error::OwnersGone {
+        confirm_refusals(roster, failover).await;
+        give_up(roster, self.why, model, failover, self.kept)
+    }
+}
+
+/// When some node refused this client's certificate, the others that
+/// failed may have too, their alert lost with the connection (hyper ends a
+/// refused connection quietly when it reads the alert first): a probe of
+/// each says which. Only when the request gives up, so it costs a failover
+/// nothing.
+async fn confirm_refusals(roster: &impl Roster, failover: &Failover) {
+    let failed = failover.failed();
+    if !failed.iter().any(|f| roster.refuses(f.node)) {
+        return;
+    }
+    let unsure: Vec<NodeId> = failed
+        .iter()
+        .map(|f| f.node)
+        .filter(|n| !roster.refuses(*n))
+        .collect();
+    roster.reprobe(unsure).await;
+}
+
+fn give_up(
+    roster: &impl Roster,
+    why: GiveUp,
+    model: &str,
+    failover: &Failover,
+    last_answer: Option<(NodeId, u16, Bytes)>,
+) -> Error {
+    let attempts = Attempts(
+        failover
+            .failed()
+            .iter()
+            .map(|f| Tried {
+                node: f.node,
+                name: roster.name(f.node),
+                what: f.outcome.label().into_owned(),
+            })
+            .collect(),
+    );
+    let refused = |t: &Tried| t.what == TLS_REFUSED || roster.refuses(t.node);
+    if !attempts.0.is_empty() && attempts.0.iter().all(refused) {
+        let mut nodes: Vec<String> = attempts.0.iter().map(|t| t.name.clone()).collect();
+        nodes.dedup();
+        return Error::Refused {
+            model: model.to_owned(),
+            nodes,
+        };
+    }
+    match (why, last_answer) {
+        (GiveUp::OwnersGone, _) => Error::OwnersGone {
+            model: model.to_owned(),
+            attempts,
+        },
+        (_, Some((node, status, body))) => Error::Status {
+            model: model.to_owned(),
+            node: roster.name(node),
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            attempts,
+        },
+        (GiveUp::NoCandidate, None) if model != "-" => Error::NoNodeServes {
+            model: model.to_owned(),
+            probed: roster.probed(),
+        },
+        // The SDK sets no deadline of its own (its caller's timeout
+        // bounds the call).
+        (GiveUp::Exhausted { .. } | GiveUp::Deadline | GiveUp::NoCandidate, None) => {
+            Error::Exhausted {
                 model: model.to_owned(),
                 attempts,
-            },
-            (_, Some((node, status, body))) => Error::Status {
-                model: model.to_owned(),
-                node: self.node_name(node),
-                status,
-                body: String::from_utf8_lossy(&body).into_owned(),
-                attempts,
-            },
-            (GiveUp::NoCandidate, None) if model != "-" => Error::NoNodeServes {
-                model: model.to_owned(),
-                probed: self.current_view().map_or(0, |v| v.nodes.len()),
-            },
-            // The SDK sets no deadline of its own (its caller's timeout
-            // bounds the call).
-            (GiveUp::Exhausted { .. } | GiveUp::Deadline | GiveUp::NoCandidate, None) => {
-                Error::Exhausted {
-                    model: model.to_owned(),
-                    attempts,
-                }
             }
         }
     }

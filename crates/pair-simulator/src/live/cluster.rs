@@ -173,6 +173,7 @@ impl LiveCluster {
                 .args(["--emulated-hardware", &n.profile])
                 .args(["--report-interval", &report_interval])
                 .args(["--telemetry-interval", &telemetry_interval])
+                .args(["--queue", crate::scenario::queue_name(scn.queue)])
                 .arg("--state-dir")
                 .arg(dir.path());
             if n.seed_perf == SeedPerf::Profile {

@@ -195,6 +195,7 @@ pub(super) async fn send(
     body: &Value,
     answer_tokens: u32,
     session: Option<SessionKey>,
+    priority: pair_scheduler::Priority,
 ) -> Option<Answer> {
     let began = Instant::now();
     let mut req = http
@@ -203,6 +204,9 @@ pub(super) async fn send(
         .json(body);
     if let Some(key) = session {
         req = req.header("x-pair-session", format!("{:016x}", key.0));
+    }
+    if priority == pair_scheduler::Priority::Batch {
+        req = req.header("x-pair-priority", "batch");
     }
     let mut resp = req.send().await.ok()?;
     if !resp.status().is_success() {
@@ -293,7 +297,15 @@ impl Run {
         let body = chat_body(model, &d, first, id, src.max_tokens);
         let face = &self.faces[self.entry(&d)];
         let session = d.session.filter(|_| self.session_header);
-        let answer = send(&self.http, face, &body, d.output_tokens.max(1), session).await;
+        let answer = send(
+            &self.http,
+            face,
+            &body,
+            d.output_tokens.max(1),
+            session,
+            d.priority,
+        )
+        .await;
         let end = self.clock.now();
         let record = Record {
             arrival,
@@ -607,8 +619,16 @@ mod tests {
         let http = super::super::cluster::client().unwrap();
         let body = chat_body("m", &demand(40, Some(0xabc)), None, 1, None);
         let key = Some(SessionKey(0xabc));
-        assert!(send(&http, &face, &body, 8, key).await.is_some());
-        assert!(send(&http, &face, &body, 8, None).await.is_some());
+        assert!(
+            send(&http, &face, &body, 8, key, Default::default())
+                .await
+                .is_some()
+        );
+        assert!(
+            send(&http, &face, &body, 8, None, Default::default())
+                .await
+                .is_some()
+        );
         let seen = heads.await.unwrap();
         assert!(
             seen[0].contains("x-pair-session: 0000000000000abc"),

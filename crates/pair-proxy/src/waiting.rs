@@ -1,0 +1,216 @@
+//! Late binding (`--queue`): while every node that could take a request has
+//! its slots full, the request waits at the node that took it, in the
+//! order of the scheduler's [`ClusterQueue`] (shortest predicted job first
+//! with aging; batch after interactive), instead of in one engine's own
+//! first-come queue; it goes when a node has room, to the node predicted to
+//! finish it soonest then. Its place is a slot counted like any other: the
+//! request is ranked again when woken, and reserves the node it goes to.
+//!
+//! A request is woken when a slot may have freed (an answer on this node
+//! drained, a fresh cluster view published), and looks again every
+//! [`RECHECK`] in any case; it waits until its `x-pair-deadline`, or
+//! [`DEFAULT_WAIT`], and then gets a 503 with `Retry-After`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pair_core::Priority;
+use pair_scheduler::{Candidate, ClusterQueue, Order, Ticket, Waiting, batch_may_take};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How often a waiting request looks again unwoken (a peer's slot frees
+/// between its reports).
+pub const RECHECK: Duration = Duration::from_millis(250);
+
+/// How long a request waits for a slot without `x-pair-deadline`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
+
+/// The node's waiting requests.
+#[derive(Debug)]
+pub struct WaitRoom {
+    order: Option<Order>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    queue: ClusterQueue<oneshot::Sender<()>>,
+    /// Lane `i` waits for model `lanes[i]`.
+    lanes: Vec<String>,
+    interactive_at: Option<Instant>,
+    t0: Instant,
+}
+
+/// What a request does now.
+#[derive(Debug)]
+pub enum Admit {
+    /// A slot is free for it (or the node does not queue).
+    Go,
+    /// It waits for `woken` (or [`RECHECK`]); `ticket` takes it out.
+    Wait {
+        woken: oneshot::Receiver<()>,
+        ticket: Ticket,
+    },
+}
+
+impl WaitRoom {
+    /// `None`: requests never wait here (each is committed to a node at
+    /// once).
+    pub fn new(order: Option<Order>) -> Self {
+        Self {
+            order,
+            inner: Mutex::new(Inner {
+                queue: ClusterQueue::new(order.unwrap_or_default()),
+                lanes: Vec::new(),
+                interactive_at: None,
+                t0: Instant::now(),
+            }),
+        }
+    }
+
+    pub fn order(&self) -> Option<Order> {
+        self.order
+    }
+
+    /// Whether a request for `model` of `priority`, that arrived at
+    /// `arrived` with `work_ms` of its own work predicted, goes now given
+    /// its ranked `candidates`, or waits. It goes when a candidate has a
+    /// free slot it may take and no request it waits behind is due before
+    /// it; a policy that predicts nothing never waits.
+    pub fn admit(
+        &self,
+        model: &str,
+        priority: Priority,
+        arrived: Instant,
+        candidates: &[Candidate],
+    ) -> Admit {
+        let Some(order) = self.order else {
+            return Admit::Go;
+        };
+        let mut free = 0u32;
+        let mut slots = 0u32;
+        let mut work_ms = 0u32;
+        for (i, c) in candidates.iter().enumerate() {
+            let Some(p) = c.score.prediction() else {
+                return Admit::Go;
+            };
+            if i == 0 {
+                work_ms = p.work_ms();
+            }
+            free += p.slots.saturating_sub(p.jobs_ahead);
+            slots += p.slots;
+        }
+        if candidates.is_empty() {
+            return Admit::Go;
+        }
+        let Ok(mut inner) = self.inner.lock() else {
+            return Admit::Go;
+        };
+        let now = Instant::now();
+        let seen_ago = inner
+            .interactive_at
+            .map(|t| millis(now.saturating_duration_since(t)));
+        if priority == Priority::Interactive {
+            inner.interactive_at = Some(now);
+        }
+        let lane = inner.lane(model);
+        let waiting = Waiting {
+            lane,
+            arrived_ms: millis(arrived.saturating_duration_since(inner.t0)),
+            work_ms,
+            priority,
+        };
+        let due = inner.queue.due_ms(&waiting);
+        let ahead = inner
+            .queue
+            .first_due(&[lane], priority)
+            .is_some_and(|first| first < due);
+        let may = free > 0
+            && (order != Order::Priorities
+                || priority == Priority::Interactive
+                || batch_may_take(free, slots, seen_ago, millis(arrived.elapsed())));
+        if may && !ahead {
+            return Admit::Go;
+        }
+        let (tx, woken) = oneshot::channel();
+        let ticket = inner.queue.push(waiting, tx);
+        drop(inner);
+        if may {
+            // A slot is free for the ones ahead: the first of them takes it.
+            self.wake_lane(lane);
+        }
+        Admit::Wait { woken, ticket }
+    }
+
+    /// Takes a request out (it was woken, looks again, or gives up).
+    pub fn leave(&self, ticket: Ticket) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.queue.remove(ticket);
+        }
+    }
+
+    /// A slot may have freed: each model's first waiting request looks
+    /// again (interactive first with priorities).
+    pub fn wake(&self) {
+        if self.order.is_none() {
+            return;
+        }
+        let lanes = match self.inner.lock() {
+            Ok(inner) if !inner.queue.is_empty() => inner.lanes.len(),
+            _ => return,
+        };
+        for lane in 0..lanes {
+            self.wake_lane(u32::try_from(lane).unwrap_or(u32::MAX));
+        }
+    }
+
+    fn wake_lane(&self, lane: u32) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        let first = self.order == Some(Order::Priorities);
+        loop {
+            let next = match first
+                .then(|| inner.queue.pop_interactive(&[lane]))
+                .flatten()
+            {
+                Some(w) => Some(w),
+                None => inner.queue.pop_first(&[lane]),
+            };
+            let Some((_, tx)) = next else {
+                return;
+            };
+            // A request whose client left is skipped.
+            if tx.send(()).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map_or(0, |i| i.queue.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Inner {
+    fn lane(&mut self, model: &str) -> u32 {
+        let i = match self.lanes.iter().position(|m| m == model) {
+            Some(i) => i,
+            None => {
+                self.lanes.push(model.to_owned());
+                self.lanes.len() - 1
+            }
+        };
+        u32::try_from(i).unwrap_or(u32::MAX)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,217 @@
+//! Late binding on real nodes (`--queue`): on a serial engine (one slot),
+//! requests wait at the cluster while the slot is taken and go in the
+//! cluster queue's order when it frees; past their bound they get a 503
+//! in the client's shape, with `Retry-After`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
+use std::time::{Duration, Instant};
+
+use pair_core::{JobStatus, WaitReason};
+use pair_scheduler::Order;
+use pair_testkit::cluster::{LocalCluster, cluster, http};
+use serde_json::{Value, json};
+
+async fn serial_node(queue: Option<Order>) -> LocalCluster {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.25;
+        s.nodes[0].slots = Some(1);
+        s.queue = queue;
+    })
+    .await
+    .unwrap();
+    // The model loads, and the node learns its engine's one slot.
+    generate(&url(&c), "warm", 4).await;
+    c
+}
+
+fn url(c: &LocalCluster) -> String {
+    format!("{}/api/generate", c.nodes[0].ollama_url())
+}
+
+/// An Ollama generation of `tokens` at `url`, non-streamed; the status
+/// and body.
+async fn generate(url: &str, prompt: &str, tokens: u32) -> (u16, Value) {
+    let r = http()
+        .post(url)
+        .json(
+            &json!({"model": "llama3.2:3b", "prompt": prompt, "stream": false,
+                      "options": {"num_predict": tokens}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// A long answer takes the one slot; a second long one and then a short
+/// one arrive while it runs. Returns the order the two later ones ended
+/// in.
+async fn race(c: &LocalCluster) -> Vec<&'static str> {
+    let started = Instant::now();
+    let at = url(c);
+    let first = tokio::spawn({
+        let at = at.clone();
+        async move { generate(&at, "first long", 400).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let send = |name: &'static str, tokens: u32, after_ms: u64| {
+        let (at, ended) = (at.clone(), std::sync::Arc::clone(&ended));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let (status, _) = generate(&at, name, tokens).await;
+            assert_eq!(status, 200, "{name}");
+            ended.lock().unwrap().push(name);
+        })
+    };
+    let long = send("long", 400, 0);
+    let short = send("short", 4, 100);
+    long.await.unwrap();
+    short.await.unwrap();
+    assert_eq!(first.await.unwrap().0, 200);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    ended.lock().unwrap().clone()
+}
+
+/// In one run: committed at once, the short request waits in the engine's
+/// queue behind the long one that came before it; with late binding and
+/// shortest-first, it passes it, and its record says it waited at the
+/// cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_request_passes_a_long_one_waiting_for_a_serial_engine() {
+    let off = serial_node(None).await;
+    assert_eq!(race(&off).await, ["long", "short"], "the engine's own FIFO");
+    off.stop().await;
+
+    let sjf = serial_node(Some(Order::ShortestFirst)).await;
+    assert_eq!(race(&sjf).await, ["short", "long"], "shortest first");
+    let jobs = sjf.nodes[0].state.jobs.recent(10);
+    let waited: Vec<_> = jobs
+        .iter()
+        .filter_map(|j| j.waited.filter(|w| w.why == WaitReason::ClusterQueue))
+        .collect();
+    assert!(waited.len() >= 2, "both later requests waited: {jobs:#?}");
+    assert!(waited.iter().all(|w| w.ms > 0), "{waited:?}");
+    sjf.stop().await;
+}
+
+/// A request that waits past its `x-pair-deadline` for a slot gets a 503
+/// in its client's shape, with `Retry-After`, and is recorded as failed;
+/// one that asks for an unknown priority is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_past_the_bound_is_a_503_with_retry_after() {
+    let c = serial_node(Some(Order::Priorities)).await;
+    let busy = tokio::spawn({
+        let at = url(&c);
+        async move { generate(&at, "long", 600).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let t0 = Instant::now();
+    let r = http()
+        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
+        .header("x-pair-deadline", "0.5")
+        .header("x-pair-priority", "batch")
+        .json(&json!({"model": "llama3.2:3b", "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "cluster_full",
+        "OpenAI's shape: {body}"
+    );
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(busy.await.unwrap().0, 200);
+    let refused = c.nodes[0]
+        .state
+        .jobs
+        .recent(10)
+        .into_iter()
+        .find(|j| j.http_status == Some(503))
+        .expect("the refused request is recorded");
+    assert_eq!(refused.status, JobStatus::Failed);
+    assert_eq!(
+        refused.waited.map(|w| w.why),
+        Some(WaitReason::ClusterQueue)
+    );
+
+    let r = http()
+        .post(format!("{}/v1/chat/completions", c.nodes[0].openai_url()))
+        .header("x-pair-priority", "urgent")
+        .json(&json!({"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("x-pair-priority"),
+        "{body}"
+    );
+    c.stop().await;
+}
+
+/// With priorities, batch work leaves interactive work the cluster's last
+/// free slot: on a one-slot node where interactive work was just served, a
+/// request marked batch by its alias (`farm-*=llama3.2:3b@batch`) waits
+/// (here past its deadline), where the same request by the model's own
+/// name goes at once; `x-pair-priority` overrides the alias.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alias_marks_its_requests_as_batch_work() {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.25;
+        s.nodes[0].slots = Some(1);
+        s.nodes[0].aliases = vec!["farm-*=llama3.2:3b@batch".parse().unwrap()];
+        s.queue = Some(Order::Priorities);
+    })
+    .await
+    .unwrap();
+    generate(&url(&c), "interactive", 4).await;
+    let ask = |model: &'static str, priority: Option<&'static str>| {
+        let at = url(&c);
+        async move {
+            let mut r = http()
+                .post(at)
+                .header("x-pair-deadline", "1")
+                .json(&json!({"model": model, "prompt": "go", "stream": false,
+                              "options": {"num_predict": 4}}));
+            if let Some(p) = priority {
+                r = r.header("x-pair-priority", p);
+            }
+            r.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(
+        ask("farm-agent-1", None).await,
+        503,
+        "batch: the last slot is kept"
+    );
+    assert_eq!(ask("llama3.2:3b", None).await, 200, "interactive goes");
+    assert_eq!(
+        ask("farm-agent-1", Some("interactive")).await,
+        200,
+        "the header wins"
+    );
+    assert_eq!(
+        ask("llama3.2:3b", Some("low")).await,
+        503,
+        "batch by header"
+    );
+    c.stop().await;
+}
