@@ -103,6 +103,8 @@ pub enum WaitReason {
 }
 
 impl WaitReason {
+    pub const ALL: [WaitReason; 2] = [WaitReason::SilentOnlyOwner, WaitReason::ClusterQueue];
+
     /// What the Jobs view says.
     pub fn describe(self) -> &'static str {
         match self {

@@ -38,7 +38,7 @@ pub const PAGE: &str = r##"<!doctype html>
 <script>
 const esc = s => String(s ?? "").replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c]));
 let names = {};
-const WAITS = {"silent-only-owner": "waited on a silent engine with no alternative"};
+const WAITS = {"silent-only-owner": "waited on a silent engine with no alternative", "cluster-queue": "waited at the cluster for a free slot"};
 async function refresh() {
   try {
     const [c, j] = await Promise.all([fetch("/_pair/cluster").then(r => r.json()), fetch("/_pair/jobs?limit=50").then(r => r.json())]);
@@ -68,3 +68,19 @@ setInterval(refresh, 1000);
 </body>
 </html>
 "##;
+
+#[cfg(test)]
+mod tests {
+    use pair_core::WaitReason;
+
+    /// The Jobs view says why a job waited as `pair-node jobs` does, for
+    /// every reason.
+    #[test]
+    fn the_page_names_every_wait_reason() {
+        for why in WaitReason::ALL {
+            let label = serde_json::to_value(why).unwrap();
+            let entry = format!("{label}: \"{}\"", why.describe());
+            assert!(super::PAGE.contains(&entry), "{entry}");
+        }
+    }
+}
