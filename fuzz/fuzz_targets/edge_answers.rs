@@ -1,6 +1,6 @@
 //! Fuzz target: what a node tells an edge client over mTLS, decoded by the
 //! SDK with serde_json as here: the probe answer
-//! (`pair_cluster::edge::ProbeAnswer`, `GET /pair/v1/probe`) and the pins
+//! (`pair_link::edge::ProbeAnswer`, `GET /pair/v1/probe`) and the pins
 //! a node vouches for (`Vec<VouchedPin>`, `GET /pair/v1/members`). The
 //! first byte picks which. Never panics; what decodes round-trips, and a
 //! vouched pin whose fingerprint is not its certificate's is never taken
@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pair_cluster::edge::{ProbeAnswer, VouchedPin};
+use pair_link::edge::{ProbeAnswer, VouchedPin};
 use pair_core::{NodeId, Role};
 
 fuzz_target!(|data: &[u8]| {

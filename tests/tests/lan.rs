@@ -394,12 +394,14 @@ fetch("{lan}/v1/chat/completions", {{method: "POST",
 /// and the same request marked interactive goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_requests_carry_its_priority() {
-    let net = ClientNet::create();
+    // A network of its own, beside the other test's.
+    let (node_ip, client_ip) = ("100.64.78.1", "100.64.78.2");
+    let net = ClientNet(Joined::create("lq", node_ip, client_ip));
     let c = cluster(1, |s| {
         s.nodes[0].slots = Some(1);
         s.queue = Some(pair_scheduler::Order::Priorities);
         s.nodes[0].lan = Some(LanFace {
-            addr: SocketAddr::new(NODE_IP.parse().unwrap(), 0),
+            addr: SocketAddr::new(node_ip.parse().unwrap(), 0),
             origins: Vec::new(),
             per_address: 16,
         });
@@ -432,7 +434,11 @@ async fn a_keys_requests_carry_its_priority() {
     assert_eq!(s, 503, "batch by its key: {b}");
     let (s, b) = net.curl(
         &url,
-        &[&bearer, "x-pair-deadline: 1", "x-pair-priority: interactive"],
+        &[
+            &bearer,
+            "x-pair-deadline: 1",
+            "x-pair-priority: interactive",
+        ],
         Some(CHAT),
     );
     assert_eq!(s, 200, "the header wins: {b}");

@@ -1,8 +1,9 @@
 //! Repository invariants that no compiler checks: the pure crates stay
 //! pure, the layers point down (no library on a binary, dev-dependencies
 //! included; test support only in dev-dependencies; the emulator off the
-//! proxy, inference routes known only by the request path), no two files of
-//! a crate import each other in a circle, nothing outside `docs/` points
+//! proxy; the edge SDK off the cluster plane, the engines and the job
+//! store), only pair-link spells an inference path, no two files of a
+//! crate import each other in a circle, nothing outside `docs/` points
 //! outside the repository, every Rust source file says what it is for, and
 //! what only some OSes have (`/proc`, `/etc/`, rlimits, Unix signals) is
 //! named only under a `cfg` that says which.
@@ -53,7 +54,8 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     problems.extend(layering(&graph)?);
     problems.extend(leaves(&graph));
     problems.extend(dev_layering(&graph, &graphs.dev));
-    problems.extend(routes_below_the_proxy(root, &graph)?);
+    problems.extend(routes_outside_the_link(root)?);
+    problems.extend(sdk_off_the_node(&graph)?);
     problems.extend(module_cycles(root)?);
     problems.extend(outside_links(root)?);
     problems.extend(missing_headers(root)?);
@@ -246,65 +248,88 @@ pub(crate) fn leaves(graph: &HashMap<String, Vec<String>>) -> Vec<String> {
     problems
 }
 
-/// The inference routes, as pair-proxy's route table lists them.
+/// The one crate that spells an inference path ([`routes_outside_the_link`]).
+pub(crate) const ROUTE_CRATE: &str = "pair-link";
+
+/// Crates that may spell the engines' paths: the emulator plays the
+/// engines, whose paths these are, not pair's routes.
+pub(crate) const ENGINE_SIDE: &[&str] = &["pair-emulator"];
+
+/// What the edge SDK must not link (normal dependencies): the cluster
+/// plane, the engine adapters and the job store are a node's, not a
+/// client's.
+pub(crate) const KEPT_OFF_SDK: &[&str] = &["pair-cluster", "pair-engines", "pair-jobs"];
+
+/// The inference routes, as pair-link's `InferenceRoute::path` spells them.
 fn inference_routes(root: &Path) -> Result<Vec<String>> {
-    let path = root.join("crates/pair-proxy/src/route.rs");
+    let path = root.join("crates/pair-link/src/route.rs");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let start = text
-        .find("const INFERENCE:")
-        .context("route.rs has no INFERENCE table")?;
-    let table = &text[start..];
-    let end = table.find("];").context("INFERENCE table not closed")?;
-    let routes: Vec<String> = table[..end]
+        .find("pub const fn path(self)")
+        .context("pair-link's route.rs has no InferenceRoute::path")?;
+    let body = &text[start..];
+    let end = body
+        .find("\n    }\n")
+        .context("InferenceRoute::path not closed")?;
+    let routes: Vec<String> = body[..end]
         .lines()
         .filter_map(|l| {
-            let l = l.trim();
-            let rest = l.strip_prefix("(\"")?;
+            let rest = &l[l.find("=> \"")? + 4..];
             Some(rest[..rest.find('"')?].to_owned())
         })
         .collect();
     if routes.is_empty() {
-        bail!("no routes found in pair-proxy's INFERENCE table");
+        bail!("no routes found in pair-link's InferenceRoute::path");
     }
     Ok(routes)
 }
 
-/// Only the request path knows which routes are inference: no workspace
-/// crate below pair-proxy names one outside its tests.
-fn routes_below_the_proxy(
-    root: &Path,
-    graph: &HashMap<String, Vec<String>>,
-) -> Result<Vec<String>> {
+/// Only pair-link spells an inference path: no other crate's sources
+/// (crates/ and bins/, their tests, benches and test modules aside) quote
+/// one, but the engine side's.
+fn routes_outside_the_link(root: &Path) -> Result<Vec<String>> {
     let routes = inference_routes(root)?;
-    let mut below = BTreeSet::new();
-    let mut stack = vec!["pair-proxy".to_owned()];
-    while let Some(n) = stack.pop() {
-        for d in graph.get(&n).into_iter().flatten() {
-            if d.starts_with("pair-") && below.insert(d.clone()) {
-                stack.push(d.clone());
-            }
-        }
-    }
     let mut problems = Vec::new();
-    for krate in below {
-        let src = root.join("crates").join(&krate).join("src");
-        walk(&src, &mut |path| {
-            if path.extension().is_some_and(|e| e == "rs") {
-                let code = non_test_code(&std::fs::read_to_string(path)?);
-                for r in &routes {
-                    if code.contains(&format!("\"{r}\"")) {
-                        problems.push(format!(
-                            "{} (below pair-proxy) names the inference route {r}",
-                            path.display()
-                        ));
+    for dir in ["crates", "bins"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        let mut crates: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        crates.sort();
+        for krate in crates {
+            let Some(name) = krate.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name == ROUTE_CRATE || ENGINE_SIDE.contains(&name) {
+                continue;
+            }
+            walk(&krate.join("src"), &mut |path| {
+                let test_module = path.file_stem().is_some_and(|s| s == "tests");
+                if path.extension().is_some_and(|e| e == "rs") && !test_module {
+                    let code = non_test_code(&std::fs::read_to_string(path)?);
+                    for r in &routes {
+                        if code.contains(&format!("\"{r}\"")) {
+                            problems.push(format!(
+                                "{} spells the inference route {r} (only {ROUTE_CRATE} does)",
+                                path.display()
+                            ));
+                        }
                     }
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
+        }
     }
     Ok(problems)
+}
+
+/// The edge SDK links none of [`KEPT_OFF_SDK`].
+fn sdk_off_the_node(graph: &HashMap<String, Vec<String>>) -> Result<Vec<String>> {
+    Ok(reachable_any(graph, "pair-sdk", KEPT_OFF_SDK)?
+        .into_iter()
+        .map(|bad| format!("pair-sdk reaches {bad} in its dependency tree"))
+        .collect())
 }
 
 /// A file's code without its test module and comment lines.
@@ -793,11 +818,55 @@ mod tests {
         );
         assert_eq!(dev_layering(graph, &graphs.dev), Vec::<String>::new());
         assert_eq!(
-            routes_below_the_proxy(&root, graph).unwrap(),
+            routes_outside_the_link(&root).unwrap(),
             Vec::<String>::new()
         );
+        assert_eq!(sdk_off_the_node(graph).unwrap(), Vec::<String>::new());
+        assert_eq!(inference_routes(&root).unwrap().len(), 11);
         assert_eq!(module_cycles(&root).unwrap(), Vec::<String>::new());
         assert_eq!(outside_links(&root).unwrap(), Vec::<String>::new());
+    }
+
+    /// The route rule can fail: a crate other than pair-link that quotes an
+    /// inference path is caught, its test modules and the emulator aside.
+    #[test]
+    fn the_route_rule_catches_a_path_outside_the_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let write = |path: &str, text: &str| {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write(
+            "crates/pair-link/src/route.rs",
+            "//! r\nimpl R {\n    pub const fn path(self) -> &'static str {\n        match self {\n            Self::A => \"/api/chat\",\n        }\n    }\n}\n",
+        );
+        write(
+            "crates/pair-x/src/lib.rs",
+            "//! x\nconst P: &str = \"/api/chat\";\n",
+        );
+        write(
+            "crates/pair-x/src/a/tests.rs",
+            "//! t\nconst P: &str = \"/api/chat\";\n",
+        );
+        write(
+            "crates/pair-emulator/src/lib.rs",
+            "//! e\nconst P: &str = \"/api/chat\";\n",
+        );
+        assert_eq!(inference_routes(root).unwrap(), ["/api/chat"]);
+        let problems = routes_outside_the_link(root).unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("pair-x/src/lib.rs"), "{problems:?}");
+
+        let mut graph = HashMap::new();
+        graph.insert("pair-sdk".to_owned(), vec!["pair-y".to_owned()]);
+        graph.insert("pair-y".to_owned(), vec!["pair-jobs".to_owned()]);
+        graph.insert("pair-jobs".to_owned(), vec![]);
+        assert_eq!(
+            sdk_off_the_node(&graph).unwrap(),
+            ["pair-sdk reaches pair-jobs in its dependency tree"]
+        );
     }
 
     /// The checks can fail: a library on a binary, and two files that name

@@ -1,6 +1,6 @@
-//! What the cluster port tells those at its edge: the probe answer an edge
-//! client ranks nodes by, and the members list through which one pairing
-//! reaches the whole cluster.
+//! The node's side of what the cluster port tells those at its edge: the
+//! members route, and the clients a peer vouches for, kept pinned here (the
+//! wire types, the probe answer and the members list: [`pair_link::edge`]).
 //!
 //! Pairing is one PIN between two parties. For a requester-only client
 //! that would mean one PIN per node, so a node vouches: it lists, over
@@ -11,77 +11,20 @@
 //! node that paired it closes its connections on every node.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Extension, Json, State};
 use axum::routing::get;
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use pair_core::{NodeId, NodeSnapshot, Role};
-use pair_identity::{PeerRecord, TrustStore};
-use serde::{Deserialize, Serialize};
+use pair_core::{NodeId, Role};
+use pair_identity::TrustStore;
+use pair_link::edge::{MEMBERS_PATH, VouchedPin, fetch_members};
 use tokio_util::sync::CancellationToken;
 
 use crate::links::Peers;
 use crate::port::PeerIdentity;
 use crate::reports::PeerReports;
-
-/// The probe: a node's models in the OpenAI `/v1/models` shape, with its
-/// load and the cluster's members.
-pub const PROBE_PATH: &str = "/pair/v1/probe";
-/// The pins a node vouches for.
-pub const MEMBERS_PATH: &str = "/pair/v1/members";
-
-/// Largest members answer a node or client reads.
-const MEMBERS_MAX_BYTES: usize = 1 << 20;
-
-/// A node's answer to [`PROBE_PATH`]: `object` and `data` as OpenAI's
-/// `/v1/models` (plain tools read them), the node's own report (load,
-/// engines, slots, pressure, warm models, learned speeds; what the edge
-/// client ranks with) and the members of its cluster.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProbeAnswer {
-    pub object: String,
-    pub data: Vec<ProbeModel>,
-    pub node: NodeSnapshot,
-    pub members: Vec<Member>,
-}
-
-/// One model a node holds.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProbeModel {
-    pub id: String,
-    pub object: String,
-    pub created: u64,
-    /// The node's name.
-    pub owned_by: String,
-    /// Loaded in memory now (warm).
-    pub loaded: bool,
-    /// The scheduler's predicted time to first token of a short streamed
-    /// request for this model, here, now (queue, load and prefill).
-    pub predicted_ttft_ms: u32,
-    /// Of that, the time spent waiting for work ahead of it.
-    pub predicted_wait_ms: u32,
-}
-
-/// A node of the cluster, as one member sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    pub id: NodeId,
-    pub name: String,
-    /// Where its cluster port is, when known.
-    pub addr: Option<SocketAddr>,
-}
-
-/// One pin a node vouches for, with where to reach it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VouchedPin {
-    pub record: PeerRecord,
-    pub addr: Option<SocketAddr>,
-}
 
 #[derive(Clone)]
 struct Vouch {
@@ -121,43 +64,9 @@ async fn members(
     )
 }
 
-/// Reads the pins `link`'s node vouches for.
-pub async fn fetch_members(
-    link: &crate::PeerLink,
-    deadline: Duration,
-) -> Result<Vec<VouchedPin>, String> {
-    fetch_json(link, MEMBERS_PATH, MEMBERS_MAX_BYTES, deadline).await
-}
-
-/// `GET path` on a peer's cluster port over its link, its JSON answer
-/// read (at most `max` bytes) within `deadline`.
-pub(crate) async fn fetch_json<T: serde::de::DeserializeOwned>(
-    link: &crate::PeerLink,
-    path: &str,
-    max: usize,
-    deadline: Duration,
-) -> Result<T, String> {
-    let resp = link
-        .call(http::Method::GET, path, Bytes::new(), deadline)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("{path} answered {}", resp.status()));
-    }
-    let body = tokio::time::timeout(
-        deadline,
-        http_body_util::Limited::new(resp.into_body(), max).collect(),
-    )
-    .await
-    .map_err(|_| format!("{path}: answer too slow"))?
-    .map_err(|e| e.to_string())?
-    .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| e.to_string())
-}
-
 /// Keeps the clients this node's peers vouch for pinned here, until
 /// `shutdown`: each peer's report carries a digest of its clients
-/// ([`NodeSnapshot::vouches`]); when it differs from the one last
+/// ([`pair_core::NodeSnapshot::vouches`]); when it differs from the one last
 /// synced, the list is fetched again. A peer that is no longer paired
 /// vouches for nothing.
 pub async fn sync_vouched(

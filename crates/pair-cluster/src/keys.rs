@@ -46,8 +46,11 @@ async fn list(
 }
 
 /// Reads the key records `link`'s node holds.
-pub async fn fetch(link: &crate::PeerLink, deadline: Duration) -> Result<Vec<KeyRecord>, String> {
-    crate::edge::fetch_json(link, KEYS_PATH, KEYS_MAX_BYTES, deadline).await
+pub async fn fetch(
+    link: &pair_link::PeerLink,
+    deadline: Duration,
+) -> Result<Vec<KeyRecord>, String> {
+    pair_link::edge::fetch_json(link, KEYS_PATH, KEYS_MAX_BYTES, deadline).await
 }
 
 /// Keeps this node's keys merged with its peers', until `shutdown`: a peer

@@ -17,8 +17,8 @@ use pair_identity::{Identity, TrustStore};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::ClusterError;
-use crate::link::PeerLink;
+use pair_link::{ClusterError, PeerLink};
+
 use crate::reports::PeerReports;
 
 /// Cluster addresses learned from pairing joins (peers that may not

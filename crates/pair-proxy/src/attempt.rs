@@ -15,11 +15,11 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderName, StatusCode};
 use http_body_util::BodyExt;
 use pair_cluster::Engaged;
-use pair_cluster::Rearmed;
 use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
 use pair_http::RequestHead;
 use pair_http::h1::Headers;
 use pair_identity::keys::KeyRecord;
+use pair_link::Rearmed;
 use pair_scheduler::drive::{self, Driven, Exchange};
 use pair_scheduler::{Candidate, Failover, FailoverConfig, ReservationId, Step, Target};
 use smallvec::SmallVec;
@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::dispatch::{self, DispatchError, Hop, LocalEngine, first_data, refresh_inventory};
 use crate::resume;
-use crate::route::Work;
+use crate::route::{InferenceRoute, Work};
 use crate::state::{MAX_ATTEMPTS, ProxyState, now_ms};
 use crate::stream::Framing;
 use crate::translate;
@@ -57,7 +57,7 @@ pub struct Inference {
     pub body: Bytes,
     pub flavor: ApiFlavor,
     pub work: Work,
-    pub route: &'static str,
+    pub route: InferenceRoute,
     /// When the request was read whole (its time to first byte and
     /// duration count from here).
     pub received: Instant,
@@ -265,8 +265,8 @@ impl<'a> Attempts<'a> {
                             .req
                             .head
                             .headers
-                            .get(&pair_cluster::RESERVATION_HEADER)
-                            .and_then(pair_cluster::parse_reservation)
+                            .get(&pair_link::RESERVATION_HEADER)
+                            .and_then(pair_link::parse_reservation)
                     {
                         st.load.admit(origin, r);
                     }
@@ -383,7 +383,8 @@ impl<'a> Attempts<'a> {
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
-            && let Some(api) = resume::api_of(out_head.path_and_query.path())
+            && let Some(api) = InferenceRoute::from_path(out_head.path_and_query.path())
+                .and_then(InferenceRoute::continues)
         {
             let cont = resume::Continuation {
                 st: Arc::clone(st),
@@ -762,14 +763,12 @@ async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
     }
 }
 
-/// [`continue_on`] as [`resume::Send`].
+/// [`continue_on`] as [`resume::Continuation::send`].
 fn send_continuation(
     cont: Arc<resume::Continuation>,
-    head: RequestHead,
-    body: Bytes,
-    dead: pair_cluster::resume::Dead,
-) -> Pin<Box<dyn Future<Output = Option<resume::Moved>> + Send>> {
-    Box::pin(async move { continue_on(&cont, head, body, &dead).await })
+    continued: resume::Continued,
+) -> resume::Sending {
+    Box::pin(async move { continue_on(&cont, continued).await })
 }
 
 /// Sends a cut stream's continuation to the best owner of its model that
@@ -778,14 +777,19 @@ fn send_continuation(
 /// byte, or `None` when no owner takes it.
 pub(crate) async fn continue_on(
     cont: &resume::Continuation,
-    head: RequestHead,
-    body: Bytes,
-    dead: &[NodeId],
+    continued: resume::Continued,
 ) -> Option<resume::Moved> {
     let st = &cont.st;
+    let resume::Continued {
+        head,
+        route,
+        body,
+        dead,
+    } = continued;
+    let dead = &dead[..];
     // A continuation may be sent in another API than the stream's (a
     // templated generate goes on as a chat).
-    let api = resume::api_of(head.path_and_query.path()).unwrap_or(cont.api);
+    let api = route.continues().unwrap_or(cont.api);
     let req = Inference {
         head,
         body,

@@ -1,7 +1,7 @@
 //! Sending one attempt of a request to one hop: the local engine over
 //! keep-alive HTTP/1.1 from the event loop's own pool
 //! ([`pair_http::client`]), or a peer's cluster port over mutual TLS
-//! ([`pair_cluster::PeerLink`], hyper-util's pooled client, one per peer).
+//! ([`pair_link::PeerLink`], hyper-util's pooled client, one per peer).
 //! Neither pool is capped below the expected concurrency, and TCP_NODELAY
 //! is on in both.
 
@@ -15,11 +15,12 @@ use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use pair_cluster::{PeerLink, Progress};
+use pair_cluster::Progress;
 use pair_core::{EngineKind, JobId, NodeId};
 use pair_http::client::{ClientError, EngineAnswer, EngineBody, LocalPool, Outgoing, Timeouts};
 use pair_http::h1::Headers;
 use pair_http::request::{RequestHead, copy_headers, strip_response_hop_headers};
+use pair_link::PeerLink;
 use pair_scheduler::drive::Classified;
 
 /// An engine on this machine, behind the node's proxy.
@@ -102,9 +103,7 @@ impl LocalEngine {
     }
 }
 
-/// On a relayed request: the job it is, so the node that runs it records
-/// it under the same id as its origin.
-pub const JOB_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-job");
+pub use pair_link::header::JOB_HEADER;
 
 /// Where one attempt goes.
 #[derive(Clone, Debug)]
@@ -139,7 +138,7 @@ pub enum DispatchError {
     #[error("peer hop")]
     Peer {
         #[source]
-        source: pair_cluster::ClusterError,
+        source: pair_link::ClusterError,
     },
     #[error("upstream body error before the first byte")]
     Body {
@@ -225,15 +224,15 @@ pub struct Relayed {
     /// The job it is, so the peer records it under the same id.
     pub job: Option<JobId>,
     /// No other node is left if this attempt fails
-    /// ([`pair_cluster::ALONE_HEADER`]).
+    /// ([`pair_link::ALONE_HEADER`]).
     pub alone: bool,
     /// The reservation it runs under, `(epoch, seq)`
-    /// ([`pair_cluster::RESERVATION_HEADER`]).
+    /// ([`pair_link::RESERVATION_HEADER`]).
     pub reservation: Option<(u64, u64)>,
 }
 
 /// The class a peer gave for giving up on a relayed request before any
-/// answer from its engine ([`pair_cluster::FAILED_HEADER`]); `None` for
+/// answer from its engine ([`pair_link::FAILED_HEADER`]); `None` for
 /// an answer its engine gave, and for a local engine's.
 pub(crate) fn peer_failure(hop: &Hop, up: &Upstream) -> Option<&'static pair_core::FailureClass> {
     if !matches!(hop, Hop::Peer(_)) {
@@ -242,10 +241,10 @@ pub(crate) fn peer_failure(hop: &Hop, up: &Upstream) -> Option<&'static pair_cor
     link_failure(&up.headers)
 }
 
-/// The class in a peer's [`pair_cluster::FAILED_HEADER`], when there is
+/// The class in a peer's [`pair_link::FAILED_HEADER`], when there is
 /// one.
 fn link_failure(headers: &Headers) -> Option<&'static pair_core::FailureClass> {
-    let v = headers.get(&pair_cluster::FAILED_HEADER)?;
+    let v = headers.get(&pair_link::FAILED_HEADER)?;
     let label = std::str::from_utf8(v).ok()?;
     // A class this node does not know (a newer peer's) moves on as a
     // transport failure would.
@@ -474,14 +473,14 @@ pub fn request<'a>(
                 req.headers_mut()
                     .insert(header::HOST, engine.host().clone());
                 *req.uri_mut() =
-                    pair_cluster::link::join_uri(&engine.base, "", head.path_and_query.as_str())
+                    pair_link::link::join_uri(&engine.base, "", head.path_and_query.as_str())
                         .map_err(|source| DispatchError::Peer { source })?;
                 let fut = client.request(req);
                 return Ok(Box::pin(async move {
                     fut.await
                         .map(Upstream::peer)
                         .map_err(|source| DispatchError::Peer {
-                            source: pair_cluster::ClusterError::Transport { source },
+                            source: pair_link::ClusterError::Transport { source },
                         })
                 }));
             }
@@ -498,13 +497,13 @@ pub fn request<'a>(
             let mut req = hyper_request(head, body);
             if let Some((epoch, seq)) = relayed.reservation {
                 req.headers_mut().insert(
-                    pair_cluster::RESERVATION_HEADER,
-                    pair_cluster::reservation_value(epoch, seq),
+                    pair_link::RESERVATION_HEADER,
+                    pair_link::reservation_value(epoch, seq),
                 );
             }
             if relayed.alone {
                 req.headers_mut()
-                    .insert(pair_cluster::ALONE_HEADER, HeaderValue::from_static("1"));
+                    .insert(pair_link::ALONE_HEADER, HeaderValue::from_static("1"));
             }
             // The node that runs it records the job under the same id.
             if let Some(job) = relayed.job {
@@ -668,7 +667,7 @@ mod tests {
         let link = |class: &str| {
             let mut headers = http::HeaderMap::new();
             headers.insert(
-                pair_cluster::FAILED_HEADER,
+                pair_link::FAILED_HEADER,
                 HeaderValue::from_str(class).unwrap(),
             );
             Headers::Map(headers)

@@ -306,7 +306,7 @@ fn served_here(method: &Method, path: &str) -> bool {
     }
     matches!(
         route::classify(method, path),
-        RouteClass::Inference { .. } | RouteClass::Listing(_) | RouteClass::NotServed(_)
+        RouteClass::Inference(_) | RouteClass::Listing(_) | RouteClass::NotServed(_)
     )
 }
 

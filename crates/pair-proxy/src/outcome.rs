@@ -39,7 +39,7 @@ pub(crate) fn name_of(cluster: &ClusterSnapshot, node: NodeId) -> String {
 #[inline(never)]
 pub(crate) fn bad_request(st: &ProxyState, req: &Inference, plan: Plan, why: &str) -> Reply {
     if plan == Plan::Cluster {
-        st.metrics.count_request(req.route, 400, "none");
+        st.metrics.count_request(req.route.path(), 400, "none");
     }
     json_error(
         StatusCode::BAD_REQUEST,
@@ -199,7 +199,7 @@ impl Attempts<'_> {
         };
         if plan == Plan::Cluster {
             st.metrics
-                .count_request(req.route, reply.status.as_u16(), "none");
+                .count_request(req.route.path(), reply.status.as_u16(), "none");
         }
         let mut reply = reply;
         if !kept_engine_answer {
@@ -212,7 +212,7 @@ impl Attempts<'_> {
                 && let Some(class) = failure_class_of(why, failover)
             {
                 reply.extra.push((
-                    pair_cluster::FAILED_HEADER,
+                    pair_link::FAILED_HEADER,
                     http::HeaderValue::from_static(class.label),
                 ));
             }
@@ -255,7 +255,7 @@ pub(crate) fn key_refuses_model(
     key: &KeyRecord,
     model: &str,
 ) -> Reply {
-    st.metrics.count_request(req.route, 404, "none");
+    st.metrics.count_request(req.route.path(), 404, "none");
     json_error(
         StatusCode::NOT_FOUND,
         req.flavor,
@@ -280,7 +280,7 @@ pub(crate) fn no_eligible_node(
 ) -> Reply {
     // No node holds it (an owner that is down is waited for): the
     // client's 404, in its own shape, naming what the cluster holds.
-    st.metrics.count_request(req.route, 404, "none");
+    st.metrics.count_request(req.route.path(), 404, "none");
     let models = cluster.model_names();
     json_error(
         StatusCode::NOT_FOUND,
@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use crate::attempt::Reach;
     use crate::job::new_record;
-    use crate::route::Work;
+    use crate::route::{InferenceRoute, Work};
     use bytes::Bytes;
     use http::uri::PathAndQuery;
     use http::{Method, header};
@@ -348,10 +348,11 @@ mod tests {
             pair_runtime::runtime::EventLoops::single(),
             Arc::clone(&jobs),
         );
-        let (path, route) = match flavor {
-            ApiFlavor::Ollama => ("/api/chat", "/api/chat"),
-            _ => ("/v1/chat/completions", "/v1/chat/completions"),
+        let route = match flavor {
+            ApiFlavor::Ollama => InferenceRoute::OllamaChat,
+            _ => InferenceRoute::OpenAiChat,
         };
+        let path = route.path();
         let req = Inference {
             head: RequestHead {
                 method: Method::POST,
@@ -367,7 +368,15 @@ mod tests {
         };
         let profile = RequestProfile::new("m", flavor);
         let job = JobId::from_uuid(uuid::Uuid::from_u128(7));
-        let record = new_record(job, flavor, route, &profile, st.node.id, st.node.id, 0);
+        let record = new_record(
+            job,
+            flavor,
+            route.path(),
+            &profile,
+            st.node.id,
+            st.node.id,
+            0,
+        );
         let mut pending = PendingJob::new(&st, record, req.received);
         let mut hop = FakeHop::new(req.received, nodes);
         if owners_down {

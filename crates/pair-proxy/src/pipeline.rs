@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{HeaderName, Method, StatusCode, header};
+use http::{Method, StatusCode, header};
 use pair_cluster::PeerIdentity;
 use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile, SessionKey};
 use pair_http::h1::Headers;
@@ -51,6 +51,9 @@ use crate::route::{self, Face, RouteClass};
 use crate::state::{ProxyState, unix_ms_at};
 use crate::stream::{AnswerBody, Framing, OnCut};
 use crate::waiting;
+pub use pair_link::header::{
+    DEADLINE_HEADER, EXPLAIN_HEADER, PIN_HEADER, PRIORITY_HEADER, SESSION_HEADER,
+};
 
 /// A request at any door, read whole (the body is kept for replay).
 #[derive(Debug)]
@@ -111,18 +114,11 @@ pub async fn handle(
     }
     let class = route::classify(&req.method, path);
     match (class, door) {
-        (
-            RouteClass::Inference {
-                flavor,
-                work,
-                route,
-            },
-            door,
-        ) => {
+        (RouteClass::Inference(route), door) => {
             let plan = match door {
                 Door::Face { .. } | Door::Lan { .. } => Plan::Cluster,
                 Door::Peer(peer) => {
-                    tracing::debug!(peer = %peer.id, route, "running a relayed request");
+                    tracing::debug!(peer = %peer.id, route = route.path(), "running a relayed request");
                     Plan::ThisNode { origin: peer.id }
                 }
             };
@@ -137,8 +133,8 @@ pub async fn handle(
                     headers: req.headers,
                 },
                 body: req.body,
-                flavor,
-                work,
+                flavor: route.flavor(),
+                work: route.work(),
                 route,
                 received: req.received,
                 key,
@@ -262,13 +258,6 @@ async fn node_route(app: &Router, face: Face, req: Request) -> Reply {
     }
 }
 
-/// Asks for a particular node (UUID or name); it goes first if eligible.
-pub const PIN_HEADER: HeaderName = HeaderName::from_static("x-pair-node-pin");
-/// Names a conversation for session affinity.
-pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-pair-session");
-/// Asks for the scheduler's reasoning in the receipt (`x-pair-route`).
-pub const EXPLAIN_HEADER: HeaderName = HeaderName::from_static("x-pair-explain");
-
 /// Routes one inference request. `deadline` is the connection's timer,
 /// moved forward for each wait and each attempt's stall check. Read top to
 /// bottom: what the request is (`prepare`), its failover's rules
@@ -340,26 +329,29 @@ async fn wait_for_slot(
     loop {
         let cluster = st.cluster();
         let top = st.rank(&cluster, profile, unix_ms_at(tokio::time::Instant::now()));
-        let (woken, ticket) =
+        let (woken, place) =
             match st
                 .waitroom
                 .admit(&profile.model, profile.priority, req.received, &top)
             {
-                waiting::Admit::Go => {
-                    return Ok(waited.then(|| pair_core::JobWait {
+                waiting::Admit::Go if waited => {
+                    // More slots may be free: the next in line looks too.
+                    st.waitroom.wake();
+                    return Ok(Some(pair_core::JobWait {
                         ms: millis(req.received.elapsed()),
                         why: pair_core::WaitReason::ClusterQueue,
                     }));
                 }
-                waiting::Admit::Wait { woken, ticket } => (woken, ticket),
+                waiting::Admit::Go => return Ok(None),
+                waiting::Admit::Wait { woken, place } => (woken, place),
             };
         waited = true;
         let recheck = tokio::time::sleep(waiting::RECHECK);
         tokio::select! {
             _ = woken => {}
-            () = recheck => st.waitroom.leave(ticket),
+            () = recheck => {}
             () = tokio::time::sleep_until(bound) => {
-                st.waitroom.leave(ticket);
+                drop(place);
                 let retry_s = top
                     .first()
                     .and_then(|c| c.score.prediction())
@@ -386,7 +378,7 @@ impl SlotsFull {
             waited.as_secs_f64(),
             waiting::DEFAULT_WAIT.as_secs()
         );
-        st.metrics.count_request(req.route, 503, "none");
+        st.metrics.count_request(req.route.path(), 503, "none");
         if let Some(mut record) = pending.take() {
             record.waited = Some(pair_core::JobWait {
                 ms: millis(waited),
@@ -469,7 +461,7 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
     let conversation = if matches!(plan, Plan::Cluster)
         && st.policy().keeps_sessions()
         && !req.head.headers.contains(&SESSION_HEADER)
-        && crate::route::is_chat(req.route)
+        && req.route.is_chat()
     {
         crate::conversation::of_off_loop(&req.body).await
     } else {
@@ -505,7 +497,7 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
     let mut record = new_record(
         job,
         req.flavor,
-        req.route,
+        req.route.path(),
         &profile,
         origin,
         st.node.id,
@@ -546,7 +538,7 @@ fn failover_config(
         },
         elsewhere: match plan {
             Plan::Cluster => None,
-            Plan::ThisNode { .. } => Some(!req.head.headers.contains(&pair_cluster::ALONE_HEADER)),
+            Plan::ThisNode { .. } => Some(!req.head.headers.contains(&pair_link::ALONE_HEADER)),
         },
         ..FailoverConfig::default()
     }
@@ -601,7 +593,7 @@ fn answer(
     } else {
         st.bind_session(profile.session.or(first_turn), node);
         st.note_routed(&cluster, node, &profile.prefix);
-        let slot = st.metrics.route_slot(req.route);
+        let slot = st.metrics.route_slot(req.route.path());
         if let Some(slot) = slot {
             st.metrics.route_at(slot).ttft.observe(ttft.as_secs_f64());
         }
@@ -610,7 +602,7 @@ fn answer(
     let watcher = JobWatcher {
         st: Arc::clone(st),
         record,
-        metrics: slot.map(|slot| (req.route, slot)),
+        metrics: slot.map(|slot| (req.route.path(), slot)),
         t0: req.received,
         peer_name: peer_name.clone(),
         guard,
@@ -663,14 +655,6 @@ fn answer(
         body,
     }
 }
-
-/// The client's bound on a request: `x-pair-deadline: SECONDS` (a
-/// positive number, fractions allowed, at most a day).
-pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-pair-deadline");
-
-/// The request's class: `x-pair-priority: interactive | batch` (or
-/// `high | normal | low`, `critical | standard | sheddable`).
-pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-pair-priority");
 
 /// The request's [`PRIORITY_HEADER`], or what is wrong with it.
 fn priority_of(headers: &Headers) -> Result<Option<pair_core::Priority>, String> {

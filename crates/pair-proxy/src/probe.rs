@@ -10,8 +10,8 @@ use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
-use pair_cluster::edge::{Member, PROBE_PATH, ProbeAnswer, ProbeModel};
 use pair_core::{ApiFlavor, NodeSnapshot, RequestProfile};
+use pair_link::edge::{Member, PROBE_PATH, ProbeAnswer, ProbeModel};
 use pair_scheduler::{Reserved, predict};
 
 use crate::state::ProxyState;
@@ -42,7 +42,7 @@ pub fn answer(st: &ProxyState) -> ProbeAnswer {
         .map(|n| Member {
             id: n.id,
             name: n.name.clone(),
-            addr: links.get(&n.id).and_then(pair_cluster::PeerLink::addr),
+            addr: links.get(&n.id).and_then(pair_link::PeerLink::addr),
         })
         .collect();
     ProbeAnswer {

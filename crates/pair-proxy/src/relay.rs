@@ -11,8 +11,9 @@ use axum::extract::{Extension, Request, State};
 use axum::routing::any;
 use http::Response;
 use http::uri::PathAndQuery;
-use pair_cluster::{PeerIdentity, RELAY_PREFIX};
+use pair_cluster::PeerIdentity;
 use pair_http::h1::Headers;
+use pair_link::RELAY_PREFIX;
 
 use crate::body::read_capped;
 use crate::pipeline::{self, Door};

@@ -3,7 +3,7 @@
 //! goes on from another owner of the model. The stream's state and the
 //! continuation request are pair-translate's
 //! ([`pair_translate::resume::Stitcher`]), the body that moves is
-//! pair-cluster's ([`pair_cluster::resume::Resuming`], the edge SDK wraps
+//! pair-link's ([`pair_link::resume::Resuming`], the edge SDK wraps
 //! its streams in the same); here is how a node sends the continuation
 //! (the pipeline's `continue_on`: the same driver and attempts, the nodes
 //! the stream was cut on left out) and records each move in the job.
@@ -19,42 +19,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
-use pair_cluster::resume::{Dead, Mover, Resuming};
 use pair_core::{ApiFlavor, JobId, NodeId, RequestProfile, Resumption};
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
+use pair_link::resume::{Dead, Mover, Resuming};
 pub(crate) use pair_translate::resume::Api;
 use pair_translate::resume::Stitcher;
 use serde_json::{Value, json};
 
 use crate::dispatch::{BoxedBody, UpBody};
-use crate::route::Work;
+use crate::route::{InferenceRoute, Work};
 use crate::state::ProxyState;
 
 pub use crate::state::ResumePolicy;
-
-/// The API of a request sent to `path`, where its stream can be continued
-/// (the routes are named here, on the request path, not in the crates
-/// below it; the edge SDK keeps its own table of the same four).
-pub(crate) fn api_of(path: &str) -> Option<Api> {
-    Some(match path {
-        "/v1/chat/completions" => Api::OpenAiChat,
-        "/v1/completions" => Api::OpenAiCompletion,
-        "/api/chat" => Api::OllamaChat,
-        "/api/generate" => Api::OllamaGenerate,
-        _ => return None,
-    })
-}
-
-/// The engine path of a continuation in `api`.
-pub(crate) fn path_of(api: Api) -> &'static str {
-    match api {
-        Api::OpenAiChat => "/v1/chat/completions",
-        Api::OpenAiCompletion => "/v1/completions",
-        Api::OllamaChat => "/api/chat",
-        Api::OllamaGenerate => "/api/generate",
-    }
-}
 
 /// The flavour a continuation in `api` is sent as.
 pub(crate) fn flavor(api: Api) -> ApiFlavor {
@@ -98,49 +75,55 @@ pub(crate) struct Continuation {
     pub head: RequestHead,
     pub api: Api,
     pub work: Work,
-    pub route: &'static str,
+    /// The route the client called.
+    pub route: InferenceRoute,
     pub profile: RequestProfile,
     pub job: JobId,
     pub log: Arc<ResumeLog>,
-    /// Sends a continuation to the best owner not cut on
-    /// (the pipeline's `continue_on`).
-    pub send: Send,
+    /// Sends a continuation, on its route, to the best owner of the model
+    /// not cut on, answering with its stream once committed (the
+    /// attempts' `continue_on`).
+    pub send: fn(Arc<Continuation>, Continued) -> Sending,
 }
 
-/// How a continuation is sent: to the best owner of the model outside
-/// `dead`, answering with its stream once committed.
-pub(crate) type Send = fn(
-    Arc<Continuation>,
-    RequestHead,
-    Bytes,
-    Dead,
-) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>>;
+/// A continuation on its way to [`Continuation::send`]: its head, the
+/// route it goes on, its body and the nodes the stream was cut on.
+pub(crate) struct Continued {
+    pub head: RequestHead,
+    pub route: InferenceRoute,
+    pub body: Bytes,
+    pub dead: Dead,
+}
+
+/// A continuation under way.
+pub(crate) type Sending = Pin<Box<dyn Future<Output = Option<Moved>> + Send>>;
 
 /// An answer continued on another node.
-pub(crate) type Moved = pair_cluster::resume::Moved<UpBody>;
+pub(crate) type Moved = pair_link::resume::Moved<UpBody>;
 
 impl Mover for Continuation {
     type Body = UpBody;
 
-    fn send(
-        self: Arc<Self>,
-        request: Bytes,
-        api: Api,
-        dead: Dead,
-    ) -> Pin<Box<dyn Future<Output = Option<Moved>> + std::marker::Send>> {
+    fn send(self: Arc<Self>, request: Bytes, route: InferenceRoute, dead: Dead) -> Sending {
         let mut headers = self.head.headers.clone().into_map(1);
         headers.insert(CONTENT_LENGTH, http::HeaderValue::from(request.len()));
-        let path_and_query = if api == self.api {
+        let path_and_query = if route.continues() == Some(self.api) {
             self.head.path_and_query.clone()
         } else {
-            http::uri::PathAndQuery::from_static(path_of(api))
+            http::uri::PathAndQuery::from_static(route.path())
         };
         let head = RequestHead {
             method: self.head.method.clone(),
             path_and_query,
             headers: Headers::Map(headers),
         };
-        (self.send)(Arc::clone(&self), head, request, dead)
+        let continued = Continued {
+            head,
+            route,
+            body: request,
+            dead,
+        };
+        (self.send)(Arc::clone(&self), continued)
     }
 
     fn moved(&self, node: NodeId, at_token: u32) -> Value {

@@ -35,16 +35,7 @@ impl Face {
     }
 }
 
-/// What kind of work an inference route asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Work {
-    /// Text generation (chat, completion, generate, messages).
-    Generate,
-    /// Embeddings: no output tokens, never streamed.
-    Embed,
-    /// Model metadata (`/api/show`): tiny, but only an owner can answer.
-    Show,
-}
+pub use pair_link::{InferenceRoute, Work};
 
 /// Listings fanned out to every node and merged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,12 +50,9 @@ pub enum Listing {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RouteClass {
-    Inference {
-        flavor: ApiFlavor,
-        work: Work,
-        /// The route's static name, for metrics and job records.
-        route: &'static str,
-    },
+    /// A route served across the cluster: its API, kind of work and path
+    /// are the route's.
+    Inference(InferenceRoute),
     Listing(Listing),
     /// The node's own routes: `/metrics`, the control API (`/_pair/...`)
     /// and the Jobs view (`/ui`).
@@ -82,7 +70,8 @@ impl RouteClass {
     /// that API's shape).
     pub fn flavor(self) -> Option<ApiFlavor> {
         match self {
-            RouteClass::Inference { flavor, .. } | RouteClass::NotServed(flavor) => Some(flavor),
+            RouteClass::Inference(route) => Some(route.flavor()),
+            RouteClass::NotServed(flavor) => Some(flavor),
             _ => None,
         }
     }
@@ -91,44 +80,17 @@ impl RouteClass {
 /// The prefix of the node's control API.
 pub const CONTROL_PREFIX: &str = "/_pair/";
 
-/// Every inference route: its static name (the `route` of
-/// [`RouteClass::Inference`]), its API and its kind of work.
-const INFERENCE: [(&str, ApiFlavor, Work); 11] = [
-    ("/api/generate", ApiFlavor::Ollama, Work::Generate),
-    ("/api/chat", ApiFlavor::Ollama, Work::Generate),
-    ("/api/embed", ApiFlavor::Ollama, Work::Embed),
-    ("/api/embeddings", ApiFlavor::Ollama, Work::Embed),
-    ("/api/show", ApiFlavor::Ollama, Work::Show),
-    ("/v1/chat/completions", ApiFlavor::OpenAi, Work::Generate),
-    ("/v1/completions", ApiFlavor::OpenAi, Work::Generate),
-    ("/v1/embeddings", ApiFlavor::OpenAi, Work::Embed),
-    ("/v1/messages", ApiFlavor::Anthropic, Work::Generate),
-    // Counted by the engine that holds the model (no output tokens).
-    (
-        "/v1/messages/count_tokens",
-        ApiFlavor::Anthropic,
-        Work::Show,
-    ),
-    ("/v1/responses", ApiFlavor::Responses, Work::Generate),
-];
-
-/// Every inference route's static name: the only names
-/// [`RouteClass::Inference`] carries (`classify` takes them from here).
+/// Every inference route's static name: the only names metrics and job
+/// records carry (the paths of [`InferenceRoute::ALL`], in its order).
 pub const INFERENCE_ROUTES: [&str; 11] = {
     let mut names = [""; 11];
     let mut i = 0;
-    while i < INFERENCE.len() {
-        names[i] = INFERENCE[i].0;
+    while i < InferenceRoute::ALL.len() {
+        names[i] = InferenceRoute::ALL[i].path();
         i += 1;
     }
     names
 };
-
-/// Whether an inference route's body is a conversation (a `messages`
-/// list re-sent from its start each turn).
-pub fn is_chat(route: &str) -> bool {
-    matches!(route, "/api/chat" | "/v1/chat/completions" | "/v1/messages")
-}
 
 /// Classifies a request by method and path (query string excluded).
 pub fn classify(method: &http::Method, path: &str) -> RouteClass {
@@ -137,21 +99,23 @@ pub fn classify(method: &http::Method, path: &str) -> RouteClass {
         .filter(|p| !p.is_empty())
         .unwrap_or(path);
     if method == http::Method::POST
-        && let Some(&(route, flavor, work)) = INFERENCE.iter().find(|(route, ..)| *route == path)
+        && let Some(route) = InferenceRoute::from_path(path)
     {
-        return RouteClass::Inference {
-            flavor,
-            work,
-            route,
-        };
+        return RouteClass::Inference(route);
     }
     if path == "/metrics" || path == "/ui" || path.starts_with(CONTROL_PREFIX) {
         return RouteClass::Node;
     }
-    if path == "/v1/messages" || path.starts_with("/v1/messages/") || path == "/v1/complete" {
+    let messages = InferenceRoute::AnthropicMessages.path();
+    if path == messages
+        || path
+            .strip_prefix(messages)
+            .is_some_and(|rest| rest.starts_with('/'))
+        || path == "/v1/complete"
+    {
         return RouteClass::NotServed(ApiFlavor::Anthropic);
     }
-    if path.starts_with("/v1/responses") {
+    if path.starts_with(InferenceRoute::OpenAiResponses.path()) {
         return RouteClass::NotServed(ApiFlavor::Responses);
     }
     if method == http::Method::GET {
@@ -174,7 +138,7 @@ mod tests {
     fn the_route_list_is_what_classify_names() {
         for r in INFERENCE_ROUTES {
             match classify(&Method::POST, r) {
-                RouteClass::Inference { route, .. } => assert_eq!(route, r),
+                RouteClass::Inference(route) => assert_eq!(route.path(), r),
                 other => panic!("{r}: {other:?}"),
             }
         }
@@ -184,16 +148,13 @@ mod tests {
     fn chat_routes_are_generation_routes_with_messages() {
         let chats: Vec<&str> = INFERENCE_ROUTES
             .into_iter()
-            .filter(|r| is_chat(r))
+            .filter(|r| InferenceRoute::from_path(r).is_some_and(InferenceRoute::is_chat))
             .collect();
         assert_eq!(chats, ["/api/chat", "/v1/chat/completions", "/v1/messages"]);
         for r in chats {
             assert!(matches!(
                 classify(&http::Method::POST, r),
-                RouteClass::Inference {
-                    work: Work::Generate,
-                    ..
-                }
+                RouteClass::Inference(route) if route.work() == Work::Generate
             ));
         }
     }
@@ -213,16 +174,16 @@ mod tests {
             ("/v1/responses", ApiFlavor::Responses),
         ] {
             match classify(&Method::POST, p) {
-                RouteClass::Inference { flavor, route, .. } => {
-                    assert_eq!(flavor, f);
-                    assert_eq!(route, p);
+                RouteClass::Inference(route) => {
+                    assert_eq!(route.flavor(), f);
+                    assert_eq!(route.path(), p);
                 }
                 other => panic!("{p}: {other:?}"),
             }
         }
         assert!(matches!(
             classify(&Method::POST, "/api/chat/"),
-            RouteClass::Inference { .. }
+            RouteClass::Inference(_)
         ));
     }
 

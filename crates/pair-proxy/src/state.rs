@@ -21,11 +21,12 @@ use smallvec::SmallVec;
 use crate::dispatch::LocalEngine;
 use crate::gate::FaceGate;
 use crate::metrics::Metrics;
-use pair_cluster::{Bindings, LocalLoad, PeerLink, Peers};
+use pair_cluster::{Bindings, LocalLoad, Peers};
 use pair_http::Timeouts;
 use pair_http::client::{HttpStack, LocalPool};
 use pair_http::conns::{ClientDeadlines, ConnLimit};
 use pair_jobs::JobLog;
+use pair_link::PeerLink;
 use pair_runtime::per_loop::{PerLoop, PerLoopArc};
 use pair_runtime::runtime::EventLoops;
 
@@ -118,6 +119,9 @@ pub struct ProxyState {
     pub metrics: Arc<Metrics>,
     /// Requests waiting for a slot (late binding).
     pub waitroom: crate::waiting::WaitRoom,
+    /// Answer lengths learned per model and client shape, one table for
+    /// every loop (a lock a request to read, one an answer to learn).
+    answers: Mutex<pair_scheduler::AnswerLengths>,
     /// When the node started, or came back from a pause (a snapshot after
     /// a long gap: a stopped process, a suspended machine): until
     /// [`WARM_UP`] after it, the node may not yet know its own engine's
@@ -251,6 +255,7 @@ impl ProxyState {
             jobs,
             metrics: Arc::new(Metrics::new()),
             waitroom: crate::waiting::WaitRoom::new(config.queue),
+            answers: Mutex::default(),
         })
     }
 
@@ -364,18 +369,19 @@ impl ProxyState {
         top
     }
 
-    /// Sets `request`'s predicted answer length from what this node's
-    /// scheduler learned of its model and client shape.
+    /// Sets `request`'s predicted answer length from what this node
+    /// learned of its model and client shape.
     pub fn expect_answer(&self, request: &mut RequestProfile) {
-        if let Ok(s) = self.sched.local().lock() {
-            s.scheduler.expect_answer(request);
+        if let Ok(a) = self.answers.lock() {
+            request.expected_output_tokens = Some(a.expect(request).mean);
         }
     }
 
-    /// Teaches every loop's scheduler that an answer to a request of `key`
-    /// generated `tokens`.
+    /// Learns that an answer to a request of `key` generated `tokens`.
     pub fn note_answer(&self, key: AnswerKey, tokens: u32) {
-        self.each_sched(|s| s.scheduler.note_answer(key, tokens));
+        if let Ok(mut a) = self.answers.lock() {
+            a.learn(key, tokens);
+        }
     }
 
     /// What `request` would feel if this node's engine took it now, from

@@ -19,6 +19,7 @@ use http_body::{Body, Frame};
 use pair_core::{ApiFlavor, EngineKind};
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
+use pair_link::InferenceRoute;
 use pair_translate::{Answer, EngineTraits, Route, Target, Timing, TranslateError};
 use tokio::time::Instant;
 
@@ -55,25 +56,15 @@ pub(crate) fn needed(
 
 /// The translated route a client path takes.
 fn route_of(path: &str) -> Option<Route> {
-    Some(match path {
-        "/api/chat" => Route::OllamaChat,
-        "/api/generate" => Route::OllamaGenerate,
-        "/api/embed" => Route::OllamaEmbed,
-        "/api/embeddings" => Route::OllamaEmbeddings,
-        "/api/show" => Route::OllamaShow,
-        "/v1/messages" => Route::AnthropicMessages,
-        "/v1/messages/count_tokens" => Route::AnthropicCountTokens,
-        "/v1/responses" => Route::OpenAiResponses,
-        _ => return None,
-    })
+    InferenceRoute::from_path(path)?.translated()
 }
 
 /// The engine's route for a translated request, and its method.
 fn target(t: Target) -> (Method, &'static str) {
     match t {
-        Target::Chat => (Method::POST, "/v1/chat/completions"),
-        Target::Completion => (Method::POST, "/v1/completions"),
-        Target::Embeddings => (Method::POST, "/v1/embeddings"),
+        Target::Chat => (Method::POST, InferenceRoute::OpenAiChat.path()),
+        Target::Completion => (Method::POST, InferenceRoute::OpenAiCompletion.path()),
+        Target::Embeddings => (Method::POST, InferenceRoute::OpenAiEmbeddings.path()),
         Target::Models => (Method::GET, "/v1/models"),
     }
 }

@@ -44,14 +44,31 @@ struct Inner {
 
 /// What a request does now.
 #[derive(Debug)]
-pub enum Admit {
+pub enum Admit<'a> {
     /// A slot is free for it (or the node does not queue).
     Go,
-    /// It waits for `woken` (or [`RECHECK`]); `ticket` takes it out.
+    /// It waits for `woken` (or [`RECHECK`]) in its `place`.
     Wait {
         woken: oneshot::Receiver<()>,
-        ticket: Ticket,
+        place: Place<'a>,
     },
+}
+
+/// A waiting request's place in the queue: it leaves the queue when this
+/// drops (woken, looking again, given up, or its client gone), so a
+/// request no one waits for never holds up those behind it.
+#[derive(Debug)]
+pub struct Place<'a> {
+    room: &'a WaitRoom,
+    ticket: Ticket,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut inner) = self.room.inner.lock() {
+            inner.queue.remove(self.ticket);
+        }
+    }
 }
 
 impl WaitRoom {
@@ -84,7 +101,7 @@ impl WaitRoom {
         priority: Priority,
         arrived: Instant,
         candidates: &[Candidate],
-    ) -> Admit {
+    ) -> Admit<'_> {
         let Some(order) = self.order else {
             return Admit::Go;
         };
@@ -140,13 +157,9 @@ impl WaitRoom {
             // A slot is free for the ones ahead: the first of them takes it.
             self.wake_lane(lane);
         }
-        Admit::Wait { woken, ticket }
-    }
-
-    /// Takes a request out (it was woken, looks again, or gives up).
-    pub fn leave(&self, ticket: Ticket) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.queue.remove(ticket);
+        Admit::Wait {
+            woken,
+            place: Place { room: self, ticket },
         }
     }
 

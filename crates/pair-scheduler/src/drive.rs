@@ -9,7 +9,7 @@
 //! their own bookkeeping (a load guard, a reservation, a node marked
 //! failed). Time is the shell's too ([`Exchange::now`], [`Timer`]), so the
 //! driver runs on any runtime (pair's shells lend it a tokio timer,
-//! `pair_cluster::Rearmed`) and, in tests, on virtual time.
+//! `pair_link::Rearmed`) and, in tests, on virtual time.
 //!
 //! Errors say how they fail ([`Classified`]), as pingora's do: a short
 //! label, whether another node may take the request, and whether the node

@@ -148,7 +148,7 @@ struct Paths {
     engine_host: String,
     direct: SendRequest<Full<Bytes>>,
     cluster_host: String,
-    link: pair_cluster::PeerLink,
+    link: pair_link::PeerLink,
     sdk: Client,
     sdk_req: Request,
     face: SendRequest<Full<Bytes>>,
@@ -168,7 +168,7 @@ impl Paths {
                 exchange(
                     &mut self.direct,
                     post(
-                        &format!("{}{ROUTE}", pair_cluster::RELAY_PREFIX),
+                        &format!("{}{ROUTE}", pair_link::RELAY_PREFIX),
                         &self.cluster_host,
                         &self.body,
                     ),
@@ -359,11 +359,11 @@ fn peer_link(
     node: NodeId,
     addr: SocketAddr,
     connect: Duration,
-) -> pair_cluster::PeerLink {
+) -> pair_link::PeerLink {
     let tls =
         pair_identity::tls::client_config(identity, trust, pair_identity::tls::Expect::Peer(node))
             .unwrap();
-    pair_cluster::PeerLink::new(
+    pair_link::PeerLink::new(
         node,
         addr,
         Arc::new(tls),

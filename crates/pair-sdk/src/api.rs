@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use pair_core::ApiFlavor;
+use pair_link::InferenceRoute;
 
 use crate::response::Framing;
 
@@ -33,16 +34,17 @@ pub trait Endpoint: Serialize {
 }
 
 /// Implements [`Endpoint`] for request types, one line each: the request
-/// type, its route, its API, its whole answer and, for a route that
+/// type, its route ([`InferenceRoute`], which names its path and API), its
+/// whole answer and, for a route that
 /// streams, its chunk (`stream = Chunk`; the type's `stream` field says
 /// which is asked for). A route that does not stream answers whole, its
 /// chunk is its answer. Every request names its `model` field.
 macro_rules! endpoints {
-    ($($req:ty => $path:literal, $flavor:ident, $answer:ty $(, stream = $chunk:ty)?;)*) => {
+    ($($req:ty => $route:ident, $answer:ty $(, stream = $chunk:ty)?;)*) => {
         $(
             impl Endpoint for $req {
-                const PATH: &'static str = $path;
-                const FLAVOR: ApiFlavor = ApiFlavor::$flavor;
+                const PATH: &'static str = InferenceRoute::$route.path();
+                const FLAVOR: ApiFlavor = InferenceRoute::$route.flavor();
                 type Answer = $answer;
                 type Chunk = endpoints!(@chunk $answer $(, $chunk)?);
                 fn model(&self) -> &str {
@@ -61,12 +63,12 @@ macro_rules! endpoints {
 }
 
 endpoints! {
-    openai::ChatRequest => "/v1/chat/completions", OpenAi, openai::ChatResponse, stream = openai::ChatChunk;
-    openai::CompletionRequest => "/v1/completions", OpenAi, openai::CompletionResponse, stream = openai::CompletionResponse;
-    openai::EmbeddingsRequest => "/v1/embeddings", OpenAi, openai::EmbeddingsResponse;
-    ollama::ChatRequest => "/api/chat", Ollama, ollama::ChatResponse, stream = ollama::ChatResponse;
-    ollama::GenerateRequest => "/api/generate", Ollama, ollama::GenerateResponse, stream = ollama::GenerateResponse;
-    ollama::EmbedRequest => "/api/embed", Ollama, ollama::EmbedResponse;
+    openai::ChatRequest => OpenAiChat, openai::ChatResponse, stream = openai::ChatChunk;
+    openai::CompletionRequest => OpenAiCompletion, openai::CompletionResponse, stream = openai::CompletionResponse;
+    openai::EmbeddingsRequest => OpenAiEmbeddings, openai::EmbeddingsResponse;
+    ollama::ChatRequest => OllamaChat, ollama::ChatResponse, stream = ollama::ChatResponse;
+    ollama::GenerateRequest => OllamaGenerate, ollama::GenerateResponse, stream = ollama::GenerateResponse;
+    ollama::EmbedRequest => OllamaEmbed, ollama::EmbedResponse;
 }
 
 /// A chunk of a streamed chat: its new text, whatever the API.

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
-use pair_cluster::PeerLink;
-use pair_cluster::edge;
 use pair_core::Role;
 use pair_core::{ApiFlavor, ChainBuilder, NodeId, PromptChain, RequestProfile, SessionKey};
 use pair_discovery::Discovery;
 use pair_identity::{Identity, PeerRecord, TrustStore};
+use pair_link::PeerLink;
+use pair_link::{InferenceRoute, edge};
 use pair_scheduler::{Ranking, Reservations, Scheduler, SchedulerConfig, Target};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -58,9 +58,9 @@ impl Request {
         let model = v.get("model").and_then(|m| m.as_str()).map(str::to_owned);
         let flavor = if path.starts_with("/api/") {
             ApiFlavor::Ollama
-        } else if path.starts_with("/v1/messages") {
+        } else if path.starts_with(InferenceRoute::AnthropicMessages.path()) {
             ApiFlavor::Anthropic
-        } else if path.starts_with("/v1/responses") {
+        } else if path.starts_with(InferenceRoute::OpenAiResponses.path()) {
             ApiFlavor::Responses
         } else {
             ApiFlavor::OpenAi
@@ -68,7 +68,7 @@ impl Request {
         // Ollama streams unless told not to; OpenAI only when asked.
         let streaming = match (flavor, v.get("stream").and_then(serde_json::Value::as_bool)) {
             (_, Some(s)) => s,
-            (ApiFlavor::Ollama, None) => !path.starts_with("/api/embed"),
+            (ApiFlavor::Ollama, None) => !path.starts_with(InferenceRoute::OllamaEmbed.path()),
             (_, None) => false,
         };
         let mut headers = HeaderMap::new();
@@ -525,7 +525,7 @@ impl Client {
             }
             // Members not pinned yet get their pins from the node that
             // lists them; every member's address is remembered.
-            let listed: Vec<(NodeId, SocketAddr, pair_cluster::edge::Member)> = probed
+            let listed: Vec<(NodeId, SocketAddr, pair_link::edge::Member)> = probed
                 .values()
                 .flat_map(|p| p.answer.members.iter().map(|m| (p.id, p.addr, m.clone())))
                 .collect();

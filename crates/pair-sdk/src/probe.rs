@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
-use pair_cluster::edge::{PROBE_PATH, ProbeAnswer};
 use pair_core::NodeId;
 use pair_identity::TrustStore;
+use pair_link::edge::{PROBE_PATH, ProbeAnswer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 

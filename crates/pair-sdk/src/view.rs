@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pair_cluster::edge::ProbeModel;
 use pair_core::{ClusterSnapshot, Liveness, NodeId, NodeSnapshot};
+use pair_link::edge::ProbeModel;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 

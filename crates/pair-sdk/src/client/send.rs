@@ -13,12 +13,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use pair_cluster::resume::{Dead, Moved, Mover, Resuming};
-use pair_cluster::{ClusterError, PeerLink, Rearmed, TLS_REFUSED};
 use pair_core::{NodeId, RequestProfile, RetryAdvice};
+use pair_link::InferenceRoute;
+use pair_link::resume::{Dead, Moved, Mover, Resuming};
+use pair_link::{ClusterError, PeerLink, Rearmed, TLS_REFUSED};
 use pair_scheduler::drive::{self, Classified, Driven, Exchange};
 use pair_scheduler::{Failover, GiveUp, ReservationId, Step, Target};
-use pair_translate::resume::{Api, Stitcher};
+use pair_translate::resume::Stitcher;
 use tokio::time::Instant;
 
 use super::{Client, Request, unix_ms};
@@ -39,7 +40,7 @@ pub(super) enum SendError {
     /// The answer's body failed before its first byte.
     Cut,
     /// The node gave up before any answer from its engine, and said why
-    /// ([`pair_cluster::FAILED_HEADER`]).
+    /// ([`pair_link::FAILED_HEADER`]).
     NodeGaveUp(&'static pair_core::FailureClass),
 }
 
@@ -74,7 +75,7 @@ struct Reserved<'a> {
     client: &'a Client,
     id: Option<ReservationId>,
     /// No other node is left if this attempt fails: the node is told so
-    /// ([`pair_cluster::ALONE_HEADER`]), and waits on a silent engine.
+    /// ([`pair_link::ALONE_HEADER`]), and waits on a silent engine.
     alone: bool,
 }
 
@@ -118,9 +119,9 @@ struct Sending<'a> {
     invalid: Mutex<Option<String>>,
     /// Nodes left out (those a continued stream was cut on).
     exclude: &'a [NodeId],
-    /// A continuation in this API: only nodes whose engine can continue
+    /// A continuation on this route: only nodes whose engine can continue
     /// it take it.
-    continuing: Option<Api>,
+    continuing: Option<InferenceRoute>,
 }
 
 impl<'a> Sending<'a> {
@@ -226,15 +227,13 @@ impl<'a> Exchange for Sending<'a> {
         // The node's reports say when they count this request.
         if let Some(id) = ticket.as_ref().and_then(|t| t.id) {
             out.headers_mut().insert(
-                pair_cluster::RESERVATION_HEADER,
-                pair_cluster::reservation_value(client.inner.epoch, id.wire_seq()),
+                pair_link::RESERVATION_HEADER,
+                pair_link::reservation_value(client.inner.epoch, id.wire_seq()),
             );
         }
         if ticket.as_ref().is_some_and(|t| t.alone) {
-            out.headers_mut().insert(
-                pair_cluster::ALONE_HEADER,
-                http::HeaderValue::from_static("1"),
-            );
+            out.headers_mut()
+                .insert(pair_link::ALONE_HEADER, http::HeaderValue::from_static("1"));
         }
         let sent = Instant::now();
         match link.send(out).await {
@@ -330,10 +329,10 @@ impl<'a> Exchange for Sending<'a> {
 }
 
 /// The attempt's error when the node gave up before any answer from its
-/// engine ([`pair_cluster::FAILED_HEADER`]): the class it names, as a node
+/// engine ([`pair_link::FAILED_HEADER`]): the class it names, as a node
 /// reads it (one it does not know is `transport`).
 pub(super) fn node_gave_up(headers: &http::HeaderMap) -> Option<SendError> {
-    let value = headers.get(pair_cluster::FAILED_HEADER)?;
+    let value = headers.get(pair_link::FAILED_HEADER)?;
     let class = value
         .to_str()
         .ok()
@@ -350,36 +349,13 @@ impl Sending<'_> {
         let mut targets = self.client.targets(view, profile);
         targets.retain(|t| {
             !self.exclude.contains(&t.node)
-                && self.continuing.is_none_or(|api| {
-                    view.cluster
-                        .node(t.node)
-                        .is_some_and(|n| n.continues(&profile.model, profile.flavor, api.is_chat()))
+                && self.continuing.is_none_or(|route| {
+                    view.cluster.node(t.node).is_some_and(|n| {
+                        n.continues(&profile.model, profile.flavor, route.is_chat())
+                    })
                 })
         });
         targets
-    }
-}
-
-/// The API of a request sent to `path`, where its stream can be continued
-/// (a node's pipeline keeps the same table: the crates below it name no
-/// route).
-fn api_of(path: &str) -> Option<Api> {
-    Some(match path {
-        "/v1/chat/completions" => Api::OpenAiChat,
-        "/v1/completions" => Api::OpenAiCompletion,
-        "/api/chat" => Api::OllamaChat,
-        "/api/generate" => Api::OllamaGenerate,
-        _ => return None,
-    })
-}
-
-/// The path of a continuation in `api`.
-fn path_of(api: Api) -> &'static str {
-    match api {
-        Api::OpenAiChat => "/v1/chat/completions",
-        Api::OpenAiCompletion => "/v1/completions",
-        Api::OllamaChat => "/api/chat",
-        Api::OllamaGenerate => "/api/generate",
     }
 }
 
@@ -397,7 +373,7 @@ impl Mover for Continue {
     fn send(
         self: Arc<Self>,
         request: Bytes,
-        api: Api,
+        route: InferenceRoute,
         dead: Dead,
     ) -> Pin<Box<dyn Future<Output = Option<Moved<Incoming>>> + Send>> {
         Box::pin(async move {
@@ -415,11 +391,11 @@ impl Mover for Continue {
             }
             let mut req = self.req.clone();
             req.body = request;
-            path_of(api).clone_into(&mut req.path);
+            route.path().clone_into(&mut req.path);
             req.headers.remove(http::header::CONTENT_LENGTH);
             let view = client.current_view()?;
             let mut sending = Sending::new(client, &req, Some(&self.profile), view, &dead);
-            sending.continuing = Some(api);
+            sending.continuing = Some(route);
             let mut failover = Failover::new(client.inner.cfg.failover);
             let driven = sending.run(&mut failover).await;
             match driven {
@@ -523,7 +499,7 @@ impl Client {
 
     /// A stream of an API that can be continued goes on from another
     /// owner of the model when it is cut after its first byte, as on a
-    /// node ([`pair_cluster::resume`]): the same request with the text
+    /// node ([`pair_link::resume`]): the same request with the text
     /// streamed as the answer's start, sent by the same driver with the
     /// nodes it was cut on left out, spliced on.
     fn resuming(
@@ -540,7 +516,7 @@ impl Client {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.starts_with("text/event-stream") || t.contains("ndjson"));
-        let api = api_of(&req.path);
+        let api = InferenceRoute::from_path(&req.path).and_then(InferenceRoute::continues);
         let (Some(api), true, true) = (api, streamed && profile.streaming, limit > 0) else {
             return (resp.map(BodyExt::boxed_unsync), first);
         };

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use pair_cluster::ClusterError;
+use pair_link::ClusterError;
 use pair_scheduler::drive::{Classified, Driven};
 use pair_scheduler::{Failover, FailoverConfig, GiveUp};
 use pair_testkit::hop::{Does, FakeHop, Refused};
@@ -109,7 +109,7 @@ fn tls_refused() -> SendError {
 /// why in `x-pair-failed`.
 fn gave_up_with(class: &'static str) -> SendError {
     let mut headers = http::HeaderMap::new();
-    headers.insert(pair_cluster::FAILED_HEADER, HeaderValue::from_static(class));
+    headers.insert(pair_link::FAILED_HEADER, HeaderValue::from_static(class));
     send::node_gave_up(&headers).unwrap()
 }
 
@@ -117,10 +117,7 @@ fn gave_up_with(class: &'static str) -> SendError {
 fn the_sdks_failures_classify_as_a_nodes_do() {
     let class = |e: SendError| (e.class(), e.advice().may_retry(), e.transient());
     assert_eq!(class(Refused.into()), ("connect", true, true));
-    assert_eq!(
-        class(tls_refused()),
-        (pair_cluster::TLS_REFUSED, true, false)
-    );
+    assert_eq!(class(tls_refused()), (pair_link::TLS_REFUSED, true, false));
     assert_eq!(class(SendError::Invalid), ("bad-request", false, false));
     assert_eq!(class(gave_up_with("reset")), ("reset", true, true));
     assert_eq!(
@@ -470,7 +467,7 @@ async fn a_refusal_is_confirmed_by_probing_the_others_that_failed() {
     };
     assert_eq!(
         what(&attempts),
-        [(node(2), pair_cluster::TLS_REFUSED), (node(3), "transport")]
+        [(node(2), pair_link::TLS_REFUSED), (node(3), "transport")]
     );
 }
 

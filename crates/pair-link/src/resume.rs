@@ -16,6 +16,8 @@ use pair_core::NodeId;
 use pair_translate::resume::{Api, Cut, Stitcher};
 use serde_json::Value;
 
+use crate::InferenceRoute;
+
 /// Nodes a stream was cut on (the one it began on first).
 pub type Dead = Vec<NodeId>;
 
@@ -27,11 +29,16 @@ pub trait Mover: Send + Sync + 'static {
     /// The continuation's body (the same kind as the stream's).
     type Body: Body<Data = Bytes, Error: Send + 'static> + Send + Unpin + 'static;
 
-    /// Sends `request` (the continuation, in `api`: its path may not be
-    /// the stream's) to the best owner of the model outside `dead`; its
+    /// Sends `request` (the continuation, on `route`: it may not be the
+    /// stream's) to the best owner of the model outside `dead`; its
     /// answer once committed (its first frame read), or `None` when no
     /// owner takes it.
-    fn send(self: Arc<Self>, request: Bytes, api: Api, dead: Dead) -> Sending<Self::Body>;
+    fn send(
+        self: Arc<Self>,
+        request: Bytes,
+        route: InferenceRoute,
+        dead: Dead,
+    ) -> Sending<Self::Body>;
 
     /// The answer moved to `node` after `at_token` tokens: the move's
     /// receipt entry (`x_pair.resumed`), recorded where the shell keeps its
@@ -131,7 +138,8 @@ impl<M: Mover> Resuming<M> {
                 let mover = Arc::clone(&self.mover);
                 let dead = self.dead.clone();
                 self.moving = Some(Box::pin(async move {
-                    let moved = Arc::clone(&mover).send(request, api, dead).await?;
+                    let route = InferenceRoute::continued(api);
+                    let moved = Arc::clone(&mover).send(request, route, dead).await?;
                     let entry = mover.moved(moved.node, before);
                     Some((moved, entry, api, before))
                 }));

@@ -21,40 +21,6 @@ use crate::ClusterError;
 /// Path prefix under which a cluster port accepts relayed requests.
 pub const RELAY_PREFIX: &str = "/pair/v1/relay";
 
-/// On a relayed request: no other node is left to take it if this attempt
-/// fails, so the node waits on an engine that shows no progress (up to
-/// the request's silent bound) rather than give it up.
-pub const ALONE_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-alone");
-
-/// On a node's own error answer to a relayed request, when it gave up
-/// before any answer from its engine: the failure's class
-/// ([`pair_core::FAILURE_CLASSES`]), so the node (or edge client) that
-/// sent it treats the attempt as it treats its own: moved on, or not, by
-/// the class, never by guessing from the status.
-pub const FAILED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-failed");
-
-/// On a relayed request: the sender's reservation for it, `EPOCH.SEQ`
-/// (the sender's process, and the reservation's number among the sender's
-/// reservations on this node: [`pair_core::Admitted`]). The node
-/// that takes it says in its reports which it has counted
-/// ([`pair_core::NodeSnapshot::admitted`]), so the sender stops adding the
-/// reservation exactly when a report counts the request.
-pub const RESERVATION_HEADER: http::HeaderName =
-    http::HeaderName::from_static("x-pair-reservation");
-
-/// [`RESERVATION_HEADER`]'s value.
-pub fn reservation_value(epoch: u64, seq: u64) -> http::HeaderValue {
-    http::HeaderValue::from_str(&format!("{epoch}.{seq}"))
-        .unwrap_or(http::HeaderValue::from_static("0.0"))
-}
-
-/// [`RESERVATION_HEADER`]'s value read back: `(epoch, seq)`.
-pub fn parse_reservation(v: &[u8]) -> Option<(u64, u64)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (epoch, seq) = s.split_once('.')?;
-    Some((epoch.parse().ok()?, seq.parse().ok()?))
-}
-
 type TlsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A pooled mTLS client to one peer, verifying that peer's pinned identity.
