@@ -16,7 +16,13 @@ fn store() -> &'static (KeyStore, String) {
     STORE.get_or_init(|| {
         let keys = KeyStore::in_memory();
         let (_, secret) = keys
-            .add("fuzz", Vec::new(), None, 1, NodeId::from_u128(1), &mut rand::rng())
+            .add(
+                "fuzz",
+                pair_identity::keys::KeyTerms::default(),
+                1,
+                NodeId::from_u128(1),
+                &mut rand::rng(),
+            )
             .expect("a key");
         let secret = secret.expose().to_owned();
         (keys, secret)
