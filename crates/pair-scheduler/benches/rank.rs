@@ -12,9 +12,7 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use pair_scheduler::{
-    ClusterQueue, Order, Policy, Priority, Ranking, Reservations, Scheduler, Waiting,
-};
+use pair_scheduler::{ClusterQueue, Order, Policy, Ranking, Reservations, Scheduler};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
@@ -96,24 +94,14 @@ fn rank_prefix(c: &mut Criterion) {
 fn queue(c: &mut Criterion) {
     let mut group = c.benchmark_group("queue");
     let mut q = ClusterQueue::new(Order::Priorities);
-    let waiting = |i: u64| Waiting {
-        lane: (i % 3) as u32,
-        arrived_ms: i * 7,
-        work_ms: ((i * 7_919) % 20_000) as u32,
-        priority: if i.is_multiple_of(4) {
-            Priority::Batch
-        } else {
-            Priority::Interactive
-        },
-    };
     for i in 0..1_000 {
-        q.push(waiting(i), i);
+        q.push(common::waiting(i), i);
     }
     let mut i = 1_000u64;
     group.bench_function("push-pop/1000", |b| {
         b.iter(|| {
             i += 1;
-            q.push(black_box(waiting(i)), i);
+            q.push(black_box(common::waiting(i)), i);
             black_box(q.pop_first(black_box(&[0, 1, 2])))
         });
     });

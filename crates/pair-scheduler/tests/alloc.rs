@@ -7,9 +7,7 @@
 
 mod common;
 
-use pair_scheduler::{
-    AnswerKey, ClusterQueue, Order, Policy, Priority, Ranking, Reservations, Scheduler, Waiting,
-};
+use pair_scheduler::{AnswerKey, ClusterQueue, Order, Policy, Ranking, Reservations, Scheduler};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
@@ -33,26 +31,16 @@ fn main() {
 fn a_warmed_cluster_queue_allocates_nothing() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let mut q = ClusterQueue::new(Order::Priorities);
-    let waiting = |i: u64| Waiting {
-        lane: (i % 3) as u32,
-        arrived_ms: i * 7,
-        work_ms: ((i * 7_919) % 20_000) as u32,
-        priority: if i.is_multiple_of(4) {
-            Priority::Batch
-        } else {
-            Priority::Interactive
-        },
-    };
     let mut scheduler = Scheduler::with_policy(Policy::PredictedLatency);
     let mut request = common::request();
     scheduler.note_answer(AnswerKey::of(&request), 120);
     for round in 0..2 {
         for i in 0..1_000 {
-            q.push(waiting(i), i);
+            q.push(common::waiting(i), i);
         }
         let before = dhat::HeapStats::get();
         for i in 1_000..3_000u64 {
-            let t = q.push(waiting(i), i);
+            let t = q.push(common::waiting(i), i);
             if i % 5 == 0 {
                 q.remove(t);
             } else {

@@ -125,3 +125,18 @@ pub fn populate(scheduler: &mut Scheduler, cluster: &ClusterSnapshot, chain: &Pr
         scheduler.note_routed(cluster, node.id, &share, 900 + i as u64);
     }
 }
+
+/// The `i`-th of a stream of requests joining a cluster queue: three
+/// lanes, work spread over 0-20 s, a quarter of it batch.
+pub fn waiting(i: u64) -> pair_scheduler::Waiting {
+    pair_scheduler::Waiting {
+        lane: (i % 3) as u32,
+        arrived_ms: i * 7,
+        work_ms: ((i * 7_919) % 20_000) as u32,
+        priority: if i.is_multiple_of(4) {
+            pair_scheduler::Priority::Batch
+        } else {
+            pair_scheduler::Priority::Interactive
+        },
+    }
+}
