@@ -2,9 +2,9 @@
 //! pure, the layers point down (no library on a binary, dev-dependencies
 //! included; test support only in dev-dependencies; the emulator off the
 //! proxy; the edge SDK off the cluster plane, the engines and the job
-//! store), only pair-link spells an inference path, no two files of a
-//! crate import each other in a circle, nothing outside `docs/` points
-//! outside the repository, every Rust source file says what it is for, and
+//! store), only pair-link spells an inference path or an `x-pair-*`
+//! header name, no two files of a crate import each other in a circle,
+//! nothing outside `docs/` points outside the repository, every Rust source file says what it is for, and
 //! what only some OSes have (`/proc`, `/etc/`, rlimits, Unix signals) is
 //! named only under a `cfg` that says which.
 
@@ -285,9 +285,32 @@ fn inference_routes(root: &Path) -> Result<Vec<String>> {
     Ok(routes)
 }
 
-/// Only pair-link spells an inference path: no other crate's sources
-/// (crates/ and bins/, their tests, benches and test modules aside) quote
-/// one, but the engine side's.
+/// Crates that may spell an `x-pair-*` header name: the test kit and the
+/// live twin play a user's program, which names the headers as the README
+/// does.
+pub(crate) const CLIENT_SIDE: &[&str] = &["pair-testkit", "pair-simulator"];
+
+/// An `x-pair-*` header name quoted whole in `code` (`"x-pair-node"`; not
+/// a message that mentions one).
+fn quoted_header(code: &str) -> Option<&str> {
+    let mut rest = code;
+    while let Some(at) = rest.find("\"x-pair-") {
+        let name = &rest[at + 1..];
+        let len = name
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .unwrap_or(name.len());
+        if name[len..].starts_with('"') {
+            return Some(&name[..len]);
+        }
+        rest = &rest[at + 1..];
+    }
+    None
+}
+
+/// Only pair-link spells an inference path or an `x-pair-*` header name:
+/// no other crate's sources (crates/ and bins/, their tests, benches and
+/// test modules aside) quote one, but the engine side's paths and the
+/// client side's header names.
 fn routes_outside_the_link(root: &Path) -> Result<Vec<String>> {
     let routes = inference_routes(root)?;
     let mut problems = Vec::new();
@@ -301,20 +324,28 @@ fn routes_outside_the_link(root: &Path) -> Result<Vec<String>> {
             let Some(name) = krate.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
-            if name == ROUTE_CRATE || ENGINE_SIDE.contains(&name) {
+            if name == ROUTE_CRATE {
                 continue;
             }
+            let paths = !ENGINE_SIDE.contains(&name);
+            let headers = !CLIENT_SIDE.contains(&name);
             walk(&krate.join("src"), &mut |path| {
                 let test_module = path.file_stem().is_some_and(|s| s == "tests");
                 if path.extension().is_some_and(|e| e == "rs") && !test_module {
                     let code = non_test_code(&std::fs::read_to_string(path)?);
-                    for r in &routes {
+                    for r in routes.iter().filter(|_| paths) {
                         if code.contains(&format!("\"{r}\"")) {
                             problems.push(format!(
                                 "{} spells the inference route {r} (only {ROUTE_CRATE} does)",
                                 path.display()
                             ));
                         }
+                    }
+                    if let Some(h) = quoted_header(&code).filter(|_| headers) {
+                        problems.push(format!(
+                            "{} spells the header {h} (only {ROUTE_CRATE} does)",
+                            path.display()
+                        ));
                     }
                 }
                 Ok(())
@@ -854,10 +885,23 @@ mod tests {
             "crates/pair-emulator/src/lib.rs",
             "//! e\nconst P: &str = \"/api/chat\";\n",
         );
+        write(
+            "crates/pair-y/src/lib.rs",
+            "//! y\nconst M: &str = \"x-pair-deadline must be a number\";\nconst H: &str = \"x-pair-node\";\n",
+        );
+        write(
+            "crates/pair-testkit/src/lib.rs",
+            "//! k\nconst H: &str = \"x-pair-node\";\n",
+        );
         assert_eq!(inference_routes(root).unwrap(), ["/api/chat"]);
         let problems = routes_outside_the_link(root).unwrap();
-        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("pair-x/src/lib.rs"), "{problems:?}");
+        assert!(
+            problems[1].contains("pair-y/src/lib.rs") && problems[1].contains("x-pair-node"),
+            "{problems:?}"
+        );
+        assert_eq!(quoted_header("\"x-pair-deadline of {} s\""), None);
 
         let mut graph = HashMap::new();
         graph.insert("pair-sdk".to_owned(), vec!["pair-y".to_owned()]);

@@ -1,5 +1,6 @@
-//! The `x-pair-*` request header names: what a client asks of the node it
-//! calls, and what a node and the one it relays to tell each other.
+//! The `x-pair-*` header names, the only place they are spelled (tidy):
+//! what a client asks of the node it calls, what a node and the one it
+//! relays to tell each other, and the receipt every routed answer carries.
 
 use http::HeaderName;
 
@@ -19,7 +20,8 @@ pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("x-pair-deadline
 pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-pair-priority");
 
 /// On a relayed request: the job it is, so the node that runs it records
-/// it under the same id as its origin.
+/// it under the same id as its origin. On an answer (the receipt): the
+/// job that served it, as the job records and `pair-node jobs` name it.
 pub const JOB_HEADER: HeaderName = HeaderName::from_static("x-pair-job");
 
 /// On a relayed request: no other node is left to take it if this attempt
@@ -53,4 +55,67 @@ pub fn parse_reservation(v: &[u8]) -> Option<(u64, u64)> {
     let s = std::str::from_utf8(v).ok()?;
     let (epoch, seq) = s.split_once('.')?;
     Some((epoch.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The receipt: `name (uuid)` of the node that served the answer.
+pub const NODE_HEADER: HeaderName = HeaderName::from_static("x-pair-node");
+
+/// The receipt: how many nodes were tried, the one that answered included.
+pub const ATTEMPTS_HEADER: HeaderName = HeaderName::from_static("x-pair-attempts");
+
+/// The receipt: the routing policy that chose the node.
+pub const POLICY_HEADER: HeaderName = HeaderName::from_static("x-pair-policy");
+
+/// The receipt, when the client sent [`EXPLAIN_HEADER`]: the scheduler's
+/// reasoning for the node it chose.
+pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-pair-route");
+
+/// The receipt, when an alias chose the model: the model that answered.
+pub const MODEL_HEADER: HeaderName = HeaderName::from_static("x-pair-model");
+
+/// On a translated answer: the translation it took (`ollama->openai`,
+/// `anthropic->openai`, `responses->chat`).
+pub const TRANSLATED_HEADER: HeaderName = HeaderName::from_static("x-pair-translated");
+
+/// On a translated answer: the client's fields translation left out
+/// (`context_management,output_config.effort`); they steer the vendor's
+/// service, not the text.
+pub const DROPPED_HEADER: HeaderName = HeaderName::from_static("x-pair-dropped");
+
+/// On an answer a node made itself rather than pass on from an engine (a
+/// relaying peer's own error): an origin does not hand it to its client as
+/// the last answer.
+pub const MADE_HEADER: HeaderName = HeaderName::from_static("x-pair-made");
+
+/// The answer headers a browser page of an allowed origin may read
+/// (`Access-Control-Expose-Headers`).
+pub const EXPOSED: &str = "x-pair-node, x-pair-attempts, x-pair-job, x-pair-model, x-pair-dropped, retry-after";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a page may read is the receipt's own names (and `retry-after`).
+    #[test]
+    fn the_exposed_names_are_the_answers_headers() {
+        let answer = [
+            NODE_HEADER,
+            ATTEMPTS_HEADER,
+            JOB_HEADER,
+            MODEL_HEADER,
+            DROPPED_HEADER,
+            http::header::RETRY_AFTER,
+        ];
+        let exposed: Vec<&str> = EXPOSED.split(", ").collect();
+        let names: Vec<&str> = answer.iter().map(HeaderName::as_str).collect();
+        assert_eq!(exposed, names);
+    }
+
+    #[test]
+    fn a_reservation_reads_back() {
+        let v = reservation_value(7, 42);
+        assert_eq!(parse_reservation(v.as_bytes()), Some((7, 42)));
+        assert_eq!(parse_reservation(b"7"), None);
+        assert_eq!(parse_reservation(b"a.1"), None);
+    }
 }

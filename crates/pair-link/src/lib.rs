@@ -9,7 +9,7 @@
 //! - [`edge`]: the probe answer and members list, on the wire;
 //! - [`route`]: the inference routes ([`InferenceRoute`]), the only place
 //!   that spells an inference path;
-//! - [`header`]: the `x-pair-*` request header names.
+//! - [`header`]: the `x-pair-*` header names, requests' and answers'.
 
 pub mod edge;
 pub mod failover;

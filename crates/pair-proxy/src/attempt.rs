@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
 use http_body_util::BodyExt;
 use pair_cluster::Engaged;
 use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
@@ -20,6 +20,7 @@ use pair_http::RequestHead;
 use pair_http::h1::Headers;
 use pair_identity::keys::KeyRecord;
 use pair_link::Rearmed;
+use pair_link::header::MADE_HEADER;
 use pair_scheduler::drive::{self, Driven, Exchange};
 use pair_scheduler::{Candidate, Failover, FailoverConfig, ReservationId, Step, Target};
 use smallvec::SmallVec;
@@ -45,10 +46,6 @@ const HELD_CAP: usize = 64 * 1024;
 /// And it is read for at most this long.
 const HELD_READ: Duration = Duration::from_secs(2);
 
-/// On an answer a node made itself rather than pass on from an engine (a
-/// relaying peer's own error): an origin does not hand it to its client as
-/// the last answer.
-pub const PAIR_MADE: HeaderName = HeaderName::from_static("x-pair-made");
 
 /// An inference request, as the executor needs it.
 #[derive(Debug)]
@@ -536,7 +533,7 @@ impl<'a> Exchange for Attempts<'a> {
     /// An answer the engine gave is kept in case it is the last; one a
     /// relaying peer made itself (it had nothing from its engine) is not.
     async fn keep(&self, node: NodeId, head: Head<'a>) -> Option<Held> {
-        if head.up.headers.contains(&PAIR_MADE) {
+        if head.up.headers.contains(&MADE_HEADER) {
             return None;
         }
         Some(hold(node, head.up).await)

@@ -332,9 +332,7 @@ pub fn with_cors(mut reply: Reply, origin: Option<HeaderValue>) -> Reply {
             .push((header::VARY, HeaderValue::from_static("Origin")));
         reply.extra.push((
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static(
-                "x-pair-node, x-pair-attempts, x-pair-job, x-pair-model, x-pair-dropped, retry-after",
-            ),
+            HeaderValue::from_static(pair_link::header::EXPOSED),
         ));
     }
     reply

@@ -8,10 +8,11 @@ use http::StatusCode;
 use pair_core::{ClusterSnapshot, JobStatus, NodeId, RequestProfile};
 use pair_http::{Extra, Reply};
 use pair_identity::keys::KeyRecord;
+use pair_link::header::MADE_HEADER;
 use pair_scheduler::{Failover, GiveUp};
 use serde_json::json;
 
-use crate::attempt::{Attempts, Held, Inference, PAIR_MADE, Plan};
+use crate::attempt::{Attempts, Held, Inference, Plan};
 use crate::error::json_error;
 use crate::job::{PendingJob, millis};
 use crate::receipt::{self, Receipt};
@@ -70,7 +71,7 @@ pub(crate) fn model_not_here(st: &ProxyState, req: &Inference, profile: &Request
     .into();
     reply
         .extra
-        .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+        .push((MADE_HEADER, http::HeaderValue::from_static("1")));
     reply
 }
 
@@ -193,7 +194,7 @@ impl Attempts<'_> {
                     Some(json!({ "attempts": attempts, "job": job })),
                 );
                 resp.headers_mut()
-                    .insert(receipt::ATTEMPTS, receipt::attempts_value(attempts.len()));
+                    .insert(pair_link::header::ATTEMPTS_HEADER, receipt::attempts_value(attempts.len()));
                 (resp.into(), "all attempts failed")
             }
         };
@@ -205,7 +206,7 @@ impl Attempts<'_> {
         if !kept_engine_answer {
             reply
                 .extra
-                .push((PAIR_MADE, http::HeaderValue::from_static("1")));
+                .push((MADE_HEADER, http::HeaderValue::from_static("1")));
             // To a relaying node or edge client: the class of the failure,
             // so it treats the attempt as one on its own engine.
             if let Plan::ThisNode { .. } = plan
@@ -441,7 +442,7 @@ mod tests {
             body["error"], "the engine said 503",
             "the engine's own body"
         );
-        assert!(headers.get(PAIR_MADE).is_none(), "the engine made it");
+        assert!(headers.get(MADE_HEADER).is_none(), "the engine made it");
         assert!(headers.contains_key("x-pair-node"), "{headers:?}");
         let rec = rec.unwrap();
         assert_eq!(rec.status, JobStatus::Failed);
@@ -468,7 +469,7 @@ mod tests {
             .unwrap();
             assert!(message.contains("(first-byte-timeout)"), "{message}");
             assert!(message.contains("(connect)"), "{message}");
-            assert!(headers.contains_key(PAIR_MADE), "pair made it");
+            assert!(headers.contains_key(MADE_HEADER), "pair made it");
             let tried = body["pair"]["attempts"].as_array().unwrap();
             assert!(tried.len() >= 2, "{body}");
             assert_eq!(rec.unwrap().status, JobStatus::Failed);

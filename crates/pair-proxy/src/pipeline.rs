@@ -37,7 +37,7 @@ use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
 use crate::attempt::{Attempts, Committed, Reach, holds};
-pub use crate::attempt::{Inference, PAIR_MADE, Plan};
+pub use crate::attempt::{Inference, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
 use crate::error::json_error;
@@ -575,7 +575,7 @@ fn answer(
     let status = up.status;
     let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
     // A translated answer carries durations pair made, not the engine's.
-    let engine_made = !up.headers.contains(&crate::translate::TRANSLATED_HEADER);
+    let engine_made = !up.headers.contains(&pair_link::header::TRANSLATED_HEADER);
     let ttft = req.received.elapsed();
     let mut record = pending.commit();
     if let Some(record) = record.as_mut() {

@@ -2,9 +2,12 @@
 //! after how many attempts, under which policy, as which job, and (when
 //! the client asked) why.
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use pair_core::JobId;
 use pair_http::Extra;
+use pair_link::header::{
+    ATTEMPTS_HEADER, JOB_HEADER, MODEL_HEADER, NODE_HEADER, POLICY_HEADER, ROUTE_HEADER,
+};
 
 /// The route receipt: `x-pair-node`, `x-pair-attempts`, `x-pair-policy`,
 /// `x-pair-job`, `x-pair-route` when the client asked why, and
@@ -22,12 +25,6 @@ pub struct Receipt {
     pub model: Option<HeaderValue>,
 }
 
-const NODE: HeaderName = HeaderName::from_static("x-pair-node");
-pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-pair-attempts");
-const POLICY: HeaderName = HeaderName::from_static("x-pair-policy");
-const ROUTE: HeaderName = HeaderName::from_static("x-pair-route");
-const JOB: HeaderName = HeaderName::from_static("x-pair-job");
-const MODEL: HeaderName = HeaderName::from_static("x-pair-model");
 
 impl Receipt {
     /// The receipt as the fields an answer carries (in place of any of the
@@ -35,20 +32,20 @@ impl Receipt {
     pub fn into_extra(self) -> Extra {
         let mut extra = Extra::new();
         if let Some(v) = self.node {
-            extra.push((NODE, v));
+            extra.push((NODE_HEADER, v));
         }
-        extra.push((ATTEMPTS, attempts_value(self.attempts)));
-        extra.push((POLICY, HeaderValue::from_static(self.policy)));
+        extra.push((ATTEMPTS_HEADER, attempts_value(self.attempts)));
+        extra.push((POLICY_HEADER, HeaderValue::from_static(self.policy)));
         if let Some(v) = self.why {
-            extra.push((ROUTE, v));
+            extra.push((ROUTE_HEADER, v));
         }
         if let Some(v) = self.model {
-            extra.push((MODEL, v));
+            extra.push((MODEL_HEADER, v));
         }
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
         if let Ok(v) = HeaderValue::from_str(self.job.as_uuid().hyphenated().encode_lower(&mut buf))
         {
-            extra.push((JOB, v));
+            extra.push((JOB_HEADER, v));
         }
         extra
     }

@@ -20,17 +20,12 @@ use pair_core::{ApiFlavor, EngineKind};
 use pair_http::h1::Headers;
 use pair_http::request::RequestHead;
 use pair_link::InferenceRoute;
+use pair_link::header::{DROPPED_HEADER, TRANSLATED_HEADER};
 use pair_translate::{Answer, EngineTraits, Route, Target, Timing, TranslateError};
 use tokio::time::Instant;
 
 use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 
-/// `x-pair-translated: ollama->openai`, on answers that were translated.
-pub const TRANSLATED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-translated");
-/// `x-pair-dropped: context_management,output_config.effort`: the
-/// client's fields translation left out (they steer the vendor's service,
-/// not the text; `pair_translate::fields`).
-pub const DROPPED_HEADER: http::HeaderName = http::HeaderName::from_static("x-pair-dropped");
 
 /// The translation `hop` needs for a request of `flavor` to `path`, and
 /// for which kind of engine: a local engine that does not speak the

@@ -126,7 +126,7 @@ impl Request {
         // first while it is eligible.
         p.pinned = self
             .headers
-            .get("x-pair-node-pin")
+            .get(pair_link::header::PIN_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
         Some(p)
