@@ -309,12 +309,7 @@ impl<'a> Attempts<'a> {
             Hop::Local(engine) => Watch::Engine(engine.progress.engage(ticket.expect)),
             Hop::Peer(_) => Watch::Peer,
         };
-        let translation = match translate::needed(
-            &hop,
-            req.flavor,
-            req.head.path_and_query.path(),
-            peer_engine,
-        ) {
+        let translation = match translate::needed(&hop, req.flavor, req.route, peer_engine) {
             None => None,
             Some((route, kind)) => match translate::request(route, kind, &req.head, &req.body) {
                 Ok(t) => Some((route, t)),
@@ -332,9 +327,9 @@ impl<'a> Attempts<'a> {
             },
         };
         let job_header = matches!(self.plan(), Plan::Cluster).then_some(self.job);
-        let (out_head, out_body) = match &translation {
-            Some((_, t)) => (&t.head, t.body.clone()),
-            None => (&req.head, req.body.clone()),
+        let (out_head, out_body, out_route) = match &translation {
+            Some((_, t)) => (&t.head, t.body.clone(), t.route),
+            None => (&req.head, req.body.clone(), Some(req.route)),
         };
         let sent = async {
             dispatch::request(
@@ -380,8 +375,7 @@ impl<'a> Attempts<'a> {
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
-            && let Some(api) = InferenceRoute::from_path(out_head.path_and_query.path())
-                .and_then(InferenceRoute::continues)
+            && let Some(api) = out_route.and_then(InferenceRoute::continues)
         {
             let cont = resume::Continuation {
                 st: Arc::clone(st),

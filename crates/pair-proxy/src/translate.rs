@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 
 
-/// The translation `hop` needs for a request of `flavor` to `path`, and
+/// The translation `hop` needs for a request of `flavor` on `route`, and
 /// for which kind of engine: a local engine that does not speak the
 /// client's API, on a route that translates; and an Anthropic or
 /// Responses request relayed to a peer (`peer_engine`: the kind of its
@@ -36,31 +36,29 @@ use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 pub(crate) fn needed(
     hop: &Hop,
     flavor: ApiFlavor,
-    path: &str,
+    route: InferenceRoute,
     peer_engine: Option<EngineKind>,
 ) -> Option<(Route, EngineKind)> {
     match hop {
-        Hop::Local(engine) if !engine.kind.speaks(flavor) => Some((route_of(path)?, engine.kind)),
+        Hop::Local(engine) if !engine.kind.speaks(flavor) => {
+            Some((route.translated()?, engine.kind))
+        }
         Hop::Peer(_) if matches!(flavor, ApiFlavor::Anthropic | ApiFlavor::Responses) => Some((
-            route_of(path)?,
+            route.translated()?,
             peer_engine.unwrap_or(EngineKind::OpenAiCompat),
         )),
         _ => None,
     }
 }
 
-/// The translated route a client path takes.
-fn route_of(path: &str) -> Option<Route> {
-    InferenceRoute::from_path(path)?.translated()
-}
-
-/// The engine's route for a translated request, and its method.
-fn target(t: Target) -> (Method, &'static str) {
+/// The engine's route for a translated request (none for the model list,
+/// a `GET`).
+fn target(t: Target) -> Option<InferenceRoute> {
     match t {
-        Target::Chat => (Method::POST, InferenceRoute::OpenAiChat.path()),
-        Target::Completion => (Method::POST, InferenceRoute::OpenAiCompletion.path()),
-        Target::Embeddings => (Method::POST, InferenceRoute::OpenAiEmbeddings.path()),
-        Target::Models => (Method::GET, "/v1/models"),
+        Target::Chat => Some(InferenceRoute::OpenAiChat),
+        Target::Completion => Some(InferenceRoute::OpenAiCompletion),
+        Target::Embeddings => Some(InferenceRoute::OpenAiEmbeddings),
+        Target::Models => None,
     }
 }
 
@@ -68,6 +66,8 @@ fn target(t: Target) -> (Method, &'static str) {
 /// answer back, and the client's fields it left out.
 pub(crate) struct ForEngine {
     pub head: RequestHead,
+    /// The engine's route it is sent on (none for the model list).
+    pub route: Option<InferenceRoute>,
     pub body: Bytes,
     pub answer: Answer,
     pub dropped: Vec<String>,
@@ -89,7 +89,11 @@ pub(crate) fn request(
         system_anywhere: engine == EngineKind::Ollama,
     };
     let t = pair_translate::request_for(route, body, &created_at, traits)?;
-    let (method, path) = target(t.target);
+    let route = target(t.target);
+    let (method, path) = match route {
+        Some(r) => (Method::POST, r.path()),
+        None => (Method::GET, "/v1/models"),
+    };
     let mut headers = head.headers.clone().into_map(2);
     if method == Method::GET {
         headers.remove(CONTENT_LENGTH);
@@ -105,6 +109,7 @@ pub(crate) fn request(
     };
     Ok(ForEngine {
         head,
+        route,
         body: Bytes::from(t.body),
         answer: t.answer,
         dropped: t.dropped,
