@@ -5,7 +5,8 @@
 //! the bytes, without building a tree of the document or decoding what it
 //! does not need: the prompt's strings are skipped eight bytes at a time
 //! and checked for what JSON forbids in them (control characters, bad
-//! escapes) in the same pass.
+//! escapes) in the same pass, by the JSON cursor the edge SDK's
+//! [`pair_translate::model::span`] uses too ([`pair_translate::json`]).
 //!
 //! What it accepts is what `serde_json` accepts for the same fields (a
 //! property test holds the two together): RFC 8259 syntax, UTF-8, no
@@ -23,12 +24,12 @@ use http::{Response, StatusCode, header};
 use pair_core::{ApiFlavor, ChainBuilder, PromptChain, RequestProfile};
 use pair_http::conns::{BodyBudget, ClientDeadlines};
 
+pub use pair_translate::json::{JsonError, MAX_DEPTH};
+use pair_translate::json::{Cursor, Step};
+
 use crate::error::json_error;
 use crate::route::Work;
 
-/// How deep arrays and objects may nest in a body, the body's own object
-/// included: as deep as `serde_json` parses a value.
-pub const MAX_DEPTH: usize = 127;
 
 /// Why a body could not be routed; each is the client's fault (400).
 #[derive(Debug, thiserror::Error)]
@@ -45,13 +46,6 @@ pub enum BodyError {
     BadModel(#[source] pair_core::CoreError),
 }
 
-/// Where and why a body is not the JSON routing expects.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} at byte {at}")]
-pub struct JsonError {
-    pub what: &'static str,
-    pub at: usize,
-}
 
 /// The fields read, as they came (`None`: absent or `null`).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -140,44 +134,26 @@ impl Field {
     }
 }
 
-/// A cursor over the body's bytes (already checked to be UTF-8).
-struct Scan<'a> {
-    text: &'a str,
-    i: usize,
+/// The body's reader: the one JSON cursor ([`Cursor`]), and the fields
+/// routing reads.
+struct Scan<'a>(Cursor<'a>);
+
+impl<'a> std::ops::Deref for Scan<'a> {
+    type Target = Cursor<'a>;
+    fn deref(&self) -> &Cursor<'a> {
+        &self.0
+    }
 }
 
-type Step<T> = Result<T, JsonError>;
+impl std::ops::DerefMut for Scan<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
 
 impl<'a> Scan<'a> {
     fn new(text: &'a str) -> Self {
-        Self { text, i: 0 }
-    }
-
-    fn bytes(&self) -> &'a [u8] {
-        self.text.as_bytes()
-    }
-
-    fn err<T>(&self, what: &'static str) -> Step<T> {
-        Err(JsonError { what, at: self.i })
-    }
-
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.bytes().get(self.i) {
-            self.i += 1;
-        }
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.bytes().get(self.i).copied()
-    }
-
-    fn eat(&mut self, c: u8, what: &'static str) -> Step<()> {
-        if self.peek() == Some(c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            self.err(what)
-        }
+        Self(Cursor::new(text))
     }
 
     /// The whole document: an object, then nothing but whitespace.
@@ -193,14 +169,6 @@ impl<'a> Scan<'a> {
         self.object(false, &mut facts)?;
         self.end()?;
         Ok(facts)
-    }
-
-    fn end(&mut self) -> Step<()> {
-        self.ws();
-        if self.i < self.bytes().len() {
-            return self.err("trailing characters");
-        }
-        Ok(())
     }
 
     /// An object at the cursor whose read fields go into `facts`; the
@@ -276,27 +244,12 @@ impl<'a> Scan<'a> {
 
     /// A key, and which read field it names.
     fn key(&mut self, nested: bool) -> Step<Field> {
-        if self.peek() != Some(b'"') {
-            return self.err("expected a field name");
-        }
-        let at = self.i;
-        let (raw, escaped) = self.string()?;
-        if !escaped {
-            return Ok(Field::of(raw, nested));
-        }
-        // Rare: a name with escapes is compared decoded, as serde does.
-        match serde_json::from_str::<String>(&self.text[at..self.i]) {
-            Ok(name) => Ok(Field::of(name.as_bytes(), nested)),
-            Err(_) => Err(JsonError {
-                what: "invalid escape in a field name",
-                at,
-            }),
-        }
+        Ok(Field::of(&self.name()?, nested))
     }
 
     /// `null` (`None`) or what `read` reads.
     fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Step<T>) -> Step<Option<T>> {
-        if self.bytes()[self.i..].starts_with(b"null") {
+        if self.at_word(b"null") {
             self.i += 4;
             return Ok(None);
         }
@@ -310,7 +263,7 @@ impl<'a> Scan<'a> {
         }
         let at = self.i;
         let (_, escaped) = self.string()?;
-        let quoted = &self.text[at..self.i];
+        let quoted = &self.text()[at..self.i];
         if !escaped {
             return Ok(Cow::Borrowed(&quoted[1..quoted.len() - 1]));
         }
@@ -324,10 +277,10 @@ impl<'a> Scan<'a> {
     }
 
     fn boolean(&mut self) -> Step<bool> {
-        if self.bytes()[self.i..].starts_with(b"true") {
+        if self.at_word(b"true") {
             self.i += 4;
             Ok(true)
-        } else if self.bytes()[self.i..].starts_with(b"false") {
+        } else if self.at_word(b"false") {
             self.i += 5;
             Ok(false)
         } else {
@@ -365,216 +318,6 @@ impl<'a> Scan<'a> {
             at,
         })
     }
-
-    /// Skips one value of any kind, checking its syntax. Iterative: the
-    /// open containers are a stack of bits (set: an object), so nothing
-    /// is allocated however deep the value (up to [`MAX_DEPTH`]).
-    fn value(&mut self, outer: usize) -> Step<()> {
-        let mut objects = 0u128;
-        let mut depth = 0usize;
-        let room = MAX_DEPTH.saturating_sub(outer);
-        loop {
-            // A value starts here.
-            self.ws();
-            match self.peek() {
-                Some(b'"') => {
-                    self.string()?;
-                }
-                Some(b'-' | b'0'..=b'9') => self.number()?,
-                Some(b't') => self.literal(b"true")?,
-                Some(b'f') => self.literal(b"false")?,
-                Some(b'n') => self.literal(b"null")?,
-                Some(c @ (b'[' | b'{')) => {
-                    if depth >= room {
-                        return self.err("nesting too deep");
-                    }
-                    self.i += 1;
-                    self.ws();
-                    let close = if c == b'[' { b']' } else { b'}' };
-                    if self.peek() == Some(close) {
-                        self.i += 1;
-                    } else {
-                        objects = objects << 1 | u128::from(c == b'{');
-                        depth += 1;
-                        if c == b'{' {
-                            self.member_name()?;
-                        }
-                        continue;
-                    }
-                }
-                Some(_) => return self.err("expected a value"),
-                None => return self.err("unexpected end of body"),
-            }
-            // A value ended: close what it ends, or go on to the next one.
-            loop {
-                if depth == 0 {
-                    return Ok(());
-                }
-                let object = objects & 1 == 1;
-                self.ws();
-                match self.peek() {
-                    Some(b',') => {
-                        self.i += 1;
-                        if object {
-                            self.ws();
-                            self.member_name()?;
-                        }
-                        break;
-                    }
-                    Some(b'}') if object => {
-                        self.i += 1;
-                        objects >>= 1;
-                        depth -= 1;
-                    }
-                    Some(b']') if !object => {
-                        self.i += 1;
-                        objects >>= 1;
-                        depth -= 1;
-                    }
-                    Some(_) => return self.err("expected ',' or a closing bracket"),
-                    None => return self.err("unexpected end of body"),
-                }
-            }
-        }
-    }
-
-    /// A skipped object's member name and its colon. Names are decoded by
-    /// serde even when skipped, so a name with a lone surrogate escape is
-    /// refused here too.
-    fn member_name(&mut self) -> Step<()> {
-        self.key(true)?;
-        self.ws();
-        self.eat(b':', "expected ':'")
-    }
-
-    fn literal(&mut self, word: &'static [u8]) -> Step<()> {
-        if self.bytes()[self.i..].starts_with(word) {
-            self.i += word.len();
-            Ok(())
-        } else {
-            self.err("expected a value")
-        }
-    }
-
-    /// A number's syntax: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
-    fn number(&mut self) -> Step<()> {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek() {
-            Some(b'0') => {
-                self.i += 1;
-                if self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                    return self.err("invalid number");
-                }
-            }
-            Some(b'1'..=b'9') => self.digits(),
-            _ => return self.err("invalid number"),
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            self.some_digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            self.some_digits()?;
-        }
-        Ok(())
-    }
-
-    fn digits(&mut self) {
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.i += 1;
-        }
-    }
-
-    fn some_digits(&mut self) -> Step<()> {
-        let from = self.i;
-        self.digits();
-        if self.i == from {
-            return self.err("invalid number");
-        }
-        Ok(())
-    }
-
-    /// A string at the cursor (its opening quote): returns the bytes
-    /// between the quotes and whether they hold an escape.
-    #[inline]
-    fn string(&mut self) -> Step<(&'a [u8], bool)> {
-        let start = self.i + 1;
-        let mut i = start;
-        let mut escaped = false;
-        loop {
-            i = special(self.bytes(), i);
-            match self.bytes().get(i) {
-                Some(b'"') => {
-                    self.i = i + 1;
-                    return Ok((&self.bytes()[start..i], escaped));
-                }
-                Some(b'\\') => {}
-                Some(_) => {
-                    self.i = i;
-                    return self.err("control character in a string");
-                }
-                None => {
-                    self.i = i;
-                    return self.err("unterminated string");
-                }
-            }
-            escaped = true;
-            match self.bytes().get(i + 1) {
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-                Some(b'u')
-                    if self
-                        .bytes()
-                        .get(i + 2..i + 6)
-                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) =>
-                {
-                    i += 6;
-                }
-                Some(_) => {
-                    self.i = i;
-                    return self.err("invalid escape in a string");
-                }
-                None => {
-                    self.i = self.bytes().len();
-                    return self.err("unterminated string");
-                }
-            }
-        }
-    }
-}
-
-/// The first byte from `i` on that ends a run of plain string text: a
-/// quote, a backslash or a control character (or `b.len()`). Eight bytes
-/// at a time: a byte's high bit is set in `found` where it is one of
-/// those (exact for the lowest such byte, which is all that is used).
-#[inline]
-fn special(b: &[u8], mut i: usize) -> usize {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    let zero = |x: u64| x.wrapping_sub(ONES) & !x;
-    while let Some(chunk) = b.get(i..i + 8) {
-        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-        let found = (zero(w ^ (ONES * u64::from(b'"')))
-            | zero(w ^ (ONES * u64::from(b'\\')))
-            | (w.wrapping_sub(ONES * 0x20) & !w))
-            & HIGH;
-        if found != 0 {
-            return i + (found.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    while let Some(&c) = b.get(i) {
-        if c == b'"' || c == b'\\' || c < 0x20 {
-            break;
-        }
-        i += 1;
-    }
-    i
 }
 
 impl From<JsonError> for BodyError {

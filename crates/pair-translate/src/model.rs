@@ -6,6 +6,8 @@
 
 use bytes::Bytes;
 
+use crate::json::Cursor;
+
 /// The body with `model`, as a JSON string, where `at` (a value's span,
 /// quotes included: [`span`]'s, or a node's scan's) was; every other byte
 /// as it came. `at` lies within `body` (it panics otherwise).
@@ -58,221 +60,49 @@ fn quote(s: &str, out: &mut Vec<u8>) {
 /// (`"mod\u0065l"` is `model`); members of nested values are skipped, so
 /// their `model`s are not the request's.
 ///
-/// The body's syntax is checked as it is read (UTF-8, strings, escapes,
-/// numbers, literals, brackets, nothing after the object), but not that a
-/// `\u` escape pairs into a character.
+/// The body's syntax is checked as it is read ([`crate::json::Cursor`]:
+/// UTF-8, strings, escapes, numbers, literals, brackets, nesting, nothing
+/// after the object); a `\u` escape is checked to pair into a character
+/// only in member names.
 pub fn span(body: &[u8]) -> Option<(usize, usize)> {
-    std::str::from_utf8(body).ok()?;
-    let mut s = Scan { b: body, i: 0 };
-    s.ws();
-    s.eat(b'{')?;
-    s.ws();
+    let mut c = Cursor::new(std::str::from_utf8(body).ok()?);
+    c.ws();
+    c.eat(b'{', "").ok()?;
+    c.ws();
     let mut model = None;
     let mut seen = false;
-    if s.peek()? == b'}' {
-        s.i += 1;
+    if c.peek()? == b'}' {
+        c.i += 1;
     } else {
         loop {
-            s.ws();
-            let named = s.key()?;
-            s.ws();
-            s.eat(b':')?;
-            s.ws();
-            let at = s.i;
-            let string = s.peek()? == b'"';
-            s.value()?;
+            c.ws();
+            let named = *c.name().ok()? == *b"model";
+            c.ws();
+            c.eat(b':', "").ok()?;
+            c.ws();
+            let at = c.i;
+            let string = c.peek()? == b'"';
+            c.value(1).ok()?;
             if named {
                 if seen {
                     return None;
                 }
                 seen = true;
-                model = string.then_some((at, s.i));
+                model = string.then_some((at, c.i));
             }
-            s.ws();
-            match s.peek()? {
-                b',' => s.i += 1,
+            c.ws();
+            match c.peek()? {
+                b',' => c.i += 1,
                 b'}' => {
-                    s.i += 1;
+                    c.i += 1;
                     break;
                 }
                 _ => return None,
             }
         }
     }
-    s.ws();
-    if s.i != body.len() {
-        return None;
-    }
+    c.end().ok()?;
     model
-}
-
-/// A cursor over a body; each step is `None` where the body is not JSON.
-struct Scan<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl Scan<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    /// A member name at the cursor: whether it is `model`.
-    fn key(&mut self) -> Option<bool> {
-        let at = self.i;
-        let escaped = self.string()?;
-        let quoted = &self.b[at..self.i];
-        if !escaped {
-            return Some(quoted == b"\"model\"");
-        }
-        serde_json::from_slice::<String>(quoted)
-            .ok()
-            .map(|name| name == "model")
-    }
-
-    /// A member name and its colon, inside a skipped value.
-    fn member(&mut self) -> Option<()> {
-        self.string()?;
-        self.ws();
-        self.eat(b':')
-    }
-
-    /// A string at the cursor; whether it holds an escape.
-    fn string(&mut self) -> Option<bool> {
-        self.eat(b'"')?;
-        let mut escaped = false;
-        loop {
-            match self.peek()? {
-                b'"' => {
-                    self.i += 1;
-                    return Some(escaped);
-                }
-                b'\\' => {
-                    escaped = true;
-                    match self.b.get(self.i + 1)? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
-                        b'u' => {
-                            let hex = self.b.get(self.i + 2..self.i + 6)?;
-                            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                                return None;
-                            }
-                            self.i += 6;
-                        }
-                        _ => return None,
-                    }
-                }
-                0..0x20 => return None,
-                _ => self.i += 1,
-            }
-        }
-    }
-
-    /// Skips one value of any kind. Iterative: the closing brackets owed
-    /// are a stack.
-    fn value(&mut self) -> Option<()> {
-        let mut owed = Vec::new();
-        loop {
-            self.ws();
-            match self.peek()? {
-                b'"' => {
-                    self.string()?;
-                }
-                b't' => self.literal(b"true")?,
-                b'f' => self.literal(b"false")?,
-                b'n' => self.literal(b"null")?,
-                b'-' | b'0'..=b'9' => self.number()?,
-                open @ (b'{' | b'[') => {
-                    let close = if open == b'{' { b'}' } else { b']' };
-                    self.i += 1;
-                    self.ws();
-                    if self.peek()? == close {
-                        self.i += 1;
-                    } else {
-                        owed.push(close);
-                        if close == b'}' {
-                            self.member()?;
-                        }
-                        continue;
-                    }
-                }
-                _ => return None,
-            }
-            // A value ended: close what it ends, or go on to the next.
-            loop {
-                let Some(&close) = owed.last() else {
-                    return Some(());
-                };
-                self.ws();
-                match self.peek()? {
-                    b',' => {
-                        self.i += 1;
-                        if close == b'}' {
-                            self.ws();
-                            self.member()?;
-                        }
-                        break;
-                    }
-                    c if c == close => {
-                        self.i += 1;
-                        owed.pop();
-                    }
-                    _ => return None,
-                }
-            }
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        self.b[self.i..]
-            .starts_with(word)
-            .then(|| self.i += word.len())
-    }
-
-    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
-    fn number(&mut self) -> Option<()> {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek()? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            self.some_digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            self.some_digits()?;
-        }
-        Some(())
-    }
-
-    fn digits(&mut self) {
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.i += 1;
-        }
-    }
-
-    fn some_digits(&mut self) -> Option<()> {
-        let from = self.i;
-        self.digits();
-        (self.i > from).then_some(())
-    }
 }
 
 #[cfg(test)]
