@@ -74,9 +74,11 @@ enum Command {
         #[arg(long)]
         no_prefix_index: bool,
         /// Late binding: `off` (commit each request to a node at once),
-        /// `fifo`, `sjf` (shortest predicted job first, with aging) or
-        /// `priorities` (sjf, batch work after interactive); overrides the
-        /// scenario's `routing.queue`.
+        /// `fifo`, `sjf` (shortest predicted job first, with aging),
+        /// `priorities` (sjf, batch work after interactive) or `preempt`
+        /// (priorities, and interactive work that would wait cuts a running
+        /// batch job, which continues later); overrides the scenario's
+        /// `routing.queue`.
         #[arg(long)]
         queue: Option<String>,
         /// Skip the users-at-SLO search (one run per policy only).
@@ -166,7 +168,8 @@ struct LiveArgs {
     #[arg(long)]
     session_header: bool,
     /// Late binding on the live nodes and in the simulator: `off`, `fifo`,
-    /// `sjf` or `priorities` (default: the scenario's).
+    /// `sjf` or `priorities` (default: the scenario's; `preempt` is the
+    /// simulator's only: live nodes do not cut running work).
     #[arg(long)]
     queue: Option<String>,
     /// Live runs of each scenario (a fresh cluster each): with more than

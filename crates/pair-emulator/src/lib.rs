@@ -58,7 +58,7 @@ pub mod profile;
 
 pub use cache::{CacheKind, Lease, PromptCache};
 pub use error::EmulatorError;
-pub use model::{EngineEvent, EngineModel, JobSpec, JobTiming, ModelStatus, Residency};
+pub use model::{Cut, EngineEvent, EngineModel, JobSpec, JobTiming, ModelStatus, Residency};
 pub use profile::{BatchScaling, HardwareProfile, ModelRates, ModelSpec};
 pub mod http;
 

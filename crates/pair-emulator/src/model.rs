@@ -77,6 +77,16 @@ impl JobTiming {
     }
 }
 
+/// How far a job got before [`EngineModel::cut`] took its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cut {
+    /// Answer tokens it had generated (the first one included).
+    pub generated: u32,
+    /// When its first token was ready; `None`: it was still prefilling
+    /// (or waiting for its model).
+    pub first_token_us: Option<u64>,
+}
+
 /// Something that happened inside the engine, in time order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineEvent {
@@ -409,6 +419,21 @@ impl EngineModel {
         self.reschedule();
         self.update_busy(now);
         true
+    }
+
+    /// Cuts a job holding a slot at `now_us` (a router preempts it for
+    /// other work): it leaves as [`Self::cancel`] leaves it, and this says
+    /// how far it got, so that it can continue elsewhere from there.
+    /// `None` when the job is not holding a slot (nothing is cut).
+    pub fn cut(&mut self, now_us: u64, id: u64) -> Option<Cut> {
+        self.run_until(now_us);
+        let r = self.running.iter().find(|r| r.spec.id == id)?;
+        let cut = Cut {
+            generated: self.generated(r, self.now_us),
+            first_token_us: r.prefilled.then_some(r.first_token_us),
+        };
+        self.cancel(now_us, id);
+        Some(cut)
     }
 
     /// When the next event happens, if anything is going on. Events already
@@ -1105,6 +1130,41 @@ mod tests {
             at_us: 100_000
         }));
         assert_eq!(finished(&events)[&2].started_us, 100_000);
+    }
+
+    #[test]
+    fn a_cut_job_says_how_far_it_got_and_frees_its_slot() {
+        let (mut e, _) = smol();
+        let job = |id, output_tokens| JobSpec {
+            id,
+            model: 0,
+            prompt_tokens: 10,
+            output_tokens,
+            prompt: PromptChain::EMPTY,
+        };
+        e.submit(0, job(1, 1000)).unwrap();
+        e.submit(0, job(2, 10)).unwrap();
+        e.submit(0, job(3, 10)).unwrap();
+        let first = finished(&drain(&mut e.clone()))[&1].first_token_us;
+        let cut = e.cut(first + 1_000_000, 1).unwrap();
+        assert_eq!(cut.first_token_us, Some(first));
+        let rate = e.models().next().unwrap().rates.decode_tps;
+        let expected = 1.0 + rate;
+        assert!(
+            (f64::from(cut.generated) - expected).abs() <= 1.0,
+            "{} tokens in a second at {rate}/s",
+            cut.generated
+        );
+        assert_eq!(e.cut(first + 1_000_000, 1), None, "once");
+        // A job still waiting for a slot is not cut (cancel it instead).
+        assert_eq!(e.cut(first + 1_000_000, 3), None);
+        let events = drain(&mut e);
+        assert!(events.contains(&EngineEvent::Cancelled {
+            id: 1,
+            at_us: first + 1_000_000
+        }));
+        assert!(!finished(&events).contains_key(&1));
+        assert_eq!(finished(&events)[&2].started_us, first + 1_000_000);
     }
 
     #[test]

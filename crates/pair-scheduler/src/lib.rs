@@ -166,7 +166,9 @@ pub use failover::{
 pub use learner::{LearnedRates, Observation, PerfLearner};
 pub use policy::Policy;
 pub use prefix::PrefixIndex;
-pub use queue::{ClusterQueue, Order, Priority, Ticket, Waiting, batch_may_take};
+pub use queue::{
+    ClusterQueue, Cuttable, Order, Priority, Ticket, Waiting, batch_may_take, preempt,
+};
 pub use ranking::{Candidate, Metric, Prediction, Ranking, RateSource, Reason, Score};
 pub use reservations::{ReservationId, Reservations, Reserved};
 pub use scheduler::{Scheduler, SchedulerConfig};

@@ -18,6 +18,12 @@
 //! a long batch answer. Batch work keeps a share (every slot but one); on
 //! a cluster of one slot, it takes it once it has waited its delay.
 //!
+//! Or interactive work cuts batch work ([`preempt`]): where a router can
+//! continue an answer from its text so far, an interactive request
+//! predicted to wait for a slot takes a running batch job's, and the batch
+//! job waits again as a continuation, in its old place. Each job is cut at
+//! most [`MAX_CUTS`] times, so batch work still ends.
+//!
 //! Requests wait in lanes (one per model, or whatever set of nodes can take
 //! them, as the embedder numbers them); a node that frees a slot takes the
 //! earliest due request among the lanes it serves. Plain data: no clock, no
@@ -52,6 +58,47 @@ pub fn batch_may_take(
 ) -> bool {
     let interactive = interactive_seen_ms_ago.is_some_and(|ago| ago <= INTERACTIVE_WINDOW_MS);
     free_slots >= 2 || !interactive || (slots <= 1 && waited_ms >= BATCH_DELAY_MS)
+}
+
+/// How long interactive work may be predicted to wait for a slot before it
+/// cuts batch work ([`preempt`]): a shorter wait costs less than the batch
+/// prefill a cut throws away.
+pub const PREEMPT_WAIT_MS: u32 = 250;
+
+/// How many times one batch job may be cut: after that it runs to its end,
+/// so cutting never starves batch work.
+pub const MAX_CUTS: u32 = 4;
+
+/// A batch job holding a slot, as a candidate for interactive work to cut
+/// ([`preempt`]). A cut job continues later from the text it has (its
+/// prompt and its partial answer become the continuation's prompt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cuttable {
+    /// The work a cut throws away: its continuation prefills again what
+    /// the job prefilled and generated.
+    pub sunk_ms: u32,
+    /// Its predicted work left.
+    pub left_ms: u32,
+    /// Times it was cut before.
+    pub cuts: u32,
+}
+
+/// Which running batch job an interactive request cuts for its slot (an
+/// index into `running`), where `wait_ms` is its predicted wait for a slot
+/// otherwise: none while that wait is at most [`PREEMPT_WAIT_MS`]; else,
+/// of the jobs cut fewer than [`MAX_CUTS`] times that will not end within
+/// [`PREEMPT_WAIT_MS`] anyway, the one whose cut throws away the least work,
+/// then the one with the most work left, then the first.
+pub fn preempt(wait_ms: u32, running: &[Cuttable]) -> Option<usize> {
+    if wait_ms <= PREEMPT_WAIT_MS {
+        return None;
+    }
+    running
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.cuts < MAX_CUTS && c.left_ms > PREEMPT_WAIT_MS)
+        .min_by_key(|&(i, c)| (c.sunk_ms, Reverse(c.left_ms), i))
+        .map(|(i, _)| i)
 }
 
 /// The order a [`ClusterQueue`] serves in.
@@ -383,6 +430,28 @@ mod tests {
         q.push(w(5, 10_000, Priority::Interactive), "chat");
         assert_eq!(q.pop_interactive(&[0]).map(|(_, t)| t), Some("chat"));
         assert_eq!(q.pop_first(&[0]).map(|(_, t)| t), Some("batch"));
+    }
+
+    #[test]
+    fn interactive_work_cuts_the_batch_job_that_loses_least() {
+        let job = |sunk_ms, left_ms, cuts| Cuttable {
+            sunk_ms,
+            left_ms,
+            cuts,
+        };
+        // Prefilling for 300 ms loses less than 2,000 tokens decoded from.
+        let running = [job(1_600, 4_000, 0), job(300, 6_000, 0), job(300, 9_000, 0)];
+        assert_eq!(preempt(2_000, &running), Some(2), "then the most left");
+        assert_eq!(
+            preempt(PREEMPT_WAIT_MS, &running),
+            None,
+            "a short wait cuts nothing"
+        );
+        let worn = [job(300, 6_000, MAX_CUTS), job(1_600, 4_000, 0)];
+        assert_eq!(preempt(2_000, &worn), Some(1), "cut often enough");
+        let ending = [job(10, PREEMPT_WAIT_MS, 0), job(1_600, 4_000, MAX_CUTS)];
+        assert_eq!(preempt(2_000, &ending), None, "one ends soon, one is spent");
+        assert_eq!(preempt(u32::MAX, &[]), None);
     }
 
     #[test]

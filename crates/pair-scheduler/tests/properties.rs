@@ -13,8 +13,8 @@ use pair_scheduler::pair_core::{
 };
 use pair_scheduler::predict::{MAX_VIEW_AGE_MS, unseen_arrivals_ms};
 use pair_scheduler::{
-    AnswerKey, AnswerLengths, ClusterQueue, Order, Policy, Priority, Ranking, Reservations,
-    Scheduler, SchedulerConfig, Waiting,
+    AnswerKey, AnswerLengths, ClusterQueue, Cuttable, Order, Policy, Priority, Ranking,
+    Reservations, Scheduler, SchedulerConfig, Waiting, preempt,
 };
 use proptest::prelude::*;
 use rand_chacha::ChaCha8Rng;
@@ -790,5 +790,45 @@ proptest! {
         served.sort_unstable();
         prop_assert_eq!(served, (0..ops.len() as u64).collect::<Vec<_>>());
         prop_assert!(q.is_empty());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Interactive work cuts a batch job only when it would wait longer
+    /// than the bound, never a job cut its share of times or about to end,
+    /// and always the one that loses least (then has most left), wherever
+    /// it sits in the list; cut again and again, every job runs out of cuts.
+    #[test]
+    fn preemption_cuts_the_cheapest_eligible_job_and_runs_out(
+        jobs in prop::collection::vec((0u32..20_000, 0u32..20_000, 0u32..4), 0..12),
+        wait_ms in 0u32..2_000,
+    ) {
+        use pair_scheduler::queue::{MAX_CUTS, PREEMPT_WAIT_MS};
+        let mut running: Vec<Cuttable> = jobs
+            .iter()
+            .map(|&(sunk_ms, left_ms, cuts)| Cuttable { sunk_ms, left_ms, cuts })
+            .collect();
+        let eligible = |c: &Cuttable| c.cuts < MAX_CUTS && c.left_ms > PREEMPT_WAIT_MS;
+        let key = |c: &Cuttable| (c.sunk_ms, std::cmp::Reverse(c.left_ms));
+        let pick = preempt(wait_ms, &running);
+        prop_assert_eq!(
+            pick.is_some(),
+            wait_ms > PREEMPT_WAIT_MS && running.iter().any(eligible)
+        );
+        if let Some(i) = pick {
+            prop_assert!(eligible(&running[i]));
+            prop_assert!(running.iter().filter(|c| eligible(c)).all(|c| key(c) >= key(&running[i])));
+            let reversed: Vec<Cuttable> = running.iter().rev().copied().collect();
+            let j = preempt(wait_ms, &reversed).unwrap();
+            prop_assert_eq!(key(&reversed[j]), key(&running[i]));
+        }
+        let mut cuts = 0;
+        while let Some(i) = preempt(u32::MAX, &running) {
+            running[i].cuts += 1;
+            cuts += 1;
+            prop_assert!(cuts <= running.len() as u32 * MAX_CUTS);
+        }
     }
 }

@@ -44,9 +44,36 @@ pub struct Scenario {
     /// off, every node is priced as holding nothing.
     pub prefix_index: bool,
     /// Late binding: where every node that could take a request has its
-    /// slots full, the request waits at its router in this order (`None`:
+    /// slots full, the request waits at its router as this says (`None`:
     /// it is committed to a node at once, as before).
-    pub queue: Option<pair_scheduler::Order>,
+    pub queue: Option<LateBinding>,
+}
+
+/// How requests wait for a slot at their router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LateBinding {
+    /// The order the router's cluster queue serves in.
+    pub order: pair_scheduler::Order,
+    /// Interactive work that would wait cuts running batch work
+    /// (`pair_scheduler::preempt`), which continues later from its text
+    /// so far; the router does not keep batch work off the last free slot.
+    pub preempt: bool,
+}
+
+impl LateBinding {
+    /// Late binding in `order`, without preemption.
+    pub fn of(order: pair_scheduler::Order) -> Self {
+        Self {
+            order,
+            preempt: false,
+        }
+    }
+
+    /// Batch work waits behind interactive work (and, without preemption,
+    /// leaves it the last free slot).
+    pub fn priorities(&self) -> bool {
+        self.order == pair_scheduler::Order::Priorities
+    }
 }
 
 /// Who routes the requests.
@@ -424,35 +451,44 @@ struct RawRouting {
     /// Feed the routers' prefix index (default true).
     #[serde(default)]
     prefix_index: Option<bool>,
-    /// Late binding: "off" (default), "fifo", "sjf" or "priorities".
+    /// Late binding: "off" (default), "fifo", "sjf", "priorities" or
+    /// "preempt".
     #[serde(default)]
     queue: Option<String>,
 }
 
-/// The name of a `queue` setting, as `parse_queue` and `pair-node
-/// --queue` take it.
-pub fn queue_name(order: Option<pair_scheduler::Order>) -> &'static str {
+/// The name of a `queue` setting, as `parse_queue` takes it (and `pair-node
+/// --queue`, but for `preempt`).
+pub fn queue_name(queue: Option<LateBinding>) -> &'static str {
     use pair_scheduler::Order;
-    match order {
+    match queue {
         None => "off",
-        Some(Order::Fifo) => "fifo",
-        Some(Order::ShortestFirst) => "sjf",
-        Some(Order::Priorities) => "priorities",
+        Some(LateBinding { preempt: true, .. }) => "preempt",
+        Some(LateBinding { order, .. }) => match order {
+            Order::Fifo => "fifo",
+            Order::ShortestFirst => "sjf",
+            Order::Priorities => "priorities",
+        },
     }
 }
 
-/// A `queue` setting: `off`, `fifo`, `sjf` or `priorities`.
-pub fn parse_queue(s: &str) -> Result<Option<pair_scheduler::Order>, SimError> {
+/// A `queue` setting: `off`, `fifo`, `sjf`, `priorities` or `preempt`
+/// (priorities, and interactive work cuts batch work for a slot).
+pub fn parse_queue(s: &str) -> Result<Option<LateBinding>, SimError> {
     use pair_scheduler::Order;
     Ok(match s {
         "off" => None,
-        "fifo" => Some(Order::Fifo),
-        "sjf" => Some(Order::ShortestFirst),
-        "priorities" => Some(Order::Priorities),
+        "fifo" => Some(LateBinding::of(Order::Fifo)),
+        "sjf" => Some(LateBinding::of(Order::ShortestFirst)),
+        "priorities" => Some(LateBinding::of(Order::Priorities)),
+        "preempt" => Some(LateBinding {
+            order: Order::Priorities,
+            preempt: true,
+        }),
         _ => {
             return Err(SimError::invalid(
                 "routing.queue",
-                "is off, fifo, sjf or priorities",
+                "is off, fifo, sjf, priorities or preempt",
             ));
         }
     })

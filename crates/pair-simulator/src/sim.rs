@@ -29,15 +29,15 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use pair_core::{
-    ApiFlavor, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
+    ApiFlavor, Block, ClusterSnapshot, EngineKind, EngineSnapshot, GpuDevice, Liveness, ModelEntry,
     ModelPerf, NodeId, NodeSnapshot, Pressure, PromptChain, RequestProfile, Workload,
 };
 use pair_emulator::cache::LLAMA_CPP_CONTEXT_TOKENS;
 use pair_emulator::{CacheKind, EngineEvent, EngineModel, HardwareProfile, JobSpec, Residency};
 use pair_scheduler::{
-    AnswerKey, BatchLearner, ClusterQueue, Decoded, Observation, Order, PerfLearner, Policy,
+    AnswerKey, BatchLearner, ClusterQueue, Cuttable, Decoded, Observation, PerfLearner, Policy,
     Priority, Ranking, ReservationId, Reservations, Scheduler, Streamed, Waiting, batch_may_take,
-    learned_perf,
+    learned_perf, preempt,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -73,6 +73,9 @@ pub struct RunOutput {
     /// Requests still held by an engine when the event queue ran dry; always
     /// 0 (every request completes exactly once), kept as evidence for tests.
     pub in_flight_at_end: usize,
+    /// Batch jobs cut for interactive work (`queue = "preempt"`), each
+    /// continued later.
+    pub cuts: u64,
 }
 
 /// The fixed part of a scenario's nodes, resolved once and shared by runs.
@@ -451,6 +454,36 @@ struct InFlight {
     /// node's workload until the answer ends), and what it learns under.
     planned: u32,
     answer: AnswerKey,
+    /// Its work as the cluster queue orders it (a continuation keeps its
+    /// first run's, and so its place).
+    work_ms: u32,
+    /// When it went to its node.
+    dispatched: Micros,
+    resumed: Resumed,
+}
+
+/// A request waiting at its router for a slot.
+#[derive(Clone, Debug)]
+struct Queued {
+    demand: Demand,
+    arrival: Micros,
+    resumed: Resumed,
+}
+
+/// What a batch job did before it was cut for interactive work, carried
+/// by its continuation (`Sim::cut`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Resumed {
+    cuts: u32,
+    /// When its first token reached the client: its TTFT stands.
+    first_token: Option<Micros>,
+    /// Answer tokens generated before its cuts.
+    generated: u32,
+    /// The first run's prompt tokens (the continuation's hold the answer
+    /// so far too).
+    prompt_tokens: u32,
+    /// The first run's queue work.
+    work_ms: Option<u32>,
 }
 
 /// What one router's prefix index learns from another's dispatch or the
@@ -472,8 +505,8 @@ struct Router {
     snapshot: ClusterSnapshot,
     scheduler: Scheduler,
     reservations: Reservations,
-    /// Requests waiting for a slot (late binding), with their arrival.
-    queue: ClusterQueue<(Demand, Micros)>,
+    /// Requests waiting for a slot (late binding).
+    queue: ClusterQueue<Queued>,
     /// When it last routed interactive work.
     interactive_at: Option<Micros>,
 }
@@ -547,6 +580,7 @@ struct Sim<'a> {
     turns: Turns,
     /// Agent-loop sub-agents between an answer and their next turn.
     tools_running: usize,
+    cuts: u64,
     /// Per-node routing: prefix-index updates for the other routers, in
     /// arrival order.
     gossip: std::collections::VecDeque<Gossip>,
@@ -603,7 +637,7 @@ impl<'a> Sim<'a> {
                     snapshot: ClusterSnapshot::new(0, 0, view.clone()),
                     scheduler: Scheduler::with_policy(policy),
                     reservations: Reservations::new(),
-                    queue: ClusterQueue::new(scn.queue.unwrap_or_default()),
+                    queue: ClusterQueue::new(scn.queue.map(|q| q.order).unwrap_or_default()),
                     interactive_at: None,
                 })
                 .collect(),
@@ -632,6 +666,7 @@ impl<'a> Sim<'a> {
             jobs: Jobs::default(),
             turns: Turns::default(),
             tools_running: 0,
+            cuts: 0,
             gossip: std::collections::VecDeque::new(),
         }
     }
@@ -738,14 +773,25 @@ impl<'a> Sim<'a> {
 
     fn dispatch(&mut self, now: Micros, d: Demand) {
         self.generated += 1;
-        self.route(now, d, now, false);
+        let q = Queued {
+            demand: d,
+            arrival: now,
+            resumed: Resumed::default(),
+        };
+        self.route(now, q, false);
     }
 
-    /// Sends `d` (arrived at `arrival`) to the best node now, or, with late
-    /// binding, queues it at its router while every node that could take
-    /// it has its slots full. `forced`: a slot just freed for it (it goes
-    /// to the best node whatever the router's view says).
-    fn route(&mut self, now: Micros, d: Demand, arrival: Micros, forced: bool) {
+    /// Sends a request to the best node now, or, with late binding, queues
+    /// it at its router while every node that could take it has its slots
+    /// full (with preemption, an interactive one may cut a batch job for
+    /// its slot instead). `forced`: a slot just freed for it (it goes to
+    /// the best node whatever the router's view says).
+    fn route(&mut self, now: Micros, q: Queued, forced: bool) {
+        let Queued {
+            demand: d,
+            arrival,
+            resumed,
+        } = q;
         let now_ms = now / US_PER_MS;
         let model = &self.scn.models[usize::from(d.model)];
         self.profile.model.clear();
@@ -778,7 +824,7 @@ impl<'a> Sim<'a> {
         );
         // Late binding: every candidate full, the request waits here; with
         // priorities, batch work also waits for the last free slot while
-        // interactive work is about.
+        // interactive work is about, or interactive work cuts batch work.
         let (free, slots) = self
             .ranking
             .iter()
@@ -786,7 +832,18 @@ impl<'a> Sim<'a> {
             .fold((0u32, 0u32), |(f, s), p| {
                 (f + p.slots.saturating_sub(p.jobs_ahead), s + p.slots)
             });
-        let batch_waits = self.scn.queue == Some(Order::Priorities)
+        let late = self.scn.queue;
+        let cut_for = if late.is_some_and(|q| q.preempt)
+            && d.priority == Priority::Interactive
+            && !forced
+            && free == 0
+        {
+            self.victim(r, now).and_then(|slot| self.cut(now, slot))
+        } else {
+            None
+        };
+        let router = &mut self.routers[r];
+        let batch_waits = late.is_some_and(|q| q.priorities() && !q.preempt)
             && d.priority == Priority::Batch
             && !batch_may_take(
                 free,
@@ -799,28 +856,40 @@ impl<'a> Sim<'a> {
         if d.priority == Priority::Interactive {
             router.interactive_at = Some(now);
         }
-        if self.scn.queue.is_some()
+        if late.is_some()
+            && cut_for.is_none()
             && (!forced && free == 0 || batch_waits)
             && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
         {
             let waiting = Waiting {
                 lane: u32::from(d.model),
                 arrived_ms: arrival / US_PER_MS,
-                work_ms: best.work_ms(),
+                work_ms: resumed.work_ms.unwrap_or_else(|| best.work_ms()),
                 priority: d.priority,
             };
-            router.queue.push(waiting, (d, arrival));
+            let q = Queued {
+                demand: d,
+                arrival,
+                resumed,
+            };
+            router.queue.push(waiting, q);
             return;
         }
-        // The first candidate, resolved to a node and its engine's model
-        // index (both always exist: the snapshot is built from the plan).
+        // The first candidate (or the node whose batch job it cut),
+        // resolved to a node and its engine's model index (both always
+        // exist: the snapshot is built from the plan).
         let snapshot = &router.snapshot;
-        let target = self.ranking.first().and_then(|c| {
+        let chosen = match cut_for {
+            Some(node) => self.ranking.iter().find(|c| c.node == node),
+            None => self.ranking.first(),
+        };
+        let target = chosen.and_then(|c| {
             let i = self.by_snapshot[snapshot.index_of(c.node)?];
             let local = self.plan.nodes[i].local[usize::from(d.model)]?;
-            Some((c.node, i, local))
+            let work_ms = c.score.prediction().map_or(0, |p| p.work_ms());
+            Some((c.node, i, local, work_ms))
         });
-        let Some((node_id, i, local)) = target else {
+        let Some((node_id, i, local, work_ms)) = target else {
             // No eligible node: the client gets a 502 at once.
             self.record(Record {
                 arrival,
@@ -892,11 +961,193 @@ impl<'a> Sim<'a> {
             reservation,
             planned,
             answer,
+            work_ms: resumed.work_ms.unwrap_or(work_ms),
+            dispatched: now,
+            resumed,
         });
         self.live += 1;
         // The model index is the engine's own; it cannot be out of range.
         let _ = self.nodes[i].engine.submit(now, spec);
         self.reschedule(i);
+    }
+
+    /// The batch job (its in-flight slot) that the interactive request just
+    /// ranked cuts for a slot, if any (`pair_scheduler::preempt`): one that
+    /// router `r` dispatched to a node of the ranking and that holds a
+    /// slot there. The router prices them as it sees them: the tokens each
+    /// has streamed, its own rates and planned answers.
+    fn victim(&self, r: usize, now: Micros) -> Option<usize> {
+        let wait_ms = self
+            .ranking
+            .iter()
+            .filter_map(|c| c.score.prediction())
+            .map(|p| p.queue_ms)
+            .min()?;
+        let snapshot = &self.routers[r].snapshot;
+        let mut slots = Vec::new();
+        let mut running = Vec::new();
+        for (slot, f) in self.inflight.iter().enumerate() {
+            let Some(f) = f else { continue };
+            let i = usize::from(f.node);
+            let node_id = self.plan.nodes[i].id;
+            if f.demand.priority != Priority::Batch
+                || !self.ranking.iter().any(|c| c.node == node_id)
+            {
+                continue;
+            }
+            let Some(generated) = self.nodes[i].engine.tokens_generated(slot as u64, now) else {
+                continue;
+            };
+            let model = self.scn.models[usize::from(f.demand.model)].name.as_str();
+            let perf = snapshot
+                .node(node_id)
+                .and_then(|n| n.find_model(model, ApiFlavor::Ollama))
+                .and_then(|(_, entry)| entry.perf)
+                .unwrap_or(ModelPerf::FALLBACK);
+            let prefill_ms = |tokens: u32| f64::from(tokens) * 1e3 / f64::from(perf.prefill_tps);
+            let decode_ms = |tokens: u32| f64::from(tokens) * 1e3 / f64::from(perf.decode_tps);
+            let answered = f.resumed.generated.saturating_add(generated);
+            // Past its planned length an answer's end is unknown: it counts
+            // as a quarter of the plan still to come.
+            let answer_left =
+                decode_ms(f.planned.saturating_sub(answered).max(f.planned / 4).max(1));
+            let (sunk, left) = if generated == 0 {
+                let prefill = prefill_ms(f.demand.prompt_tokens);
+                let spent = ((now - f.dispatched) / US_PER_MS) as f64;
+                (
+                    spent.min(prefill),
+                    prefill - spent.min(prefill) + answer_left,
+                )
+            } else {
+                (prefill_ms(f.demand.prompt_tokens + generated), answer_left)
+            };
+            slots.push(slot);
+            running.push(Cuttable {
+                sunk_ms: sunk.ceil() as u32,
+                left_ms: left.ceil() as u32,
+                cuts: f.resumed.cuts,
+            });
+        }
+        preempt(wait_ms, &running).map(|k| slots[k])
+    }
+
+    /// Cuts the batch job in in-flight `slot` at `now`: its engine frees
+    /// the slot, and it waits at its router again, in its old place, as a
+    /// continuation (its prompt and its answer so far as the prompt, the
+    /// rest of the answer to generate). Batch jobs queued in that engine
+    /// go back to their routers too ([`Sim::withdraw_batch`]). Returns the
+    /// node it left.
+    fn cut(&mut self, now: Micros, slot: usize) -> Option<NodeId> {
+        let i = usize::from(self.inflight.get(slot)?.as_ref()?.node);
+        let c = self.nodes[i].engine.cut(now, slot as u64)?;
+        self.cuts += 1;
+        self.withdraw_batch(now, i);
+        self.requeue(now, slot, Some(c));
+        self.reschedule(i);
+        Some(self.plan.nodes[i].id)
+    }
+
+    /// Batch jobs queued in node `i`'s engine (not holding a slot) go back
+    /// to their routers' queues, so that interactive work sent there does
+    /// not queue behind them.
+    fn withdraw_batch(&mut self, now: Micros, i: usize) {
+        let queued: Vec<usize> = (0..self.inflight.len())
+            .filter(|&k| {
+                self.inflight[k].as_ref().is_some_and(|f| {
+                    usize::from(f.node) == i
+                        && f.demand.priority == Priority::Batch
+                        && self.nodes[i]
+                            .engine
+                            .tokens_generated(k as u64, now)
+                            .is_none()
+                })
+            })
+            .collect();
+        for k in queued {
+            if self.nodes[i].engine.cancel(now, k as u64) {
+                self.requeue(now, k, None);
+            }
+        }
+    }
+
+    /// Puts the job in in-flight `slot`, which its engine no longer holds,
+    /// back in its router's queue in its old place: after `cut`, as the
+    /// continuation of what it generated.
+    fn requeue(&mut self, now: Micros, slot: usize, cut: Option<pair_emulator::Cut>) {
+        let Some(f) = self.inflight.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.free.push(slot);
+        self.live -= 1;
+        let i = usize::from(f.node);
+        let node = &mut self.nodes[i];
+        node.declared_out = node.declared_out.saturating_sub(u64::from(f.planned));
+        node.actual_out = node
+            .actual_out
+            .saturating_sub(u64::from(f.demand.output_tokens));
+        let mut d = f.demand;
+        let Some(c) = cut else {
+            let waiting = Waiting {
+                lane: u32::from(d.model),
+                arrived_ms: f.arrival / US_PER_MS,
+                work_ms: f.work_ms,
+                priority: d.priority,
+            };
+            let q = Queued {
+                demand: d,
+                arrival: f.arrival,
+                resumed: Resumed {
+                    work_ms: Some(f.work_ms),
+                    ..f.resumed
+                },
+            };
+            let router = &mut self.routers[usize::from(f.router)];
+            router.reservations.release(f.reservation, now / US_PER_MS);
+            router.queue.push(waiting, q);
+            return;
+        };
+        let generated = c.generated.min(d.output_tokens.saturating_sub(1));
+        let resumed = Resumed {
+            cuts: f.resumed.cuts + 1,
+            first_token: f
+                .resumed
+                .first_token
+                .or(c.first_token_us.map(|t| t + self.plan.nodes[i].rtt)),
+            generated: f.resumed.generated + generated,
+            prompt_tokens: if f.resumed.cuts == 0 {
+                d.prompt_tokens
+            } else {
+                f.resumed.prompt_tokens
+            },
+            work_ms: Some(f.work_ms),
+        };
+        if generated > 0 {
+            // The answer so far closes the prompt, as its text would.
+            let keep = d.prompt.matched_blocks(|_, b| b.end <= d.prompt_tokens);
+            let mut blocks = d.prompt.blocks()[..keep].to_vec();
+            let last = blocks.last().map_or(0, |b| b.hash);
+            blocks.push(Block {
+                hash: stream_seed(last, u64::from(resumed.cuts), u64::from(generated)),
+                end: d.prompt_tokens + generated,
+            });
+            d.prompt = PromptChain::from_blocks(blocks);
+            d.prompt_tokens += generated;
+            d.output_tokens -= generated;
+        }
+        let router = &mut self.routers[usize::from(f.router)];
+        router.reservations.release(f.reservation, now / US_PER_MS);
+        let waiting = Waiting {
+            lane: u32::from(d.model),
+            arrived_ms: f.arrival / US_PER_MS,
+            work_ms: f.work_ms,
+            priority: d.priority,
+        };
+        let q = Queued {
+            demand: d,
+            arrival: f.arrival,
+            resumed,
+        };
+        router.queue.push(waiting, q);
     }
 
     /// Queues a prefix-index update for the routers other than `from`.
@@ -955,14 +1206,14 @@ impl<'a> Sim<'a> {
             Routing::Single => 0,
             Routing::PerNode(_) => i,
         };
-        let first = self.scn.queue == Some(Order::Priorities);
+        let first = self.scn.queue.is_some_and(|q| q.priorities());
         let queue = &mut self.routers[r].queue;
         let popped = first
             .then(|| queue.pop_interactive(&lanes))
             .flatten()
             .or_else(|| queue.pop_first(&lanes));
-        if let Some((_, (d, arrival))) = popped {
-            self.route(now, d, arrival, true);
+        if let Some((_, q)) = popped {
+            self.route(now, q, true);
         }
     }
 
@@ -979,8 +1230,8 @@ impl<'a> Sim<'a> {
                 waiting.push(w);
             }
         }
-        for (d, arrival) in waiting {
-            self.route(now, d, arrival, false);
+        for q in waiting {
+            self.route(now, q, false);
         }
     }
 
@@ -1028,7 +1279,8 @@ impl<'a> Sim<'a> {
         let finished_ms = t.finished_us / US_PER_MS;
         let router = &mut self.routers[usize::from(f.router)];
         router.reservations.release(f.reservation, finished_ms);
-        router.scheduler.note_answer(f.answer, t.output_tokens);
+        let answered = f.resumed.generated + t.output_tokens;
+        router.scheduler.note_answer(f.answer, answered);
         // The engine said what it found cached (its usage): the dispatching
         // router corrects its index now, the others when the node reports.
         let node_id = self.plan.nodes[i].id;
@@ -1091,17 +1343,22 @@ impl<'a> Sim<'a> {
             self.turns
                 .ran(session, f.node, f.arrival >= self.scn.warmup);
         }
+        let first_token = f.resumed.first_token.unwrap_or(t.first_token_us + rtt);
         self.record(Record {
             arrival: f.arrival,
             node: Some(f.node),
             source: f.demand.source,
-            ttft: t.first_token_us - f.arrival + rtt,
+            ttft: first_token - f.arrival,
             e2e: t.finished_us - f.arrival + rtt,
             // At the cluster (late binding) and in the engine's queue.
             queue: t.started_us - f.arrival.min(t.submitted_us),
-            output_tokens: t.output_tokens,
+            output_tokens: answered,
             cold: t.cold,
-            prompt_tokens: f.demand.prompt_tokens,
+            prompt_tokens: if f.resumed.cuts == 0 {
+                f.demand.prompt_tokens
+            } else {
+                f.resumed.prompt_tokens
+            },
             cached_tokens: t.cached_tokens,
             // A prefix prefilled while the job queued can beat what any
             // node held at dispatch; the oracle is never below the real.
@@ -1317,6 +1574,7 @@ impl<'a> Sim<'a> {
             ttft_sorted,
             events: self.events,
             in_flight_at_end: self.live + self.inflight.iter().filter(|f| f.is_some()).count(),
+            cuts: self.cuts,
         }
     }
 }
@@ -1599,6 +1857,50 @@ mod tests {
         }
     }
 
+    /// Chat users beside a batch farm on serial engines: with preemption a
+    /// chat cuts a farm job instead of waiting for it, and every cut job
+    /// still ends, with its whole answer.
+    #[test]
+    fn interactive_work_cuts_batch_work_which_still_ends_whole() {
+        let mut scn =
+            Scenario::parse(include_str!("../../../scenarios/chat-beside-farm.toml")).unwrap();
+        scn.duration = 300 * 1_000_000;
+        let with = |queue: &str| {
+            let mut scn = scn.clone();
+            scn.queue = crate::scenario::parse_queue(queue).unwrap();
+            let plan = Cluster::build(&scn).unwrap();
+            let mut sim = Sim::new(&scn, &plan, Policy::PredictedLatency);
+            sim.run();
+            let farm: Vec<(u32, Micros)> = sim
+                .records
+                .iter()
+                .filter(|r| r.source == 1)
+                .map(|r| (r.output_tokens, r.arrival))
+                .collect();
+            (sim.finish(Policy::PredictedLatency), farm)
+        };
+        let (priorities, farm_waits) = with("priorities");
+        let (preempt, farm_cut) = with("preempt");
+        assert_eq!(priorities.cuts, 0);
+        assert!(preempt.cuts > 20, "{} cuts", preempt.cuts);
+        for out in [&priorities, &preempt] {
+            assert_eq!(out.in_flight_at_end, 0);
+            assert_eq!(out.summary.generated, out.summary.completed);
+        }
+        // The same farm jobs, each answered once and whole.
+        let mut a = farm_waits;
+        let mut b = farm_cut;
+        a.sort_unstable_by_key(|&(_, arrival)| arrival);
+        b.sort_unstable_by_key(|&(_, arrival)| arrival);
+        assert_eq!(a, b);
+        let p95 = |out: &RunOutput, s: usize| out.summary.sources[s].ttft.p95_ms;
+        assert!(p95(&preempt, 0) < p95(&priorities, 0));
+        assert!(
+            p95(&preempt, 1) < p95(&priorities, 1),
+            "the farm keeps all slots"
+        );
+    }
+
     #[test]
     fn heterogeneous_cluster_predicted_latency_avoids_the_laptop() {
         // The hint, as a check that the plumbing (profiles, reports,
@@ -1662,12 +1964,18 @@ mod tests {
             two_models in any::<bool>(),
             policy in 0usize..5,
             per_node in any::<bool>(),
+            queue in prop::sample::select(vec!["off", "fifo", "sjf", "priorities", "preempt"]),
+            batch in any::<bool>(),
         ) {
             let profiles = ["rtx4090", "rtx3060", "laptop", "m3-max", "cpu"];
             let nodes: Vec<&str> = kinds.iter().map(|&k| profiles[k]).collect();
             let mut scn = scenario(seed, &nodes, users, rate, fan_out, turns, two_models);
             if per_node {
                 scn.routing = Routing::PerNode(Entry::Spread);
+            }
+            scn.queue = crate::scenario::parse_queue(queue).unwrap();
+            if batch {
+                scn.sources[1].priority = Priority::Batch;
             }
             let out = run(&scn, Policy::ALL[policy]);
             let s = &out.summary;
