@@ -1,7 +1,9 @@
 //! Late binding on real nodes (`--queue`): on a serial engine (one slot),
 //! requests wait at the cluster while the slot is taken and go in the
 //! cluster queue's order when it frees; past their bound they get a 503
-//! in the client's shape, with `Retry-After`.
+//! in the client's shape, with `Retry-After`. With preemption, an
+//! interactive request cuts a streaming batch answer for its slot, and the
+//! batch answer goes on afterwards as one unbroken stream.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pair_core::{JobStatus, WaitReason};
 use pair_scheduler::Order;
-use pair_testkit::cluster::{LocalCluster, cluster, http};
+use pair_testkit::cluster::{LocalCluster, cluster, http, job_of, record};
 use serde_json::{Value, json};
 
 async fn serial_node(queue: Option<Order>) -> LocalCluster {
@@ -214,4 +216,113 @@ async fn an_alias_marks_its_requests_as_batch_work() {
         "batch by header"
     );
     c.stop().await;
+}
+
+/// A batch request for a streamed Ollama chat of `tokens` at node 0; the
+/// answer's head.
+async fn batch_chat(c: &LocalCluster, tokens: u32) -> reqwest::Response {
+    http()
+        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
+        .header("x-pair-priority", "batch")
+        .json(&json!({"model": "llama3.2:3b", "stream": true,
+                      "messages": [{"role": "user", "content": "tell me about rivers"}],
+                      "options": {"temperature": 0, "num_predict": tokens}}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A one-slot node warmed by batch work only (so a batch request takes
+/// a free slot at once: no interactive work was seen), that learned how
+/// long its batch answers are: `tokens`.
+async fn serial_batch_node(preempt: bool, tokens: u32) -> LocalCluster {
+    let c = cluster(1, |s| {
+        s.time_scale = 0.25;
+        s.nodes[0].slots = Some(1);
+        s.queue = Some(Order::Priorities);
+        s.preempt = preempt;
+        // The same weights in every run: a greedy answer is the same.
+        s.engine_seed = Some(7);
+    })
+    .await
+    .unwrap();
+    let warm = batch_chat(&c, tokens).await;
+    assert_eq!(warm.status(), 200);
+    warm.text().await.unwrap();
+    c
+}
+
+/// A batch answer of `tokens` streamed as an Ollama chat takes the one
+/// slot; an interactive question arrives once it streams. Returns the
+/// order the two ended in, the batch answer's text and final event, and
+/// its job.
+async fn cut_race(c: &LocalCluster, tokens: u32) -> (Vec<&'static str>, String, Value, String) {
+    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let resp = batch_chat(c, tokens).await;
+    assert_eq!(resp.status(), 200);
+    let job = job_of(&resp);
+    let batch = tokio::spawn({
+        let ended = std::sync::Arc::clone(&ended);
+        async move {
+            let text = resp.text().await.unwrap();
+            ended.lock().unwrap().push("batch");
+            text
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = generate(&url(c), "a quick question", 4).await;
+    assert_eq!(status, 200);
+    ended.lock().unwrap().push("chat");
+    let text = batch.await.unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        events.iter().all(|e| e.get("error").is_none()),
+        "no error in the stream: {text}"
+    );
+    let answer: String = events
+        .iter()
+        .filter_map(|e| e["message"]["content"].as_str())
+        .collect();
+    let last = events.last().cloned().unwrap_or_default();
+    let order = ended.lock().unwrap().clone();
+    (order, answer, last, job)
+}
+
+/// With priorities alone, an interactive question waits for the batch
+/// answer holding the one slot; with preemption it cuts it, and ends
+/// first. The batch client's stream is the unbroken one all the same:
+/// every token, its count, its end, and the move in its receipt and
+/// record (back onto the same node: it was cut, not failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_work_cuts_a_streaming_batch_answer_with_preempt() {
+    const TOKENS: u32 = 2_000;
+    let waits = serial_batch_node(false, TOKENS).await;
+    let (order, unbroken, last, job) = cut_race(&waits, TOKENS).await;
+    assert_eq!(order, ["batch", "chat"], "priorities: the question waits");
+    assert_eq!(unbroken.split_whitespace().count(), TOKENS as usize);
+    assert_eq!(last["done"], true, "{last}");
+    assert_eq!(last["eval_count"], TOKENS, "{last}");
+    assert!(record(&waits, 0, &job).await.resumed.is_empty());
+    waits.stop().await;
+
+    let cuts = serial_batch_node(true, TOKENS).await;
+    let (order, answer, last, job) = cut_race(&cuts, TOKENS).await;
+    assert_eq!(order, ["chat", "batch"], "preempt: the question cuts");
+    assert_eq!(answer, unbroken, "token for token");
+    assert_eq!(last["done"], true, "{last}");
+    assert_eq!(last["eval_count"], TOKENS, "counts summed: {last}");
+    let moved = &last["x_pair"]["resumed"][0];
+    assert!(moved["at_token"].as_u64().unwrap() > 0, "{last}");
+    let rec = record(&cuts, 0, &job).await;
+    assert_eq!(rec.status, JobStatus::Completed, "{rec:?}");
+    assert!(!rec.resumed.is_empty(), "{rec:?}");
+    assert!(
+        rec.resumed.iter().all(|m| m.node == cuts.nodes[0].id),
+        "back on the node it was cut on: {rec:?}"
+    );
+    cuts.stop().await;
 }

@@ -168,8 +168,7 @@ struct LiveArgs {
     #[arg(long)]
     session_header: bool,
     /// Late binding on the live nodes and in the simulator: `off`, `fifo`,
-    /// `sjf` or `priorities` (default: the scenario's; `preempt` is the
-    /// simulator's only: live nodes do not cut running work).
+    /// `sjf`, `priorities` or `preempt` (default: the scenario's).
     #[arg(long)]
     queue: Option<String>,
     /// Live runs of each scenario (a fresh cluster each): with more than

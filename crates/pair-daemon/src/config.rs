@@ -189,16 +189,21 @@ pub enum QueueSetting {
     Sjf,
     /// Shortest first, `x-pair-priority: batch` after interactive work.
     Priorities,
+    /// Priorities, and interactive work that would wait for a slot cuts a
+    /// running batch answer, which continues later from its text so far.
+    Preempt,
 }
 
 impl QueueSetting {
-    pub fn order(self) -> Option<pair_scheduler::Order> {
+    pub fn queue(self) -> Option<pair_proxy::waiting::Queue> {
+        use pair_proxy::waiting::Queue;
         use pair_scheduler::Order;
         match self {
             Self::Off => None,
-            Self::Fifo => Some(Order::Fifo),
-            Self::Sjf => Some(Order::ShortestFirst),
-            Self::Priorities => Some(Order::Priorities),
+            Self::Fifo => Some(Order::Fifo.into()),
+            Self::Sjf => Some(Order::ShortestFirst.into()),
+            Self::Priorities => Some(Order::Priorities.into()),
+            Self::Preempt => Some(Queue::PREEMPT),
         }
     }
 }
@@ -364,8 +369,10 @@ pub struct RunArgs {
     /// Late binding: while every node that could take a request has its
     /// slots full, it waits at the cluster (until `x-pair-deadline`, or 120
     /// s, then 503) and goes to the first node with room: `fifo`, `sjf`
-    /// (shortest predicted job first, with aging) or `priorities` (sjf,
-    /// and `x-pair-priority: batch` after interactive work). Default off.
+    /// (shortest predicted job first, with aging), `priorities` (sjf, and
+    /// `x-pair-priority: batch` after interactive work) or `preempt`
+    /// (priorities, and interactive work cuts a running batch answer,
+    /// which continues later). Default off.
     #[arg(long, value_enum, env = "PAIR_QUEUE")]
     pub queue: Option<QueueSetting>,
     /// Request body bytes the node holds while they arrive, over every
@@ -440,7 +447,7 @@ pub struct NodeConfig {
     /// How a stream cut after its first byte is continued elsewhere.
     pub resume: pair_proxy::resume::ResumePolicy,
     /// Late binding (`--queue`); `None`: off.
-    pub queue: Option<pair_scheduler::Order>,
+    pub queue: Option<pair_proxy::waiting::Queue>,
     /// No `--engine` given: engines are detected on loopback, or with
     /// `--engine-cmd` the default Ollama is found or launched by port
     /// inversion.
@@ -613,7 +620,7 @@ impl NodeConfig {
                         .unwrap_or(pair_proxy::resume::ResumePolicy::default().limit),
                 },
             },
-            queue: args.queue.or(file.queue).and_then(QueueSetting::order),
+            queue: args.queue.or(file.queue).and_then(QueueSetting::queue),
             default_engine,
             engine_cmd: match args.engine_cmd.or(file.engine_cmd) {
                 Some(c) => Some(

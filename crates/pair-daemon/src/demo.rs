@@ -75,6 +75,9 @@ pub struct ClusterSpec {
     pub resume: pair_proxy::resume::ResumePolicy,
     /// Late binding (`--queue`); `None`: off.
     pub queue: Option<pair_scheduler::Order>,
+    /// With `queue`: interactive work cuts batch work for its slot
+    /// (`--queue preempt`).
+    pub preempt: bool,
     /// How long emulated answers run: to the request's limit (tests that
     /// count tokens), or to a natural length as a real model's do (the
     /// demo: an agent's greeting ends in seconds, not at its 32k limit).
@@ -144,6 +147,7 @@ impl ClusterSpec {
             engine_seed: None,
             resume: pair_proxy::resume::ResumePolicy::default(),
             queue: None,
+            preempt: false,
             answer_length: pair_emulator::AnswerLength::Limit,
             cache: None,
         }
@@ -230,7 +234,10 @@ impl LocalCluster {
                 mdns_port: spec.mdns_port,
                 first_byte_timeout: spec.first_byte_timeout,
                 resume: spec.resume,
-                queue: spec.queue,
+                queue: spec.queue.map(|order| pair_proxy::waiting::Queue {
+                    order,
+                    preempt: spec.preempt,
+                }),
                 default_engine: false,
                 engine_cmd: None,
                 detect_ports: Vec::new(),

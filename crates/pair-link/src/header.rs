@@ -89,7 +89,8 @@ pub const MADE_HEADER: HeaderName = HeaderName::from_static("x-pair-made");
 
 /// The answer headers a browser page of an allowed origin may read
 /// (`Access-Control-Expose-Headers`).
-pub const EXPOSED: &str = "x-pair-node, x-pair-attempts, x-pair-job, x-pair-model, x-pair-dropped, retry-after";
+pub const EXPOSED: &str =
+    "x-pair-node, x-pair-attempts, x-pair-job, x-pair-model, x-pair-dropped, retry-after";
 
 #[cfg(test)]
 mod tests {

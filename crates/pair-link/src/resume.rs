@@ -45,6 +45,14 @@ pub trait Mover: Send + Sync + 'static {
     /// records.
     fn moved(&self, node: NodeId, at_token: u32) -> Value;
 
+    /// Whether `cut` was the shell's own, to give the node's slot to other
+    /// work: the node it was cut on is healthy and stays a candidate for
+    /// the continuation.
+    fn yielded(&self, cut: &<Self::Body as Body>::Error) -> bool {
+        let _ = cut;
+        false
+    }
+
     /// The stream was cut and cannot go on, for this reason (for the log).
     fn stopped(&self, why: &'static str) {
         let _ = why;
@@ -135,6 +143,10 @@ impl<M: Mover> Resuming<M> {
                 api,
                 before,
             } => {
+                // The node it runs on is the last of `dead`.
+                if self.mover.yielded(&e) {
+                    self.dead.pop();
+                }
                 let mover = Arc::clone(&self.mover);
                 let dead = self.dead.clone();
                 self.moving = Some(Box::pin(async move {

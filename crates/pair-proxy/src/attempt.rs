@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use pair_cluster::Engaged;
-use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, RequestProfile};
+use pair_core::{ApiFlavor, ClusterSnapshot, JobId, NodeId, Priority, RequestProfile};
 use pair_http::RequestHead;
 use pair_http::h1::Headers;
 use pair_identity::keys::KeyRecord;
@@ -29,9 +29,10 @@ use tokio::time::Instant;
 use crate::dispatch::{self, DispatchError, Hop, LocalEngine, first_data, refresh_inventory};
 use crate::resume;
 use crate::route::{InferenceRoute, Work};
-use crate::state::{MAX_ATTEMPTS, ProxyState, now_ms};
+use crate::state::{MAX_ATTEMPTS, ProxyState, now_ms, unix_ms_at};
 use crate::stream::Framing;
 use crate::translate;
+use crate::waiting;
 
 /// How often a request that came in while the node was starting looks
 /// again for a node that serves its model.
@@ -45,7 +46,6 @@ const WHOLE_CAP: usize = 8 * 1024 * 1024;
 const HELD_CAP: usize = 64 * 1024;
 /// And it is read for at most this long.
 const HELD_READ: Duration = Duration::from_secs(2);
-
 
 /// An inference request, as the executor needs it.
 #[derive(Debug)]
@@ -84,6 +84,8 @@ pub(crate) enum Reach<'a> {
     Continuation {
         dead: &'a [NodeId],
         api: resume::Api,
+        /// The answer as batch work that may be cut again.
+        preempt: Option<&'a Arc<crate::preempt::Job>>,
     },
 }
 
@@ -135,6 +137,8 @@ pub(crate) struct Head<'a> {
     ticket: Ticket<'a>,
     watch: Watch,
     resumed: Option<Arc<resume::ResumeLog>>,
+    /// Its leg, for a batch answer that may be cut for interactive work.
+    leg: Option<Arc<crate::preempt::Leg>>,
 }
 
 /// The answer the driver committed to.
@@ -154,6 +158,9 @@ pub(crate) struct Committed {
     pub chosen: Option<Candidate>,
     /// Prompt tokens the ranking priced as cached on the node.
     pub cached: u32,
+    /// Its leg, for a batch answer that may be cut for interactive work:
+    /// it takes `guard`, `reservation` and `engine` once committed.
+    pub leg: Option<Arc<crate::preempt::Leg>>,
 }
 
 /// An answer that was not committed, kept in case it is the last.
@@ -227,7 +234,7 @@ impl<'a> Attempts<'a> {
                     .collect(),
                 SmallVec::new(),
             ),
-            Reach::Continuation { dead, api } => (
+            Reach::Continuation { dead, api, .. } => (
                 st.rank(cluster, self.profile, now_ms())
                     .iter()
                     .filter(|c| !dead.contains(&c.node))
@@ -322,6 +329,7 @@ impl<'a> Attempts<'a> {
                         ticket,
                         watch,
                         resumed: None,
+                        leg: None,
                     });
                 }
             },
@@ -372,11 +380,21 @@ impl<'a> Attempts<'a> {
         // A stream from a node this one routed to may move on a cut: below
         // translation, in the engine's own events.
         let mut resumed = None;
+        let mut leg = None;
         if matches!(self.reach, Reach::Plan(Plan::Cluster))
             && st.resume.on()
             && streamed
             && let Some(api) = out_route.and_then(InferenceRoute::continues)
         {
+            // Batch work that interactive work may cut for its slot.
+            let preempt = (st.waitroom.preempts() && profile.priority == Priority::Batch)
+                .then(|| Arc::new(crate::preempt::Job::new(st.resume.limit, req.received)));
+            if let Some(job) = &preempt {
+                let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
+                let (l, body) = leg_of(st, node, price, job, up.body);
+                up.body = body;
+                leg = Some(l);
+            }
             let cont = resume::Continuation {
                 st: Arc::clone(st),
                 head: out_head.clone(),
@@ -386,10 +404,22 @@ impl<'a> Attempts<'a> {
                 profile: profile.clone(),
                 job: self.job,
                 log: Arc::default(),
+                preempt,
                 send: send_continuation,
             };
             resumed = Some(Arc::clone(&cont.log));
             up.body = resume::resuming(up.body, cont, out_body.clone(), node);
+        }
+        // A continuation of batch work may be cut again.
+        if let Reach::Continuation {
+            preempt: Some(job), ..
+        } = self.reach
+            && streamed
+        {
+            let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
+            let (l, body) = leg_of(st, node, price, job, up.body);
+            up.body = body;
+            leg = Some(l);
         }
         let up = match translation {
             Some((route, t)) => translate::answer(up, t.answer, route, &t.dropped, req.received),
@@ -405,6 +435,7 @@ impl<'a> Attempts<'a> {
             ticket,
             watch,
             resumed,
+            leg,
         })
     }
 }
@@ -521,6 +552,7 @@ impl<'a> Exchange for Attempts<'a> {
             cluster,
             chosen,
             cached,
+            leg: head.leg,
         }
     }
 
@@ -754,6 +786,80 @@ async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
     }
 }
 
+/// Waits at the cluster for a slot among the candidates `keep` keeps, for
+/// a request of `profile` that arrived at `arrived` (its place), until
+/// `bound`: how long it waited, if it did. `yielded`: an answer just cut
+/// for interactive work, which waits to be woken before it looks. An
+/// interactive request that finds every slot full may cut batch work for
+/// one instead ([`crate::preempt`]).
+pub(crate) async fn wait_at_cluster(
+    st: &Arc<ProxyState>,
+    profile: &RequestProfile,
+    arrived: Instant,
+    bound: Instant,
+    keep: impl Fn(&ClusterSnapshot, &pair_scheduler::Candidate) -> bool,
+    yielded: bool,
+) -> Result<Option<pair_core::JobWait>, SlotsFull> {
+    let mut waited = false;
+    let mut yielded = yielded;
+    loop {
+        let cluster = st.cluster();
+        let mut top = st.rank(&cluster, profile, unix_ms_at(tokio::time::Instant::now()));
+        top.retain(|c| keep(&cluster, &*c));
+        let admitted = if std::mem::take(&mut yielded) {
+            st.waitroom
+                .requeue(&profile.model, profile.priority, arrived, &top)
+        } else {
+            st.waitroom
+                .admit(&profile.model, profile.priority, arrived, &top)
+        };
+        let went = Ok(Some(pair_core::JobWait {
+            ms: crate::job::millis(arrived.elapsed()),
+            why: pair_core::WaitReason::ClusterQueue,
+        }));
+        let (woken, place) = match admitted {
+            waiting::Admit::Go if waited => {
+                // More slots may be free: the next in line looks too.
+                st.waitroom.wake();
+                return went;
+            }
+            waiting::Admit::Go => return Ok(None),
+            waiting::Admit::Wait { place, full, .. }
+                if full
+                    && profile.priority == pair_core::Priority::Interactive
+                    && st.waitroom.preempts()
+                    && st.waitroom.legs.cut_for(&top) =>
+            {
+                // The slot it cut free is this request's: no one else is
+                // woken for it.
+                drop(place);
+                return went;
+            }
+            waiting::Admit::Wait { woken, place, .. } => (woken, place),
+        };
+        waited = true;
+        let recheck = tokio::time::sleep(waiting::RECHECK);
+        tokio::select! {
+            _ = woken => {}
+            () = recheck => {}
+            () = tokio::time::sleep_until(bound) => {
+                drop(place);
+                let retry_s = top
+                    .first()
+                    .and_then(|c| c.score.prediction())
+                    .map_or(1, |p| u64::from(p.queue_ms).div_ceil(1000).max(1));
+                return Err(SlotsFull { retry_s });
+            }
+        }
+    }
+}
+
+/// A request waited for a slot past its bound.
+pub(crate) struct SlotsFull {
+    /// When a slot is predicted to free, in whole seconds.
+    pub retry_s: u64,
+}
+
 /// [`continue_on`] as [`resume::Continuation::send`].
 fn send_continuation(
     cont: Arc<resume::Continuation>,
@@ -781,6 +887,23 @@ pub(crate) async fn continue_on(
     // A continuation may be sent in another API than the stream's (a
     // templated generate goes on as a chat).
     let api = route.continues().unwrap_or(cont.api);
+    // Cut for interactive work, it waits at the cluster again as batch
+    // work, in its old place, before it goes.
+    if let Some(job) = &cont.preempt
+        && job.take_yielded()
+    {
+        let keep = |cluster: &ClusterSnapshot, c: &Candidate| {
+            !dead.contains(&c.node) && resume::continues(cluster, c.node, &cont.profile.model, api)
+        };
+        let bound = Instant::now() + waiting::DEFAULT_WAIT;
+        if wait_at_cluster(st, &cont.profile, job.arrived, bound, keep, true)
+            .await
+            .is_err()
+        {
+            tracing::info!(job = %cont.job, "a cut batch answer found no slot in time");
+            return None;
+        }
+    }
     let req = Inference {
         head,
         body,
@@ -795,7 +918,11 @@ pub(crate) async fn continue_on(
         req: &req,
         profile: &cont.profile,
         job: cont.job,
-        reach: Reach::Continuation { dead, api },
+        reach: Reach::Continuation {
+            dead,
+            api,
+            preempt: cont.preempt.as_ref(),
+        },
         explain: false,
         alone_since: Default::default(),
         queued: None,
@@ -808,15 +935,32 @@ pub(crate) async fn continue_on(
     let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
     match attempts.run(&mut failover, timer).await {
         Driven::Committed { node, answer } if answer.up.status.is_success() => {
+            let Committed {
+                up,
+                first,
+                mut guard,
+                mut reservation,
+                mut engine,
+                leg,
+                ..
+            } = answer;
+            // A leg that may be cut holds its load itself.
+            if let Some(leg) = &leg {
+                leg.commit(crate::preempt::Held {
+                    guard: guard.take(),
+                    reservation: reservation.take(),
+                    engine: engine.take(),
+                });
+            }
             Some(resume::Moved {
                 node,
-                first: answer.first,
-                body: answer.up.body,
+                first,
+                body: up.body,
                 holding: Box::new(Holding {
                     st: Arc::clone(st),
-                    guard: answer.guard,
-                    reservation: answer.reservation,
-                    _engine: answer.engine,
+                    guard,
+                    reservation,
+                    _engine: engine,
                 }),
             })
         }
@@ -826,6 +970,19 @@ pub(crate) async fn continue_on(
         }
         Driven::GaveUp { .. } => None,
     }
+}
+
+/// A leg of batch answer `job` on `node`, and its body, which a cut for
+/// interactive work drops ([`crate::preempt::Leg`]).
+fn leg_of(
+    st: &Arc<ProxyState>,
+    node: NodeId,
+    price: crate::preempt::Price,
+    job: &Arc<crate::preempt::Job>,
+    body: dispatch::UpBody,
+) -> (Arc<crate::preempt::Leg>, dispatch::UpBody) {
+    let owner: Arc<dyn crate::preempt::Release> = st.clone();
+    crate::preempt::Leg::start(owner, &st.waitroom.legs, node, price, job, body)
 }
 
 /// What a continuation's attempt holds until the answer ends: its load on

@@ -24,12 +24,11 @@ use http::{Response, StatusCode, header};
 use pair_core::{ApiFlavor, ChainBuilder, PromptChain, RequestProfile};
 use pair_http::conns::{BodyBudget, ClientDeadlines};
 
-pub use pair_translate::json::{JsonError, MAX_DEPTH};
 use pair_translate::json::{Cursor, Step};
+pub use pair_translate::json::{JsonError, MAX_DEPTH};
 
 use crate::error::json_error;
 use crate::route::Work;
-
 
 /// Why a body could not be routed; each is the client's fault (400).
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +44,6 @@ pub enum BodyError {
     #[error("invalid \"model\": {0}")]
     BadModel(#[source] pair_core::CoreError),
 }
-
 
 /// The fields read, as they came (`None`: absent or `null`).
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -297,6 +297,9 @@ pub enum UpBodyError {
     /// Nothing came for the stream's no-progress bound after its start.
     #[error("no progress for {0:?} mid-answer")]
     Stalled(std::time::Duration),
+    /// Cut to give its slot to interactive work (`--queue preempt`).
+    #[error("cut for interactive work")]
+    Preempted,
 }
 
 impl UpBodyError {
@@ -308,6 +311,7 @@ impl UpBodyError {
             UpBodyError::Peer(e) if e.is_timeout() => "upstream-timeout",
             UpBodyError::Peer(_) => "upstream-error",
             UpBodyError::Stalled(_) => "stalled",
+            UpBodyError::Preempted => "preempted",
         }
     }
 }

@@ -118,6 +118,10 @@ pub(crate) struct JobWatcher {
     pub(crate) engine: Option<Engaged>,
     /// Where the answer moved after a cut, when it may move.
     pub(crate) resumed: Option<Arc<crate::resume::ResumeLog>>,
+    /// Its first leg, for a batch answer that may be cut for interactive
+    /// work: it holds the answer's load instead of `guard`,
+    /// `reservation` and `engine`.
+    pub(crate) leg: Option<Arc<crate::preempt::Leg>>,
     /// The model and client shape whose answer lengths this answer
     /// teaches, for a request this node routed.
     pub(crate) answer: Option<AnswerKey>,
@@ -176,6 +180,9 @@ impl JobWatcher {
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
         }
+        if let Some(leg) = &self.leg {
+            leg.end();
+        }
         // A slot freed: a request waiting for one may go.
         self.st.waitroom.wake();
     }
@@ -191,6 +198,9 @@ impl Watcher for JobWatcher {
     fn progress(&mut self, events: u32) {
         if let Some(g) = self.guard.as_mut() {
             g.progress(events);
+        }
+        if let Some(leg) = &self.leg {
+            leg.progress(events);
         }
         if self.resumed.as_ref().is_some_and(|r| r.moved()) {
             self.engine = None;

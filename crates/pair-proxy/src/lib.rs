@@ -33,6 +33,7 @@ pub mod metrics;
 pub(crate) mod outcome;
 pub mod passthrough;
 pub mod pipeline;
+pub(crate) mod preempt;
 pub mod probe;
 pub mod receipt;
 pub mod relay;

@@ -193,8 +193,10 @@ impl Attempts<'_> {
                     ),
                     Some(json!({ "attempts": attempts, "job": job })),
                 );
-                resp.headers_mut()
-                    .insert(pair_link::header::ATTEMPTS_HEADER, receipt::attempts_value(attempts.len()));
+                resp.headers_mut().insert(
+                    pair_link::header::ATTEMPTS_HEADER,
+                    receipt::attempts_value(attempts.len()),
+                );
                 (resp.into(), "all attempts failed")
             }
         };

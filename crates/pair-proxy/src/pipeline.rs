@@ -36,7 +36,7 @@ use pair_scheduler::drive::Driven;
 use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
-use crate::attempt::{Attempts, Committed, Reach, holds};
+use crate::attempt::{Attempts, Committed, Reach, SlotsFull, holds};
 pub use crate::attempt::{Inference, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
@@ -325,47 +325,7 @@ async fn wait_for_slot(
         return Ok(None);
     }
     let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
-    let mut waited = false;
-    loop {
-        let cluster = st.cluster();
-        let top = st.rank(&cluster, profile, unix_ms_at(tokio::time::Instant::now()));
-        let (woken, place) =
-            match st
-                .waitroom
-                .admit(&profile.model, profile.priority, req.received, &top)
-            {
-                waiting::Admit::Go if waited => {
-                    // More slots may be free: the next in line looks too.
-                    st.waitroom.wake();
-                    return Ok(Some(pair_core::JobWait {
-                        ms: millis(req.received.elapsed()),
-                        why: pair_core::WaitReason::ClusterQueue,
-                    }));
-                }
-                waiting::Admit::Go => return Ok(None),
-                waiting::Admit::Wait { woken, place } => (woken, place),
-            };
-        waited = true;
-        let recheck = tokio::time::sleep(waiting::RECHECK);
-        tokio::select! {
-            _ = woken => {}
-            () = recheck => {}
-            () = tokio::time::sleep_until(bound) => {
-                drop(place);
-                let retry_s = top
-                    .first()
-                    .and_then(|c| c.score.prediction())
-                    .map_or(1, |p| u64::from(p.queue_ms).div_ceil(1000).max(1));
-                return Err(SlotsFull { retry_s });
-            }
-        }
-    }
-}
-
-/// A request waited for a slot past its bound.
-struct SlotsFull {
-    /// When a slot is predicted to free, in whole seconds.
-    retry_s: u64,
+    crate::attempt::wait_at_cluster(st, profile, req.received, bound, |_, _| true, false).await
 }
 
 impl SlotsFull {
@@ -571,7 +531,21 @@ fn answer(
         cluster,
         chosen,
         cached,
+        leg,
     } = committed;
+    // A batch answer that may be cut holds its load in its leg, which a
+    // cut releases at once.
+    let (guard, reservation, engine) = match &leg {
+        Some(leg) => {
+            leg.commit(crate::preempt::Held {
+                guard,
+                reservation,
+                engine,
+            });
+            (None, None, None)
+        }
+        None => (guard, reservation, engine),
+    };
     let status = up.status;
     let framing = Framing::from_content_type(up.headers.get(&http::header::CONTENT_TYPE));
     // A translated answer carries durations pair made, not the engine's.
@@ -609,6 +583,7 @@ fn answer(
         reservation,
         engine,
         resumed: if relayed { None } else { resumed },
+        leg,
         answer: (!relayed).then(|| AnswerKey::of(profile)),
         cache: (!relayed && !profile.prefix.is_empty()).then(|| CacheNote {
             node,

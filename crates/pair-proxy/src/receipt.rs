@@ -25,7 +25,6 @@ pub struct Receipt {
     pub model: Option<HeaderValue>,
 }
 
-
 impl Receipt {
     /// The receipt as the fields an answer carries (in place of any of the
     /// answer's own of these names).

@@ -27,7 +27,7 @@ pub(crate) use pair_translate::resume::Api;
 use pair_translate::resume::Stitcher;
 use serde_json::{Value, json};
 
-use crate::dispatch::{BoxedBody, UpBody};
+use crate::dispatch::{BoxedBody, UpBody, UpBodyError};
 use crate::route::{InferenceRoute, Work};
 use crate::state::ProxyState;
 
@@ -80,6 +80,9 @@ pub(crate) struct Continuation {
     pub profile: RequestProfile,
     pub job: JobId,
     pub log: Arc<ResumeLog>,
+    /// The answer as batch work that may be cut for interactive work
+    /// (`--queue preempt`).
+    pub preempt: Option<Arc<crate::preempt::Job>>,
     /// Sends a continuation, on its route, to the best owner of the model
     /// not cut on, answering with its stream once committed (the
     /// attempts' `continue_on`).
@@ -128,6 +131,9 @@ impl Mover for Continuation {
 
     fn moved(&self, node: NodeId, at_token: u32) -> Value {
         self.log.push(Resumption { node, at_token });
+        if let Some(job) = &self.preempt {
+            job.moved();
+        }
         let name = self
             .st
             .cluster()
@@ -135,6 +141,12 @@ impl Mover for Continuation {
             .map_or_else(|| node.short(), |n| n.name.clone());
         tracing::info!(job = %self.job, node = %name, at_token, "a cut stream moved");
         json!({ "node": name, "node_id": node, "at_token": at_token })
+    }
+
+    /// A cut to give the node's slot to interactive work: the node is
+    /// healthy, and the continuation may go back to it.
+    fn yielded(&self, cut: &UpBodyError) -> bool {
+        matches!(cut, UpBodyError::Preempted)
     }
 
     fn stopped(&self, why: &'static str) {

@@ -199,8 +199,15 @@ pub struct ProxyConfig {
     /// carry.
     pub bindings: Arc<Bindings>,
     /// Late binding: requests wait at this node, in this order, while every
-    /// node that could take them is full (`None`: committed at once).
-    pub queue: Option<pair_scheduler::Order>,
+    /// node that could take them is full, and whether interactive work
+    /// cuts batch work (`None`: committed at once).
+    pub queue: Option<crate::waiting::Queue>,
+}
+
+impl crate::preempt::Release for ProxyState {
+    fn release(&self, id: ReservationId) {
+        ProxyState::release(self, id);
+    }
 }
 
 impl ProxyState {

@@ -26,7 +26,6 @@ use tokio::time::Instant;
 
 use crate::dispatch::{BoxedBody, Hop, UpBody, UpBodyError, Upstream};
 
-
 /// The translation `hop` needs for a request of `flavor` on `route`, and
 /// for which kind of engine: a local engine that does not speak the
 /// client's API, on a route that translates; and an Anthropic or

@@ -10,6 +10,10 @@
 //! drained, a fresh cluster view published), and looks again every
 //! [`RECHECK`] in any case; it waits until its `x-pair-deadline`, or
 //! [`DEFAULT_WAIT`], and then gets a 503 with `Retry-After`.
+//!
+//! With preemption ([`Queue::preempt`]), interactive work that would wait
+//! cuts a running batch answer instead (`crate::preempt`), and batch
+//! work no longer leaves interactive work the last free slot.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -26,11 +30,43 @@ pub const RECHECK: Duration = Duration::from_millis(250);
 /// How long a request waits for a slot without `x-pair-deadline`.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
+/// Late binding's setting (`--queue`): the order requests wait in, and
+/// whether interactive work cuts batch work for its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queue {
+    pub order: Order,
+    /// Interactive work predicted to wait for a slot cuts a running batch
+    /// answer that can move ([`pair_scheduler::preempt`]).
+    pub preempt: bool,
+}
+
+impl Queue {
+    /// Priorities, and interactive work cuts batch work (`--queue
+    /// preempt`).
+    pub const PREEMPT: Queue = Queue {
+        order: Order::Priorities,
+        preempt: true,
+    };
+}
+
+impl From<Order> for Queue {
+    fn from(order: Order) -> Self {
+        Self {
+            order,
+            preempt: false,
+        }
+    }
+}
+
 /// The node's waiting requests.
 #[derive(Debug)]
 pub struct WaitRoom {
     order: Option<Order>,
+    preempt: bool,
     inner: Mutex<Inner>,
+    /// The batch answers this node routed that may be cut (with
+    /// preemption only).
+    pub(crate) legs: std::sync::Arc<crate::preempt::Legs>,
 }
 
 #[derive(Debug)]
@@ -51,6 +87,9 @@ pub enum Admit<'a> {
     Wait {
         woken: oneshot::Receiver<()>,
         place: Place<'a>,
+        /// No candidate has a free slot (rather than requests ahead of it
+        /// taking the free ones).
+        full: bool,
     },
 }
 
@@ -74,20 +113,28 @@ impl Drop for Place<'_> {
 impl WaitRoom {
     /// `None`: requests never wait here (each is committed to a node at
     /// once).
-    pub fn new(order: Option<Order>) -> Self {
+    pub fn new(queue: Option<Queue>) -> Self {
+        let order = queue.map(|q| q.order);
         Self {
             order,
+            preempt: queue.is_some_and(|q| q.preempt),
             inner: Mutex::new(Inner {
                 queue: ClusterQueue::new(order.unwrap_or_default()),
                 lanes: Vec::new(),
                 interactive_at: None,
                 t0: Instant::now(),
             }),
+            legs: std::sync::Arc::default(),
         }
     }
 
     pub fn order(&self) -> Option<Order> {
         self.order
+    }
+
+    /// Whether interactive work cuts batch work for its slot.
+    pub fn preempts(&self) -> bool {
+        self.preempt
     }
 
     /// Whether a request for `model` of `priority`, that arrived at
@@ -101,6 +148,30 @@ impl WaitRoom {
         priority: Priority,
         arrived: Instant,
         candidates: &[Candidate],
+    ) -> Admit<'_> {
+        self.admit_as(model, priority, arrived, candidates, false)
+    }
+
+    /// [`WaitRoom::admit`] for a batch answer just cut for interactive
+    /// work: it waits in its old place whatever is free, so the request
+    /// that cut it takes the slot it gave up, and looks again when woken.
+    pub(crate) fn requeue(
+        &self,
+        model: &str,
+        priority: Priority,
+        arrived: Instant,
+        candidates: &[Candidate],
+    ) -> Admit<'_> {
+        self.admit_as(model, priority, arrived, candidates, true)
+    }
+
+    fn admit_as(
+        &self,
+        model: &str,
+        priority: Priority,
+        arrived: Instant,
+        candidates: &[Candidate],
+        yielded: bool,
     ) -> Admit<'_> {
         let Some(order) = self.order else {
             return Admit::Go;
@@ -143,23 +214,27 @@ impl WaitRoom {
             .queue
             .first_due(&[lane], priority)
             .is_some_and(|first| first < due);
+        // With preemption, interactive work cuts batch work instead of
+        // batch work leaving it a slot.
         let may = free > 0
             && (order != Order::Priorities
+                || self.preempt
                 || priority == Priority::Interactive
                 || batch_may_take(free, slots, seen_ago, millis(arrived.elapsed())));
-        if may && !ahead {
+        if may && !ahead && !yielded {
             return Admit::Go;
         }
         let (tx, woken) = oneshot::channel();
         let ticket = inner.queue.push(waiting, tx);
         drop(inner);
-        if may {
+        if may && !yielded {
             // A slot is free for the ones ahead: the first of them takes it.
             self.wake_lane(lane);
         }
         Admit::Wait {
             woken,
             place: Place { room: self, ticket },
+            full: free == 0,
         }
     }
 

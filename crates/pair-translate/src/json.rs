@@ -343,7 +343,16 @@ mod tests {
         let doc = r#" {"a": [1, -2.5e3, "x\"y", true, null, {}], "b": {"c": false}} "#;
         assert_eq!(skips(doc), Ok(doc.len()));
         for bad in [
-            "{", "[1,]", "01", "1.", "\"a", "\"\\x\"", "{\"a\" 1}", "[1 2]", "tru", "\"\u{1}\"",
+            "{",
+            "[1,]",
+            "01",
+            "1.",
+            "\"a",
+            "\"\\x\"",
+            "{\"a\" 1}",
+            "[1 2]",
+            "tru",
+            "\"\u{1}\"",
             "{} x",
         ] {
             assert!(skips(bad).is_err(), "{bad:?}");

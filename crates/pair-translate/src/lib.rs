@@ -14,7 +14,7 @@
 //! [`TranslateError`] naming the field, a 400 for the client), never a
 //! silent drop of something that changes the answer. [`model`] puts
 //! another model's name in a request, for a node and the edge SDK alike,
-//! found by the one JSON syntax cursor ([`json`]) a node's body scan uses.
+//! found by the one JSON syntax cursor ([`json`](mod@json)) a node's body scan uses.
 //! Clocks are arguments: durations and timestamps come from the caller.
 
 pub mod anthropic;

@@ -68,14 +68,6 @@ pub fn compare_live(
             "must be a positive number",
         ));
     }
-    // pair-node queues and continues answers but does not cut one for
-    // another yet.
-    if scn.queue.is_some_and(|q| q.preempt) {
-        return Err(SimError::invalid(
-            "routing.queue",
-            "preempt runs in the simulator only, not in the live twin",
-        ));
-    }
     let scn = as_live(scn);
     let plan = Cluster::build(&scn)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
