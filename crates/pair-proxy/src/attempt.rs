@@ -791,7 +791,7 @@ async fn hold(node: NodeId, mut up: dispatch::Upstream) -> Held {
 /// `bound`: how long it waited, if it did. `yielded`: an answer just cut
 /// for interactive work, which waits to be woken before it looks. An
 /// interactive request that finds every slot full may cut batch work for
-/// one instead ([`crate::preempt`]).
+/// one instead ([`crate::preempt`]): it then goes to the node it freed.
 pub(crate) async fn wait_at_cluster(
     st: &Arc<ProxyState>,
     profile: &RequestProfile,
@@ -799,7 +799,7 @@ pub(crate) async fn wait_at_cluster(
     bound: Instant,
     keep: impl Fn(&ClusterSnapshot, &pair_scheduler::Candidate) -> bool,
     yielded: bool,
-) -> Result<Option<pair_core::JobWait>, SlotsFull> {
+) -> Result<Waited, SlotsFull> {
     let mut waited = false;
     let mut yielded = yielded;
     loop {
@@ -813,29 +813,37 @@ pub(crate) async fn wait_at_cluster(
             st.waitroom
                 .admit(&profile.model, profile.priority, arrived, &top)
         };
-        let went = Ok(Some(pair_core::JobWait {
-            ms: crate::job::millis(arrived.elapsed()),
-            why: pair_core::WaitReason::ClusterQueue,
-        }));
+        let went = |freed| {
+            Ok(Waited {
+                wait: Some(pair_core::JobWait {
+                    ms: crate::job::millis(arrived.elapsed()),
+                    why: pair_core::WaitReason::ClusterQueue,
+                }),
+                freed,
+            })
+        };
         let (woken, place) = match admitted {
             waiting::Admit::Go if waited => {
                 // More slots may be free: the next in line looks too.
                 st.waitroom.wake();
-                return went;
+                return went(None);
             }
-            waiting::Admit::Go => return Ok(None),
-            waiting::Admit::Wait { place, full, .. }
-                if full
+            waiting::Admit::Go => return Ok(Waited::default()),
+            waiting::Admit::Wait { woken, place, full } => {
+                let cut = (full
                     && profile.priority == pair_core::Priority::Interactive
-                    && st.waitroom.preempts()
-                    && st.waitroom.legs.cut_for(&top) =>
-            {
-                // The slot it cut free is this request's: no one else is
-                // woken for it.
-                drop(place);
-                return went;
+                    && st.waitroom.preempts())
+                .then(|| st.waitroom.legs.cut_for(&top))
+                .flatten();
+                if let Some(node) = cut {
+                    // The slot it cut free is this request's: no one else
+                    // is woken for it, and it goes there before any view
+                    // shows the slot free.
+                    drop(place);
+                    return went(Some(node));
+                }
+                (woken, place)
             }
-            waiting::Admit::Wait { woken, place, .. } => (woken, place),
         };
         waited = true;
         let recheck = tokio::time::sleep(waiting::RECHECK);
@@ -852,6 +860,15 @@ pub(crate) async fn wait_at_cluster(
             }
         }
     }
+}
+
+/// How a request left the cluster's wait.
+#[derive(Debug, Default)]
+pub(crate) struct Waited {
+    /// How long it waited, if it did.
+    pub wait: Option<pair_core::JobWait>,
+    /// The node whose batch answer it cut for a slot, if it did.
+    pub freed: Option<NodeId>,
 }
 
 /// A request waited for a slot past its bound.

@@ -271,7 +271,7 @@ pub async fn execute(
 ) -> Reply {
     let Prepared {
         req,
-        profile,
+        mut profile,
         first_turn,
         aliased,
         job,
@@ -282,7 +282,11 @@ pub async fn execute(
         Err(refused) => return refused,
     };
     let queued = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
-        Ok(waited) => waited,
+        Ok(waited) => {
+            // A slot it cut free goes first, whatever the view still says.
+            profile.pinned = profile.pinned.or(waited.freed);
+            waited.wait
+        }
         Err(full) => return full.refuse(st, &req, &mut pending),
     };
     let mut failover = Failover::new(failover_config(st, plan, &req, client_deadline));
@@ -320,9 +324,9 @@ async fn wait_for_slot(
     profile: &RequestProfile,
     plan: Plan,
     client_deadline: Option<Duration>,
-) -> Result<Option<pair_core::JobWait>, SlotsFull> {
+) -> Result<crate::attempt::Waited, SlotsFull> {
     if st.waitroom.order().is_none() || plan != Plan::Cluster || profile.pinned.is_some() {
-        return Ok(None);
+        return Ok(crate::attempt::Waited::default());
     }
     let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
     crate::attempt::wait_at_cluster(st, profile, req.received, bound, |_, _| true, false).await

@@ -315,20 +315,17 @@ pub(crate) struct Legs(Mutex<Vec<Arc<Leg>>>);
 impl Legs {
     /// Cuts, for a request ranked `top` and predicted to wait for a slot,
     /// the batch leg on one of those nodes that the scheduler picks
-    /// ([`pair_scheduler::preempt`]), if any: whether one was cut (its
-    /// slot is then free, and the request goes).
-    pub(crate) fn cut_for(&self, top: &[Candidate]) -> bool {
-        let Some(wait_ms) = top
+    /// ([`pair_scheduler::preempt`]), if any: the node of the one cut (its
+    /// slot is then free, and the request goes there).
+    pub(crate) fn cut_for(&self, top: &[Candidate]) -> Option<NodeId> {
+        let wait_ms = top
             .iter()
             .filter_map(|c| c.score.prediction())
             .map(|p| p.queue_ms)
-            .min()
-        else {
-            return false;
-        };
+            .min()?;
         let victim = {
             let Ok(legs) = self.0.lock() else {
-                return false;
+                return None;
             };
             let now = Instant::now();
             let (legs, running): (Vec<&Arc<Leg>>, Vec<Cuttable>) = legs
@@ -346,12 +343,10 @@ impl Legs {
                 .unzip();
             preempt(wait_ms, &running).and_then(|k| legs.get(k).map(|l| Arc::clone(l)))
         };
-        let Some(leg) = victim else {
-            return false;
-        };
+        let leg = victim?;
         tracing::info!(node = %leg.node, cuts = leg.job.cuts.load(Relaxed) + 1, "cut a batch answer for interactive work");
         leg.cut();
-        true
+        Some(leg.node)
     }
 }
 
