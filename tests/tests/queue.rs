@@ -46,29 +46,44 @@ async fn generate(url: &str, prompt: &str, tokens: u32) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
+/// Waits (up to 10 s) until node 0 holds `n` requests, running or
+/// waiting at the cluster.
+async fn holding(c: &LocalCluster, n: usize) {
+    let st = &c.nodes[0].state;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while st.load.in_flight() as usize + st.waitroom.len() < n {
+        assert!(Instant::now() < deadline, "node 0 never held {n} requests");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A long answer takes the one slot; a second long one and then a short
-/// one arrive while it runs. Returns the order the two later ones ended
-/// in.
+/// one arrive while it runs, each after the node holds the ones before
+/// it (and 150 ms more: committed at once, a request the node holds may
+/// not have reached the engine's first-come queue yet). Returns the order
+/// the two later ones ended in.
 async fn race(c: &LocalCluster) -> Vec<&'static str> {
     let started = Instant::now();
     let at = url(c);
     let first = tokio::spawn({
         let at = at.clone();
-        async move { generate(&at, "first long", 400).await }
+        async move { generate(&at, "first long", 2000).await }
     });
+    holding(c, 1).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let send = |name: &'static str, tokens: u32, after_ms: u64| {
+    let send = |name: &'static str, tokens: u32| {
         let (at, ended) = (at.clone(), std::sync::Arc::clone(&ended));
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(after_ms)).await;
             let (status, _) = generate(&at, name, tokens).await;
             assert_eq!(status, 200, "{name}");
             ended.lock().unwrap().push(name);
         })
     };
-    let long = send("long", 400, 0);
-    let short = send("short", 4, 100);
+    let long = send("long", 400);
+    holding(c, 2).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let short = send("short", 4);
     long.await.unwrap();
     short.await.unwrap();
     assert_eq!(first.await.unwrap().0, 200);

@@ -30,6 +30,10 @@ pub const RECHECK: Duration = Duration::from_millis(250);
 /// How long a request waits for a slot without `x-pair-deadline`.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(120);
 
+/// How long a woken request keeps its place while it comes to look again
+/// (it does within microseconds; past this it is taken as gone).
+const WOKEN_HOLD: Duration = Duration::from_secs(1);
+
 /// Late binding's setting (`--queue`): the order requests wait in, and
 /// whether interactive work cuts batch work for its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +80,20 @@ struct Inner {
     lanes: Vec<String>,
     interactive_at: Option<Instant>,
     t0: Instant,
+    /// Requests woken for a freed slot that have not looked again yet:
+    /// they are out of the queue but still ahead of those behind them, so
+    /// that a later request's own recheck does not take their slot.
+    woken: Vec<Woken>,
+}
+
+/// A request woken for a slot, until it looks again.
+#[derive(Debug)]
+struct Woken {
+    lane: u32,
+    arrived_ms: u64,
+    priority: Priority,
+    due: u64,
+    at: Instant,
 }
 
 /// What a request does now.
@@ -123,6 +141,7 @@ impl WaitRoom {
                 lanes: Vec::new(),
                 interactive_at: None,
                 t0: Instant::now(),
+                woken: Vec::new(),
             }),
             legs: std::sync::Arc::default(),
         }
@@ -210,10 +229,26 @@ impl WaitRoom {
             priority,
         };
         let due = inner.queue.due_ms(&waiting);
-        let ahead = inner
-            .queue
-            .first_due(&[lane], priority)
-            .is_some_and(|first| first < due);
+        // This request looking again ends its own hold; another's still
+        // woken with an earlier due is ahead of it, as the queue's are.
+        inner
+            .woken
+            .retain(|k| now.saturating_duration_since(k.at) < WOKEN_HOLD);
+        if let Some(i) = inner.woken.iter().position(|k| {
+            k.lane == lane && k.arrived_ms == waiting.arrived_ms && k.priority == priority
+        }) {
+            inner.woken.swap_remove(i);
+        }
+        let held = inner.woken.iter().any(|k| {
+            k.lane == lane
+                && k.due < due
+                && (priority == Priority::Batch || k.priority == Priority::Interactive)
+        });
+        let ahead = held
+            || inner
+                .queue
+                .first_due(&[lane], priority)
+                .is_some_and(|first| first < due);
         // With preemption, interactive work cuts batch work instead of
         // batch work leaving it a slot.
         let may = free > 0
@@ -266,11 +301,19 @@ impl WaitRoom {
                 Some(w) => Some(w),
                 None => inner.queue.pop_first(&[lane]),
             };
-            let Some((_, tx)) = next else {
+            let Some((w, tx)) = next else {
                 return;
             };
             // A request whose client left is skipped.
             if tx.send(()).is_ok() {
+                let due = inner.queue.due_ms(&w);
+                inner.woken.push(Woken {
+                    lane: w.lane,
+                    arrived_ms: w.arrived_ms,
+                    priority: w.priority,
+                    due,
+                    at: Instant::now(),
+                });
                 return;
             }
         }
