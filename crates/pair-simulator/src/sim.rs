@@ -1086,54 +1086,45 @@ impl<'a> Sim<'a> {
             .actual_out
             .saturating_sub(u64::from(f.demand.output_tokens));
         let mut d = f.demand;
-        let Some(c) = cut else {
-            let waiting = Waiting {
-                lane: u32::from(d.model),
-                arrived_ms: f.arrival / US_PER_MS,
-                work_ms: f.work_ms,
-                priority: d.priority,
-            };
-            let q = Queued {
-                demand: d,
-                arrival: f.arrival,
-                resumed: Resumed {
-                    work_ms: Some(f.work_ms),
-                    ..f.resumed
-                },
-            };
-            let router = &mut self.routers[usize::from(f.router)];
-            router.reservations.release(f.reservation, now / US_PER_MS);
-            router.queue.push(waiting, q);
-            return;
-        };
-        let generated = c.generated.min(d.output_tokens.saturating_sub(1));
-        let resumed = Resumed {
-            cuts: f.resumed.cuts + 1,
-            first_token: f
-                .resumed
-                .first_token
-                .or(c.first_token_us.map(|t| t + self.plan.nodes[i].rtt)),
-            generated: f.resumed.generated + generated,
-            prompt_tokens: if f.resumed.cuts == 0 {
-                d.prompt_tokens
-            } else {
-                f.resumed.prompt_tokens
+        // A job withdrawn from an engine's queue keeps what it had; a cut
+        // one carries its answer so far into its continuation's prompt.
+        let resumed = match cut {
+            None => Resumed {
+                work_ms: Some(f.work_ms),
+                ..f.resumed
             },
-            work_ms: Some(f.work_ms),
+            Some(c) => {
+                let generated = c.generated.min(d.output_tokens.saturating_sub(1));
+                let resumed = Resumed {
+                    cuts: f.resumed.cuts + 1,
+                    first_token: f
+                        .resumed
+                        .first_token
+                        .or(c.first_token_us.map(|t| t + self.plan.nodes[i].rtt)),
+                    generated: f.resumed.generated + generated,
+                    prompt_tokens: if f.resumed.cuts == 0 {
+                        d.prompt_tokens
+                    } else {
+                        f.resumed.prompt_tokens
+                    },
+                    work_ms: Some(f.work_ms),
+                };
+                if generated > 0 {
+                    // The answer so far closes the prompt, as its text would.
+                    let keep = d.prompt.matched_blocks(|_, b| b.end <= d.prompt_tokens);
+                    let mut blocks = d.prompt.blocks()[..keep].to_vec();
+                    let last = blocks.last().map_or(0, |b| b.hash);
+                    blocks.push(Block {
+                        hash: stream_seed(last, u64::from(resumed.cuts), u64::from(generated)),
+                        end: d.prompt_tokens + generated,
+                    });
+                    d.prompt = PromptChain::from_blocks(blocks);
+                    d.prompt_tokens += generated;
+                    d.output_tokens -= generated;
+                }
+                resumed
+            }
         };
-        if generated > 0 {
-            // The answer so far closes the prompt, as its text would.
-            let keep = d.prompt.matched_blocks(|_, b| b.end <= d.prompt_tokens);
-            let mut blocks = d.prompt.blocks()[..keep].to_vec();
-            let last = blocks.last().map_or(0, |b| b.hash);
-            blocks.push(Block {
-                hash: stream_seed(last, u64::from(resumed.cuts), u64::from(generated)),
-                end: d.prompt_tokens + generated,
-            });
-            d.prompt = PromptChain::from_blocks(blocks);
-            d.prompt_tokens += generated;
-            d.output_tokens -= generated;
-        }
         let router = &mut self.routers[usize::from(f.router)];
         router.reservations.release(f.reservation, now / US_PER_MS);
         let waiting = Waiting {
