@@ -94,9 +94,7 @@ pub const NATURAL_ANSWERS: pair_emulator::AnswerLength = pair_emulator::AnswerLe
 /// The demo's engines' prompt cache: 32k tokens a slot, the context a
 /// user gives an engine that serves coding agents (their ~20k-token
 /// prompts do not fit Ollama's default 4,096).
-pub const AGENT_CONTEXT: pair_emulator::CacheKind = pair_emulator::CacheKind::Slots {
-    context_tokens: 32_768,
-};
+pub const AGENT_CONTEXT: pair_emulator::CacheKind = pair_emulator::CacheKind::slots(32_768);
 
 /// Hardware profiles the demo cycles through, fastest first.
 pub const DEMO_PROFILES: [&str; 4] = ["rtx4090", "rtx3060", "laptop", "cpu"];

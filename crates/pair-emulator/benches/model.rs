@@ -83,12 +83,7 @@ fn bench(c: &mut Criterion) {
     // The prompt cache's cost: slots (4 on the 4090) and a shared pool.
     let profile = HardwareProfile::rtx4090();
     for (name, cache) in [
-        (
-            "slots",
-            CacheKind::Slots {
-                context_tokens: 32_768,
-            },
-        ),
+        ("slots", CacheKind::slots(32_768)),
         (
             "pool",
             CacheKind::pool(

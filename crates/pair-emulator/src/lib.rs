@@ -56,7 +56,7 @@ pub mod error;
 pub mod model;
 pub mod profile;
 
-pub use cache::{CacheKind, Lease, PromptCache};
+pub use cache::{CacheKind, HostCache, IdleSlots, Lease, PromptCache};
 pub use error::EmulatorError;
 pub use model::{Cut, EngineEvent, EngineModel, JobSpec, JobTiming, ModelStatus, Residency};
 pub use profile::{BatchScaling, HardwareProfile, ModelRates, ModelSpec};

@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 
 use pair_core::{PromptChain, Workload};
 
-use crate::cache::{CacheKind, Lease, PromptCache};
+use crate::cache::{CacheKind, HOST_RESTORE_TOKENS_PER_S, Lease, PromptCache};
 use crate::{BatchScaling, EmulatorError, HardwareProfile, ModelRates, ModelSpec};
 
 /// A request as the model sees it.
@@ -694,12 +694,15 @@ impl EngineModel {
         }
     }
 
-    /// Solo time of a job's prefill: overhead plus the prompt tokens the
-    /// cache did not hold at the full rate.
+    /// Solo time of a job's prefill: overhead, a context restored from
+    /// host memory at [`HOST_RESTORE_TOKENS_PER_S`], then the prompt tokens
+    /// the cache did not hold at the full rate.
     fn prefill_us(&self, r: &Running) -> u64 {
         let rates = &self.models[r.spec.model].rates;
         let uncached = r.spec.prompt_tokens - r.lease.cached_tokens;
-        rates.overhead_us + (f64::from(uncached) / rates.prefill_tps * 1e6).ceil() as u64
+        let restore = f64::from(r.lease.restored_tokens) / HOST_RESTORE_TOKENS_PER_S;
+        rates.overhead_us
+            + ((f64::from(uncached) / rates.prefill_tps + restore) * 1e6).ceil() as u64
     }
 
     /// Moves queued jobs into free slots, in arrival order.
@@ -1322,12 +1325,7 @@ mod tests {
 
     #[test]
     fn a_later_turn_on_the_same_slot_prefills_only_the_new_part() {
-        let mut e = cached_engine(
-            CacheKind::Slots {
-                context_tokens: 32_768,
-            },
-            1,
-        );
+        let mut e = cached_engine(CacheKind::slots(32_768), 1);
         e.submit(0, job_of(1, chain(&[(1, 7_000), (2, 139)]), 10))
             .unwrap();
         let first = finished(&drain(&mut e))[&1];
@@ -1347,9 +1345,7 @@ mod tests {
     fn a_shared_system_prompt_is_reused_across_conversations() {
         let system = (1, 20_000);
         for kind in [
-            CacheKind::Slots {
-                context_tokens: 32_768,
-            },
+            CacheKind::slots(32_768),
             CacheKind::Pool {
                 capacity_tokens: 100_000,
             },
@@ -1387,12 +1383,7 @@ mod tests {
 
     #[test]
     fn workload_counts_only_uncached_prefill() {
-        let mut e = cached_engine(
-            CacheKind::Slots {
-                context_tokens: 32_768,
-            },
-            1,
-        );
+        let mut e = cached_engine(CacheKind::slots(32_768), 1);
         e.submit(0, job_of(1, chain(&[(1, 5_000)]), 2)).unwrap();
         drain(&mut e);
         let now = e.now_us();
@@ -1410,9 +1401,7 @@ mod tests {
             ModelSpec::new("a", 4_000_000_000),
             ModelSpec::new("b", 4_000_000_000),
         ];
-        let mut e = EngineModel::new(&p, &specs, Some(2)).with_cache(CacheKind::Slots {
-            context_tokens: 32_768,
-        });
+        let mut e = EngineModel::new(&p, &specs, Some(2)).with_cache(CacheKind::slots(32_768));
         let prompt = chain(&[(1, 1_000)]);
         let on = |id, model| JobSpec {
             model,
@@ -1528,7 +1517,7 @@ mod tests {
             let kind = if pool {
                 CacheKind::Pool { capacity_tokens: 1_000_000 }
             } else {
-                CacheKind::Slots { context_tokens: 32_768 }
+                CacheKind::slots(32_768)
             };
             let run = |warm: u32| {
                 let mut e = cached_engine(kind, 1);

@@ -29,6 +29,16 @@
 //! engine's. The model is not part of the key: the chain should name it if
 //! one node serves several models from one prompt.
 //!
+//! Beside its slots, each node keeps a HOST tier, as llama.cpp server does
+//! by default (its host-memory prompt cache, `--cache-ram`, which LM Studio
+//! keeps too, where idle slots' contexts are saved): every prompt a report
+//! says ran on the node is saved there, newest last, up to
+//! [`DEFAULT_HOST_TOKENS`] (a prompt another one extends is kept once), and
+//! a lookup also finds a saved prompt sharing at least a quarter of itself
+//! with the request (llama.cpp's rule for a restore, which costs a copy,
+//! not a prefill, so its tokens count as cached). Only reported prompts
+//! are saved: a request withdrawn before its engine ran it leaves nothing.
+
 //! An engine gives a request a FREE slot, so a slot is taken as busy from
 //! its request's dispatch ([`PrefixIndex::record`]) to its report
 //! ([`PrefixIndex::correct`]), or for [`BUSY_FORGOTTEN_MS`] when no report
@@ -43,7 +53,7 @@
 //! the model gets wrong.
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use pair_core::{ClusterSnapshot, NodeId, NodeSnapshot, PromptChain};
 
@@ -65,6 +75,15 @@ pub const MAX_SLOTS_PER_NODE: usize = 64;
 /// forgotten first.
 pub const MAX_BLOCKS_PER_NODE: usize =
     MAX_SLOTS_PER_NODE * (DEFAULT_CONTEXT_PER_SLOT / pair_core::prompt::BLOCK_TOKENS) as usize;
+
+/// Tokens of saved contexts a node's host tier keeps at most: llama.cpp
+/// server's default `--cache-ram` (8,192 MiB) at an 8B model's f16 KV
+/// (128 KiB a token). Engines do not report it.
+pub const DEFAULT_HOST_TOKENS: u64 = 65_536;
+
+/// A saved context is restored only if it shares at least this share of
+/// itself with the prompt (llama.cpp's rule).
+const HOST_MIN_KEEP: f64 = 0.25;
 
 /// Nodes remembered at most; the node touched least recently is forgotten
 /// first.
@@ -125,6 +144,9 @@ struct Dispatch {
 struct NodeCache {
     /// Never empty: a node has at least one slot.
     slots: Vec<Slot>,
+    /// Saved contexts, oldest first, and their tokens in all.
+    host: VecDeque<PromptChain>,
+    host_held: u64,
     /// Tokens a slot keeps at most.
     context_tokens: u32,
     /// When a chain was last recorded or corrected here (node LRU).
@@ -140,6 +162,8 @@ impl NodeCache {
     fn new(now_ms: u64) -> Self {
         Self {
             slots: vec![Slot::default()],
+            host: VecDeque::new(),
+            host_held: 0,
             context_tokens: DEFAULT_CONTEXT_PER_SLOT,
             touched_ms: now_ms,
             dispatched: [Dispatch::default(); DISPATCHES_REMEMBERED],
@@ -185,7 +209,61 @@ impl NodeCache {
                 }
             }
         }
-        if any_free { best_free } else { best_any }
+        let slots = if any_free { best_free } else { best_any };
+        slots.max(self.restorable(chain))
+    }
+
+    /// Blocks of `chain` the saved context a request for it would restore
+    /// holds: the most any saved context sharing at least
+    /// [`HOST_MIN_KEEP`] of itself shares. Allocation-free.
+    fn restorable(&self, chain: &PromptChain) -> usize {
+        self.host
+            .iter()
+            .map(|saved| (chain.common_blocks(saved.blocks()), saved.tokens()))
+            .filter(|&(common, tokens)| {
+                common > 0
+                    && f64::from(chain.tokens_at(common)) >= HOST_MIN_KEEP * f64::from(tokens)
+            })
+            .map(|(common, _)| common)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Saves `chain` in the host tier (see the module docs):
+    /// not if a saved context holds it whole; saved contexts it holds whole
+    /// go; then the oldest until the rest fit `capacity` tokens.
+    fn save(&mut self, chain: PromptChain, capacity: u64) {
+        let tokens = u64::from(chain.tokens());
+        if chain.is_empty() || tokens > capacity {
+            return;
+        }
+        let within = |a: &PromptChain, b: &PromptChain| a.common_blocks(b.blocks()) == a.len();
+        if self.host.iter().any(|e| within(&chain, e)) {
+            return;
+        }
+        let mut freed = 0;
+        self.host.retain(|e| {
+            let obsolete = within(e, &chain);
+            if obsolete {
+                freed += u64::from(e.tokens());
+            }
+            !obsolete
+        });
+        self.host_held -= freed;
+        self.host_held += tokens;
+        self.host.push_back(chain);
+        while self.host_held > capacity {
+            let Some(oldest) = self.host.pop_front() else {
+                break;
+            };
+            self.host_held -= u64::from(oldest.tokens());
+        }
+    }
+
+    /// Blocks held over the slots and the host tier.
+    fn total_blocks(&self) -> usize {
+        self.slots.iter().map(|s| s.held.len()).sum::<usize>()
+            + self.host.iter().map(PromptChain::len).sum::<usize>()
     }
 
     /// The slot a request for `chain` takes at `now_ms`: among the free
@@ -218,10 +296,18 @@ impl NodeCache {
         cut(chain, keep)
     }
 
-    /// Forgets least recently used slots' contexts until the node holds at
-    /// most `max_blocks` blocks (each context alone fits: [`Self::fit`]).
+    /// Forgets the oldest saved contexts, then least recently used slots'
+    /// contexts, until the node holds at most `max_blocks` blocks (each
+    /// context alone fits: [`Self::fit`]).
     fn enforce_cap(&mut self, max_blocks: usize) {
-        let mut total: usize = self.slots.iter().map(|s| s.held.len()).sum();
+        let mut total = self.total_blocks();
+        while total > max_blocks {
+            let Some(oldest) = self.host.pop_front() else {
+                break;
+            };
+            total -= oldest.len();
+            self.host_held -= u64::from(oldest.tokens());
+        }
         while total > max_blocks {
             let Some(oldest) = self
                 .slots
@@ -256,6 +342,12 @@ impl NodeCache {
                 let held = self.fit(&self.slots[i].held, max_blocks);
                 self.slots[i].held = held;
             }
+            for i in 0..self.host.len() {
+                let saved = self.fit(&self.host[i], max_blocks);
+                self.host_held -= u64::from(self.host[i].tokens() - saved.tokens());
+                self.host[i] = saved;
+            }
+            self.host.retain(|saved| !saved.is_empty());
         }
         self.enforce_cap(max_blocks);
     }
@@ -285,6 +377,8 @@ fn shape(capacity_tokens: u64) -> (usize, u32) {
 #[derive(Clone, Debug)]
 pub struct PrefixIndex {
     nodes: BTreeMap<NodeId, NodeCache>,
+    /// Tokens a node's host tier keeps ([`DEFAULT_HOST_TOKENS`]; 0: none).
+    host_tokens: u64,
     /// LRU stamps, shared by all nodes (only their order within a node
     /// matters); starts at 1 so 0 means "never".
     clock: u64,
@@ -310,10 +404,18 @@ impl PrefixIndex {
     pub fn with_limits(max_nodes: usize, max_blocks_per_node: usize) -> Self {
         Self {
             nodes: BTreeMap::new(),
+            host_tokens: DEFAULT_HOST_TOKENS,
             clock: 0,
             max_nodes: max_nodes.clamp(1, MAX_NODES),
             max_blocks: max_blocks_per_node.clamp(1, MAX_BLOCKS_PER_NODE),
         }
+    }
+
+    /// The same index with a host tier of `tokens` a node (0: slots only,
+    /// as an engine with `--cache-ram 0` or llama-cpp-python keeps).
+    pub fn with_host_tokens(mut self, tokens: u64) -> Self {
+        self.host_tokens = tokens;
+        self
     }
 
     /// The KV capacity in tokens a node's engines are modelled with: its
@@ -360,7 +462,9 @@ impl PrefixIndex {
         self.nodes.get(&node).is_some_and(|c| {
             c.slots
                 .iter()
-                .any(|s| s.held.blocks().iter().any(|b| b.hash == hash))
+                .map(|s| &s.held)
+                .chain(&c.host)
+                .any(|h| h.blocks().iter().any(|b| b.hash == hash))
         })
     }
 
@@ -421,7 +525,7 @@ impl PrefixIndex {
         };
         let k = blocks.partition_point(|b| b.end <= cached_tokens);
         self.clock += 1;
-        let (stamp, max_blocks) = (self.clock, self.max_blocks);
+        let (stamp, max_blocks, host) = (self.clock, self.max_blocks, self.host_tokens);
         let cache = self.cache_mut(node, now_ms);
         let dispatch = cache.dispatch_of(tail);
         match dispatch.map(|d| d.predicted) {
@@ -447,16 +551,30 @@ impl PrefixIndex {
                 s.held = cut(&s.held, k);
             }
         }
+        // Saved contexts claiming more were not there either.
+        let mut freed = 0;
+        for saved in &mut cache.host {
+            if chain.common_blocks(saved.blocks()) > k {
+                let before = saved.tokens();
+                *saved = cut(saved, k);
+                freed += u64::from(before - saved.tokens());
+            }
+        }
+        cache.host_held -= freed;
+        cache.host.retain(|saved| !saved.is_empty());
         let held = cache.fit(chain, max_blocks);
         let i = own.unwrap_or_else(|| cache.choose(&held, now_ms));
         let slot = &mut cache.slots[i];
         // A slot holding more than the prompt (a later request that
         // extends it) keeps it: that too is on the node.
         if Some(i) == own || held.common_blocks(slot.held.blocks()) < held.len() {
-            slot.held = held;
+            slot.held = held.clone();
         }
         slot.stamp = stamp;
         slot.busy_since_ms = None;
+        if host > 0 {
+            cache.save(held, host);
+        }
         cache.enforce_cap(max_blocks);
     }
 
@@ -500,28 +618,32 @@ impl PrefixIndex {
         self.nodes.get(&node).map_or(0, |c| c.slots.len())
     }
 
-    /// The contexts `node`'s slots are believed to hold, empty ones left
-    /// out, in slot order.
+    /// The contexts `node` is believed to hold, empty ones left out: its
+    /// slots', in slot order, then its host tier's, oldest first.
     pub fn contexts(&self, node: NodeId) -> impl Iterator<Item = &PromptChain> {
         self.nodes
             .get(&node)
             .into_iter()
-            .flat_map(|c| c.slots.iter().map(|s| &s.held))
+            .flat_map(|c| c.slots.iter().map(|s| &s.held).chain(&c.host))
             .filter(|h| !h.is_empty())
     }
 
-    /// Blocks held on `node`, over all its slots (a prefix two slots share
-    /// counts twice, as the engine holds it twice).
+    /// Blocks held on `node`, over all its slots and its host tier (a
+    /// prefix two contexts share counts twice, as the engine holds it
+    /// twice).
     pub fn blocks(&self, node: NodeId) -> usize {
-        self.nodes
-            .get(&node)
-            .map_or(0, |c| c.slots.iter().map(|s| s.held.len()).sum())
+        self.nodes.get(&node).map_or(0, NodeCache::total_blocks)
     }
 
-    /// Tokens held on `node`, over all its slots (counted per slot).
+    /// Tokens held on `node`, over all its slots and its host tier
+    /// (counted per context).
     pub fn held_tokens(&self, node: NodeId) -> u64 {
         self.nodes.get(&node).map_or(0, |c| {
-            c.slots.iter().map(|s| u64::from(s.held.tokens())).sum()
+            c.slots
+                .iter()
+                .map(|s| u64::from(s.held.tokens()))
+                .sum::<u64>()
+                + c.host_held
         })
     }
 
@@ -600,7 +722,7 @@ mod tests {
 
     #[test]
     fn a_two_slot_node_that_served_three_conversations_holds_the_last_two() {
-        let mut ix = with_slots(2);
+        let mut ix = with_slots(2).with_host_tokens(0);
         let (a, b, c) = (chain(&[(1, 300)]), chain(&[(2, 300)]), chain(&[(3, 300)]));
         ix.record(id(1), &a, 1);
         ix.record(id(1), &b, 2);
@@ -618,6 +740,58 @@ mod tests {
         assert_eq!(ix.cached_tokens(id(1), &c), 300);
         assert_eq!(ix.cached_tokens(id(1), &b2), 400);
         assert_eq!(ix.contexts(id(1)).count(), 2);
+    }
+
+    #[test]
+    fn the_host_tier_keeps_what_ran_on_the_node_within_its_budget() {
+        let mut ix = with_slots(2);
+        let (a, b, c) = (chain(&[(1, 300)]), chain(&[(2, 300)]), chain(&[(3, 300)]));
+        for (k, p) in [&a, &b, &c].into_iter().enumerate() {
+            ix.record(id(1), p, k as u64 + 1);
+            ix.correct(id(1), p, 0, k as u64 + 1);
+        }
+        // Two slots hold b and c; the host tier all three.
+        for p in [&a, &b, &c] {
+            assert_eq!(ix.cached_tokens(id(1), p), 300);
+        }
+        assert_eq!(ix.held_tokens(id(1)), 600 + 900);
+        // A prompt extending a saved one replaces it there.
+        let a2 = chain(&[(1, 300), (4, 50)]);
+        ix.record(id(1), &a2, 10);
+        ix.correct(id(1), &a2, 300, 11);
+        assert_eq!(
+            ix.contexts(id(1))
+                .filter(|h| h.common_blocks(a.blocks()) == 1)
+                .count(),
+            2
+        );
+        assert_eq!(ix.held_tokens(id(1)), 650 + 950);
+        // A saved prompt sharing under a quarter of itself does not count.
+        let long = chain(&[(5, 100), (6, 900)]);
+        ix.record(id(1), &long, 20);
+        ix.correct(id(1), &long, 0, 21);
+        for (k, p) in [&b, &c].into_iter().enumerate() {
+            ix.record(id(1), p, 30 + k as u64);
+            ix.correct(id(1), p, 300, 31 + k as u64);
+        }
+        assert_eq!(ix.cached_tokens(id(1), &chain(&[(5, 100), (7, 10)])), 0);
+        // A request withdrawn before its report leaves nothing saved.
+        let gone = chain(&[(8, 500)]);
+        ix.record(id(1), &gone, 40);
+        ix.record(id(1), &b, 41);
+        ix.record(id(1), &c, 42);
+        assert_eq!(ix.cached_tokens_at(id(1), &gone, 43), 0);
+        // The budget keeps the newest: 65,536 tokens hold two 30k prompts.
+        let mut ix = with_slots(1);
+        let big = |s| chain(&[(s, 30_000)]);
+        for (k, s) in (10..14).enumerate() {
+            ix.record(id(1), &big(s), k as u64);
+            ix.correct(id(1), &big(s), 0, k as u64);
+        }
+        assert_eq!(ix.cached_tokens(id(1), &big(10)), 0);
+        assert_eq!(ix.cached_tokens(id(1), &big(11)), 0);
+        assert_eq!(ix.cached_tokens(id(1), &big(12)), 30_000);
+        assert!(ix.held_tokens(id(1)) <= DEFAULT_HOST_TOKENS + u64::from(DEFAULT_CONTEXT_PER_SLOT));
     }
 
     #[test]
@@ -675,7 +849,7 @@ mod tests {
 
     #[test]
     fn a_short_report_cuts_the_idle_slots_that_claimed_more_and_keeps_the_one_run() {
-        let mut ix = with_slots(3);
+        let mut ix = with_slots(3).with_host_tokens(0);
         let a = chain(&[(1, 1_000), (2, 1_000), (3, 1_000), (4, 1_000)]);
         let b = chain(&[(1, 1_000), (2, 1_000), (6, 1_000)]);
         let c = chain(&[(1, 1_000), (2, 1_000), (5, 1_000)]);
@@ -705,7 +879,7 @@ mod tests {
 
     #[test]
     fn a_busy_slot_is_not_given_a_request_nor_cut_by_another_report() {
-        let mut ix = with_slots(2);
+        let mut ix = with_slots(2).with_host_tokens(0);
         let x = chain(&[(1, 2_000), (2, 300)]);
         let y = chain(&[(1, 2_000), (3, 300)]);
         let x2 = chain(&[(1, 2_000), (2, 300), (4, 100)]);

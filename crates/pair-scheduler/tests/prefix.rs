@@ -1,6 +1,6 @@
 //! The prefix index end to end: a conversation stays where its context is
 //! cached without any session header, a node holds as many contexts as it
-//! has slots, and the index stays bounded and exact under any sequence of
+//! has slots (and what its host tier saved), and the index stays bounded and exact under any sequence of
 //! records and corrections.
 
 // Strategy helpers outside `#[test]` functions unwrap values they just built.
@@ -11,7 +11,8 @@ use pair_scheduler::pair_core::{
     ModelPerf, NodeId, NodeSnapshot, PromptChain, RequestProfile, Workload,
 };
 use pair_scheduler::prefix::{
-    DEFAULT_CONTEXT_PER_SLOT, MAX_BLOCKS_PER_NODE, MAX_NODES, MAX_SLOTS_PER_NODE,
+    DEFAULT_CONTEXT_PER_SLOT, DEFAULT_HOST_TOKENS, MAX_BLOCKS_PER_NODE, MAX_NODES,
+    MAX_SLOTS_PER_NODE,
 };
 use pair_scheduler::{Policy, PrefixIndex, Reservations, Scheduler};
 use proptest::prelude::*;
@@ -182,9 +183,10 @@ fn slotted(n: u128, slots: u16) -> NodeSnapshot {
 }
 
 /// The scheduler sizes a node from the snapshot when it routes there: a
-/// 2-slot node that served conversations A, B and C holds B and C only,
-/// however small they are; a system prompt two conversations running at
-/// once share is found in either slot.
+/// 2-slot node that served conversations A, B and C holds B and C in its
+/// slots, however small they are, and A in its host tier only; a system
+/// prompt two conversations running at once share is found in either
+/// slot.
 #[test]
 fn a_two_slot_node_holds_the_last_two_conversations() {
     let cluster = ClusterSnapshot::new(1, 0, vec![slotted(1, 2)]);
@@ -202,7 +204,15 @@ fn a_two_slot_node_holds_the_last_two_conversations() {
     }
     let ix = s.prefix();
     assert_eq!(ix.slots(id), 2);
-    assert_eq!(ix.cached_tokens(id, &conversation(0, 0)), 0);
+    assert_eq!(ix.cached_tokens(id, &conversation(0, 0)), 2_300);
+    let mut s0 = Scheduler::with_policy(Policy::PredictedLatency);
+    *s0.prefix_mut() = PrefixIndex::new().with_host_tokens(0);
+    for c in 0..3u64 {
+        let chain = conversation(c, c);
+        s0.note_routed(&cluster, id, &chain, c * 1_000);
+        s0.note_cached(id, &chain, 0, c * 1_000 + 500);
+    }
+    assert_eq!(s0.prefix().cached_tokens(id, &conversation(0, 0)), 0);
     assert_eq!(ix.cached_tokens(id, &conversation(1, 1)), 2_300);
     assert_eq!(ix.cached_tokens(id, &conversation(2, 2)), 2_300);
     // X and Y run at once, so each has a slot; whichever slot Z then
@@ -259,20 +269,19 @@ fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), Te
         let id = NodeId::from_u128(u128::from(n));
         prop_assert!(ix.blocks(id) <= max_blocks);
         prop_assert!(ix.slots(id) <= MAX_SLOTS_PER_NODE);
-        prop_assert!(ix.contexts(id).count() <= ix.slots(id));
         prop_assert!(context_of(ix, id) <= u64::from(DEFAULT_CONTEXT_PER_SLOT));
         for held in ix.contexts(id) {
             prop_assert!(u64::from(held.tokens()) <= context_of(ix, id));
         }
         if let Some(cap) = ix.capacity(id) {
             prop_assert!(
-                ix.held_tokens(id) <= cap,
+                ix.held_tokens(id) <= cap + DEFAULT_HOST_TOKENS,
                 "{} > {}",
                 ix.held_tokens(id),
                 cap
             );
         }
-        // A lookup finds at most the longest prefix any one slot holds
+        // A lookup finds at most the longest prefix any one context holds
         // (less while the slot holding it is busy and another is free).
         for family in 0..5 {
             let c = chain(family, 60);
@@ -282,7 +291,8 @@ fn check(ix: &PrefixIndex, max_nodes: usize, max_blocks: usize) -> Result<(), Te
     Ok(())
 }
 
-/// The longest prefix of `c` any one of `id`'s slots holds.
+/// The longest prefix of `c` any one of `id`'s contexts holds (its slots'
+/// and its host tier's).
 fn best(ix: &PrefixIndex, id: NodeId, c: &PromptChain) -> u32 {
     ix.contexts(id)
         .map(|h| c.common_tokens(h.blocks()))
@@ -327,16 +337,18 @@ proptest! {
     }
 
     /// Requests that each report before the next is dispatched (no slot
-    /// busy when one arrives): a lookup is the longest prefix any one slot
-    /// holds; after a report of `cached` tokens, no slot but the one that
-    /// ran the prompt is believed to hold more of it; and a node never
-    /// holds more contexts than it has slots.
+    /// busy when one arrives): after a report of `cached` tokens, no
+    /// context but the prompt's own (its slot's, and its saved copy) is
+    /// believed to hold more of it; without a host tier a lookup is the longest prefix any one slot
+    /// holds and a node never holds more contexts than it has slots, and
+    /// with one a lookup is at most the longest any context holds.
     #[test]
     fn a_report_leaves_no_other_slot_claiming_what_it_missed(
         runs in prop::collection::vec((0u64..5, 1usize..60, 0u32..20_000), 0..60),
         slots in 1u64..5,
+        host in any::<bool>(),
     ) {
-        let mut ix = PrefixIndex::new();
+        let mut ix = PrefixIndex::new().with_host_tokens(if host { DEFAULT_HOST_TOKENS } else { 0 });
         let id = NodeId::from_u128(1);
         ix.set_capacity(id, slots * u64::from(DEFAULT_CONTEXT_PER_SLOT));
         for (at, (f, l, cached)) in runs.into_iter().enumerate() {
@@ -345,14 +357,24 @@ proptest! {
             ix.record(id, &c, at);
             ix.correct(id, &c, cached, at + 500);
             let k = c.blocks().iter().take_while(|b| b.end <= cached).count();
-            let claiming = ix.contexts(id).filter(|h| c.common_blocks(h.blocks()) > k).count();
-            prop_assert!(claiming <= 1, "{} slots claim more than the report", claiming);
-            prop_assert!(ix.contexts(id).count() <= slots as usize);
+            let claiming = |copy: bool| {
+                ix.contexts(id)
+                    .filter(|h| c.common_blocks(h.blocks()) > k && (h.blocks() == c.blocks()) == copy)
+                    .count()
+            };
+            prop_assert_eq!(claiming(false), 0, "contexts other than the prompt claim more than the report");
+            // The slot that ran it, and its saved copy.
+            prop_assert!(claiming(true) <= 1 + usize::from(host));
+            prop_assert!(host || ix.contexts(id).count() <= slots as usize);
             if !ix.distrusted(id) {
                 prop_assert_eq!(ix.cached_tokens(id, &c), c.tokens());
                 for family in 0..5 {
                     let o = chain(family, 60);
-                    prop_assert_eq!(ix.cached_tokens(id, &o), best(&ix, id, &o));
+                    if host {
+                        prop_assert!(ix.cached_tokens(id, &o) <= best(&ix, id, &o));
+                    } else {
+                        prop_assert_eq!(ix.cached_tokens(id, &o), best(&ix, id, &o));
+                    }
                 }
             }
         }

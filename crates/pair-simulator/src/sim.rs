@@ -49,11 +49,10 @@ use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{AfterTurn, Demand, PlannedTurn, SourceState, stream_seed};
 
 /// Every simulated engine's prompt cache, and the live twin's: a llama.cpp
-/// server's slot cache (32k context a slot, what coding agents are given),
-/// the engine kind pair-scheduler's prefix index assumes.
-pub(crate) const ENGINE_CACHE: CacheKind = CacheKind::Slots {
-    context_tokens: LLAMA_CPP_CONTEXT_TOKENS,
-};
+/// server's with `-np 4` (32k context a slot, what coding agents are
+/// given) and its default host-memory cache, the engine kind
+/// pair-scheduler's prefix index assumes.
+pub(crate) const ENGINE_CACHE: CacheKind = CacheKind::llama_cpp(LLAMA_CPP_CONTEXT_TOKENS);
 
 /// How often the router republishes its cluster snapshot.
 pub const PUBLISH_INTERVAL: Micros = 250 * US_PER_MS;
@@ -1322,7 +1321,9 @@ impl<'a> Sim<'a> {
             self.learner_dirty |= self.learner.observe(&Observation {
                 node: plan.id,
                 model,
-                prompt_tokens: t.prompt_tokens,
+                // Only what was not cached was prefilled (as a node learns
+                // from its job records).
+                prompt_tokens: t.prompt_tokens - t.cached_tokens,
                 ttft_ms: ms(t.first_token_us - t.started_us),
                 output_tokens: t.output_tokens,
                 duration_ms: ms(t.finished_us - t.started_us),
