@@ -85,9 +85,13 @@ impl SpeedLearner {
             }
             // Slots: the records timed on this node's clock of the jobs its
             // engines ran (its own requests and the ones it ran for peers).
+            // Not an answer that moved: its record runs from its first
+            // token here to its end wherever it ended, past the cut that
+            // freed this engine for others (preemption cuts to do so).
             let timed_here = rec.origin == self.me || rec.recorded_by == Some(self.me);
             if rec.ran_on == Some(self.me)
                 && timed_here
+                && rec.resumed.is_empty()
                 && rec.status == pair_core::JobStatus::Completed
                 && let (Some(ttft), Some(total)) = (rec.ttft_ms, rec.duration_ms)
             {
@@ -200,6 +204,20 @@ mod tests {
         theirs.recorded_by = None;
         jobs.merge(vec![theirs, at(8, 1, 3, 30_100), at(9, 1, 1, 30_200)]);
         assert_eq!(l.slots("m"), Some(2), "two of ours only overlap pairwise");
+        // An answer cut here (to free the slot) and continued: its record
+        // spans the requests that ran here after the cut; it proves nothing.
+        let mut moved = at(10, 1, 1, 40_000);
+        moved.duration_ms = Some(5_000);
+        moved.resumed = vec![pair_core::Resumption {
+            node: NodeId::from_u128(2),
+            at_token: 10,
+        }];
+        jobs.record(moved);
+        for (k, t) in [(11, 41_000), (12, 41_200)] {
+            jobs.record(at(k, 1, 1, t));
+        }
+        assert_eq!(l.slots("m"), Some(2));
+        assert_eq!(l.samples(NodeId::from_u128(1)), 7, "nor speeds");
     }
 
     /// This node's engine decodes 60 tokens/s alone and 2^0.5 times that

@@ -29,8 +29,10 @@ impl<'a> Observation<'a> {
     /// The observation in a completed job record, if it carries timings:
     /// the engine's own durations when it reported both (no queueing, no
     /// network in them), else the node's clock.
+    /// A job whose answer moved (`resumed`) teaches nothing: its times
+    /// span its legs, the waits between them and more than one node.
     pub fn from_job(job: &'a JobRecord) -> Option<Self> {
-        if job.status != JobStatus::Completed {
+        if job.status != JobStatus::Completed || !job.resumed.is_empty() {
             return None;
         }
         let (ttft_ms, duration_ms, whole) = match job.engine {
