@@ -217,8 +217,11 @@ impl NodeCache {
     /// holds: the most any saved context sharing at least
     /// [`HOST_MIN_KEEP`] of itself shares. Allocation-free.
     fn restorable(&self, chain: &PromptChain) -> usize {
+        let first = chain.blocks().first();
         self.host
             .iter()
+            // Most saved prompts share nothing: one compare says so.
+            .filter(|saved| saved.blocks().first() == first)
             .map(|saved| (chain.common_blocks(saved.blocks()), saved.tokens()))
             .filter(|&(common, tokens)| {
                 common > 0

@@ -114,10 +114,19 @@ pub fn agent_chain(tokens: usize, variant: u8) -> PromptChain {
 
 /// Records, on every node of `cluster`, a different share of `chain` (none
 /// to all of it) and another conversation beside it, so lookups meet hits,
-/// partial hits and misses.
+/// partial hits and misses; and fills each node's host tier with three
+/// more conversations of `chain`'s size that ran there (sharing its first
+/// half, as sub-agents share a system prompt), so lookups scan it too.
 pub fn populate(scheduler: &mut Scheduler, cluster: &ClusterSnapshot, chain: &PromptChain) {
     let other = agent_chain(chain.tokens() as usize, 9);
+    let ran: Vec<PromptChain> = (10..13)
+        .map(|v| agent_chain(chain.tokens() as usize, v))
+        .collect();
     for (i, node) in cluster.nodes().iter().enumerate() {
+        for c in &ran {
+            scheduler.note_routed(cluster, node.id, c, 800);
+            scheduler.note_cached(node.id, c, 0, 850);
+        }
         let blocks = chain.blocks();
         let keep = blocks.len() * (i % 5) / 4;
         let share = PromptChain::from_blocks(blocks[..keep].to_vec());
