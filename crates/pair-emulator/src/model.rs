@@ -1342,6 +1342,33 @@ mod tests {
     }
 
     #[test]
+    fn a_context_restored_from_host_memory_costs_a_copy_not_a_prefill() {
+        // One slot, two conversations in turn: the first's context is
+        // saved when the second takes the slot, and restored for its next
+        // turn at the host's copy rate.
+        let mut e = cached_engine(CacheKind::llama_cpp(32_768), 1);
+        let a = chain(&[(1, 7_000), (2, 139)]);
+        e.submit(0, job_of(1, a, 10)).unwrap();
+        drain(&mut e);
+        let now = e.now_us();
+        e.submit(now, job_of(2, chain(&[(5, 3_000)]), 10)).unwrap();
+        drain(&mut e);
+        let now = e.now_us();
+        let a2 = chain(&[(1, 7_000), (2, 139), (3, 700), (4, 14)]);
+        e.submit(now, job_of(3, a2, 10)).unwrap();
+        let third = finished(&drain(&mut e))[&3];
+        assert_eq!(third.cached_tokens, 7_139);
+        let restore_us = (7_139.0 / HOST_RESTORE_TOKENS_PER_S * 1e6) as u64;
+        let ttft = third.ttft_us();
+        assert!(
+            ttft.abs_diff(solo_ttft_us(714) + restore_us) <= 1,
+            "{ttft} against {} + {restore_us}",
+            solo_ttft_us(714)
+        );
+        assert!(ttft < solo_ttft_us(7_853) / 2);
+    }
+
+    #[test]
     fn a_shared_system_prompt_is_reused_across_conversations() {
         let system = (1, 20_000);
         for kind in [

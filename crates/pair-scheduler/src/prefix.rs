@@ -38,7 +38,7 @@
 //! with the request (llama.cpp's rule for a restore, which costs a copy,
 //! not a prefill, so its tokens count as cached). Only reported prompts
 //! are saved: a request withdrawn before its engine ran it leaves nothing.
-
+//!
 //! An engine gives a request a FREE slot, so a slot is taken as busy from
 //! its request's dispatch ([`PrefixIndex::record`]) to its report
 //! ([`PrefixIndex::correct`]), or for [`BUSY_FORGOTTEN_MS`] when no report
