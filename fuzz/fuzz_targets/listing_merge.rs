@@ -53,14 +53,14 @@ fuzz_target!(|data: &[u8]| {
     for doc in &docs {
         for item in doc.get(array_key).and_then(Value::as_array).into_iter().flatten() {
             if let Some(id) = id_of(item, id_key) {
-                first.entry(dedup_key(kind, id)).or_insert(item);
+                first.entry(dedup_key(id)).or_insert(item);
             }
         }
     }
     let mut seen = HashMap::new();
     for item in listed {
         let id = id_of(item, id_key).unwrap_or_else(|| panic!("listed item without id: {item}"));
-        let key = dedup_key(kind, id);
+        let key = dedup_key(id);
         assert!(seen.insert(key.clone(), ()).is_none(), "{key:?} listed twice");
         assert_eq!(first.get(&key), Some(&item), "{key:?} is not its first copy");
     }
@@ -75,13 +75,14 @@ fn id_of<'a>(item: &'a Value, id_key: &str) -> Option<&'a str> {
     item.get(id_key).or_else(|| item.get("model")).and_then(Value::as_str)
 }
 
-/// The identity of a model in a listing: Ollama names compare with the
-/// implicit `:latest` tag and case-insensitively; others compare exactly.
-fn dedup_key(kind: Listing, id: &str) -> String {
-    match (kind, ModelName::new(id)) {
-        (Listing::OllamaTags | Listing::OllamaPs, Ok(m)) => {
-            m.canonical(EngineKind::Ollama).to_ascii_lowercase()
-        }
-        _ => id.to_owned(),
+/// The identity of a model in a listing, one rule for every API (the
+/// merge's): names compare with Ollama's implicit `:latest` tag and
+/// case-insensitively, so `shared:latest` from an Ollama engine and
+/// `Shared` from an OpenAI-compatible one are the one model a request
+/// for `shared` reaches; a name that is not a model name compares exactly.
+fn dedup_key(id: &str) -> String {
+    match ModelName::new(id) {
+        Ok(m) => m.canonical(EngineKind::Ollama).to_ascii_lowercase(),
+        Err(_) => id.to_owned(),
     }
 }
