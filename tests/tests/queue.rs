@@ -341,3 +341,220 @@ async fn interactive_work_cuts_a_streaming_batch_answer_with_preempt() {
     );
     cuts.stop().await;
 }
+
+/// Two one-slot nodes holding requests at the cluster (`--queue sjf`),
+/// each told of the other's load only every 4 s. Node 1's slot is taken
+/// by its own client just after it reported, node 0's by another long
+/// answer: node 0's view still shows node 1 free. A question at node 0
+/// goes there and node 1, reading its engine live, refuses it before the
+/// engine sees it (`slots-full`); node 0 holds it at the cluster again,
+/// with node 1 full until it reports, and it runs on node 0 when node 0's
+/// slot frees, instead of queuing behind node 1's long answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_takes_a_held_request_only_into_a_free_slot() {
+    let c = cluster(2, |s| {
+        s.time_scale = 0.25;
+        for n in &mut s.nodes {
+            n.slots = Some(1);
+        }
+        s.queue = Some(Order::ShortestFirst);
+        s.gossip.interval = Duration::from_secs(4);
+        s.gossip.suspect_after = Duration::from_secs(15);
+        s.gossip.dead_after = Duration::from_secs(20);
+    })
+    .await
+    .unwrap();
+    pair_testkit::cluster::warm(&c, "llama3.2:3b").await;
+    let (node0, node1) = (c.nodes[0].id, c.nodes[1].id);
+    let pinned = |at: String, node: pair_core::NodeId, tokens: u32| async move {
+        http()
+            .post(format!("{at}/api/generate"))
+            .header("x-pair-node-pin", node.to_string())
+            .json(
+                &json!({"model": "llama3.2:3b", "prompt": "a long one", "stream": false,
+                          "options": {"num_predict": tokens}}),
+            )
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    };
+    // Just after node 1's report reaches node 0: the next is 4 s away.
+    let seen = |c: &LocalCluster| {
+        c.nodes[0]
+            .state
+            .cluster()
+            .node(node1)
+            .map(|n| n.reported_at_ms)
+    };
+    let before = seen(&c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen(&c) == before {
+        assert!(Instant::now() < deadline, "node 1 never reported");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let long1 = tokio::spawn(pinned(c.nodes[1].ollama_url(), node1, 4_000));
+    let long0 = tokio::spawn(pinned(c.nodes[0].ollama_url(), node0, 300));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while c.nodes.iter().any(|n| n.state.load.in_flight() < 1) {
+        assert!(Instant::now() < deadline, "the long answers never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let view = c.nodes[0].state.cluster();
+    assert_eq!(
+        view.node(node1).map(|n| n.workload.pending()),
+        Some(0),
+        "node 0's view of node 1 is a report old"
+    );
+    let r = http()
+        .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
+        .json(
+            &json!({"model": "llama3.2:3b", "prompt": "a quick question", "stream": false,
+                      "options": {"num_predict": 4}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        pair_testkit::cluster::served_by(&r),
+        Some(node0.to_string()),
+        "it ran on node 0 once its slot freed"
+    );
+    let job = job_of(&r);
+    assert_eq!(long0.await.unwrap().unwrap(), 200);
+    assert!(!long1.is_finished(), "before node 1's long answer ended");
+    let refused = c.nodes[0]
+        .state
+        .metrics
+        .failovers
+        .get_or_create(&pair_proxy::metrics::FailoverLabels {
+            reason: "slots-full".into(),
+        })
+        .get();
+    assert!(refused >= 1, "node 1 refused it: {refused}");
+    let rec = record(&c, 0, &job).await;
+    assert_eq!(rec.ran_on, Some(node0));
+    assert_eq!(
+        rec.waited.map(|w| w.why),
+        Some(WaitReason::ClusterQueue),
+        "{rec:#?}"
+    );
+    long1.abort();
+    c.stop().await;
+}
+
+/// Three one-slot nodes with preemption. Node 0 and node 2 run long
+/// interactive answers; a streamed batch answer from node 0's client runs
+/// on node 1. A question at node 2 has nothing of its own to cut: node 0
+/// refuses it (no batch work there), node 1 cuts the batch answer it
+/// serves for node 0 and takes it. The question ends first; node 0
+/// continues the batch answer once a slot frees, and its client's stream
+/// is unbroken, every token counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
+    const TOKENS: u32 = 1_500;
+    let c = cluster(3, |s| {
+        s.time_scale = 0.25;
+        for n in &mut s.nodes {
+            n.slots = Some(1);
+        }
+        s.queue = Some(Order::Priorities);
+        s.preempt = true;
+        s.engine_seed = Some(7);
+    })
+    .await
+    .unwrap();
+    pair_testkit::cluster::warm(&c, "llama3.2:3b").await;
+    // Node 0 learns how long its client's batch answers run.
+    let warm = batch_chat(&c, TOKENS).await;
+    assert_eq!(warm.status(), 200);
+    warm.text().await.unwrap();
+    let ids: Vec<pair_core::NodeId> = c.nodes.iter().map(|n| n.id).collect();
+    let long = |k: usize| {
+        let (at, node) = (c.nodes[k].ollama_url(), ids[k]);
+        tokio::spawn(async move {
+            http()
+                .post(format!("{at}/api/generate"))
+                .header("x-pair-node-pin", node.to_string())
+                .json(
+                    &json!({"model": "llama3.2:3b", "prompt": "a long one", "stream": false,
+                              "options": {"num_predict": 3 * TOKENS}}),
+                )
+                .timeout(Duration::from_secs(120))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let (long0, long2) = (long(0), long(2));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while [0, 2]
+        .iter()
+        .any(|&k| c.nodes[k].state.load.in_flight() < 1)
+    {
+        assert!(Instant::now() < deadline, "the long answers never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Every node's view shows both taken.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let resp = batch_chat(&c, TOKENS).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        pair_testkit::cluster::served_by(&resp),
+        Some(ids[1].to_string()),
+        "the batch answer took node 1's free slot"
+    );
+    let job = job_of(&resp);
+    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let batch = tokio::spawn({
+        let ended = std::sync::Arc::clone(&ended);
+        async move {
+            let text = resp.text().await.unwrap();
+            ended.lock().unwrap().push("batch");
+            text
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = http()
+        .post(format!("{}/api/generate", c.nodes[2].ollama_url()))
+        .json(
+            &json!({"model": "llama3.2:3b", "prompt": "a quick question", "stream": false,
+                      "options": {"num_predict": 4}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        pair_testkit::cluster::served_by(&r),
+        Some(ids[1].to_string()),
+        "the question took the slot node 1 cut free (nodes {ids:?})"
+    );
+    ended.lock().unwrap().push("chat");
+    let text = batch.await.unwrap();
+    assert_eq!(*ended.lock().unwrap(), ["chat", "batch"]);
+    let events: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        events.iter().all(|e| e.get("error").is_none()),
+        "no error in the stream: {text}"
+    );
+    let answer: String = events
+        .iter()
+        .filter_map(|e| e["message"]["content"].as_str())
+        .collect();
+    assert_eq!(answer.split_whitespace().count(), TOKENS as usize);
+    let last = events.last().cloned().unwrap_or_default();
+    assert_eq!(last["done"], true, "{last}");
+    assert_eq!(last["eval_count"], TOKENS, "counts summed: {last}");
+    let rec = record(&c, 0, &job).await;
+    assert_eq!(rec.status, JobStatus::Completed, "{rec:?}");
+    assert!(!rec.resumed.is_empty(), "it moved: {rec:?}");
+    long0.abort();
+    long2.abort();
+    c.stop().await;
+}

@@ -146,6 +146,12 @@ pub const FAILURE_CLASSES: &[FailureClass] = &[
         what: "the node's engines for the model were down and none came back in time",
     },
     FailureClass {
+        label: "slots-full",
+        moves_on: true,
+        transient: false,
+        what: "every slot of the node's engine was taken (its sender holds the request at the cluster for one)",
+    },
+    FailureClass {
         label: "bad-request",
         moves_on: false,
         transient: false,

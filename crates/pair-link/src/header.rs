@@ -29,6 +29,22 @@ pub const JOB_HEADER: HeaderName = HeaderName::from_static("x-pair-job");
 /// the request's silent bound) rather than give it up.
 pub const ALONE_HEADER: HeaderName = HeaderName::from_static("x-pair-alone");
 
+/// On a relayed request: its sender holds requests at the cluster while
+/// slots are full (late binding), so the node takes it only into a free
+/// slot of its engine, and otherwise refuses it at once (class
+/// `slots-full`) for the sender to wait with. The node reads its engine
+/// live; the sender's view of it may be a report old, so two nodes never
+/// both count the same free slot. Its value is the request's priority
+/// (`interactive` or `batch`): with preemption, the node may cut a batch
+/// answer it runs to give interactive work the slot.
+pub const FREE_SLOT_HEADER: HeaderName = HeaderName::from_static("x-pair-free-slot");
+
+/// On a relayed request: a batch answer its sender continues if it is cut
+/// (`--queue preempt`), so the node may cut its stream to give its slot
+/// to interactive work, whoever sent that; its value is the answer's
+/// length in tokens as the sender plans it.
+pub const CUTTABLE_HEADER: HeaderName = HeaderName::from_static("x-pair-cuttable");
+
 /// On a node's own error answer to a relayed request, when it gave up
 /// before any answer from its engine: the failure's class
 /// ([`pair_core::FAILURE_CLASSES`]), so the node (or edge client) that

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 pub use failover::{Rearmed, TLS_REFUSED};
 pub use header::{
-    ALONE_HEADER, FAILED_HEADER, RESERVATION_HEADER, parse_reservation, reservation_value,
+    ALONE_HEADER, CUTTABLE_HEADER, FAILED_HEADER, FREE_SLOT_HEADER, RESERVATION_HEADER,
+    parse_reservation, reservation_value,
 };
 pub use link::{PeerLink, RELAY_PREFIX};
 pub use route::{InferenceRoute, Work};

@@ -103,6 +103,9 @@ pub(crate) struct Attempts<'a> {
     pub alone_since: std::sync::atomic::AtomicU64,
     /// The wait at the cluster for a free slot before the first attempt.
     pub queued: Option<pair_core::JobWait>,
+    /// Peers take it only into a free slot ([`pair_link::FREE_SLOT_HEADER`]):
+    /// it waited at the cluster, and goes back there if every one is full.
+    pub free_slot: bool,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -220,7 +223,28 @@ impl<'a> Attempts<'a> {
         match self.reach {
             Reach::Plan(Plan::Cluster) => {
                 let shortlist = st.rank(cluster, self.profile, now_ms());
-                let t = shortlist.iter().map(Candidate::target).collect();
+                let mut t: SmallVec<[Target; MAX_ATTEMPTS]> =
+                    shortlist.iter().map(Candidate::target).collect();
+                // Held at the cluster: this node's own engine, read live,
+                // is tried only with a free slot, as a peer takes it (while
+                // another node is left to try).
+                if self.free_slot {
+                    let own_full = st.slots_full_in_turn(cluster, self.profile, self.req.flavor);
+                    let open: SmallVec<[Target; MAX_ATTEMPTS]> = t
+                        .iter()
+                        .filter(|x| {
+                            if x.node == st.node.id {
+                                !own_full
+                            } else {
+                                !st.refused_since_report(cluster, x.node)
+                            }
+                        })
+                        .copied()
+                        .collect();
+                    if !open.is_empty() {
+                        t = open;
+                    }
+                }
                 (t, shortlist)
             }
             // This node only, while it holds the model on a healthy engine.
@@ -339,6 +363,21 @@ impl<'a> Attempts<'a> {
             Some((_, t)) => (&t.head, t.body.clone(), t.route),
             None => (&req.head, req.body.clone(), Some(req.route)),
         };
+        // Batch work this node continues if it is cut: a peer serving it
+        // may cut it for interactive work.
+        let cuttable = st.waitroom.preempts()
+            && profile.priority == Priority::Batch
+            && match self.reach {
+                Reach::Plan(Plan::Cluster) => {
+                    st.resume.on()
+                        && profile.streaming
+                        && out_route.and_then(InferenceRoute::continues).is_some()
+                }
+                Reach::Continuation {
+                    preempt: Some(job), ..
+                } => job.movable(),
+                _ => false,
+            };
         let sent = async {
             dispatch::request(
                 st.local_pool(),
@@ -353,6 +392,8 @@ impl<'a> Attempts<'a> {
                         .as_ref()
                         .and_then(crate::state::Reservation::id)
                         .map(|id| (st.origin_epoch, id.wire_seq())),
+                    free_slot: self.free_slot.then_some(profile.priority),
+                    cuttable: cuttable.then(|| profile.answer_tokens()),
                 },
             )?
             .await
@@ -418,6 +459,19 @@ impl<'a> Attempts<'a> {
         {
             let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
             let (l, body) = leg_of(st, node, price, job, up.body);
+            up.body = body;
+            leg = Some(l);
+        }
+        // A batch answer relayed here that its sender continues if it is
+        // cut: interactive work from any node may cut it for this slot.
+        if let Reach::Plan(Plan::ThisNode { .. }) = self.reach
+            && streamed
+            && st.waitroom.preempts()
+            && req.head.headers.contains(&pair_link::CUTTABLE_HEADER)
+        {
+            let job = Arc::new(crate::preempt::Job::new(1, req.received));
+            let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
+            let (l, body) = leg_of(st, node, price, &job, up.body);
             up.body = body;
             leg = Some(l);
         }
@@ -806,6 +860,7 @@ pub(crate) async fn wait_at_cluster(
         let cluster = st.cluster();
         let mut top = st.rank(&cluster, profile, unix_ms_at(tokio::time::Instant::now()));
         top.retain(|c| keep(&cluster, &*c));
+        st.full_where_refused(&cluster, &mut top);
         let admitted = if std::mem::take(&mut yielded) {
             st.waitroom
                 .requeue(&profile.model, profile.priority, arrived, &top)
@@ -842,6 +897,19 @@ pub(crate) async fn wait_at_cluster(
                     drop(place);
                     return went(Some(node));
                 }
+                // Nothing of this node's to cut: a peer not yet asked since
+                // it last reported may cut batch work it runs for another
+                // node, or refuse.
+                if full
+                    && profile.priority == pair_core::Priority::Interactive
+                    && st.waitroom.preempts()
+                    && top
+                        .iter()
+                        .any(|c| c.node != st.node.id && !st.refused_since_report(&cluster, c.node))
+                {
+                    drop(place);
+                    return went(None);
+                }
                 (woken, place)
             }
         };
@@ -861,6 +929,18 @@ pub(crate) async fn wait_at_cluster(
         }
     }
 }
+
+/// Every attempt was refused by a peer whose slots were all taken.
+pub(crate) fn every_slot_full(failover: &Failover) -> bool {
+    let failed = failover.failed();
+    !failed.is_empty()
+        && failed.iter().all(|a| {
+            matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == SLOTS_FULL)
+        })
+}
+
+/// The failure class of a relayed request refused for want of a free slot.
+pub(crate) const SLOTS_FULL: &str = "slots-full";
 
 /// How a request left the cluster's wait.
 #[derive(Debug, Default)]
@@ -904,88 +984,110 @@ pub(crate) async fn continue_on(
     // A continuation may be sent in another API than the stream's (a
     // templated generate goes on as a chat).
     let api = route.continues().unwrap_or(cont.api);
-    // Cut for interactive work, it waits at the cluster again as batch
-    // work, in its old place, before it goes.
-    if let Some(job) = &cont.preempt
-        && job.take_yielded()
-    {
-        let keep = |cluster: &ClusterSnapshot, c: &Candidate| {
-            !dead.contains(&c.node) && resume::continues(cluster, c.node, &cont.profile.model, api)
-        };
-        let bound = Instant::now() + waiting::DEFAULT_WAIT;
-        if wait_at_cluster(st, &cont.profile, job.arrived, bound, keep, true)
+    // Batch work waits at the cluster again, in its old place, before it
+    // goes (cut for interactive work here: until woken), and takes only a
+    // free slot, waiting again while every one is full.
+    let batch = cont
+        .preempt
+        .as_ref()
+        .filter(|_| st.waitroom.order().is_some());
+    let mut yielded = batch.is_some_and(|job| job.take_yielded());
+    let keep = |cluster: &ClusterSnapshot, c: &Candidate| {
+        !dead.contains(&c.node) && resume::continues(cluster, c.node, &cont.profile.model, api)
+    };
+    let bound = Instant::now() + waiting::DEFAULT_WAIT;
+    loop {
+        if let Some(job) = batch
+            && wait_at_cluster(
+                st,
+                &cont.profile,
+                job.arrived,
+                bound,
+                keep,
+                std::mem::take(&mut yielded),
+            )
             .await
             .is_err()
         {
             tracing::info!(job = %cont.job, "a cut batch answer found no slot in time");
             return None;
         }
-    }
-    let req = Inference {
-        head,
-        body,
-        flavor: resume::flavor(api),
-        work: cont.work,
-        route: cont.route,
-        received: Instant::now(),
-        key: None,
-    };
-    let attempts = Attempts {
-        st,
-        req: &req,
-        profile: &cont.profile,
-        job: cont.job,
-        reach: Reach::Continuation {
-            dead,
-            api,
-            preempt: cont.preempt.as_ref(),
-        },
-        explain: false,
-        alone_since: Default::default(),
-        queued: None,
-    };
-    let mut failover = Failover::new(FailoverConfig {
-        stall_floor: st.timeouts.first_byte,
-        patience: st.timeouts.first_byte,
-        ..FailoverConfig::default()
-    });
-    let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
-    match attempts.run(&mut failover, timer).await {
-        Driven::Committed { node, answer } if answer.up.status.is_success() => {
-            let Committed {
-                up,
-                first,
-                mut guard,
-                mut reservation,
-                mut engine,
-                leg,
-                ..
-            } = answer;
-            // A leg that may be cut holds its load itself.
-            if let Some(leg) = &leg {
-                leg.commit(crate::preempt::Held {
-                    guard: guard.take(),
-                    reservation: reservation.take(),
-                    engine: engine.take(),
+        let req = Inference {
+            head: head.clone(),
+            body: body.clone(),
+            flavor: resume::flavor(api),
+            work: cont.work,
+            route: cont.route,
+            received: Instant::now(),
+            key: None,
+        };
+        let attempts = Attempts {
+            st,
+            req: &req,
+            profile: &cont.profile,
+            job: cont.job,
+            reach: Reach::Continuation {
+                dead,
+                api,
+                preempt: cont.preempt.as_ref(),
+            },
+            explain: false,
+            alone_since: Default::default(),
+            queued: None,
+            free_slot: batch.is_some(),
+        };
+        let mut failover = Failover::new(FailoverConfig {
+            stall_floor: st.timeouts.first_byte,
+            patience: st.timeouts.first_byte,
+            ..FailoverConfig::default()
+        });
+        let timer = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+        match attempts.run(&mut failover, timer).await {
+            Driven::Committed { node, answer } if answer.up.status.is_success() => {
+                let Committed {
+                    up,
+                    first,
+                    mut guard,
+                    mut reservation,
+                    mut engine,
+                    leg,
+                    ..
+                } = answer;
+                // A leg that may be cut holds its load itself.
+                if let Some(leg) = &leg {
+                    leg.commit(crate::preempt::Held {
+                        guard: guard.take(),
+                        reservation: reservation.take(),
+                        engine: engine.take(),
+                    });
+                }
+                return Some(resume::Moved {
+                    node,
+                    first,
+                    body: up.body,
+                    holding: Box::new(Holding {
+                        st: Arc::clone(st),
+                        guard,
+                        reservation,
+                        _engine: engine,
+                    }),
                 });
             }
-            Some(resume::Moved {
-                node,
-                first,
-                body: up.body,
-                holding: Box::new(Holding {
-                    st: Arc::clone(st),
-                    guard,
-                    reservation,
-                    _engine: engine,
-                }),
-            })
+            Driven::Committed { node, answer } => {
+                tracing::info!(%node, status = %answer.up.status, "a continuation was refused");
+                return None;
+            }
+            Driven::GaveUp {
+                why: pair_scheduler::GiveUp::Exhausted { .. },
+                kept: None,
+            } if batch.is_some() && every_slot_full(&failover) && Instant::now() < bound => {
+                let cluster = st.cluster();
+                for a in failover.failed() {
+                    st.refused_for_slots(&cluster, a.node);
+                }
+            }
+            Driven::GaveUp { .. } => return None,
         }
-        Driven::Committed { node, answer } => {
-            tracing::info!(%node, status = %answer.up.status, "a continuation was refused");
-            None
-        }
-        Driven::GaveUp { .. } => None,
     }
 }
 

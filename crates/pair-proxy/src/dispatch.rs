@@ -229,6 +229,12 @@ pub struct Relayed {
     /// The reservation it runs under, `(epoch, seq)`
     /// ([`pair_link::RESERVATION_HEADER`]).
     pub reservation: Option<(u64, u64)>,
+    /// Only into a free slot ([`pair_link::FREE_SLOT_HEADER`]), as work
+    /// of this priority.
+    pub free_slot: Option<pair_core::Priority>,
+    /// A batch answer the node may cut ([`pair_link::CUTTABLE_HEADER`]),
+    /// of this many tokens as planned.
+    pub cuttable: Option<u32>,
 }
 
 /// The class a peer gave for giving up on a relayed request before any
@@ -508,6 +514,16 @@ pub fn request<'a>(
             if relayed.alone {
                 req.headers_mut()
                     .insert(pair_link::ALONE_HEADER, HeaderValue::from_static("1"));
+            }
+            if let Some(priority) = relayed.free_slot {
+                req.headers_mut().insert(
+                    pair_link::FREE_SLOT_HEADER,
+                    HeaderValue::from_static(priority.as_str()),
+                );
+            }
+            if let Some(planned) = relayed.cuttable {
+                req.headers_mut()
+                    .insert(pair_link::CUTTABLE_HEADER, HeaderValue::from(planned));
             }
             // The node that runs it records the job under the same id.
             if let Some(job) = relayed.job {

@@ -411,6 +411,7 @@ mod tests {
             explain: false,
             alone_since: Default::default(),
             queued: None,
+            free_slot: false,
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

@@ -36,7 +36,7 @@ use pair_scheduler::drive::Driven;
 use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
-use crate::attempt::{Attempts, Committed, Reach, SlotsFull, holds};
+use crate::attempt::{Attempts, Committed, Reach, SLOTS_FULL, SlotsFull, every_slot_full, holds};
 pub use crate::attempt::{Inference, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
@@ -281,37 +281,108 @@ pub async fn execute(
         Ok(p) => p,
         Err(refused) => return refused,
     };
-    let queued = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
-        Ok(waited) => {
-            // A slot it cut free goes first, whatever the view still says.
-            profile.pinned = profile.pinned.or(waited.freed);
-            waited.wait
-        }
-        Err(full) => return full.refuse(st, &req, &mut pending),
-    };
-    let mut failover = Failover::new(failover_config(st, plan, &req, client_deadline));
-    let attempts = Attempts {
-        st,
-        req: &req,
-        profile: &profile,
-        job,
-        reach: Reach::Plan(plan),
-        explain: req.head.headers.contains(&EXPLAIN_HEADER),
-        alone_since: Default::default(),
-        queued,
-    };
-    match attempts.run(&mut failover, deadline).await {
-        Driven::Committed { node, answer: a } => answer(
-            &attempts,
-            pending,
-            failover.dispatched(),
-            node,
-            a,
-            first_turn,
-            aliased,
-        ),
-        Driven::GaveUp { why, kept } => attempts.gave_up(&mut pending, &failover, why, kept),
+    // Relayed by a node that holds requests at the cluster: taken only
+    // into a free slot of this node's engine, read live, or (interactive
+    // work, with preemption) into one a batch answer it runs gives up.
+    if let Plan::ThisNode { .. } = plan
+        && let Some(sent_as) = req.head.headers.get(&pair_link::FREE_SLOT_HEADER)
+        && st.slots_full_here(&profile, req.flavor)
+        && !(std::str::from_utf8(sent_as)
+            .ok()
+            .and_then(pair_core::Priority::parse)
+            == Some(pair_core::Priority::Interactive)
+            && st.cut_here_for(&profile, req.flavor))
+    {
+        pending.take();
+        return slots_full_here(st, &req);
     }
+    let mut deadline = deadline;
+    let mut queued = None;
+    let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
+    loop {
+        queued = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
+            Ok(waited) => {
+                // A slot it cut free goes first, whatever the view still says.
+                profile.pinned = profile.pinned.or(waited.freed);
+                waited.wait.or(queued)
+            }
+            Err(full) => return full.refuse(st, &req, &mut pending),
+        };
+        // Waited at the cluster (not pinned, not to a slot it cut free):
+        // peers take it only into a free slot, and if none has one it
+        // waits again.
+        let free_slot =
+            st.waitroom.order().is_some() && plan == Plan::Cluster && profile.pinned.is_none();
+        let mut failover = Failover::new(failover_config(st, plan, &req, client_deadline));
+        let attempts = Attempts {
+            st,
+            req: &req,
+            profile: &profile,
+            job,
+            reach: Reach::Plan(plan),
+            explain: req.head.headers.contains(&EXPLAIN_HEADER),
+            alone_since: Default::default(),
+            queued,
+            free_slot,
+        };
+        match attempts.run(&mut failover, deadline.as_mut()).await {
+            Driven::Committed { node, answer: a } => {
+                return answer(
+                    &attempts,
+                    pending,
+                    failover.dispatched(),
+                    node,
+                    a,
+                    first_turn,
+                    aliased,
+                );
+            }
+            Driven::GaveUp {
+                why: pair_scheduler::GiveUp::Exhausted { .. },
+                kept: None,
+            } if free_slot && every_slot_full(&failover) => {
+                // The views of those peers were older than their engines:
+                // full until they report again.
+                let cluster = st.cluster();
+                for a in failover.failed() {
+                    st.refused_for_slots(&cluster, a.node);
+                }
+                if Instant::now() >= bound {
+                    return SlotsFull { retry_s: 1 }.refuse(st, &req, &mut pending);
+                }
+                tracing::debug!(job = %job, "every node tried had its slots full; waiting at the cluster again");
+            }
+            Driven::GaveUp { why, kept } => {
+                return attempts.gave_up(&mut pending, &failover, why, kept);
+            }
+        }
+    }
+}
+
+/// The refusal of a relayed request that may only take a free slot, while
+/// every slot of this node's engine is taken: at once, before any engine
+/// sees it, with the class its sender waits on.
+fn slots_full_here(st: &ProxyState, req: &Inference) -> Reply {
+    let mut reply: Reply = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        req.flavor,
+        "slots_full",
+        &format!(
+            "every slot of node {}'s engine is taken; the node that sent this holds it at the cluster",
+            st.node.name
+        ),
+        None,
+    )
+    .into();
+    reply.extra.push((
+        pair_link::header::MADE_HEADER,
+        http::HeaderValue::from_static("1"),
+    ));
+    reply.extra.push((
+        pair_link::FAILED_HEADER,
+        http::HeaderValue::from_static(SLOTS_FULL),
+    ));
+    reply
 }
 
 /// Late binding: while every node that could take the request has its
@@ -440,6 +511,17 @@ async fn prepare(st: &Arc<ProxyState>, req: Inference, plan: Plan) -> Result<Pre
         .or(req.key.as_ref().and_then(|k| k.priority))
         .unwrap_or_default();
     if let Plan::ThisNode { .. } = plan {
+        // Batch work its sender may have cut here: planned as the sender
+        // plans it, which learned how long its answers run.
+        if let Some(planned) = req
+            .head
+            .headers
+            .get(&pair_link::CUTTABLE_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u32>().ok())
+        {
+            profile.priority = pair_core::Priority::Batch;
+            profile.expected_output_tokens = Some(planned);
+        }
         if !holds(st, &cluster, &profile, req.flavor) {
             return Err(model_not_here(st, &req, &profile));
         }

@@ -79,7 +79,7 @@ impl Job {
     }
 
     /// Whether a cut can still move it (it has moves left).
-    fn movable(&self) -> bool {
+    pub(crate) fn movable(&self) -> bool {
         self.moves_left.load(Relaxed) > 0 && self.tokens.load(Relaxed) < READ_BACK_TOKENS
     }
 
@@ -323,6 +323,18 @@ impl Legs {
             .filter_map(|c| c.score.prediction())
             .map(|p| p.queue_ms)
             .min()?;
+        self.cut_where(wait_ms, |node| top.iter().any(|c| c.node == node))
+    }
+
+    /// Cuts, for an interactive request predicted to wait `wait_ms` for a
+    /// slot of `node`'s engine, the batch leg there that the scheduler
+    /// picks (one this node routed, or one it serves for a peer that
+    /// continues it): whether it cut one.
+    pub(crate) fn cut_on(&self, node: NodeId, wait_ms: u32) -> bool {
+        self.cut_where(wait_ms, |n| n == node).is_some()
+    }
+
+    fn cut_where(&self, wait_ms: u32, on: impl Fn(NodeId) -> bool) -> Option<NodeId> {
         let victim = {
             let Ok(legs) = self.0.lock() else {
                 return None;
@@ -330,7 +342,7 @@ impl Legs {
             let now = Instant::now();
             let (legs, running): (Vec<&Arc<Leg>>, Vec<Cuttable>) = legs
                 .iter()
-                .filter(|l| top.iter().any(|c| c.node == l.node) && l.job.movable())
+                .filter(|l| on(l.node) && l.job.movable())
                 .map(|l| {
                     let spent = now.saturating_duration_since(l.began).as_secs_f64() * 1e3;
                     let priced = l.price.cuttable(

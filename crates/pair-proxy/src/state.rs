@@ -119,6 +119,9 @@ pub struct ProxyState {
     pub metrics: Arc<Metrics>,
     /// Requests waiting for a slot (late binding).
     pub waitroom: crate::waiting::WaitRoom,
+    /// Peers that refused a request for want of a free slot, each with the
+    /// report of it this node had then: full until a newer one comes.
+    refused: Mutex<Vec<(NodeId, u64)>>,
     /// Answer lengths learned per model and client shape, one table for
     /// every loop (a lock a request to read, one an answer to learn).
     answers: Mutex<pair_scheduler::AnswerLengths>,
@@ -262,6 +265,7 @@ impl ProxyState {
             jobs,
             metrics: Arc::new(Metrics::new()),
             waitroom: crate::waiting::WaitRoom::new(config.queue),
+            refused: Mutex::default(),
             answers: Mutex::default(),
         })
     }
@@ -411,6 +415,81 @@ impl ProxyState {
             Reserved::default(),
             0,
         ))
+    }
+
+    /// Whether every slot of this node's engine for `request`'s model is
+    /// taken now (read live, in the dispatch turn, so two requests do not
+    /// both see the last one free).
+    pub(crate) fn slots_full_here(&self, request: &RequestProfile, flavor: ApiFlavor) -> bool {
+        let _turn = self.dispatch_turn();
+        self.slots_full_in_turn(&self.cluster(), request, flavor)
+    }
+
+    /// [`ProxyState::slots_full_here`] for a caller that holds the
+    /// dispatch turn.
+    pub(crate) fn slots_full_in_turn(
+        &self,
+        cluster: &ClusterSnapshot,
+        request: &RequestProfile,
+        flavor: ApiFlavor,
+    ) -> bool {
+        self.local_prediction(cluster, request, flavor)
+            .is_some_and(|p| p.slots > 0 && p.jobs_ahead >= p.slots)
+    }
+
+    /// `node` refused a request for want of a free slot: it counts as full
+    /// until a report of it newer than `cluster`'s.
+    pub(crate) fn refused_for_slots(&self, cluster: &ClusterSnapshot, node: NodeId) {
+        let Some(reported) = cluster.node(node).map(|n| n.reported_at_ms) else {
+            return;
+        };
+        if let Ok(mut r) = self.refused.lock() {
+            r.retain(|&(n, _)| n != node);
+            r.push((node, reported));
+        }
+    }
+
+    /// Whether `node` refused a request for want of a slot since its last
+    /// report in `cluster`.
+    pub(crate) fn refused_since_report(&self, cluster: &ClusterSnapshot, node: NodeId) -> bool {
+        let Some(reported) = cluster.node(node).map(|n| n.reported_at_ms) else {
+            return false;
+        };
+        self.refused
+            .lock()
+            .is_ok_and(|r| r.iter().any(|&(n, at)| n == node && at == reported))
+    }
+
+    /// Cuts a batch answer on this node's engine for an interactive
+    /// `request` that finds its slots full (with preemption): whether it
+    /// did ([`crate::preempt::Legs::cut_on`]).
+    pub(crate) fn cut_here_for(&self, request: &RequestProfile, flavor: ApiFlavor) -> bool {
+        if !self.waitroom.preempts() {
+            return false;
+        }
+        let Some(p) = self.local_prediction(&self.cluster(), request, flavor) else {
+            return false;
+        };
+        self.waitroom.legs.cut_on(self.node.id, p.queue_ms)
+    }
+
+    /// Shows the candidates that refused for want of a slot since their
+    /// last report in `cluster` as full (every slot with a job).
+    pub(crate) fn full_where_refused(&self, cluster: &ClusterSnapshot, top: &mut Shortlist) {
+        let Ok(mut refused) = self.refused.lock() else {
+            return;
+        };
+        refused.retain(|&(n, at)| cluster.node(n).is_some_and(|s| s.reported_at_ms == at));
+        if refused.is_empty() {
+            return;
+        }
+        for c in top.iter_mut() {
+            if refused.iter().any(|&(n, _)| n == c.node)
+                && let pair_scheduler::Score::PredictedLatency(p) = &mut c.score
+            {
+                p.jobs_ahead = p.jobs_ahead.max(p.slots);
+            }
+        }
     }
 
     /// Counts `request` on `node` from `sent_ms` (unix ms, when it is

@@ -461,6 +461,16 @@ struct InFlight {
     resumed: Resumed,
 }
 
+/// Which batch jobs an interactive request may cut ([`Sim::victim`]).
+#[derive(Clone, Copy, Debug)]
+enum Victims {
+    /// Those its router dispatched to a ranked node, and (routers per
+    /// node) those the router's own node runs for its peers.
+    Routed,
+    /// Any that node `i` runs: a peer asked for a slot cuts one.
+    On(usize),
+}
+
 /// A request waiting at its router for a slot.
 #[derive(Clone, Debug)]
 struct Queued {
@@ -580,6 +590,8 @@ struct Sim<'a> {
     /// Agent-loop sub-agents between an answer and their next turn.
     tools_running: usize,
     cuts: u64,
+    /// Requests sent to an engine with every slot taken (they queue there).
+    past_slots: u64,
     /// Per-node routing: prefix-index updates for the other routers, in
     /// arrival order.
     gossip: std::collections::VecDeque<Gossip>,
@@ -666,6 +678,7 @@ impl<'a> Sim<'a> {
             turns: Turns::default(),
             tools_running: 0,
             cuts: 0,
+            past_slots: 0,
             gossip: std::collections::VecDeque::new(),
         }
     }
@@ -837,10 +850,18 @@ impl<'a> Sim<'a> {
             && !forced
             && free == 0
         {
-            self.victim(r, now).and_then(|slot| self.cut(now, slot))
+            self.victim(r, now, Victims::Routed)
+                .and_then(|slot| self.cut(now, slot))
         } else {
             None
         };
+        // Routers per node: with nothing of its own to cut, interactive
+        // work goes on to ask the peers, which may cut batch work they run.
+        let per_node = matches!(self.scn.routing, Routing::PerNode(_));
+        let ask_peers = per_node
+            && late.is_some_and(|q| q.preempt)
+            && d.priority == Priority::Interactive
+            && !forced;
         let router = &mut self.routers[r];
         let batch_waits = late.is_some_and(|q| q.priorities() && !q.preempt)
             && d.priority == Priority::Batch
@@ -857,7 +878,7 @@ impl<'a> Sim<'a> {
         }
         if late.is_some()
             && cut_for.is_none()
-            && (!forced && free == 0 || batch_waits)
+            && (!forced && free == 0 && !ask_peers || batch_waits)
             && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
         {
             let waiting = Waiting {
@@ -874,13 +895,58 @@ impl<'a> Sim<'a> {
             router.queue.push(waiting, q);
             return;
         }
-        // The first candidate (or the node whose batch job it cut),
-        // resolved to a node and its engine's model index (both always
-        // exist: the snapshot is built from the plan).
+        // Routers per node: a view can show a peer's slot free that
+        // another node's request has taken since it reported. The owner
+        // reads its engine live and takes a request only into a free slot
+        // (`x-pair-free-slot`), or, for interactive work, cuts a batch job
+        // it runs, whoever routed it: the request goes to the first ranked
+        // node that takes it, or waits here again.
+        let mut cut_for = cut_for;
+        let mut admitted_at = None;
+        if late.is_some() && cut_for.is_none() && per_node {
+            for k in 0..self.ranking.len() {
+                if self.owner_admits(r, k, now) {
+                    admitted_at = Some(k);
+                    break;
+                }
+                let i = self.ranked_node(r, k);
+                if ask_peers
+                    && i.is_some_and(|i| i != r)
+                    && let Some(node) = i
+                        .and_then(|i| self.victim(r, now, Victims::On(i)))
+                        .and_then(|slot| self.cut(now, slot))
+                {
+                    cut_for = Some(node);
+                    break;
+                }
+            }
+            if admitted_at.is_none()
+                && cut_for.is_none()
+                && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
+            {
+                let waiting = Waiting {
+                    lane: u32::from(d.model),
+                    arrived_ms: arrival / US_PER_MS,
+                    work_ms: resumed.work_ms.unwrap_or_else(|| best.work_ms()),
+                    priority: d.priority,
+                };
+                let q = Queued {
+                    demand: d,
+                    arrival,
+                    resumed,
+                };
+                self.routers[r].queue.push(waiting, q);
+                return;
+            }
+        }
+        let router = &mut self.routers[r];
+        // The first candidate (or the node whose batch job it cut, or the
+        // first that took it), resolved to a node and its engine's model
+        // index (both always exist: the snapshot is built from the plan).
         let snapshot = &router.snapshot;
         let chosen = match cut_for {
             Some(node) => self.ranking.iter().find(|c| c.node == node),
-            None => self.ranking.first(),
+            None => self.ranking.iter().nth(admitted_at.unwrap_or(0)),
         };
         let target = chosen.and_then(|c| {
             let i = self.by_snapshot[snapshot.index_of(c.node)?];
@@ -966,22 +1032,53 @@ impl<'a> Sim<'a> {
         });
         self.live += 1;
         // The model index is the engine's own; it cannot be out of range.
+        let engine = &self.nodes[i].engine;
+        if engine.workload(now).pending() >= engine.slots() {
+            self.past_slots += 1;
+        }
         let _ = self.nodes[i].engine.submit(now, spec);
         self.reschedule(i);
     }
 
+    /// Whether the owner of the `k`th ranked node has a slot free for a
+    /// request of router `r` now: its engine holds fewer requests than it
+    /// has slots (the owner reads its engine live).
+    fn owner_admits(&self, r: usize, k: usize, now: Micros) -> bool {
+        let Some(i) = self.ranked_node(r, k) else {
+            return false;
+        };
+        let engine = &self.nodes[i].engine;
+        engine.workload(now).pending() < engine.slots()
+    }
+
+    /// The scenario index of the `k`th ranked node, as router `r` sees it.
+    fn ranked_node(&self, r: usize, k: usize) -> Option<usize> {
+        let c = self.ranking.iter().nth(k)?;
+        let pos = self.routers[r].snapshot.index_of(c.node)?;
+        Some(self.by_snapshot[pos])
+    }
+
     /// The batch job (its in-flight slot) that the interactive request just
-    /// ranked cuts for a slot, if any (`pair_scheduler::preempt`): one that
-    /// router `r` dispatched to a node of the ranking and that holds a
-    /// slot there. The router prices them as it sees them: the tokens each
-    /// has streamed, its own rates and planned answers.
-    fn victim(&self, r: usize, now: Micros) -> Option<usize> {
-        let wait_ms = self
-            .ranking
-            .iter()
-            .filter_map(|c| c.score.prediction())
-            .map(|p| p.queue_ms)
-            .min()?;
+    /// ranked cuts for a slot, if any (`pair_scheduler::preempt`), among
+    /// `which` that hold a slot. The router prices them as it sees them:
+    /// the tokens each has streamed, its own rates and planned answers.
+    fn victim(&self, r: usize, now: Micros, which: Victims) -> Option<usize> {
+        let wait_ms = match which {
+            Victims::Routed => self
+                .ranking
+                .iter()
+                .filter_map(|c| c.score.prediction())
+                .map(|p| p.queue_ms)
+                .min()?,
+            Victims::On(i) => {
+                self.ranking
+                    .iter()
+                    .find(|c| c.node == self.plan.nodes[i].id)
+                    .and_then(|c| c.score.prediction())?
+                    .queue_ms
+            }
+        };
+        let per_node = matches!(self.scn.routing, Routing::PerNode(_));
         let snapshot = &self.routers[r].snapshot;
         let mut slots = Vec::new();
         let mut running = Vec::new();
@@ -989,9 +1086,16 @@ impl<'a> Sim<'a> {
             let Some(f) = f else { continue };
             let i = usize::from(f.node);
             let node_id = self.plan.nodes[i].id;
-            if f.demand.priority != Priority::Batch
-                || !self.ranking.iter().any(|c| c.node == node_id)
-            {
+            let eligible = match which {
+                // A router cuts what it routed; a node also what it runs
+                // for its peers.
+                Victims::Routed => {
+                    (usize::from(f.router) == r || per_node && i == r)
+                        && self.ranking.iter().any(|c| c.node == node_id)
+                }
+                Victims::On(k) => i == k,
+            };
+            if f.demand.priority != Priority::Batch || !eligible {
                 continue;
             }
             let Some(generated) = self.nodes[i].engine.tokens_generated(slot as u64, now) else {
@@ -1890,6 +1994,45 @@ mod tests {
         assert!(
             p95(&preempt, 1) < p95(&priorities, 1),
             "the farm keeps all slots"
+        );
+    }
+
+    /// Routers per node holding requests at the cluster send one to a
+    /// node only into a free slot, whatever their views of each other
+    /// say: none queues in an engine (committed at once, many do). And
+    /// interactive work asks its peers to cut batch work they run, so
+    /// chat beside the farm is as quick as with one router.
+    #[test]
+    fn per_node_routers_never_count_one_slot_twice() {
+        let run = |file: &str, queue: &str| {
+            let mut scn = Scenario::parse(file).unwrap();
+            scn.duration = 300 * 1_000_000;
+            scn.routing = Routing::PerNode(Entry::Spread);
+            scn.queue = crate::scenario::parse_queue(queue).unwrap();
+            let plan = Cluster::build(&scn).unwrap();
+            let mut sim = Sim::new(&scn, &plan, Policy::PredictedLatency);
+            sim.run();
+            let past = sim.past_slots;
+            (past, sim.finish(Policy::PredictedLatency))
+        };
+        let serial = include_str!("../../../scenarios/serial-mixed.toml");
+        assert!(run(serial, "off").0 > 50, "committed at once");
+        for queue in ["fifo", "sjf"] {
+            let (past, out) = run(serial, queue);
+            assert_eq!(past, 0, "{queue}");
+            assert_eq!(out.summary.generated, out.summary.completed);
+        }
+        let farm = include_str!("../../../scenarios/chat-beside-farm.toml");
+        let (past, preempt) = run(farm, "preempt");
+        assert_eq!(past, 0);
+        assert!(preempt.cuts > 20, "{} cuts", preempt.cuts);
+        let (_, priorities) = run(farm, "priorities");
+        let chat_p95 = |out: &RunOutput| out.summary.sources[0].ttft.p95_ms;
+        assert!(
+            chat_p95(&preempt) < 0.5 * chat_p95(&priorities),
+            "{} against {}",
+            chat_p95(&preempt),
+            chat_p95(&priorities)
         );
     }
 
