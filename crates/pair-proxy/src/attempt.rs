@@ -375,7 +375,7 @@ impl<'a> Attempts<'a> {
                 }
                 Reach::Continuation {
                     preempt: Some(job), ..
-                } => job.movable(),
+                } => job.peer_may_cut(),
                 _ => false,
             };
         let sent = async {

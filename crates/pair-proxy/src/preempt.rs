@@ -49,6 +49,9 @@ pub(crate) struct Job {
     yielded: AtomicBool,
     /// Moves the answer may still make (`--resume-limit`, less its moves).
     moves_left: AtomicU32,
+    /// Moves it made: a cut by a peer reaches this node as a failed
+    /// stream, so the cap on cuts is kept on every move.
+    moves: AtomicU32,
     /// When its request arrived: its place in the cluster queue.
     pub(crate) arrived: Instant,
 }
@@ -62,12 +65,14 @@ impl Job {
             tokens: AtomicU32::new(0),
             yielded: AtomicBool::new(false),
             moves_left: AtomicU32::new(u32::from(limit)),
+            moves: AtomicU32::new(0),
             arrived,
         }
     }
 
     /// The answer moved (after a cut of any kind).
     pub(crate) fn moved(&self) {
+        self.moves.fetch_add(1, Relaxed);
         let _ = self
             .moves_left
             .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
@@ -81,6 +86,13 @@ impl Job {
     /// Whether a cut can still move it (it has moves left).
     pub(crate) fn movable(&self) -> bool {
         self.moves_left.load(Relaxed) > 0 && self.tokens.load(Relaxed) < READ_BACK_TOKENS
+    }
+
+    /// Whether a peer serving it may cut it ([`pair_link::CUTTABLE_HEADER`]):
+    /// it can move, and has moved fewer than [`pair_scheduler::queue::MAX_CUTS`]
+    /// times (the peer cannot count its cuts on other nodes).
+    pub(crate) fn peer_may_cut(&self) -> bool {
+        self.movable() && self.moves.load(Relaxed) < pair_scheduler::queue::MAX_CUTS
     }
 
     /// The client had `events` more tokens.
@@ -454,5 +466,13 @@ mod tests {
         let job = Job::new(2, Instant::now());
         job.progress(READ_BACK_TOKENS);
         assert!(!job.movable(), "too long to read back");
+        // A peer may cut it while it moved fewer than MAX_CUTS times.
+        let job = Job::new(u8::MAX, Instant::now());
+        for _ in 0..pair_scheduler::queue::MAX_CUTS {
+            assert!(job.peer_may_cut());
+            job.moved();
+        }
+        assert!(!job.peer_may_cut(), "cut often enough");
+        assert!(job.movable(), "it may still move on a failure");
     }
 }
