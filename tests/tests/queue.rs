@@ -46,13 +46,70 @@ async fn generate(url: &str, prompt: &str, tokens: u32) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-/// Waits (up to 10 s) until node 0 holds `n` requests, running or
+/// An Ollama generation of `tokens` through `at`'s face, non-streamed and
+/// pinned to `node`, spawned; its status.
+fn pinned(
+    at: String,
+    node: pair_core::NodeId,
+    tokens: u32,
+) -> tokio::task::JoinHandle<reqwest::Result<u16>> {
+    tokio::spawn(async move {
+        http()
+            .post(format!("{at}/api/generate"))
+            .header("x-pair-node-pin", node.to_string())
+            .json(
+                &json!({"model": "llama3.2:3b", "prompt": "a long one", "stream": false,
+                          "options": {"num_predict": tokens}}),
+            )
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    })
+}
+
+/// A four-token question through `at`'s face, non-streamed: the answer.
+async fn ask(at: &str) -> reqwest::Response {
+    http()
+        .post(format!("{at}/api/generate"))
+        .json(
+            &json!({"model": "llama3.2:3b", "prompt": "a quick question", "stream": false,
+                      "options": {"num_predict": 4}}),
+        )
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A streamed Ollama chat's text, checked for no error event: its answer
+/// and its last event.
+fn chat_stream(text: &str) -> (String, Value) {
+    let events: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        events.iter().all(|e| e.get("error").is_none()),
+        "no error in the stream: {text}"
+    );
+    let answer: String = events
+        .iter()
+        .filter_map(|e| e["message"]["content"].as_str())
+        .collect();
+    (answer, events.last().cloned().unwrap_or_default())
+}
+
+/// Waits (up to 10 s) until node `node` holds `n` requests, running or
 /// waiting at the cluster.
-async fn holding(c: &LocalCluster, n: usize) {
-    let st = &c.nodes[0].state;
+async fn holding(c: &LocalCluster, node: usize, n: usize) {
+    let st = &c.nodes[node].state;
     let deadline = Instant::now() + Duration::from_secs(10);
     while st.load.in_flight() as usize + st.waitroom.len() < n {
-        assert!(Instant::now() < deadline, "node 0 never held {n} requests");
+        assert!(
+            Instant::now() < deadline,
+            "node {node} never held {n} requests"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -69,7 +126,7 @@ async fn race(c: &LocalCluster) -> Vec<&'static str> {
         let at = at.clone();
         async move { generate(&at, "first long", 2000).await }
     });
-    holding(c, 1).await;
+    holding(c, 0, 1).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let send = |name: &'static str, tokens: u32| {
@@ -81,7 +138,7 @@ async fn race(c: &LocalCluster) -> Vec<&'static str> {
         })
     };
     let long = send("long", 400);
-    holding(c, 2).await;
+    holding(c, 0, 2).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let short = send("short", 4);
     long.await.unwrap();
@@ -288,21 +345,7 @@ async fn cut_race(c: &LocalCluster, tokens: u32) -> (Vec<&'static str>, String, 
     let (status, _) = generate(&url(c), "a quick question", 4).await;
     assert_eq!(status, 200);
     ended.lock().unwrap().push("chat");
-    let text = batch.await.unwrap();
-    let events: Vec<Value> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    assert!(
-        events.iter().all(|e| e.get("error").is_none()),
-        "no error in the stream: {text}"
-    );
-    let answer: String = events
-        .iter()
-        .filter_map(|e| e["message"]["content"].as_str())
-        .collect();
-    let last = events.last().cloned().unwrap_or_default();
+    let (answer, last) = chat_stream(&batch.await.unwrap());
     let order = ended.lock().unwrap().clone();
     (order, answer, last, job)
 }
@@ -366,19 +409,6 @@ async fn a_peer_takes_a_held_request_only_into_a_free_slot() {
     .unwrap();
     pair_testkit::cluster::warm(&c, "llama3.2:3b").await;
     let (node0, node1) = (c.nodes[0].id, c.nodes[1].id);
-    let pinned = |at: String, node: pair_core::NodeId, tokens: u32| async move {
-        http()
-            .post(format!("{at}/api/generate"))
-            .header("x-pair-node-pin", node.to_string())
-            .json(
-                &json!({"model": "llama3.2:3b", "prompt": "a long one", "stream": false,
-                          "options": {"num_predict": tokens}}),
-            )
-            .timeout(Duration::from_secs(120))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    };
     // Just after node 1's report reaches node 0: the next is 4 s away.
     let seen = |c: &LocalCluster| {
         c.nodes[0]
@@ -393,28 +423,17 @@ async fn a_peer_takes_a_held_request_only_into_a_free_slot() {
         assert!(Instant::now() < deadline, "node 1 never reported");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let long1 = tokio::spawn(pinned(c.nodes[1].ollama_url(), node1, 4_000));
-    let long0 = tokio::spawn(pinned(c.nodes[0].ollama_url(), node0, 300));
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while c.nodes.iter().any(|n| n.state.load.in_flight() < 1) {
-        assert!(Instant::now() < deadline, "the long answers never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let long1 = pinned(c.nodes[1].ollama_url(), node1, 4_000);
+    let long0 = pinned(c.nodes[0].ollama_url(), node0, 300);
+    holding(&c, 0, 1).await;
+    holding(&c, 1, 1).await;
     let view = c.nodes[0].state.cluster();
     assert_eq!(
         view.node(node1).map(|n| n.workload.pending()),
         Some(0),
         "node 0's view of node 1 is a report old"
     );
-    let r = http()
-        .post(format!("{}/api/generate", c.nodes[0].ollama_url()))
-        .json(
-            &json!({"model": "llama3.2:3b", "prompt": "a quick question", "stream": false,
-                      "options": {"num_predict": 4}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let r = ask(&c.nodes[0].ollama_url()).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         pair_testkit::cluster::served_by(&r),
@@ -471,31 +490,10 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
     assert_eq!(warm.status(), 200);
     warm.text().await.unwrap();
     let ids: Vec<pair_core::NodeId> = c.nodes.iter().map(|n| n.id).collect();
-    let long = |k: usize| {
-        let (at, node) = (c.nodes[k].ollama_url(), ids[k]);
-        tokio::spawn(async move {
-            http()
-                .post(format!("{at}/api/generate"))
-                .header("x-pair-node-pin", node.to_string())
-                .json(
-                    &json!({"model": "llama3.2:3b", "prompt": "a long one", "stream": false,
-                              "options": {"num_predict": 3 * TOKENS}}),
-                )
-                .timeout(Duration::from_secs(120))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
+    let long = |k: usize| pinned(c.nodes[k].ollama_url(), ids[k], 3 * TOKENS);
     let (long0, long2) = (long(0), long(2));
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while [0, 2]
-        .iter()
-        .any(|&k| c.nodes[k].state.load.in_flight() < 1)
-    {
-        assert!(Instant::now() < deadline, "the long answers never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    holding(&c, 0, 1).await;
+    holding(&c, 2, 1).await;
     // Every node's view shows both taken.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let resp = batch_chat(&c, TOKENS).await;
@@ -516,15 +514,7 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = http()
-        .post(format!("{}/api/generate", c.nodes[2].ollama_url()))
-        .json(
-            &json!({"model": "llama3.2:3b", "prompt": "a quick question", "stream": false,
-                      "options": {"num_predict": 4}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let r = ask(&c.nodes[2].ollama_url()).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         pair_testkit::cluster::served_by(&r),
@@ -532,23 +522,9 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
         "the question took the slot node 1 cut free (nodes {ids:?})"
     );
     ended.lock().unwrap().push("chat");
-    let text = batch.await.unwrap();
+    let (answer, last) = chat_stream(&batch.await.unwrap());
     assert_eq!(*ended.lock().unwrap(), ["chat", "batch"]);
-    let events: Vec<Value> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    assert!(
-        events.iter().all(|e| e.get("error").is_none()),
-        "no error in the stream: {text}"
-    );
-    let answer: String = events
-        .iter()
-        .filter_map(|e| e["message"]["content"].as_str())
-        .collect();
     assert_eq!(answer.split_whitespace().count(), TOKENS as usize);
-    let last = events.last().cloned().unwrap_or_default();
     assert_eq!(last["done"], true, "{last}");
     assert_eq!(last["eval_count"], TOKENS, "counts summed: {last}");
     let rec = record(&c, 0, &job).await;

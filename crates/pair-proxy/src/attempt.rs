@@ -930,13 +930,23 @@ pub(crate) async fn wait_at_cluster(
     }
 }
 
-/// Every attempt was refused by a peer whose slots were all taken.
-pub(crate) fn every_slot_full(failover: &Failover) -> bool {
+/// Whether every attempt was refused by a peer whose slots were all taken
+/// (`slots-full`): then each of those peers is recorded as full until it
+/// next reports (its view here was older than its engine), and the request
+/// waits at the cluster again.
+pub(crate) fn refused_everywhere(st: &ProxyState, failover: &Failover) -> bool {
     let failed = failover.failed();
-    !failed.is_empty()
+    let everywhere = !failed.is_empty()
         && failed.iter().all(|a| {
             matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == SLOTS_FULL)
-        })
+        });
+    if everywhere {
+        let cluster = st.cluster();
+        for a in failed {
+            st.refused_for_slots(&cluster, a.node);
+        }
+    }
+    everywhere
 }
 
 /// The failure class of a relayed request refused for want of a free slot.
@@ -1080,11 +1090,7 @@ pub(crate) async fn continue_on(
             Driven::GaveUp {
                 why: pair_scheduler::GiveUp::Exhausted { .. },
                 kept: None,
-            } if batch.is_some() && every_slot_full(&failover) && Instant::now() < bound => {
-                let cluster = st.cluster();
-                for a in failover.failed() {
-                    st.refused_for_slots(&cluster, a.node);
-                }
+            } if batch.is_some() && Instant::now() < bound && refused_everywhere(st, &failover) => {
             }
             Driven::GaveUp { .. } => return None,
         }

@@ -36,7 +36,9 @@ use pair_scheduler::drive::Driven;
 use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
-use crate::attempt::{Attempts, Committed, Reach, SLOTS_FULL, SlotsFull, every_slot_full, holds};
+use crate::attempt::{
+    Attempts, Committed, Reach, SLOTS_FULL, SlotsFull, holds, refused_everywhere,
+};
 pub use crate::attempt::{Inference, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
@@ -286,12 +288,13 @@ pub async fn execute(
     // work, with preemption) into one a batch answer it runs gives up.
     if let Plan::ThisNode { .. } = plan
         && let Some(sent_as) = req.head.headers.get(&pair_link::FREE_SLOT_HEADER)
-        && st.slots_full_here(&profile, req.flavor)
-        && !(std::str::from_utf8(sent_as)
-            .ok()
-            .and_then(pair_core::Priority::parse)
-            == Some(pair_core::Priority::Interactive)
-            && st.cut_here_for(&profile, req.flavor))
+        && !st.takes_held(
+            &profile,
+            req.flavor,
+            std::str::from_utf8(sent_as)
+                .ok()
+                .and_then(pair_core::Priority::parse),
+        )
     {
         pending.take();
         return slots_full_here(st, &req);
@@ -340,13 +343,7 @@ pub async fn execute(
             Driven::GaveUp {
                 why: pair_scheduler::GiveUp::Exhausted { .. },
                 kept: None,
-            } if free_slot && every_slot_full(&failover) => {
-                // The views of those peers were older than their engines:
-                // full until they report again.
-                let cluster = st.cluster();
-                for a in failover.failed() {
-                    st.refused_for_slots(&cluster, a.node);
-                }
+            } if free_slot && refused_everywhere(st, &failover) => {
                 if Instant::now() >= bound {
                     return SlotsFull { retry_s: 1 }.refuse(st, &req, &mut pending);
                 }

@@ -417,16 +417,31 @@ impl ProxyState {
         ))
     }
 
-    /// Whether every slot of this node's engine for `request`'s model is
-    /// taken now (read live, in the dispatch turn, so two requests do not
-    /// both see the last one free).
-    pub(crate) fn slots_full_here(&self, request: &RequestProfile, flavor: ApiFlavor) -> bool {
-        let _turn = self.dispatch_turn();
-        self.slots_full_in_turn(&self.cluster(), request, flavor)
+    /// Whether this node's engine takes a relayed request its sender held
+    /// at the cluster (sent as work of `priority`): into a free slot, read
+    /// live in the dispatch turn so two requests do not both see the last
+    /// one free, or, for interactive work with preemption, into the slot a
+    /// batch answer it runs gives up ([`crate::preempt::Legs::cut_on`]).
+    pub(crate) fn takes_held(
+        &self,
+        request: &RequestProfile,
+        flavor: ApiFlavor,
+        priority: Option<pair_core::Priority>,
+    ) -> bool {
+        let predicted = {
+            let _turn = self.dispatch_turn();
+            self.local_prediction(&self.cluster(), request, flavor)
+        };
+        let Some(p) = predicted.filter(|p| p.slots > 0 && p.jobs_ahead >= p.slots) else {
+            return true;
+        };
+        priority == Some(pair_core::Priority::Interactive)
+            && self.waitroom.preempts()
+            && self.waitroom.legs.cut_on(self.node.id, p.queue_ms)
     }
 
-    /// [`ProxyState::slots_full_here`] for a caller that holds the
-    /// dispatch turn.
+    /// Whether every slot of this node's engine for `request`'s model is
+    /// taken now, for a caller that holds the dispatch turn.
     pub(crate) fn slots_full_in_turn(
         &self,
         cluster: &ClusterSnapshot,
@@ -458,19 +473,6 @@ impl ProxyState {
         self.refused
             .lock()
             .is_ok_and(|r| r.iter().any(|&(n, at)| n == node && at == reported))
-    }
-
-    /// Cuts a batch answer on this node's engine for an interactive
-    /// `request` that finds its slots full (with preemption): whether it
-    /// did ([`crate::preempt::Legs::cut_on`]).
-    pub(crate) fn cut_here_for(&self, request: &RequestProfile, flavor: ApiFlavor) -> bool {
-        if !self.waitroom.preempts() {
-            return false;
-        }
-        let Some(p) = self.local_prediction(&self.cluster(), request, flavor) else {
-            return false;
-        };
-        self.waitroom.legs.cut_on(self.node.id, p.queue_ms)
     }
 
     /// Shows the candidates that refused for want of a slot since their

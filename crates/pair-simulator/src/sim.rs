@@ -876,23 +876,17 @@ impl<'a> Sim<'a> {
         if d.priority == Priority::Interactive {
             router.interactive_at = Some(now);
         }
+        // A policy that predicts nothing never holds a request.
+        let ranked = self
+            .ranking
+            .first()
+            .is_some_and(|c| c.score.prediction().is_some());
         if late.is_some()
             && cut_for.is_none()
             && (!forced && free == 0 && !ask_peers || batch_waits)
-            && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
+            && ranked
         {
-            let waiting = Waiting {
-                lane: u32::from(d.model),
-                arrived_ms: arrival / US_PER_MS,
-                work_ms: resumed.work_ms.unwrap_or_else(|| best.work_ms()),
-                priority: d.priority,
-            };
-            let q = Queued {
-                demand: d,
-                arrival,
-                resumed,
-            };
-            router.queue.push(waiting, q);
+            self.wait_at(r, d, arrival, resumed);
             return;
         }
         // Routers per node: a view can show a peer's slot free that
@@ -920,22 +914,8 @@ impl<'a> Sim<'a> {
                     break;
                 }
             }
-            if admitted_at.is_none()
-                && cut_for.is_none()
-                && let Some(best) = self.ranking.first().and_then(|c| c.score.prediction())
-            {
-                let waiting = Waiting {
-                    lane: u32::from(d.model),
-                    arrived_ms: arrival / US_PER_MS,
-                    work_ms: resumed.work_ms.unwrap_or_else(|| best.work_ms()),
-                    priority: d.priority,
-                };
-                let q = Queued {
-                    demand: d,
-                    arrival,
-                    resumed,
-                };
-                self.routers[r].queue.push(waiting, q);
+            if admitted_at.is_none() && cut_for.is_none() && ranked {
+                self.wait_at(r, d, arrival, resumed);
                 return;
             }
         }
@@ -1038,6 +1018,27 @@ impl<'a> Sim<'a> {
         }
         let _ = self.nodes[i].engine.submit(now, spec);
         self.reschedule(i);
+    }
+
+    /// Queues a request at router `r`, in its place: its arrival, and its
+    /// work as the first ranked candidate prices it (a continuation keeps
+    /// its first run's).
+    fn wait_at(&mut self, r: usize, demand: Demand, arrival: Micros, resumed: Resumed) {
+        let best = self.ranking.first().and_then(|c| c.score.prediction());
+        let waiting = Waiting {
+            lane: u32::from(demand.model),
+            arrived_ms: arrival / US_PER_MS,
+            work_ms: resumed
+                .work_ms
+                .unwrap_or_else(|| best.map_or(0, |p| p.work_ms())),
+            priority: demand.priority,
+        };
+        let q = Queued {
+            demand,
+            arrival,
+            resumed,
+        };
+        self.routers[r].queue.push(waiting, q);
     }
 
     /// Whether the owner of the `k`th ranked node has a slot free for a
