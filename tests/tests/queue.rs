@@ -159,8 +159,9 @@ async fn a_short_request_passes_a_long_one_waiting_for_a_serial_engine() {
     off.stop().await;
 
     let sjf = serial_node(Some(Order::ShortestFirst)).await;
-    assert_eq!(race(&sjf).await, ["short", "long"], "shortest first");
+    let order = race(&sjf).await;
     let jobs = sjf.nodes[0].state.jobs.recent(10);
+    assert_eq!(order, ["short", "long"], "shortest first {jobs:#?}");
     let waited: Vec<_> = jobs
         .iter()
         .filter_map(|j| j.waited.filter(|w| w.why == WaitReason::ClusterQueue))

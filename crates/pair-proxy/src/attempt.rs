@@ -106,6 +106,9 @@ pub(crate) struct Attempts<'a> {
     /// Peers take it only into a free slot ([`pair_link::FREE_SLOT_HEADER`]):
     /// it waited at the cluster, and goes back there if every one is full.
     pub free_slot: bool,
+    /// The free slot it was let go for at the cluster: released once it
+    /// is counted where it goes.
+    pub claim: Option<crate::waiting::Claim>,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -175,6 +178,14 @@ pub(crate) struct Held {
 }
 
 impl<'a> Attempts<'a> {
+    /// Its free slot is counted, or it goes nowhere now: the slot it held
+    /// at the cluster is no longer its to hold.
+    fn release_claim(&self) {
+        if let Some(claim) = self.claim {
+            self.st.waitroom.counted(claim);
+        }
+    }
+
     /// Runs the request's failover to its end, on the connection's timer.
     pub(crate) async fn run(
         &self,
@@ -535,11 +546,14 @@ impl<'a> Exchange for Attempts<'a> {
         }
         let step = decide(&targets, owners_down);
         let Step::Dispatch { node, alone, .. } = step else {
+            drop(turn);
+            self.release_claim();
             return (step, None);
         };
         let mut ticket = self.count(cluster, node);
         ticket.alone = alone;
         drop(turn);
+        self.release_claim();
         let chosen = shortlist.iter().find(|c| c.node == node);
         ticket.cached = chosen
             .and_then(|c| c.score.prediction())
@@ -868,22 +882,26 @@ pub(crate) async fn wait_at_cluster(
             st.waitroom
                 .admit(&profile.model, profile.priority, arrived, &top)
         };
-        let went = |freed| {
+        let went = |freed, claim| {
             Ok(Waited {
                 wait: Some(pair_core::JobWait {
                     ms: crate::job::millis(arrived.elapsed()),
                     why: pair_core::WaitReason::ClusterQueue,
                 }),
                 freed,
+                claim,
             })
         };
         let (woken, place) = match admitted {
-            waiting::Admit::Go if waited => {
-                // More slots may be free: the next in line looks too.
-                st.waitroom.wake();
-                return went(None);
+            // The next in line looks once this one is counted (and no
+            // view shows its slot free).
+            waiting::Admit::Go(claim) if waited => return went(None, claim),
+            waiting::Admit::Go(claim) => {
+                return Ok(Waited {
+                    claim,
+                    ..Waited::default()
+                });
             }
-            waiting::Admit::Go => return Ok(Waited::default()),
             waiting::Admit::Wait { woken, place, full } => {
                 let cut = (full
                     && profile.priority == pair_core::Priority::Interactive
@@ -895,7 +913,7 @@ pub(crate) async fn wait_at_cluster(
                     // is woken for it, and it goes there before any view
                     // shows the slot free.
                     drop(place);
-                    return went(Some(node));
+                    return went(Some(node), None);
                 }
                 // Nothing of this node's to cut: a peer not yet asked since
                 // it last reported may cut batch work it runs for another
@@ -908,7 +926,7 @@ pub(crate) async fn wait_at_cluster(
                         .any(|c| c.node != st.node.id && !st.refused_since_report(&cluster, c.node))
                 {
                     drop(place);
-                    return went(None);
+                    return went(None, None);
                 }
                 (woken, place)
             }
@@ -959,6 +977,8 @@ pub(crate) struct Waited {
     pub wait: Option<pair_core::JobWait>,
     /// The node whose batch answer it cut for a slot, if it did.
     pub freed: Option<NodeId>,
+    /// The free slot it was let go for, held until it is counted.
+    pub claim: Option<crate::waiting::Claim>,
 }
 
 /// A request waited for a slot past its bound.
@@ -1007,8 +1027,9 @@ pub(crate) async fn continue_on(
     };
     let bound = Instant::now() + waiting::DEFAULT_WAIT;
     loop {
-        if let Some(job) = batch
-            && wait_at_cluster(
+        let mut claim = None;
+        if let Some(job) = batch {
+            match wait_at_cluster(
                 st,
                 &cont.profile,
                 job.arrived,
@@ -1017,10 +1038,13 @@ pub(crate) async fn continue_on(
                 std::mem::take(&mut yielded),
             )
             .await
-            .is_err()
-        {
-            tracing::info!(job = %cont.job, "a cut batch answer found no slot in time");
-            return None;
+            {
+                Ok(waited) => claim = waited.claim,
+                Err(_) => {
+                    tracing::info!(job = %cont.job, "a cut batch answer found no slot in time");
+                    return None;
+                }
+            }
         }
         let req = Inference {
             head: head.clone(),
@@ -1045,6 +1069,7 @@ pub(crate) async fn continue_on(
             alone_since: Default::default(),
             queued: None,
             free_slot: batch.is_some(),
+            claim,
         };
         let mut failover = Failover::new(FailoverConfig {
             stall_floor: st.timeouts.first_byte,

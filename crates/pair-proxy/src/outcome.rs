@@ -412,6 +412,7 @@ mod tests {
             alone_since: Default::default(),
             queued: None,
             free_slot: false,
+            claim: None,
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

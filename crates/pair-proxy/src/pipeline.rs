@@ -303,11 +303,12 @@ pub async fn execute(
     let mut queued = None;
     let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
     loop {
-        queued = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
+        let claim;
+        (queued, claim) = match wait_for_slot(st, &req, &profile, plan, client_deadline).await {
             Ok(waited) => {
                 // A slot it cut free goes first, whatever the view still says.
                 profile.pinned = profile.pinned.or(waited.freed);
-                waited.wait.or(queued)
+                (waited.wait.or(queued), waited.claim)
             }
             Err(full) => return full.refuse(st, &req, &mut pending),
         };
@@ -327,6 +328,7 @@ pub async fn execute(
             alone_since: Default::default(),
             queued,
             free_slot,
+            claim,
         };
         match attempts.run(&mut failover, deadline.as_mut()).await {
             Driven::Committed { node, answer: a } => {

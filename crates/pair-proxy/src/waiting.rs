@@ -84,6 +84,19 @@ struct Inner {
     /// they are out of the queue but still ahead of those behind them, so
     /// that a later request's own recheck does not take their slot.
     woken: Vec<Woken>,
+    /// Requests let go that are not yet counted on the node they go to:
+    /// each holds one of the free slots the views still show.
+    going: Vec<(Claim, Instant)>,
+    claims: u64,
+}
+
+/// A request let go for a free slot, until it is counted where it goes
+/// ([`WaitRoom::counted`]); past [`WOKEN_HOLD`] it is taken as gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    lane: u32,
+    /// Told apart from every other claim of this node.
+    seq: u64,
 }
 
 /// A request woken for a slot, until it looks again.
@@ -99,8 +112,9 @@ struct Woken {
 /// What a request does now.
 #[derive(Debug)]
 pub enum Admit<'a> {
-    /// A slot is free for it (or the node does not queue).
-    Go,
+    /// A slot is free for it (or the node does not queue): it holds
+    /// the slot until it is counted where it goes.
+    Go(Option<Claim>),
     /// It waits for `woken` (or [`RECHECK`]) in its `place`.
     Wait {
         woken: oneshot::Receiver<()>,
@@ -142,6 +156,8 @@ impl WaitRoom {
                 interactive_at: None,
                 t0: Instant::now(),
                 woken: Vec::new(),
+                going: Vec::new(),
+                claims: 0,
             }),
             legs: std::sync::Arc::default(),
         }
@@ -193,14 +209,14 @@ impl WaitRoom {
         yielded: bool,
     ) -> Admit<'_> {
         let Some(order) = self.order else {
-            return Admit::Go;
+            return Admit::Go(None);
         };
         let mut free = 0u32;
         let mut slots = 0u32;
         let mut work_ms = 0u32;
         for (i, c) in candidates.iter().enumerate() {
             let Some(p) = c.score.prediction() else {
-                return Admit::Go;
+                return Admit::Go(None);
             };
             if i == 0 {
                 work_ms = p.work_ms();
@@ -209,10 +225,10 @@ impl WaitRoom {
             slots += p.slots;
         }
         if candidates.is_empty() {
-            return Admit::Go;
+            return Admit::Go(None);
         }
         let Ok(mut inner) = self.inner.lock() else {
-            return Admit::Go;
+            return Admit::Go(None);
         };
         let now = Instant::now();
         let seen_ago = inner
@@ -222,6 +238,14 @@ impl WaitRoom {
             inner.interactive_at = Some(now);
         }
         let lane = inner.lane(model);
+        // Slots others were let go for, not counted yet, are not free.
+        inner
+            .going
+            .retain(|(_, at)| now.saturating_duration_since(*at) < WOKEN_HOLD);
+        let free = free.saturating_sub(
+            u32::try_from(inner.going.iter().filter(|(c, _)| c.lane == lane).count())
+                .unwrap_or(u32::MAX),
+        );
         let waiting = Waiting {
             lane,
             arrived_ms: millis(arrived.saturating_duration_since(inner.t0)),
@@ -257,7 +281,13 @@ impl WaitRoom {
                 || priority == Priority::Interactive
                 || batch_may_take(free, slots, seen_ago, millis(arrived.elapsed())));
         if may && !ahead && !yielded {
-            return Admit::Go;
+            inner.claims += 1;
+            let claim = Claim {
+                lane,
+                seq: inner.claims,
+            };
+            inner.going.push((claim, now));
+            return Admit::Go(Some(claim));
         }
         let (tx, woken) = oneshot::channel();
         let ticket = inner.queue.push(waiting, tx);
@@ -270,6 +300,21 @@ impl WaitRoom {
             woken,
             place: Place { room: self, ticket },
             full: free == 0,
+        }
+    }
+
+    /// The request let go with `claim` is counted where it goes (or gave
+    /// up): the slot it held is no longer free in any view, and more may
+    /// be, so the next in line looks.
+    /// Once per claim: later calls do nothing.
+    pub(crate) fn counted(&self, claim: Claim) {
+        let held = self.inner.lock().is_ok_and(|mut inner| {
+            let before = inner.going.len();
+            inner.going.retain(|(c, _)| *c != claim);
+            inner.going.len() < before
+        });
+        if held {
+            self.wake();
         }
     }
 
