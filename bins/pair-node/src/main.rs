@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[cfg(feature = "mimalloc")]
+mod memory;
 #[cfg(windows)]
 mod winsvc;
 
@@ -282,6 +284,8 @@ fn run_cli(cli: Cli) -> ExitCode {
         Ok(n) => tracing::debug!(nofile = n, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
+    #[cfg(feature = "mimalloc")]
+    memory::return_freed_memory();
     let threads = cli.threads.map_or_else(default_threads, usize::from);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
