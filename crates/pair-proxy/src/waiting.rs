@@ -4,7 +4,10 @@
 //! with aging; batch after interactive), instead of in one engine's own
 //! first-come queue; it goes when a node has room, to the node predicted to
 //! finish it soonest then. Its place is a slot counted like any other: the
-//! request is ranked again when woken, and reserves the node it goes to.
+//! request is ranked again when woken, and reserves the node it goes to;
+//! from when it is let go until it is counted there, it holds a claim on
+//! one of the free slots the views show, so the next in line does not
+//! take the same one.
 //!
 //! A request is woken when a slot may have freed (an answer on this node
 //! drained, a fresh cluster view published), and looks again every
@@ -87,6 +90,7 @@ struct Inner {
     /// Requests let go that are not yet counted on the node they go to:
     /// each holds one of the free slots the views still show.
     going: Vec<(Claim, Instant)>,
+    /// Claims made: the last one's number.
     claims: u64,
 }
 
@@ -305,8 +309,8 @@ impl WaitRoom {
 
     /// The request let go with `claim` is counted where it goes (or gave
     /// up): the slot it held is no longer free in any view, and more may
-    /// be, so the next in line looks.
-    /// Once per claim: later calls do nothing.
+    /// be, so the next in line looks. Once per claim: later calls do
+    /// nothing.
     pub(crate) fn counted(&self, claim: Claim) {
         let held = self.inner.lock().is_ok_and(|mut inner| {
             let before = inner.going.len();
