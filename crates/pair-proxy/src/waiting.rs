@@ -95,7 +95,7 @@ struct Inner {
 }
 
 /// A request let go for a free slot, until it is counted where it goes
-/// ([`WaitRoom::counted`]); past [`WOKEN_HOLD`] it is taken as gone.
+/// (`WaitRoom::counted`); past `WOKEN_HOLD` it is taken as gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claim {
     lane: u32,
