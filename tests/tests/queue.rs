@@ -100,6 +100,20 @@ fn chat_stream(text: &str) -> (String, Value) {
     (answer, events.last().cloned().unwrap_or_default())
 }
 
+/// The order answers ended in.
+type Ended = std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+/// Reads the batch answer `resp` to its end, spawned: its text, with
+/// "batch" added to `ended` when it ends.
+fn read_batch(resp: reqwest::Response, ended: &Ended) -> tokio::task::JoinHandle<String> {
+    let ended = std::sync::Arc::clone(ended);
+    tokio::spawn(async move {
+        let text = resp.text().await.unwrap();
+        ended.lock().unwrap().push("batch");
+        text
+    })
+}
+
 /// Waits (up to 10 s) until node `node` holds `n` requests, running or
 /// waiting at the cluster.
 async fn holding(c: &LocalCluster, node: usize, n: usize) {
@@ -330,18 +344,11 @@ async fn serial_batch_node(preempt: bool, tokens: u32) -> LocalCluster {
 /// order the two ended in, the batch answer's text and final event, and
 /// its job.
 async fn cut_race(c: &LocalCluster, tokens: u32) -> (Vec<&'static str>, String, Value, String) {
-    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ended = Ended::default();
     let resp = batch_chat(c, tokens).await;
     assert_eq!(resp.status(), 200);
     let job = job_of(&resp);
-    let batch = tokio::spawn({
-        let ended = std::sync::Arc::clone(&ended);
-        async move {
-            let text = resp.text().await.unwrap();
-            ended.lock().unwrap().push("batch");
-            text
-        }
-    });
+    let batch = read_batch(resp, &ended);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, _) = generate(&url(c), "a quick question", 4).await;
     assert_eq!(status, 200);
@@ -505,15 +512,8 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
         "the batch answer took node 1's free slot"
     );
     let job = job_of(&resp);
-    let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let batch = tokio::spawn({
-        let ended = std::sync::Arc::clone(&ended);
-        async move {
-            let text = resp.text().await.unwrap();
-            ended.lock().unwrap().push("batch");
-            text
-        }
-    });
+    let ended = Ended::default();
+    let batch = read_batch(resp, &ended);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r = ask(&c.nodes[2].ollama_url()).await;
     assert_eq!(r.status(), 200);

@@ -284,8 +284,6 @@ fn run_cli(cli: Cli) -> ExitCode {
         Ok(n) => tracing::debug!(nofile = n, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
-    #[cfg(feature = "mimalloc")]
-    memory::return_freed_memory();
     let threads = cli.threads.map_or_else(default_threads, usize::from);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -319,6 +317,8 @@ fn default_threads() -> usize {
 async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
     match cmd {
         Command::Run(args) => {
+            #[cfg(feature = "mimalloc")]
+            memory::return_freed_memory();
             let file = match &args.config {
                 Some(p) => FileConfig::load(p)?,
                 None => FileConfig::default(),
@@ -359,6 +359,8 @@ async fn dispatch(cmd: Command, threads: usize) -> anyhow::Result<()> {
             aliases,
             time_scale,
         } => {
+            #[cfg(feature = "mimalloc")]
+            memory::return_freed_memory();
             let demo_cfg = Demo {
                 nodes,
                 ollama_face,

@@ -14,7 +14,8 @@ use std::time::Duration;
 /// How often freed memory past mimalloc's delay goes back to the OS.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Starts the thread that returns freed memory.
+/// Starts the thread that returns freed memory (for the commands that
+/// serve: `run` and `demo`).
 pub(crate) fn return_freed_memory() {
     let started = std::thread::Builder::new()
         .name("pair-memory".into())

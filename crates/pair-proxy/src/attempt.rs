@@ -903,11 +903,11 @@ pub(crate) async fn wait_at_cluster(
                 });
             }
             waiting::Admit::Wait { woken, place, full } => {
-                let cut = (full
+                // Interactive work with every slot full cuts batch work.
+                let cuts = full
                     && profile.priority == pair_core::Priority::Interactive
-                    && st.waitroom.preempts())
-                .then(|| st.waitroom.legs.cut_for(&top))
-                .flatten();
+                    && st.waitroom.preempts();
+                let cut = cuts.then(|| st.waitroom.legs.cut_for(&top)).flatten();
                 if let Some(node) = cut {
                     // The slot it cut free is this request's: no one else
                     // is woken for it, and it goes there before any view
@@ -918,9 +918,7 @@ pub(crate) async fn wait_at_cluster(
                 // Nothing of this node's to cut: a peer not yet asked since
                 // it last reported may cut batch work it runs for another
                 // node, or refuse.
-                if full
-                    && profile.priority == pair_core::Priority::Interactive
-                    && st.waitroom.preempts()
+                if cuts
                     && top
                         .iter()
                         .any(|c| c.node != st.node.id && !st.refused_since_report(&cluster, c.node))
@@ -1116,6 +1114,7 @@ pub(crate) async fn continue_on(
                 why: pair_scheduler::GiveUp::Exhausted { .. },
                 kept: None,
             } if batch.is_some() && Instant::now() < bound && refused_everywhere(st, &failover) => {
+                // Every node tried had its slots full: it waits again.
             }
             Driven::GaveUp { .. } => return None,
         }

@@ -75,6 +75,31 @@ pub(crate) fn model_not_here(st: &ProxyState, req: &Inference, profile: &Request
     reply
 }
 
+/// The refusal of a relayed request that may only take a free slot, while
+/// every slot of this node's engine is taken: at once, before any engine
+/// sees it, with the class its sender waits on.
+pub(crate) fn slots_full_here(st: &ProxyState, req: &Inference) -> Reply {
+    let mut reply: Reply = json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        req.flavor,
+        "slots_full",
+        &format!(
+            "every slot of node {}'s engine is taken; the node that sent this holds it at the cluster",
+            st.node.name
+        ),
+        None,
+    )
+    .into();
+    reply
+        .extra
+        .push((MADE_HEADER, http::HeaderValue::from_static("1")));
+    reply.extra.push((
+        pair_link::FAILED_HEADER,
+        http::HeaderValue::from_static(crate::attempt::SLOTS_FULL),
+    ));
+    reply
+}
+
 impl Attempts<'_> {
     /// The request ends with nothing committed: the last answer a node
     /// gave, or the proxy's own error naming what each node did; recorded.

@@ -36,9 +36,7 @@ use pair_scheduler::drive::Driven;
 use pair_scheduler::{AnswerKey, Failover, FailoverConfig};
 use tokio::time::{Instant, Sleep};
 
-use crate::attempt::{
-    Attempts, Committed, Reach, SLOTS_FULL, SlotsFull, holds, refused_everywhere,
-};
+use crate::attempt::{Attempts, Committed, Reach, SlotsFull, holds, refused_everywhere};
 pub use crate::attempt::{Inference, Plan};
 use crate::body::{self, RequestFacts};
 use crate::dispatch::JOB_HEADER;
@@ -46,7 +44,7 @@ use crate::error::json_error;
 use crate::job::{CacheNote, JobWatcher, PendingJob, millis, new_record};
 use crate::listing;
 pub use crate::outcome::Attempt;
-use crate::outcome::{bad_request, key_refuses_model, model_not_here, name_of};
+use crate::outcome::{bad_request, key_refuses_model, model_not_here, name_of, slots_full_here};
 use crate::passthrough;
 use crate::receipt::Receipt;
 use crate::route::{self, Face, RouteClass};
@@ -356,32 +354,6 @@ pub async fn execute(
             }
         }
     }
-}
-
-/// The refusal of a relayed request that may only take a free slot, while
-/// every slot of this node's engine is taken: at once, before any engine
-/// sees it, with the class its sender waits on.
-fn slots_full_here(st: &ProxyState, req: &Inference) -> Reply {
-    let mut reply: Reply = json_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        req.flavor,
-        "slots_full",
-        &format!(
-            "every slot of node {}'s engine is taken; the node that sent this holds it at the cluster",
-            st.node.name
-        ),
-        None,
-    )
-    .into();
-    reply.extra.push((
-        pair_link::header::MADE_HEADER,
-        http::HeaderValue::from_static("1"),
-    ));
-    reply.extra.push((
-        pair_link::FAILED_HEADER,
-        http::HeaderValue::from_static(SLOTS_FULL),
-    ));
-    reply
 }
 
 /// Late binding: while every node that could take the request has its

@@ -84,7 +84,7 @@ impl Job {
     }
 
     /// Whether a cut can still move it (it has moves left).
-    pub(crate) fn movable(&self) -> bool {
+    fn movable(&self) -> bool {
         self.moves_left.load(Relaxed) > 0 && self.tokens.load(Relaxed) < READ_BACK_TOKENS
     }
 

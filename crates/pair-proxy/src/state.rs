@@ -432,7 +432,7 @@ impl ProxyState {
             let _turn = self.dispatch_turn();
             self.local_prediction(&self.cluster(), request, flavor)
         };
-        let Some(p) = predicted.filter(|p| p.slots > 0 && p.jobs_ahead >= p.slots) else {
+        let Some(p) = predicted.filter(|p| p.slots > 0 && p.queued()) else {
             return true;
         };
         priority == Some(pair_core::Priority::Interactive)
@@ -449,7 +449,7 @@ impl ProxyState {
         flavor: ApiFlavor,
     ) -> bool {
         self.local_prediction(cluster, request, flavor)
-            .is_some_and(|p| p.slots > 0 && p.jobs_ahead >= p.slots)
+            .is_some_and(|p| p.slots > 0 && p.queued())
     }
 
     /// `node` refused a request for want of a free slot: it counts as full

@@ -857,7 +857,7 @@ impl<'a> Sim<'a> {
         };
         // Routers per node: with nothing of its own to cut, interactive
         // work goes on to ask the peers, which may cut batch work they run.
-        let per_node = matches!(self.scn.routing, Routing::PerNode(_));
+        let per_node = self.per_node();
         let ask_peers = per_node
             && late.is_some_and(|q| q.preempt)
             && d.priority == Priority::Interactive
@@ -1011,11 +1011,10 @@ impl<'a> Sim<'a> {
             resumed,
         });
         self.live += 1;
-        // The model index is the engine's own; it cannot be out of range.
-        let engine = &self.nodes[i].engine;
-        if engine.workload(now).pending() >= engine.slots() {
+        if !self.slot_free(i, now) {
             self.past_slots += 1;
         }
+        // The model index is the engine's own; it cannot be out of range.
         let _ = self.nodes[i].engine.submit(now, spec);
         self.reschedule(i);
     }
@@ -1045,11 +1044,19 @@ impl<'a> Sim<'a> {
     /// request of router `r` now: its engine holds fewer requests than it
     /// has slots (the owner reads its engine live).
     fn owner_admits(&self, r: usize, k: usize, now: Micros) -> bool {
-        let Some(i) = self.ranked_node(r, k) else {
-            return false;
-        };
+        self.ranked_node(r, k)
+            .is_some_and(|i| self.slot_free(i, now))
+    }
+
+    /// Whether node `i`'s engine holds fewer requests than it has slots.
+    fn slot_free(&self, i: usize, now: Micros) -> bool {
         let engine = &self.nodes[i].engine;
         engine.workload(now).pending() < engine.slots()
+    }
+
+    /// Whether a router runs on each node (rather than one for all).
+    fn per_node(&self) -> bool {
+        matches!(self.scn.routing, Routing::PerNode(_))
     }
 
     /// The scenario index of the `k`th ranked node, as router `r` sees it.
@@ -1079,7 +1086,7 @@ impl<'a> Sim<'a> {
                     .queue_ms
             }
         };
-        let per_node = matches!(self.scn.routing, Routing::PerNode(_));
+        let per_node = self.per_node();
         let snapshot = &self.routers[r].snapshot;
         let mut slots = Vec::new();
         let mut running = Vec::new();
