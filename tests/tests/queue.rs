@@ -340,34 +340,41 @@ async fn serial_batch_node(preempt: bool, tokens: u32) -> LocalCluster {
 }
 
 /// A batch answer of `tokens` streamed as an Ollama chat takes the one
-/// slot; an interactive question arrives once it streams. Returns the
-/// order the two ended in, the batch answer's text and final event, and
-/// its job.
-async fn cut_race(c: &LocalCluster, tokens: u32) -> (Vec<&'static str>, String, Value, String) {
+/// slot; `questions` interactive questions arrive one after another, each
+/// once it streams again. Returns the order they ended in, the batch
+/// answer's text and final event, and its job.
+async fn cut_race(
+    c: &LocalCluster,
+    tokens: u32,
+    questions: usize,
+) -> (Vec<&'static str>, String, Value, String) {
     let ended = Ended::default();
     let resp = batch_chat(c, tokens).await;
     assert_eq!(resp.status(), 200);
     let job = job_of(&resp);
     let batch = read_batch(resp, &ended);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, _) = generate(&url(c), "a quick question", 4).await;
-    assert_eq!(status, 200);
-    ended.lock().unwrap().push("chat");
+    for _ in 0..questions {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (status, _) = generate(&url(c), "a quick question", 4).await;
+        assert_eq!(status, 200);
+        ended.lock().unwrap().push("chat");
+    }
     let (answer, last) = chat_stream(&batch.await.unwrap());
     let order = ended.lock().unwrap().clone();
     (order, answer, last, job)
 }
 
-/// With priorities alone, an interactive question waits for the batch
-/// answer holding the one slot; with preemption it cuts it, and ends
-/// first. The batch client's stream is the unbroken one all the same:
-/// every token, its count, its end, and the move in its receipt and
-/// record (back onto the same node: it was cut, not failed).
+/// With priorities alone, interactive questions wait for the batch
+/// answer holding the one slot; with preemption each cuts it, and ends
+/// first: three cuts, more than the default `--resume-limit` (2) of moves
+/// for failures. The batch client's stream is the unbroken one all the
+/// same: every token, its count, its end, and the moves in its receipt
+/// and record (back onto the same node: it was cut, not failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactive_work_cuts_a_streaming_batch_answer_with_preempt() {
     const TOKENS: u32 = 2_000;
     let waits = serial_batch_node(false, TOKENS).await;
-    let (order, unbroken, last, job) = cut_race(&waits, TOKENS).await;
+    let (order, unbroken, last, job) = cut_race(&waits, TOKENS, 1).await;
     assert_eq!(order, ["batch", "chat"], "priorities: the question waits");
     assert_eq!(unbroken.split_whitespace().count(), TOKENS as usize);
     assert_eq!(last["done"], true, "{last}");
@@ -376,16 +383,21 @@ async fn interactive_work_cuts_a_streaming_batch_answer_with_preempt() {
     waits.stop().await;
 
     let cuts = serial_batch_node(true, TOKENS).await;
-    let (order, answer, last, job) = cut_race(&cuts, TOKENS).await;
-    assert_eq!(order, ["chat", "batch"], "preempt: the question cuts");
+    let (order, answer, last, job) = cut_race(&cuts, TOKENS, 3).await;
+    assert_eq!(
+        order,
+        ["chat", "chat", "chat", "batch"],
+        "preempt: each question cuts"
+    );
     assert_eq!(answer, unbroken, "token for token");
     assert_eq!(last["done"], true, "{last}");
     assert_eq!(last["eval_count"], TOKENS, "counts summed: {last}");
-    let moved = &last["x_pair"]["resumed"][0];
-    assert!(moved["at_token"].as_u64().unwrap() > 0, "{last}");
+    let moved = &last["x_pair"]["resumed"];
+    assert_eq!(moved.as_array().map(Vec::len), Some(3), "{last}");
+    assert!(moved[0]["at_token"].as_u64().unwrap() > 0, "{last}");
     let rec = record(&cuts, 0, &job).await;
     assert_eq!(rec.status, JobStatus::Completed, "{rec:?}");
-    assert!(!rec.resumed.is_empty(), "{rec:?}");
+    assert_eq!(rec.resumed.len(), 3, "{rec:?}");
     assert!(
         rec.resumed.iter().all(|m| m.node == cuts.nodes[0].id),
         "back on the node it was cut on: {rec:?}"

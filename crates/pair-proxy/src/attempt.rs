@@ -439,8 +439,11 @@ impl<'a> Attempts<'a> {
             && let Some(api) = out_route.and_then(InferenceRoute::continues)
         {
             // Batch work that interactive work may cut for its slot.
-            let preempt = (st.waitroom.preempts() && profile.priority == Priority::Batch)
-                .then(|| Arc::new(crate::preempt::Job::new(st.resume.limit, req.received)));
+            let preempt =
+                (st.waitroom.preempts() && profile.priority == Priority::Batch).then(|| {
+                    let moves = crate::preempt::moves_allowed(st.resume.limit);
+                    Arc::new(crate::preempt::Job::new(moves, req.received))
+                });
             if let Some(job) = &preempt {
                 let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
                 let (l, body) = leg_of(st, node, price, job, up.body);

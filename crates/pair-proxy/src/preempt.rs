@@ -47,13 +47,23 @@ pub(crate) struct Job {
     /// Cut to give its slot away: its continuation waits at the cluster
     /// before it goes (read once, by the continuation).
     yielded: AtomicBool,
-    /// Moves the answer may still make (`--resume-limit`, less its moves).
+    /// Moves the answer may still make ([`moves_allowed`], less its moves).
     moves_left: AtomicU32,
     /// Moves it made: a cut by a peer reaches this node as a failed
     /// stream, so the cap on cuts is kept on every move.
     moves: AtomicU32,
     /// When its request arrived: its place in the cluster queue.
     pub(crate) arrived: Instant,
+}
+
+/// How many times a batch answer that interactive work may cut can move:
+/// its `--resume-limit` moves for failures, and
+/// [`pair_scheduler::queue::MAX_CUTS`] more for cuts (a peer's cut reaches
+/// the node that routed it as a failed stream, so the two share one
+/// count), as the simulator cuts a job up to that many times.
+pub(crate) fn moves_allowed(resume_limit: u8) -> u8 {
+    let cuts = u8::try_from(pair_scheduler::queue::MAX_CUTS).unwrap_or(u8::MAX);
+    resume_limit.saturating_add(cuts)
 }
 
 impl Job {
@@ -474,5 +484,22 @@ mod tests {
         }
         assert!(!job.peer_may_cut(), "cut often enough");
         assert!(job.movable(), "it may still move on a failure");
+    }
+
+    #[test]
+    fn cuts_do_not_use_up_the_moves_a_failure_may_need() {
+        // The default --resume-limit (2) would let a batch answer be cut
+        // only twice, where the scheduler allows MAX_CUTS.
+        let job = Job::new(moves_allowed(2), Instant::now());
+        for _ in 0..pair_scheduler::queue::MAX_CUTS {
+            assert!(job.movable() && job.peer_may_cut());
+            job.moved();
+        }
+        assert!(!job.peer_may_cut(), "cut often enough");
+        job.moved();
+        assert!(job.movable(), "one failure's move is still left");
+        job.moved();
+        assert!(!job.movable(), "and then none");
+        assert_eq!(moves_allowed(u8::MAX), u8::MAX);
     }
 }

@@ -162,12 +162,12 @@ pub(crate) fn resuming(
     request: Bytes,
     began_on: NodeId,
 ) -> UpBody {
-    let stitch = Stitcher::new(
-        cont.api,
-        request,
-        cont.profile.model.clone(),
-        cont.st.resume.limit,
-    );
+    let limit = if cont.preempt.is_some() {
+        crate::preempt::moves_allowed(cont.st.resume.limit)
+    } else {
+        cont.st.resume.limit
+    };
+    let stitch = Stitcher::new(cont.api, request, cont.profile.model.clone(), limit);
     UpBody::Translated(BoxedBody(Box::pin(Resuming::new(
         body, None, stitch, cont, began_on,
     ))))
