@@ -363,7 +363,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, env = "PAIR_RESUME")]
     pub resume: Option<Switch>,
     /// Moves of one answer at most before a cut ends it with an error.
-    /// Default 2.
+    /// Default 2. A batch answer that `--queue preempt` may cut has 4 more,
+    /// for its cuts.
     #[arg(long, env = "PAIR_RESUME_LIMIT", value_parser = clap::value_parser!(u8).range(1..))]
     pub resume_limit: Option<u8>,
     /// Late binding: while every node that could take a request has its

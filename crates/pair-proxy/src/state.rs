@@ -154,7 +154,8 @@ const PAUSED_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 /// How streams cut after their first byte are continued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResumePolicy {
-    /// Moves per answer at most; 0: none (`--resume off`).
+    /// Moves per answer at most; 0: none (`--resume off`). A batch answer
+    /// that preemption may cut has `MAX_CUTS` more (`preempt::moves_allowed`).
     pub limit: u8,
 }
 
