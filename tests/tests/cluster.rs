@@ -1028,3 +1028,46 @@ async fn agents_sharing_a_system_prompt_go_where_it_is_cached() {
     }
     c.stop().await;
 }
+
+/// A peer's report is in a node's view as soon as it arrives, not at the
+/// node's own next push. Two nodes push every 4 s: were each to publish
+/// only on its own push, the lags of node 0 seeing node 1's reports and of
+/// node 1 seeing node 0's would add up to the 4 s interval (the two pushes'
+/// phases), so one of them would be 2 s or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_report_is_seen_when_it_arrives_not_at_the_next_push() {
+    let c = cluster(2, |s| {
+        s.gossip.interval = Duration::from_secs(4);
+        s.gossip.suspect_after = Duration::from_secs(15);
+        s.gossip.dead_after = Duration::from_secs(20);
+    })
+    .await
+    .unwrap();
+    // The most each node's view lagged the other's reports over three.
+    let mut lags = [0u64; 2];
+    for (me, peer) in [(0, 1), (1, 0)] {
+        let peer_id = c.nodes[peer].id;
+        let made = |v: &pair_core::ClusterSnapshot| v.node(peer_id).map(|n| n.reported_at_ms);
+        let mut last = made(&c.nodes[me].state.cluster());
+        let mut seen = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen < 3 {
+            assert!(Instant::now() < deadline, "node {peer}'s reports stopped");
+            let view = c.nodes[me].state.cluster();
+            let now = made(&view);
+            if now != last
+                && let Some(at) = now
+            {
+                lags[me] = lags[me].max(view.taken_at_ms.saturating_sub(at));
+                last = now;
+                seen += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert!(
+        lags.iter().all(|&ms| ms < 1_500),
+        "views lagged the reports by {lags:?} ms"
+    );
+    c.stop().await;
+}

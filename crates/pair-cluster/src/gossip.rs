@@ -79,8 +79,10 @@ impl Delivery {
     }
 }
 
-/// Pushes reports and job records to peers and republishes the snapshot
-/// every interval, until `shutdown`.
+/// Pushes reports and job records to peers every interval, and publishes
+/// the snapshot after each push and as each peer's report arrives (at
+/// most every tenth of an interval), so that what a peer reports is seen
+/// at once rather than at this node's next push; until `shutdown`.
 pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
     let Gossip {
         node: _,
@@ -91,20 +93,74 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
         statuses,
         publish,
     } = g;
-    let mut deliveries: HashMap<NodeId, Delivery> = HashMap::new();
+    let mut pushes = Pushes::default();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut generation = 0u64;
-    let mut rtts: HashMap<NodeId, u32> = HashMap::new();
-    // When each peer last took a report: a push over mTLS pinned to the
-    // peer's certificate is this node's identity probe of it.
-    let mut reached: HashMap<NodeId, Instant> = HashMap::new();
+    let gap = cfg.interval / 10;
+    let mut published = tokio::time::Instant::now();
     loop {
-        tokio::select! {
+        let push = tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+            _ = tick.tick() => true,
+            () = reports.arrived() => {
+                // Reports arriving together make one snapshot.
+                tokio::time::sleep_until(published + gap).await;
+                false
+            }
+        };
         let mine = local.build();
+        if push {
+            pushes.push(&mine, &cfg, &jobs, &peers, &reports).await;
+        }
+        let mut views = statuses();
+        for (id, v) in &mut views {
+            if let Some(rtt) = pushes.rtts.get(id) {
+                v.rtt_us = *rtt;
+            }
+            // A peer whose address does not answer as that peer (another
+            // node's certificate, or nothing) is not routed to, however
+            // fresh its last report.
+            let unreached = pushes
+                .reached
+                .get(id)
+                .map_or(Duration::ZERO, Instant::elapsed);
+            v.liveness = probed(v.liveness, unreached, &cfg);
+        }
+        generation += 1;
+        let snapshot = assemble(generation, now_ms(), mine, reports.ages(), &views, &cfg);
+        publish(snapshot);
+        published = tokio::time::Instant::now();
+    }
+}
+
+/// What the pushes to peers keep between intervals.
+#[derive(Debug, Default)]
+struct Pushes {
+    deliveries: HashMap<NodeId, Delivery>,
+    /// When each peer last took a report: a push over mTLS pinned to the
+    /// peer's certificate is this node's identity probe of it.
+    reached: HashMap<NodeId, Instant>,
+    /// Each peer's round trip, smoothed.
+    rtts: HashMap<NodeId, u32>,
+}
+
+impl Pushes {
+    /// Pushes this node's report `mine` and the job records each peer
+    /// lacks to every paired peer, and notes which answered and how fast.
+    async fn push(
+        &mut self,
+        mine: &pair_core::NodeSnapshot,
+        cfg: &GossipConfig,
+        jobs: &JobLog,
+        peers: &Peers,
+        reports: &PeerReports,
+    ) {
+        let Pushes {
+            deliveries,
+            reached,
+            rtts,
+        } = self;
         let links = peers.links();
         let boots = reports.boots();
         deliveries.retain(|id, _| links.contains_key(id));
@@ -118,45 +174,45 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
         let report = if links.is_empty() {
             Bytes::new()
         } else {
-            Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
+            Bytes::from(serde_json::to_vec(mine).unwrap_or_default())
         };
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);
         let pushes = links.values().map(|link| {
-            let report = report.clone();
-            let report_path = report_path.as_str();
-            let boot = boots.get(&link.id).copied().unwrap_or(0);
-            let d = deliveries
-                .entry(link.id)
-                .or_insert_with(|| Delivery::from_start(boot, &jobs));
-            if boot != d.boot {
-                tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
-                *d = Delivery::from_start(boot, &jobs);
-            }
-            let echo = d.cursor < d.echo_until;
-            let (batch, next) = outbox(&jobs, d.cursor, (!echo).then_some(link.id));
-            async move {
-                let t = Instant::now();
-                let ok = matches!(
-                    link.call(http::Method::POST, report_path, report, deadline).await,
-                    Ok(r) if r.status().is_success()
-                );
-                let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
-                // Acknowledged or not sent (nothing to send): move on.
-                let acked = match batch {
-                    None => true,
-                    Some(b) => match link.call(http::Method::POST, JOBS_PATH, b, deadline).await {
-                        Ok(r) if r.status().is_success() => true,
-                        Ok(r) => {
-                            tracing::warn!(peer = %link.id, status = %r.status(), "a peer refused job records; resending them");
-                            false
-                        }
-                        Err(_) => false,
-                    },
-                };
-                (link.id, ok.then_some(rtt), acked.then_some(next))
-            }
-        });
+                let report = report.clone();
+                let report_path = report_path.as_str();
+                let boot = boots.get(&link.id).copied().unwrap_or(0);
+                let d = deliveries
+                    .entry(link.id)
+                    .or_insert_with(|| Delivery::from_start(boot, jobs));
+                if boot != d.boot {
+                    tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
+                    *d = Delivery::from_start(boot, jobs);
+                }
+                let echo = d.cursor < d.echo_until;
+                let (batch, next) = outbox(jobs, d.cursor, (!echo).then_some(link.id));
+                async move {
+                    let t = Instant::now();
+                    let ok = matches!(
+                        link.call(http::Method::POST, report_path, report, deadline).await,
+                        Ok(r) if r.status().is_success()
+                    );
+                    let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
+                    // Acknowledged or not sent (nothing to send): move on.
+                    let acked = match batch {
+                        None => true,
+                        Some(b) => match link.call(http::Method::POST, JOBS_PATH, b, deadline).await {
+                            Ok(r) if r.status().is_success() => true,
+                            Ok(r) => {
+                                tracing::warn!(peer = %link.id, status = %r.status(), "a peer refused job records; resending them");
+                                false
+                            }
+                            Err(_) => false,
+                        },
+                    };
+                    (link.id, ok.then_some(rtt), acked.then_some(next))
+                }
+            });
         for (id, rtt, next) in join_all(pushes).await {
             if let (Some(next), Some(d)) = (next, deliveries.get_mut(&id)) {
                 d.cursor = next;
@@ -170,20 +226,6 @@ pub async fn run(g: Gossip, cfg: GossipConfig, shutdown: CancellationToken) {
                 *e = ((u64::from(*e) * 3 + u64::from(rtt)) / 4) as u32;
             }
         }
-        let mut views = statuses();
-        for (id, v) in &mut views {
-            if let Some(rtt) = rtts.get(id) {
-                v.rtt_us = *rtt;
-            }
-            // A peer whose address does not answer as that peer (another
-            // node's certificate, or nothing) is not routed to, however
-            // fresh its last report.
-            let unreached = reached.get(id).map_or(Duration::ZERO, Instant::elapsed);
-            v.liveness = probed(v.liveness, unreached, &cfg);
-        }
-        generation += 1;
-        let snapshot = assemble(generation, now_ms(), mine, reports.ages(), &views, &cfg);
-        publish(snapshot);
     }
 }
 

@@ -20,6 +20,9 @@ struct Received {
 #[derive(Debug, Default)]
 pub struct PeerReports {
     latest: Mutex<HashMap<NodeId, Received>>,
+    /// Told of each report as it arrives (reports that arrive while no
+    /// one waits are told once).
+    arrived: tokio::sync::Notify,
 }
 
 impl PeerReports {
@@ -38,6 +41,13 @@ impl PeerReports {
                 },
             );
         }
+        self.arrived.notify_one();
+    }
+
+    /// Until a report arrives (at once if one arrived since this was
+    /// last awaited).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await;
     }
 
     /// Where each reporting peer said its cluster port is.
