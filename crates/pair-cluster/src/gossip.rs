@@ -179,40 +179,40 @@ impl Pushes {
         let deadline = cfg.interval.max(Duration::from_millis(500));
         let report_path = format!("{REPORT_PATH}?port={}", cfg.cluster_port);
         let pushes = links.values().map(|link| {
-                let report = report.clone();
-                let report_path = report_path.as_str();
-                let boot = boots.get(&link.id).copied().unwrap_or(0);
-                let d = deliveries
-                    .entry(link.id)
-                    .or_insert_with(|| Delivery::from_start(boot, jobs));
-                if boot != d.boot {
-                    tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
-                    *d = Delivery::from_start(boot, jobs);
-                }
-                let echo = d.cursor < d.echo_until;
-                let (batch, next) = outbox(jobs, d.cursor, (!echo).then_some(link.id));
-                async move {
-                    let t = Instant::now();
-                    let ok = matches!(
-                        link.call(http::Method::POST, report_path, report, deadline).await,
-                        Ok(r) if r.status().is_success()
-                    );
-                    let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
-                    // Acknowledged or not sent (nothing to send): move on.
-                    let acked = match batch {
-                        None => true,
-                        Some(b) => match link.call(http::Method::POST, JOBS_PATH, b, deadline).await {
-                            Ok(r) if r.status().is_success() => true,
-                            Ok(r) => {
-                                tracing::warn!(peer = %link.id, status = %r.status(), "a peer refused job records; resending them");
-                                false
-                            }
-                            Err(_) => false,
-                        },
-                    };
-                    (link.id, ok.then_some(rtt), acked.then_some(next))
-                }
-            });
+            let report = report.clone();
+            let report_path = report_path.as_str();
+            let boot = boots.get(&link.id).copied().unwrap_or(0);
+            let d = deliveries
+                .entry(link.id)
+                .or_insert_with(|| Delivery::from_start(boot, jobs));
+            if boot != d.boot {
+                tracing::debug!(peer = %link.id, "peer restarted; sending it the job history again");
+                *d = Delivery::from_start(boot, jobs);
+            }
+            let echo = d.cursor < d.echo_until;
+            let (batch, next) = outbox(jobs, d.cursor, (!echo).then_some(link.id));
+            async move {
+                let t = Instant::now();
+                let ok = matches!(
+                    link.call(http::Method::POST, report_path, report, deadline).await,
+                    Ok(r) if r.status().is_success()
+                );
+                let rtt = u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX);
+                // Acknowledged or not sent (nothing to send): move on.
+                let acked = match batch {
+                    None => true,
+                    Some(b) => match link.call(http::Method::POST, JOBS_PATH, b, deadline).await {
+                        Ok(r) if r.status().is_success() => true,
+                        Ok(r) => {
+                            tracing::warn!(peer = %link.id, status = %r.status(), "a peer refused job records; resending them");
+                            false
+                        }
+                        Err(_) => false,
+                    },
+                };
+                (link.id, ok.then_some(rtt), acked.then_some(next))
+            }
+        });
         for (id, rtt, next) in join_all(pushes).await {
             if let (Some(next), Some(d)) = (next, deliveries.get_mut(&id)) {
                 d.cursor = next;
