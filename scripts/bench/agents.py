@@ -17,8 +17,12 @@ run, the prompt tokens sent and the cached prompt tokens served (from the
 job records, `GET /_pair/jobs`), and the answers' lengths (the demo's
 natural lengths unless --answer-tokens sets one).
 
+Job records also give each job's span from its first request to its last
+answer, the makespan scenarios/agents-claude-code-demo.toml simulates.
+
 usage: scripts/bench/agents.py [--agents 5] [--turns 5] [--time-scale 0.25]
-       [--answer-tokens 0] [--pair-node target/release/pair-node] [--json OUT]
+       [--answer-tokens 0] [--alone rtx4090,...] [--repeat 1]
+       [--pair-node target/release/pair-node] [--json OUT]
 Needs scripts/setup-agents.sh (PAIR_CLAUDE) and a built pair-node.
 Every request stays on loopback.
 """
@@ -92,8 +96,13 @@ def summary(base, names, records):
     out = sorted(j.get("output_tokens") or 0 for j in records)
     prompt = sum(j.get("prompt_tokens") or 0 for j in records)
     cached = sum(j.get("cached_tokens") or 0 for j in records)
+    # From the job's first request to its last answer, as the simulator
+    # measures a job's makespan (without the agents' own start and exit).
+    ends = [j["created_at_ms"] + (j.get("duration_ms") or 0) for j in records]
+    starts = [j["created_at_ms"] for j in records]
     return {
         "requests": len(records),
+        "span_s": (max(ends) - min(starts)) / 1e3 if records else 0.0,
         "placement": dict(collections.Counter(by_id.get(j.get("ran_on"), "none") for j in records)),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -177,6 +186,11 @@ def main():
                     help="every answer's length; 0: the demo's natural lengths")
     ap.add_argument("--model", default="llama3.2:3b")
     ap.add_argument("--pair-node", default=os.path.join(ROOT, "target/release/pair-node"))
+    ap.add_argument("--alone", default="",
+                    help="comma-separated node names (or profiles, e.g. rtx4090) to run the "
+                         "job alone on; default every node (the ideal needs them all)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="jobs to run routed and on each node alone (medians reported)")
     ap.add_argument("--json")
     a = ap.parse_args()
     claude = agents_env()["PAIR_CLAUDE"]
@@ -186,35 +200,53 @@ def main():
         # but a first job would also pay for the agent's own start-up).
         run_job(claude, base, 1, a.turns, a.answer_tokens)
         alone, alone_jobs = {}, {}
+        wanted = [w for w in a.alone.split(",") if w]
         for name in names:
-            alone[name], _, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens,
-                                            pin=name)
-            alone_jobs[name] = summary(base, names, job_records(base, since))
-            brief = {k: v for k, v in alone_jobs[name].items() if k != "records"}
-            print(f"{name:<22} alone: {alone[name]:7.1f} s, {brief}", file=sys.stderr)
-        routed, times, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens)
-        jobs = summary(base, names, job_records(base, since))
-        brief = {k: v for k, v in jobs.items() if k != "records"}
-        print(f"routed: {routed:.1f} s, {brief}", file=sys.stderr)
+            if wanted and not any(w in name for w in wanted):
+                continue
+            took = []
+            for _ in range(a.repeat):
+                t, _, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens, pin=name)
+                jobs = summary(base, names, job_records(base, since))
+                brief = {k: v for k, v in jobs.items() if k != "records"}
+                print(f"{name:<22} alone: {t:7.1f} s, {brief}", file=sys.stderr)
+                took.append(t)
+                alone_jobs.setdefault(name, []).append(jobs)
+            alone[name] = statistics.median(took)
+        runs = []
+        for _ in range(a.repeat):
+            routed, times, since = run_job(claude, base, a.agents, a.turns, a.answer_tokens)
+            jobs = summary(base, names, job_records(base, since))
+            brief = {k: v for k, v in jobs.items() if k != "records"}
+            print(f"routed: {routed:.1f} s, {brief}", file=sys.stderr)
+            runs.append({"routed_s": routed, "agent_s": times, "jobs": jobs})
+        routed = statistics.median(r["routed_s"] for r in runs)
     finally:
         demo.terminate()
         demo.wait(timeout=30)
-    fastest = min(alone.values())
-    ideal = 1.0 / sum(1.0 / t for t in alone.values())
+    fastest = min(alone.values()) if alone else None
+    # The capacity-weighted ideal needs every node's time alone.
+    ideal = 1.0 / sum(1.0 / t for t in alone.values()) if len(alone) == len(names) else None
     result = {
         "agents": a.agents, "turns": a.turns, "time_scale": a.time_scale,
         "answer_tokens": a.answer_tokens, "model": a.model, "alone_s": alone,
         "routed_s": routed, "fastest_alone_s": fastest, "ideal_s": ideal,
-        "routed_over_ideal": routed / ideal, "fastest_over_routed": fastest / routed,
-        "agent_s": times, "routed_jobs": jobs, "alone_jobs": alone_jobs,
+        "routed_over_ideal": routed / ideal if ideal else None,
+        "fastest_over_routed": fastest / routed if fastest else None,
+        "routed_runs": runs, "alone_jobs": alone_jobs,
     }
-    print(f"| {a.agents} sub-agents x {a.turns} turns | routed {routed:.1f} s "
-          f"| fastest node alone {fastest:.1f} s ({fastest / routed:.2f}x routed) "
-          f"| capacity-weighted ideal {ideal:.1f} s (routed {routed / ideal:.2f}x ideal) "
+    spread = " ".join(f"{r['routed_s']:.1f}" for r in runs)
+    ideal_cell = (f"capacity-weighted ideal {ideal:.1f} s (routed {routed / ideal:.2f}x ideal)"
+                  if ideal else "ideal not measured (--alone)")
+    alone_cell = (f"fastest node alone {fastest:.1f} s ({fastest / routed:.2f}x routed)"
+                  if fastest else "no node alone (--alone)")
+    print(f"| {a.agents} sub-agents x {a.turns} turns | routed {routed:.1f} s (runs: {spread}) "
+          f"| {alone_cell} | {ideal_cell} "
           f"| {jobs['requests']} requests: {jobs['cached_tokens']} of {jobs['prompt_tokens']} "
           f"prompt tokens cached ({100 * jobs['cached_share']:.0f} %; a cache account on "
           f"{jobs['cache_recorded']} records) "
-          f"| ran on {jobs['placement']} | answers {jobs['output_tokens']} tokens |")
+          f"| ran on {jobs['placement']} | answers {jobs['output_tokens']} tokens "
+          f"| requests span {jobs['span_s']:.1f} s |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

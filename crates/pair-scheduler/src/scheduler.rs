@@ -480,11 +480,16 @@ pub(crate) const EXPLORE_MAX_RATIO: u32 = 3;
 /// fallback), and a prior that undersells it would keep it unused forever,
 /// since only jobs teach speeds. So when the policy's pick has learned
 /// rates and an eligible node has none and is idle (nothing running,
-/// queued or reserved there), that node goes first, unless its GPU is known
-/// and predicts it at more than [`EXPLORE_MAX_RATIO`] times the pick: a
-/// fast newcomer is found within a request or two, and a slow one costs a
-/// request it runs alone. Requests with a session or a pinned node are not
-/// used to explore.
+/// queued or reserved there), that node goes first, unless a prior with
+/// figures behind it (its GPU, or the speed it advertises) predicts it at
+/// more than [`EXPLORE_MAX_RATIO`] times the pick: a fast newcomer is found
+/// within a request or two, and a slow one costs a request it runs alone,
+/// which must not be a coding agent's 12-20k-token turn on a laptop (half
+/// a minute of its job). The ratio leaves out the node's cold load, paid
+/// once and bringing the model up there for later requests. Only the
+/// fallback, which says nothing of the node, is tried whatever it
+/// predicts. Requests with a session or a pinned node are not used to
+/// explore.
 fn explore(c: &mut [Candidate], request: &RequestProfile) {
     if request.session.is_some() || request.pinned.is_some() {
         return;
@@ -512,7 +517,8 @@ fn explore(c: &mut [Candidate], request: &RequestProfile) {
         .filter(|(_, p)| {
             !p.learned
                 && p.jobs_ahead == 0
-                && (p.rates != RateSource::Hardware || p.total_ms <= limit)
+                && (p.rates == RateSource::Fallback
+                    || p.total_ms.saturating_sub(p.load_ms) <= limit)
         })
         .min_by_key(|(i, p)| (p.total_ms, *i))
         .map(|(i, _)| i);
@@ -674,6 +680,35 @@ mod tests {
             vec![learned(1, FAST), newcomer(2, "Some GPU")],
             &req(true),
         );
+        assert_eq!(r.candidates[0].reason, Reason::Explore);
+        // A speed the node advertises (its model's seed, or its base
+        // profile) is a prior with figures behind it, as a GPU is: a
+        // laptop saying it is far slower is not sent a long prompt to
+        // prove it, and one within reach is tried.
+        let mut long = req(true);
+        long.prompt_tokens = 12_000;
+        let advertised = |perf| node(2, 1, perf, true);
+        let mut base_only = node(2, 1, LAPTOP, true);
+        base_only.engines[0].models[0].perf = None;
+        base_only.base_perf = Some(LAPTOP);
+        for (slow, source) in [
+            (advertised(LAPTOP), crate::RateSource::Model),
+            (base_only, crate::RateSource::Node),
+        ] {
+            let r = rank(&mut s, vec![learned(1, FAST), slow], &long);
+            assert_eq!(r.candidates[0].node, id(1), "{r:?}");
+            let Score::PredictedLatency(p) = r.candidates[1].score else {
+                panic!()
+            };
+            assert_eq!(p.rates, source);
+            assert!(!p.learned);
+        }
+        let near = ModelPerf {
+            prefill_tps: 3_500.0,
+            ..FAST
+        };
+        let r = rank(&mut s, vec![learned(1, FAST), advertised(near)], &long);
+        assert_eq!(r.candidates[0].node, id(2), "{r:?}");
         assert_eq!(r.candidates[0].reason, Reason::Explore);
         // A session's request or a pinned one does not explore.
         let mut with_session = req(true);

@@ -247,10 +247,10 @@ pub enum SourceKind {
     /// Coding agents (Claude Code, Codex): each of `users` developers
     /// starts a job, waits for it, thinks, and starts the next. A job fans
     /// out `fan_out` sub-agents at once; each is a loop of `turns` turns
-    /// re-sending its whole conversation (the shared system prompt, its
-    /// task from `prompt_tokens`, then every earlier answer and tool
-    /// result), the next turn sent `tool_ms` after the answer with a tool
-    /// result of `tool_tokens` appended.
+    /// re-sending its whole conversation (the shared system prompt, the
+    /// job's own context, its task from `prompt_tokens`, then every
+    /// earlier answer and tool result), the next turn sent `tool_ms` after
+    /// the answer with a tool result of `tool_tokens` appended.
     AgentLoop {
         users: u32,
         think_ms: Dist,
@@ -258,6 +258,10 @@ pub enum SourceKind {
         turns: Dist,
         tool_tokens: Dist,
         tool_ms: Dist,
+        /// Tokens after the system prompt that one job's sub-agents share
+        /// and the next job's do not (Claude Code's environment block
+        /// names the job's working directory); 0 for none.
+        job_tokens: u32,
     },
 }
 
@@ -645,6 +649,7 @@ struct RawSource {
     // agent loop
     tool_tokens: Option<RawDist>,
     tool_ms: Option<RawDist>,
+    job_tokens: Option<u32>,
 }
 
 fn one_f() -> f64 {
@@ -1051,6 +1056,7 @@ fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError>
             ("context_limit", w.context_limit.is_some()),
             ("tool_tokens", w.tool_tokens.is_some()),
             ("tool_ms", w.tool_ms.is_some()),
+            ("job_tokens", w.job_tokens.is_some()),
         ];
         match present.iter().find(|(k, p)| *p && !allowed.contains(k)) {
             Some((k, _)) => Err(SimError::invalid(f(k), "does not apply to this kind")),
@@ -1119,6 +1125,7 @@ fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError>
                 "turns",
                 "tool_tokens",
                 "tool_ms",
+                "job_tokens",
             ])?;
             let need = |name: &str, d: &Option<RawDist>| {
                 d.as_ref()
@@ -1148,6 +1155,7 @@ fn parse_source_kind(field: &str, w: &RawSource) -> Result<SourceKind, SimError>
                     Some(d) => d.parse(&f("tool_ms"))?,
                     None => Dist::fixed(0.0),
                 },
+                job_tokens: w.job_tokens.unwrap_or(0),
             }
         }
     })

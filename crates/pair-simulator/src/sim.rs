@@ -318,7 +318,8 @@ impl Cluster {
 
     /// The ideal makespans of an agent-loop job (its sub-agents' planned
     /// turns), µs, with prompt caches: a node running the job prefills the
-    /// shared system prompt once, each sub-agent's first turn its task,
+    /// shared system prompt (and the job's own context) once, each
+    /// sub-agent's first turn its task,
     /// and each later turn only what the turn added (the previous answer
     /// and the tool result), since it holds the rest.
     ///
@@ -335,7 +336,14 @@ impl Cluster {
         let Some(first) = agents.first().and_then(|a| a.first()) else {
             return solve_ideal(&[], 0.0);
         };
-        let system = f64::from(scn.sources[usize::from(first.demand.source)].system_tokens);
+        // What every sub-agent of the job shares: the system prompt and
+        // the job's own context, prefilled once on a node.
+        let source = &scn.sources[usize::from(first.demand.source)];
+        let job = match source.kind {
+            crate::scenario::SourceKind::AgentLoop { job_tokens, .. } => job_tokens,
+            _ => 0,
+        };
+        let system = f64::from(source.system_tokens) + f64::from(job);
         let mut nodes: Vec<JobOnNode> = Vec::with_capacity(self.nodes.len());
         for plan in &self.nodes {
             if agents

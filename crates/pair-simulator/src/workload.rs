@@ -73,6 +73,7 @@ const SEG_SYSTEM: u64 = 1;
 const SEG_MESSAGE: u64 = 2;
 const SEG_ANSWER: u64 = 3;
 const SEG_TOOL: u64 = 4;
+const SEG_JOB: u64 = 5;
 
 /// A segment's id: unique per (source, kind, owner, counter).
 fn seg(source: u16, kind: u64, owner: u64, n: u64) -> u64 {
@@ -356,6 +357,7 @@ impl SourceState {
             turns,
             tool_tokens,
             tool_ms,
+            job_tokens,
             ..
         } = &source.kind
         else {
@@ -373,6 +375,13 @@ impl SourceState {
             let session = SessionKey(stream_seed(u64::from(index), owner, 0xA6E));
             let count = turns.sample_count(&mut u.rng, 1);
             let mut context = with_system(source, index);
+            if *job_tokens > 0 {
+                // The job's own context, the same for its sub-agents.
+                context.segment(
+                    seg(index, SEG_JOB, u64::from(dev), u64::from(job)),
+                    *job_tokens,
+                );
+            }
             let mut agent = Vec::with_capacity(count as usize);
             let mut new_tokens = 0;
             for k in 0..count {
@@ -754,6 +763,55 @@ output_tokens = { dist = "fixed", value = 50 }
         assert!(turn_counts.iter().any(|n| *n <= 6) && turn_counts.iter().any(|n| *n >= 14));
         // Other sources have no jobs.
         assert!(st.start_job(&s.sources[1], 0, &mut Vec::new()).is_none());
+    }
+
+    /// `job_tokens`: one job's sub-agents share a block after the system
+    /// prompt (Claude Code's environment names the job's directory); the
+    /// next job's, the same developer's or another's, do not.
+    #[test]
+    fn a_jobs_sub_agents_share_its_own_context_and_the_next_job_does_not() {
+        let s = Scenario::parse(&AGENTS.replace(
+            "system_tokens = 20000\n",
+            "system_tokens = 20000\njob_tokens = 3000\n",
+        ))
+        .unwrap();
+        let src = &s.sources[0];
+        let mut st = SourceState::new(4, 0, src);
+        let (mut shared, mut pairs) = (Vec::new(), 0);
+        for job in 0..6 {
+            let (_, plan) = st.start_job(src, job % 2, &mut Vec::new()).unwrap();
+            let first = &plan[0][0].demand;
+            // System prompt, then the job's block, then the task.
+            assert_eq!(first.prompt.blocks()[0].end, 20_000);
+            let job_block = first.prompt.blocks()[1];
+            assert_eq!(job_block.end, 23_000);
+            for t in plan.iter().flatten() {
+                assert_eq!(t.demand.prompt.blocks()[1], job_block);
+                assert!(t.demand.prompt_tokens > 23_000);
+            }
+            shared.push(job_block);
+            // Two sub-agents of the job share the system prompt and the
+            // job's block, and no more.
+            if let [a, b, ..] = plan.as_slice() {
+                assert_eq!(
+                    a[0].demand
+                        .prompt
+                        .common_tokens(b[0].demand.prompt.blocks()),
+                    23_000
+                );
+                pairs += 1;
+            }
+        }
+        assert!(pairs > 0);
+        shared.dedup();
+        assert_eq!(shared.len(), 6, "every job has a block of its own");
+        // Only agent loops take it.
+        let err = Scenario::parse(&AGENTS.replace(
+            "system_tokens = 1500\n",
+            "system_tokens = 1500\njob_tokens = 10\n",
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("job_tokens"), "{err}");
     }
 
     #[test]
