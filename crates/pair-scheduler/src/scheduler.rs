@@ -710,6 +710,20 @@ mod tests {
         let r = rank(&mut s, vec![learned(1, FAST), advertised(near)], &long);
         assert_eq!(r.candidates[0].node, id(2), "{r:?}");
         assert_eq!(r.candidates[0].reason, Reason::Explore);
+        // Its cold load is not held against it: paid once, it brings the
+        // model up there (past 3x with the load, within it without).
+        let r = rank(
+            &mut s,
+            vec![learned(1, FAST), node(2, 1, near, false)],
+            &long,
+        );
+        let (Score::PredictedLatency(p), Score::PredictedLatency(pick)) =
+            (r.candidates[0].score, r.candidates[1].score)
+        else {
+            panic!()
+        };
+        assert!(p.load_ms > 0 && p.total_ms > 3 * pick.total_ms, "{p:?}");
+        assert_eq!(r.candidates[0].reason, Reason::Explore, "{r:?}");
         // A session's request or a pinned one does not explore.
         let mut with_session = req(true);
         with_session.session = Some(SessionKey(1));
