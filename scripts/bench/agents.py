@@ -193,6 +193,8 @@ def main():
                     help="jobs to run routed and on each node alone (medians reported)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.repeat < 1:
+        sys.exit("--repeat is at least 1")
     claude = agents_env()["PAIR_CLAUDE"]
     demo, base, names = start_demo(a.pair_node, a.time_scale, a.model)
     try:
@@ -221,6 +223,7 @@ def main():
             print(f"routed: {routed:.1f} s, {brief}", file=sys.stderr)
             runs.append({"routed_s": routed, "agent_s": times, "jobs": jobs})
         routed = statistics.median(r["routed_s"] for r in runs)
+        span = statistics.median(r["jobs"]["span_s"] for r in runs)
     finally:
         demo.terminate()
         demo.wait(timeout=30)
@@ -230,7 +233,10 @@ def main():
     result = {
         "agents": a.agents, "turns": a.turns, "time_scale": a.time_scale,
         "answer_tokens": a.answer_tokens, "model": a.model, "alone_s": alone,
-        "routed_s": routed, "fastest_alone_s": fastest, "ideal_s": ideal,
+        "routed_s": routed, "routed_span_s": span, "fastest_alone_s": fastest,
+        "alone_span_s": {name: statistics.median(j["span_s"] for j in runs_alone)
+                         for name, runs_alone in alone_jobs.items()},
+        "ideal_s": ideal,
         "routed_over_ideal": routed / ideal if ideal else None,
         "fastest_over_routed": fastest / routed if fastest else None,
         "routed_runs": runs, "alone_jobs": alone_jobs,
@@ -241,12 +247,12 @@ def main():
     alone_cell = (f"fastest node alone {fastest:.1f} s ({fastest / routed:.2f}x routed)"
                   if fastest else "no node alone (--alone)")
     print(f"| {a.agents} sub-agents x {a.turns} turns | routed {routed:.1f} s (runs: {spread}) "
-          f"| {alone_cell} | {ideal_cell} "
-          f"| {jobs['requests']} requests: {jobs['cached_tokens']} of {jobs['prompt_tokens']} "
+          f"| {alone_cell} | {ideal_cell} | requests span {span:.1f} s (median) "
+          f"| last routed job: {jobs['requests']} requests, "
+          f"{jobs['cached_tokens']} of {jobs['prompt_tokens']} "
           f"prompt tokens cached ({100 * jobs['cached_share']:.0f} %; a cache account on "
           f"{jobs['cache_recorded']} records) "
-          f"| ran on {jobs['placement']} | answers {jobs['output_tokens']} tokens "
-          f"| requests span {jobs['span_s']:.1f} s |")
+          f"| ran on {jobs['placement']} | answers {jobs['output_tokens']} tokens |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

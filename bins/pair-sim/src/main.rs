@@ -142,6 +142,11 @@ struct LiveArgs {
     /// "holds 23 users at the SLO" is this run passing the SLO).
     #[arg(long)]
     users: Option<u32>,
+    /// Override the scenario's seed: the demand sent live and the
+    /// simulator's run beside it alike (a near-saturated scenario's
+    /// figures move more between seeds than between live and simulated).
+    #[arg(long)]
+    seed: Option<u64>,
     /// The pair-node binary (default: beside this one, else on PATH).
     #[arg(long)]
     pair_node: Option<PathBuf>,
@@ -414,6 +419,7 @@ fn run(
 fn live(args: &LiveArgs) -> Result<(), Failure> {
     let policies = pair_simulator::parse_policies(&args.policy)?;
     let overrides = Overrides {
+        seed: args.seed,
         duration: args.duration,
         users: args.users,
         queue: args.queue.as_deref(),
