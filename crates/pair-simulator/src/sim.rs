@@ -319,9 +319,9 @@ impl Cluster {
     /// The ideal makespans of an agent-loop job (its sub-agents' planned
     /// turns), µs, with prompt caches: a node running the job prefills the
     /// shared system prompt (and the job's own context) once, each
-    /// sub-agent's first turn its task,
-    /// and each later turn only what the turn added (the previous answer
-    /// and the tool result), since it holds the rest.
+    /// sub-agent's first turn its task, and each later turn only what the
+    /// turn added (the previous answer and the tool result), since it
+    /// holds the rest.
     ///
     /// Per node `i` (prefill rate `P`, decode rate `D`, `s` = slots up to
     /// the sub-agents): `W_i = system / P + sum over turns (new / P +
