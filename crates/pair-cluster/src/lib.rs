@@ -38,7 +38,7 @@ use std::time::SystemTime;
 pub use bindings::Bindings;
 pub use config::GossipConfig;
 pub use links::{AddrBook, Peers};
-pub use load::{LoadGuard, LocalLoad};
+pub use load::{LoadGuard, LocalLoad, SlotHold};
 pub use port::{ClusterPort, PeerIdentity};
 pub use progress::{Engaged, Progress};
 pub use reports::PeerReports;

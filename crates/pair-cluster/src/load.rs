@@ -59,6 +59,18 @@ impl LocalLoad {
         }
     }
 
+    /// Holds one of the engines' slots for a request about to be counted
+    /// ([`LocalLoad::begin`]) until the hold drops: a slot it freed (by
+    /// cutting batch work) shows taken meanwhile, so no other request is
+    /// let into it first. It counts no tokens and is not served.
+    pub fn hold(&self) -> SlotHold {
+        let c = self.counts.local();
+        c.in_flight.fetch_add(1, Relaxed);
+        SlotHold {
+            counts: Arc::clone(c),
+        }
+    }
+
     /// A request relayed by `from`, under its reservation `(epoch, seq)`,
     /// is counted here (call it after its [`LocalLoad::begin`]): reports
     /// made from now on say so.
@@ -163,6 +175,18 @@ impl LoadGuard {
     }
 }
 
+/// A slot held for a request not counted yet ([`LocalLoad::hold`]).
+#[derive(Debug)]
+pub struct SlotHold {
+    counts: Arc<CachePadded<Counts>>,
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        self.counts.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.prefill_done();
@@ -176,6 +200,21 @@ impl Drop for LoadGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_slot_shows_taken_until_the_hold_drops_and_is_not_served() {
+        let load = LocalLoad::new();
+        let running = load.begin(100, 50);
+        let hold = load.hold();
+        let w = load.workload(2);
+        assert_eq!((w.running, w.queued), (2, 0));
+        assert_eq!((w.prefill_tokens, w.decode_tokens), (100, 50));
+        drop(hold);
+        assert_eq!(load.workload(2).pending(), 1);
+        drop(running);
+        assert_eq!(load.workload(2), Workload::default());
+        assert_eq!(load.served(), 1);
+    }
 
     #[test]
     fn guards_count_and_release() {

@@ -109,6 +109,9 @@ pub(crate) struct Attempts<'a> {
     /// The free slot it was let go for at the cluster: released once it
     /// is counted where it goes.
     pub claim: Option<crate::waiting::Claim>,
+    /// The slot of this node's engine it cut batch work for: released with
+    /// the claim.
+    pub hold: std::sync::Mutex<Option<pair_cluster::SlotHold>>,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -181,6 +184,9 @@ impl<'a> Attempts<'a> {
     /// Its free slot is counted, or it goes nowhere now: the slot it held
     /// at the cluster is no longer its to hold.
     fn release_claim(&self) {
+        if let Ok(mut hold) = self.hold.lock() {
+            hold.take();
+        }
         if let Some(claim) = self.claim {
             self.st.waitroom.counted(claim);
         }
@@ -224,6 +230,23 @@ impl<'a> Attempts<'a> {
         }
     }
 
+    /// Held at the cluster, `t` narrowed to the nodes with a free slot
+    /// ([`open_targets`]).
+    fn open(
+        &self,
+        cluster: &ClusterSnapshot,
+        t: SmallVec<[Target; MAX_ATTEMPTS]>,
+    ) -> SmallVec<[Target; MAX_ATTEMPTS]> {
+        if !self.free_slot {
+            return t;
+        }
+        let st = self.st;
+        let own_full = st.slots_full_in_turn(cluster, self.profile, self.req.flavor);
+        open_targets(t, st.node.id, own_full, |n| {
+            st.refused_since_report(cluster, n)
+        })
+    }
+
     /// The request's candidates, best first, and the shortlist they came
     /// from (for the receipt).
     fn targets(
@@ -234,29 +257,8 @@ impl<'a> Attempts<'a> {
         match self.reach {
             Reach::Plan(Plan::Cluster) => {
                 let shortlist = st.rank(cluster, self.profile, now_ms());
-                let mut t: SmallVec<[Target; MAX_ATTEMPTS]> =
-                    shortlist.iter().map(Candidate::target).collect();
-                // Held at the cluster: this node's own engine, read live,
-                // is tried only with a free slot, as a peer takes it (while
-                // another node is left to try).
-                if self.free_slot {
-                    let own_full = st.slots_full_in_turn(cluster, self.profile, self.req.flavor);
-                    let open: SmallVec<[Target; MAX_ATTEMPTS]> = t
-                        .iter()
-                        .filter(|x| {
-                            if x.node == st.node.id {
-                                !own_full
-                            } else {
-                                !st.refused_since_report(cluster, x.node)
-                            }
-                        })
-                        .copied()
-                        .collect();
-                    if !open.is_empty() {
-                        t = open;
-                    }
-                }
-                (t, shortlist)
+                let t = shortlist.iter().map(Candidate::target).collect();
+                (self.open(cluster, t), shortlist)
             }
             // This node only, while it holds the model on a healthy engine.
             Reach::Plan(Plan::ThisNode { .. }) => (
@@ -270,12 +272,15 @@ impl<'a> Attempts<'a> {
                 SmallVec::new(),
             ),
             Reach::Continuation { dead, api, .. } => (
-                st.rank(cluster, self.profile, now_ms())
-                    .iter()
-                    .filter(|c| !dead.contains(&c.node))
-                    .filter(|c| resume::continues(cluster, c.node, &self.profile.model, api))
-                    .map(Candidate::target)
-                    .collect(),
+                self.open(
+                    cluster,
+                    st.rank(cluster, self.profile, now_ms())
+                        .iter()
+                        .filter(|c| !dead.contains(&c.node))
+                        .filter(|c| resume::continues(cluster, c.node, &self.profile.model, api))
+                        .map(Candidate::target)
+                        .collect(),
+                ),
                 SmallVec::new(),
             ),
         }
@@ -728,6 +733,43 @@ fn owned(cluster: &ClusterSnapshot, profile: &RequestProfile, flavor: ApiFlavor)
     })
 }
 
+/// Of the ranked targets `t` of a request held at the cluster (a request,
+/// or a cut batch answer's continuation): this node's (`own`) engine,
+/// read live, only with a free slot (`!own_full`), as a peer takes it,
+/// and a peer only if it has not refused for want of one since it last
+/// reported (`refused`). With none of them left, the peers are asked
+/// again (a refusal from each sends the request back to wait), never this
+/// node's full engine while a peer is left: there it would queue in the
+/// engine, where no later interactive request can cut it, and ahead of
+/// one that cut batch work for the slot.
+fn open_targets(
+    t: SmallVec<[Target; MAX_ATTEMPTS]>,
+    own: NodeId,
+    own_full: bool,
+    refused: impl Fn(NodeId) -> bool,
+) -> SmallVec<[Target; MAX_ATTEMPTS]> {
+    let open: SmallVec<[Target; MAX_ATTEMPTS]> = t
+        .iter()
+        .filter(|x| {
+            if x.node == own {
+                !own_full
+            } else {
+                !refused(x.node)
+            }
+        })
+        .copied()
+        .collect();
+    if !open.is_empty() {
+        return open;
+    }
+    let peers: SmallVec<[Target; MAX_ATTEMPTS]> = t
+        .iter()
+        .filter(|x| !own_full || x.node != own)
+        .copied()
+        .collect();
+    if peers.is_empty() { t } else { peers }
+}
+
 /// Whether `node`'s engine for the model is loading it (the engine is up,
 /// answering its polls, not stalled, and does not list it loaded yet),
 /// with the model's size when known.
@@ -893,6 +935,7 @@ pub(crate) async fn wait_at_cluster(
                 }),
                 freed,
                 claim,
+                hold: None,
             })
         };
         let (woken, place) = match admitted {
@@ -914,9 +957,14 @@ pub(crate) async fn wait_at_cluster(
                 if let Some(node) = cut {
                     // The slot it cut free is this request's: no one else
                     // is woken for it, and it goes there before any view
-                    // shows the slot free.
+                    // shows the slot free. Until it is counted there, the
+                    // slot is held: the requests waiting here (the cut
+                    // answer's continuation among them) see it taken, and
+                    // so does this node's engine when it is the one cut.
                     drop(place);
-                    return went(Some(node), None);
+                    let mut waited = went(Some(node), st.waitroom.hold(&profile.model))?;
+                    waited.hold = (node == st.node.id).then(|| st.load.hold());
+                    return Ok(waited);
                 }
                 // Nothing of this node's to cut: a peer not yet asked since
                 // it last reported may cut batch work it runs for another
@@ -980,6 +1028,9 @@ pub(crate) struct Waited {
     pub freed: Option<NodeId>,
     /// The free slot it was let go for, held until it is counted.
     pub claim: Option<crate::waiting::Claim>,
+    /// The slot of this node's engine it cut free, held until it is
+    /// counted there.
+    pub hold: Option<pair_cluster::SlotHold>,
 }
 
 /// A request waited for a slot past its bound.
@@ -1071,6 +1122,7 @@ pub(crate) async fn continue_on(
             queued: None,
             free_slot: batch.is_some(),
             claim,
+            hold: Default::default(),
         };
         let mut failover = Failover::new(FailoverConfig {
             stall_floor: st.timeouts.first_byte,
@@ -1152,5 +1204,68 @@ impl Drop for Holding {
         if let Some(id) = self.reservation.take() {
             self.st.release(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> NodeId {
+        NodeId::from_uuid(uuid::Uuid::from_u128(n))
+    }
+
+    fn targets(nodes: &[u128]) -> SmallVec<[Target; MAX_ATTEMPTS]> {
+        nodes
+            .iter()
+            .map(|&n| Target {
+                node: id(n),
+                predicted: None,
+            })
+            .collect()
+    }
+
+    fn nodes(t: &[Target]) -> Vec<NodeId> {
+        t.iter().map(|x| x.node).collect()
+    }
+
+    /// A held request (or a cut batch answer's continuation) ranked this
+    /// node first goes to a peer with a free slot instead of queuing in
+    /// this node's full engine; with every peer refused since its report,
+    /// the peers are asked again, not the full engine; this node's engine
+    /// alone is still tried, and one with a free slot always is.
+    #[test]
+    fn a_held_request_goes_only_into_a_free_slot_while_a_peer_is_left() {
+        let none = |_: NodeId| false;
+        let only_2 = |n: NodeId| n == id(2);
+        let peers = |n: NodeId| n != id(1);
+        assert_eq!(
+            nodes(&open_targets(targets(&[1, 2, 3]), id(1), true, none)),
+            [id(2), id(3)]
+        );
+        assert_eq!(
+            nodes(&open_targets(targets(&[1, 2, 3]), id(1), true, only_2)),
+            [id(3)]
+        );
+        assert_eq!(
+            nodes(&open_targets(targets(&[1, 2, 3]), id(1), true, peers)),
+            [id(2), id(3)],
+            "every peer refused: asked again, the full engine left out"
+        );
+        assert_eq!(
+            nodes(&open_targets(targets(&[1]), id(1), true, none)),
+            [id(1)],
+            "no peer: this node's engine"
+        );
+        assert_eq!(
+            nodes(&open_targets(targets(&[1, 2]), id(1), false, peers)),
+            [id(1)],
+            "a free slot here"
+        );
+        assert_eq!(
+            nodes(&open_targets(targets(&[2, 1]), id(1), false, none)),
+            [id(2), id(1)],
+            "the ranking's order kept"
+        );
     }
 }

@@ -438,6 +438,7 @@ mod tests {
             queued: None,
             free_slot: false,
             claim: None,
+            hold: Default::default(),
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

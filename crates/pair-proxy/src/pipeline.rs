@@ -284,18 +284,23 @@ pub async fn execute(
     // Relayed by a node that holds requests at the cluster: taken only
     // into a free slot of this node's engine, read live, or (interactive
     // work, with preemption) into one a batch answer it runs gives up.
+    let mut hold = None;
     if let Plan::ThisNode { .. } = plan
         && let Some(sent_as) = req.head.headers.get(&pair_link::FREE_SLOT_HEADER)
-        && !st.takes_held(
+    {
+        match st.takes_held(
             &profile,
             req.flavor,
             std::str::from_utf8(sent_as)
                 .ok()
                 .and_then(pair_core::Priority::parse),
-        )
-    {
-        pending.take();
-        return slots_full_here(st, &req);
+        ) {
+            Some(held) => hold = held,
+            None => {
+                pending.take();
+                return slots_full_here(st, &req);
+            }
+        }
     }
     let mut deadline = deadline;
     let mut queued = None;
@@ -306,6 +311,7 @@ pub async fn execute(
             Ok(waited) => {
                 // A slot it cut free goes first, whatever the view still says.
                 profile.pinned = profile.pinned.or(waited.freed);
+                hold = hold.or(waited.hold);
                 (waited.wait.or(queued), waited.claim)
             }
             Err(full) => return full.refuse(st, &req, &mut pending),
@@ -327,6 +333,7 @@ pub async fn execute(
             queued,
             free_slot,
             claim,
+            hold: std::sync::Mutex::new(hold.take()),
         };
         match attempts.run(&mut failover, deadline.as_mut()).await {
             Driven::Committed { node, answer: a } => {

@@ -423,22 +423,29 @@ impl ProxyState {
     /// live in the dispatch turn so two requests do not both see the last
     /// one free, or, for interactive work with preemption, into the slot a
     /// batch answer it runs gives up ([`crate::preempt::Legs::cut_on`]).
+    ///
+    /// `None` where it does not; else the slot it cut free, held until the
+    /// request is counted (no other request relayed here, nor a
+    /// continuation of this node's, is let into it first).
     pub(crate) fn takes_held(
         &self,
         request: &RequestProfile,
         flavor: ApiFlavor,
         priority: Option<pair_core::Priority>,
-    ) -> bool {
+    ) -> Option<Option<pair_cluster::SlotHold>> {
         let predicted = {
             let _turn = self.dispatch_turn();
             self.local_prediction(&self.cluster(), request, flavor)
         };
         let Some(p) = predicted.filter(|p| p.slots > 0 && p.queued()) else {
-            return true;
+            return Some(None);
         };
-        priority == Some(pair_core::Priority::Interactive)
+        let cut = priority == Some(pair_core::Priority::Interactive)
             && self.waitroom.preempts()
-            && self.waitroom.legs.cut_on(self.node.id, p.queue_ms)
+            && self.waitroom.legs.cut_on(self.node.id, p.queue_ms);
+        // The hold is in this node's live workload: its own waiting
+        // requests see the slot taken too.
+        cut.then(|| Some(self.load.hold()))
     }
 
     /// Whether every slot of this node's engine for `request`'s model is

@@ -307,6 +307,24 @@ impl WaitRoom {
         }
     }
 
+    /// Holds a slot of `model`'s for a request that cut batch work for
+    /// it: the waiting requests (the cut answer's continuation among them)
+    /// see one slot fewer free until it is counted where it goes
+    /// ([`WaitRoom::counted`]), so none of them is let into the slot it
+    /// freed first. `None` without a queue.
+    pub(crate) fn hold(&self, model: &str) -> Option<Claim> {
+        self.order?;
+        let mut inner = self.inner.lock().ok()?;
+        let lane = inner.lane(model);
+        inner.claims += 1;
+        let claim = Claim {
+            lane,
+            seq: inner.claims,
+        };
+        inner.going.push((claim, Instant::now()));
+        Some(claim)
+    }
+
     /// The request let go with `claim` is counted where it goes (or gave
     /// up): the slot it held is no longer free in any view, and more may
     /// be, so the next in line looks. Once per claim: later calls do
