@@ -547,3 +547,85 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
     long2.abort();
     c.stop().await;
 }
+
+/// With preemption, interactive work cuts batch work still prefilling
+/// (before its first byte, where the simulator cuts first: it throws away
+/// the least work). A laptop's one slot takes a batch chat with a long
+/// prompt; a question arriving while it prefills cuts it. The batch
+/// request waits at the cluster again (its first attempt failed as
+/// `preempted`), runs once the question is done, and its client gets the
+/// whole answer, unbroken: nothing had streamed, so nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_work_cuts_batch_work_before_its_first_byte() {
+    const TOKENS: u32 = 40;
+    let c = cluster(1, |s| {
+        s.time_scale = 0.25;
+        s.nodes[0].profile = "laptop".into();
+        s.nodes[0].slots = Some(1);
+        s.queue = Some(Order::Priorities);
+        s.preempt = true;
+        s.engine_seed = Some(7);
+    })
+    .await
+    .unwrap();
+    // The model loads, and the node learns how long batch answers run.
+    let warm = batch_chat(&c, TOKENS).await;
+    assert_eq!(warm.status(), 200);
+    warm.text().await.unwrap();
+    // About 3,000 prompt tokens: seconds of prefill on a laptop.
+    let long = "the river runs past the mill and on to the sea ".repeat(300);
+    let face = c.nodes[0].ollama_url();
+    let ended = Ended::default();
+    let batch = {
+        let ended = std::sync::Arc::clone(&ended);
+        tokio::spawn(async move {
+            let resp = http()
+                .post(format!("{face}/api/chat"))
+                .header("x-pair-priority", "batch")
+                .json(&json!({"model": "llama3.2:3b", "stream": true,
+                              "messages": [{"role": "user", "content": long}],
+                              "options": {"temperature": 0, "num_predict": TOKENS}}))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let job = job_of(&resp);
+            let text = resp.text().await.unwrap();
+            ended.lock().unwrap().push("batch");
+            (status, job, text)
+        })
+    };
+    holding(&c, 0, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = generate(&url(&c), "a quick question", 4).await;
+    assert_eq!(status, 200);
+    ended.lock().unwrap().push("chat");
+    let (status, job, text) = batch.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        *ended.lock().unwrap(),
+        ["chat", "batch"],
+        "the question cut it"
+    );
+    let (answer, last) = chat_stream(&text);
+    assert_eq!(answer.split_whitespace().count(), TOKENS as usize);
+    assert_eq!(last["eval_count"], TOKENS, "{last}");
+    let rec = record(&c, 0, &job).await;
+    assert_eq!(rec.status, JobStatus::Completed, "{rec:?}");
+    assert!(rec.resumed.is_empty(), "cut before its first byte: {rec:?}");
+    let cut = c.nodes[0]
+        .state
+        .metrics
+        .failovers
+        .get_or_create(&pair_proxy::metrics::FailoverLabels {
+            reason: "preempted".into(),
+        })
+        .get();
+    assert_eq!(cut, 1, "its first attempt was cut");
+    assert_eq!(
+        rec.waited.map(|w| w.why),
+        Some(WaitReason::ClusterQueue),
+        "{rec:#?}"
+    );
+    c.stop().await;
+}

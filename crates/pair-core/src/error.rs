@@ -152,6 +152,12 @@ pub const FAILURE_CLASSES: &[FailureClass] = &[
         what: "every slot of the node's engine was taken (its sender holds the request at the cluster for one)",
     },
     FailureClass {
+        label: "preempted",
+        moves_on: true,
+        transient: false,
+        what: "batch work cut before its first byte to give its slot to interactive work (its sender holds it at the cluster again)",
+    },
+    FailureClass {
         label: "bad-request",
         moves_on: false,
         transient: false,

@@ -112,6 +112,9 @@ pub(crate) struct Attempts<'a> {
     /// The slot of this node's engine it cut batch work for: released with
     /// the claim.
     pub hold: std::sync::Mutex<Option<pair_cluster::SlotHold>>,
+    /// Batch work interactive work may cut (with preemption): its cuts
+    /// and moves, over every attempt and every wait at the cluster.
+    pub batch: Option<Arc<crate::preempt::Job>>,
 }
 
 /// What choosing a node counted on it: a local dispatch by its load
@@ -388,6 +391,7 @@ impl<'a> Attempts<'a> {
                     st.resume.on()
                         && profile.streaming
                         && out_route.and_then(InferenceRoute::continues).is_some()
+                        && self.batch.as_ref().is_none_or(|job| job.peer_may_cut())
                 }
                 Reach::Continuation {
                     preempt: Some(job), ..
@@ -446,8 +450,10 @@ impl<'a> Attempts<'a> {
             // Batch work that interactive work may cut for its slot.
             let preempt =
                 (st.waitroom.preempts() && profile.priority == Priority::Batch).then(|| {
-                    let moves = crate::preempt::moves_allowed(st.resume.limit);
-                    Arc::new(crate::preempt::Job::new(moves, req.received))
+                    self.batch.clone().unwrap_or_else(|| {
+                        let moves = crate::preempt::moves_allowed(st.resume.limit);
+                        Arc::new(crate::preempt::Job::new(moves, req.received))
+                    })
                 });
             if let Some(job) = &preempt {
                 let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
@@ -997,19 +1003,32 @@ pub(crate) async fn wait_at_cluster(
     }
 }
 
-/// Whether every attempt was refused by a peer whose slots were all taken
-/// (`slots-full`): then each of those peers is recorded as full until it
-/// next reports (its view here was older than its engine), and the request
+/// Whether every attempt was refused by a node whose slots were all taken
+/// (`slots-full`), or cut before its first byte for interactive work
+/// (`preempted`, batch work `job`: a peer's cut counts as one of its
+/// cuts; this node's counted itself): then each of those nodes is
+/// recorded as full until it next reports (its view here was older than
+/// its engine, or the slot went to the work that cut), and the request
 /// waits at the cluster again.
-pub(crate) fn refused_everywhere(st: &ProxyState, failover: &Failover) -> bool {
+pub(crate) fn refused_everywhere(
+    st: &ProxyState,
+    failover: &Failover,
+    job: Option<&crate::preempt::Job>,
+) -> bool {
     let failed = failover.failed();
     let everywhere = !failed.is_empty()
         && failed.iter().all(|a| {
-            matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == SLOTS_FULL)
+            matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == SLOTS_FULL || class == dispatch::PREEMPTED)
         });
     if everywhere {
         let cluster = st.cluster();
         for a in failed {
+            if let Some(job) = job
+                && a.node != st.node.id
+                && matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == dispatch::PREEMPTED)
+            {
+                job.cut_elsewhere();
+            }
             st.refused_for_slots(&cluster, a.node);
         }
     }
@@ -1123,6 +1142,7 @@ pub(crate) async fn continue_on(
             free_slot: batch.is_some(),
             claim,
             hold: Default::default(),
+            batch: None,
         };
         let mut failover = Failover::new(FailoverConfig {
             stall_floor: st.timeouts.first_byte,
@@ -1168,7 +1188,10 @@ pub(crate) async fn continue_on(
             Driven::GaveUp {
                 why: pair_scheduler::GiveUp::Exhausted { .. },
                 kept: None,
-            } if batch.is_some() && Instant::now() < bound && refused_everywhere(st, &failover) => {
+            } if batch.is_some()
+                && Instant::now() < bound
+                && refused_everywhere(st, &failover, batch.map(|job| &**job)) =>
+            {
                 // Every node tried had its slots full: it waits again.
             }
             Driven::GaveUp { .. } => return None,

@@ -151,6 +151,9 @@ pub enum DispatchError {
     NoLink(NodeId),
     #[error("the answer's body failed before its first byte")]
     Cut,
+    /// Batch work cut before its first byte for interactive work.
+    #[error("cut before its first byte for interactive work")]
+    Preempted,
     /// The peer gave up before any answer from its engine, and said why.
     #[error("the peer gave up before an answer: {}", .0.what)]
     PeerGaveUp(&'static pair_core::FailureClass),
@@ -187,6 +190,7 @@ impl Classified for DispatchError {
             DispatchError::Engine { .. } => "transport",
             DispatchError::Peer { source } => source.class(),
             DispatchError::Body { .. } | DispatchError::Cut => "body",
+            DispatchError::Preempted => PREEMPTED,
             DispatchError::Deadline(_) => "first-byte-timeout",
             DispatchError::NoLink(_) => "no-link",
             DispatchError::PeerGaveUp(c) => c.label,
@@ -236,6 +240,10 @@ pub struct Relayed {
     /// of this many tokens as planned.
     pub cuttable: Option<u32>,
 }
+
+/// The failure class of batch work cut before its first byte to give its
+/// slot to interactive work.
+pub(crate) const PREEMPTED: &str = "preempted";
 
 /// The class a peer gave for giving up on a relayed request before any
 /// answer from its engine ([`pair_link::FAILED_HEADER`]); `None` for
@@ -633,6 +641,7 @@ pub(crate) async fn first_data(body: &mut UpBody) -> Result<Option<Bytes>, Dispa
     loop {
         match body.frame().await {
             None => return Ok(None),
+            Some(Err(UpBodyError::Preempted)) => return Err(DispatchError::Preempted),
             Some(Err(_)) => return Err(DispatchError::Cut),
             Some(Ok(f)) => {
                 if let Ok(data) = f.into_data()
@@ -671,6 +680,7 @@ mod tests {
             DispatchError::NoLink(NodeId::from_u128(1)),
             DispatchError::Deadline(std::time::Duration::from_secs(1)),
             DispatchError::Cut,
+            DispatchError::Preempted,
             DispatchError::Engine {
                 source: ClientError::Connect { source: refused },
             },

@@ -439,6 +439,7 @@ mod tests {
             free_slot: false,
             claim: None,
             hold: Default::default(),
+            batch: None,
         };
         let reply = attempts.gave_up(&mut pending, &failover, why, kept);
         drop(pending);

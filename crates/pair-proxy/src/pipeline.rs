@@ -302,6 +302,17 @@ pub async fn execute(
             }
         }
     }
+    // Batch work interactive work may cut: its cuts counted over every
+    // attempt and every wait here.
+    let batch = (plan == Plan::Cluster
+        && st.waitroom.preempts()
+        && profile.priority == pair_core::Priority::Batch)
+        .then(|| {
+            Arc::new(crate::preempt::Job::new(
+                crate::preempt::moves_allowed(st.resume.limit),
+                req.received,
+            ))
+        });
     let mut deadline = deadline;
     let mut queued = None;
     let bound = req.received + client_deadline.unwrap_or(waiting::DEFAULT_WAIT);
@@ -334,6 +345,7 @@ pub async fn execute(
             free_slot,
             claim,
             hold: std::sync::Mutex::new(hold.take()),
+            batch: batch.clone(),
         };
         match attempts.run(&mut failover, deadline.as_mut()).await {
             Driven::Committed { node, answer: a } => {
@@ -350,7 +362,7 @@ pub async fn execute(
             Driven::GaveUp {
                 why: pair_scheduler::GiveUp::Exhausted { .. },
                 kept: None,
-            } if free_slot && refused_everywhere(st, &failover) => {
+            } if free_slot && refused_everywhere(st, &failover, batch.as_deref()) => {
                 if Instant::now() >= bound {
                     return SlotsFull { retry_s: 1 }.refuse(st, &req, &mut pending);
                 }

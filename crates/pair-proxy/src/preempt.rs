@@ -102,7 +102,15 @@ impl Job {
     /// it can move, and has moved fewer than [`pair_scheduler::queue::MAX_CUTS`]
     /// times (the peer cannot count its cuts on other nodes).
     pub(crate) fn peer_may_cut(&self) -> bool {
-        self.movable() && self.moves.load(Relaxed) < pair_scheduler::queue::MAX_CUTS
+        self.movable()
+            && self.moves.load(Relaxed) < pair_scheduler::queue::MAX_CUTS
+            && self.cuts.load(Relaxed) < pair_scheduler::queue::MAX_CUTS
+    }
+
+    /// A peer cut it before its first byte (its attempt failed as
+    /// `preempted`): one of its cuts.
+    pub(crate) fn cut_elsewhere(&self) {
+        self.cuts.fetch_add(1, Relaxed);
     }
 
     /// The client had `events` more tokens.
@@ -252,11 +260,16 @@ impl Leg {
             cut: Some(rx),
             leg: Some(Ending(Arc::clone(&leg))),
         })));
+        // It may be cut from its head on: a cut while it prefills throws
+        // away the least work, and its request waits at the cluster again
+        // (its attempt fails as `preempted`).
+        if let Ok(mut legs) = legs.0.lock() {
+            legs.push(Arc::clone(&leg));
+        }
         (leg, body)
     }
 
-    /// The leg was committed: it holds `held` until it ends or is cut,
-    /// and may be cut from now on.
+    /// The leg was committed: it holds `held` until it ends or is cut.
     pub(crate) fn commit(self: &Arc<Self>, held: Held) {
         if self.over.load(Relaxed) {
             held.release(&*self.owner);
@@ -265,8 +278,11 @@ impl Leg {
         if let Ok(mut s) = self.state.lock() {
             s.held = Some(held);
         }
-        if let Ok(mut legs) = self.legs.0.lock() {
-            legs.push(Arc::clone(self));
+        // Cut between its first byte and now: what it held goes too.
+        if self.over.load(Relaxed)
+            && let Some(held) = self.state.lock().ok().and_then(|mut s| s.held.take())
+        {
+            held.release(&*self.owner);
         }
     }
 
