@@ -305,15 +305,21 @@ async fn an_alias_marks_its_requests_as_batch_work() {
     c.stop().await;
 }
 
+/// A batch request for a streamed Ollama chat of `tokens` about
+/// `content` through the face `face`.
+fn batch_chat_to(face: &str, content: &str, tokens: u32) -> reqwest::RequestBuilder {
+    http()
+        .post(format!("{face}/api/chat"))
+        .header("x-pair-priority", "batch")
+        .json(&json!({"model": "llama3.2:3b", "stream": true,
+                      "messages": [{"role": "user", "content": content}],
+                      "options": {"temperature": 0, "num_predict": tokens}}))
+}
+
 /// A batch request for a streamed Ollama chat of `tokens` at node 0; the
 /// answer's head.
 async fn batch_chat(c: &LocalCluster, tokens: u32) -> reqwest::Response {
-    http()
-        .post(format!("{}/api/chat", c.nodes[0].ollama_url()))
-        .header("x-pair-priority", "batch")
-        .json(&json!({"model": "llama3.2:3b", "stream": true,
-                      "messages": [{"role": "user", "content": "tell me about rivers"}],
-                      "options": {"temperature": 0, "num_predict": tokens}}))
+    batch_chat_to(&c.nodes[0].ollama_url(), "tell me about rivers", tokens)
         .send()
         .await
         .unwrap()
@@ -323,8 +329,14 @@ async fn batch_chat(c: &LocalCluster, tokens: u32) -> reqwest::Response {
 /// a free slot at once: no interactive work was seen), that learned how
 /// long its batch answers are: `tokens`.
 async fn serial_batch_node(preempt: bool, tokens: u32) -> LocalCluster {
+    serial_batch_node_on("rtx4090", preempt, tokens).await
+}
+
+/// [`serial_batch_node`] on hardware `profile`.
+async fn serial_batch_node_on(profile: &str, preempt: bool, tokens: u32) -> LocalCluster {
     let c = cluster(1, |s| {
         s.time_scale = 0.25;
+        s.nodes[0].profile = profile.into();
         s.nodes[0].slots = Some(1);
         s.queue = Some(Order::Priorities);
         s.preempt = preempt;
@@ -558,36 +570,15 @@ async fn interactive_work_cuts_batch_work_a_peer_serves_for_another_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactive_work_cuts_batch_work_before_its_first_byte() {
     const TOKENS: u32 = 40;
-    let c = cluster(1, |s| {
-        s.time_scale = 0.25;
-        s.nodes[0].profile = "laptop".into();
-        s.nodes[0].slots = Some(1);
-        s.queue = Some(Order::Priorities);
-        s.preempt = true;
-        s.engine_seed = Some(7);
-    })
-    .await
-    .unwrap();
-    // The model loads, and the node learns how long batch answers run.
-    let warm = batch_chat(&c, TOKENS).await;
-    assert_eq!(warm.status(), 200);
-    warm.text().await.unwrap();
+    let c = serial_batch_node_on("laptop", true, TOKENS).await;
     // About 3,000 prompt tokens: seconds of prefill on a laptop.
     let long = "the river runs past the mill and on to the sea ".repeat(300);
-    let face = c.nodes[0].ollama_url();
+    let request = batch_chat_to(&c.nodes[0].ollama_url(), &long, TOKENS);
     let ended = Ended::default();
     let batch = {
         let ended = std::sync::Arc::clone(&ended);
         tokio::spawn(async move {
-            let resp = http()
-                .post(format!("{face}/api/chat"))
-                .header("x-pair-priority", "batch")
-                .json(&json!({"model": "llama3.2:3b", "stream": true,
-                              "messages": [{"role": "user", "content": long}],
-                              "options": {"temperature": 0, "num_predict": TOKENS}}))
-                .send()
-                .await
-                .unwrap();
+            let resp = request.send().await.unwrap();
             let status = resp.status().as_u16();
             let job = job_of(&resp);
             let text = resp.text().await.unwrap();

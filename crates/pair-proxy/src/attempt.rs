@@ -112,8 +112,9 @@ pub(crate) struct Attempts<'a> {
     /// The slot of this node's engine it cut batch work for: released with
     /// the claim.
     pub hold: std::sync::Mutex<Option<pair_cluster::SlotHold>>,
-    /// Batch work interactive work may cut (with preemption): its cuts
-    /// and moves, over every attempt and every wait at the cluster.
+    /// Batch work interactive work may cut (with preemption; a request
+    /// routed here, `Plan::Cluster`): its cuts and moves, over every
+    /// attempt and every wait at the cluster.
     pub batch: Option<Arc<crate::preempt::Job>>,
 }
 
@@ -391,7 +392,7 @@ impl<'a> Attempts<'a> {
                     st.resume.on()
                         && profile.streaming
                         && out_route.and_then(InferenceRoute::continues).is_some()
-                        && self.batch.as_ref().is_none_or(|job| job.peer_may_cut())
+                        && self.batch.as_ref().is_some_and(|job| job.peer_may_cut())
                 }
                 Reach::Continuation {
                     preempt: Some(job), ..
@@ -448,13 +449,7 @@ impl<'a> Attempts<'a> {
             && let Some(api) = out_route.and_then(InferenceRoute::continues)
         {
             // Batch work that interactive work may cut for its slot.
-            let preempt =
-                (st.waitroom.preempts() && profile.priority == Priority::Batch).then(|| {
-                    self.batch.clone().unwrap_or_else(|| {
-                        let moves = crate::preempt::moves_allowed(st.resume.limit);
-                        Arc::new(crate::preempt::Job::new(moves, req.received))
-                    })
-                });
+            let preempt = self.batch.clone();
             if let Some(job) = &preempt {
                 let price = crate::preempt::Price::of(&ticket.cluster, node, profile, req.flavor);
                 let (l, body) = leg_of(st, node, price, job, up.body);
@@ -1016,16 +1011,20 @@ pub(crate) fn refused_everywhere(
     job: Option<&crate::preempt::Job>,
 ) -> bool {
     let failed = failover.failed();
+    let class = |a: &pair_scheduler::FailedAttempt| match a.outcome {
+        pair_scheduler::FailedOutcome::Failed(class) => class,
+        _ => "",
+    };
     let everywhere = !failed.is_empty()
-        && failed.iter().all(|a| {
-            matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == SLOTS_FULL || class == dispatch::PREEMPTED)
-        });
+        && failed
+            .iter()
+            .all(|a| [SLOTS_FULL, dispatch::PREEMPTED].contains(&class(a)));
     if everywhere {
         let cluster = st.cluster();
         for a in failed {
             if let Some(job) = job
                 && a.node != st.node.id
-                && matches!(a.outcome, pair_scheduler::FailedOutcome::Failed(class) if class == dispatch::PREEMPTED)
+                && class(a) == dispatch::PREEMPTED
             {
                 job.cut_elsewhere();
             }

@@ -285,13 +285,7 @@ impl WaitRoom {
                 || priority == Priority::Interactive
                 || batch_may_take(free, slots, seen_ago, millis(arrived.elapsed())));
         if may && !ahead && !yielded {
-            inner.claims += 1;
-            let claim = Claim {
-                lane,
-                seq: inner.claims,
-            };
-            inner.going.push((claim, now));
-            return Admit::Go(Some(claim));
+            return Admit::Go(Some(inner.claim(lane, now)));
         }
         let (tx, woken) = oneshot::channel();
         let ticket = inner.queue.push(waiting, tx);
@@ -316,13 +310,7 @@ impl WaitRoom {
         self.order?;
         let mut inner = self.inner.lock().ok()?;
         let lane = inner.lane(model);
-        inner.claims += 1;
-        let claim = Claim {
-            lane,
-            seq: inner.claims,
-        };
-        inner.going.push((claim, Instant::now()));
-        Some(claim)
+        Some(inner.claim(lane, Instant::now()))
     }
 
     /// The request let go with `claim` is counted where it goes (or gave
@@ -397,6 +385,18 @@ impl WaitRoom {
 }
 
 impl Inner {
+    /// A slot of `lane` held from `now` until the request it is for is
+    /// counted ([`WaitRoom::counted`]) or [`WOKEN_HOLD`] passes.
+    fn claim(&mut self, lane: u32, now: Instant) -> Claim {
+        self.claims += 1;
+        let claim = Claim {
+            lane,
+            seq: self.claims,
+        };
+        self.going.push((claim, now));
+        claim
+    }
+
     fn lane(&mut self, model: &str) -> u32 {
         let i = match self.lanes.iter().position(|m| m == model) {
             Some(i) => i,
