@@ -25,9 +25,10 @@ pub struct LocalLoad {
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
     /// Per router that relayed requests here, the newest of its
-    /// reservations counted in this workload (most recent first, at most
-    /// [`Admitted::MAX`]); written once per relayed request.
-    admitted: std::sync::Mutex<Vec<Admitted>>,
+    /// reservations counted in this workload and which have ended (most
+    /// recent first, at most [`Admitted::MAX`]); written twice per relayed
+    /// request, as it is counted and as it ends.
+    admitted: Arc<std::sync::Mutex<Vec<Admitted>>>,
 }
 
 /// One event loop's share of [`LocalLoad`].
@@ -56,6 +57,7 @@ impl LocalLoad {
             counts: Arc::clone(c),
             prefill_left: prompt_tokens,
             decode_left: output_tokens,
+            relayed: None,
         }
     }
 
@@ -72,9 +74,15 @@ impl LocalLoad {
     }
 
     /// A request relayed by `from`, under its reservation `(epoch, seq)`,
-    /// is counted here (call it after its [`LocalLoad::begin`]): reports
-    /// made from now on say so.
-    pub fn admit(&self, from: NodeId, (epoch, seq): (u64, u64)) {
+    /// is counted here by `guard` (its [`LocalLoad::begin`]): reports made
+    /// from now on say so, and once the guard drops, that it has ended.
+    pub fn admit(&self, guard: &mut LoadGuard, from: NodeId, (epoch, seq): (u64, u64)) {
+        guard.relayed = Some(Relayed {
+            admitted: Arc::clone(&self.admitted),
+            from,
+            epoch,
+            seq,
+        });
         let Ok(mut a) = self.admitted.lock() else {
             return;
         };
@@ -147,6 +155,32 @@ pub struct LoadGuard {
     counts: Arc<CachePadded<Counts>>,
     prefill_left: u32,
     decode_left: u32,
+    /// The sender's reservation, for a relayed request
+    /// ([`LocalLoad::admit`]).
+    relayed: Option<Relayed>,
+}
+
+/// A relayed request's reservation, marked ended when its guard drops.
+#[derive(Debug)]
+struct Relayed {
+    admitted: Arc<std::sync::Mutex<Vec<Admitted>>>,
+    from: NodeId,
+    epoch: u64,
+    seq: u64,
+}
+
+impl Relayed {
+    fn end(&self) {
+        let Ok(mut a) = self.admitted.lock() else {
+            return;
+        };
+        if let Some(x) = a
+            .iter_mut()
+            .find(|x| x.from == self.from && x.boot == self.epoch)
+        {
+            x.end(self.seq);
+        }
+    }
 }
 
 impl LoadGuard {
@@ -194,6 +228,11 @@ impl Drop for LoadGuard {
         let c = &self.counts;
         c.in_flight.fetch_sub(1, Relaxed);
         c.served.fetch_add(1, Relaxed);
+        // After the workload dropped it: a report that says it ended
+        // reads a workload without it.
+        if let Some(r) = self.relayed.take() {
+            r.end();
+        }
     }
 }
 
@@ -214,6 +253,41 @@ mod tests {
         drop(running);
         assert_eq!(load.workload(2), Workload::default());
         assert_eq!(load.served(), 1);
+    }
+
+    /// A report says which of a router's requests it counts and which of
+    /// those have ended since: the router can tell a finished request the
+    /// workload still counts from one it does not, without clocks.
+    #[test]
+    fn a_relayed_request_is_admitted_then_ended_as_its_guard_drops() {
+        let load = LocalLoad::new();
+        let (router, other) = (NodeId::from_u128(7), NodeId::from_u128(8));
+        let mut a = load.begin(10, 5);
+        load.admit(&mut a, router, (3, 0));
+        let mut b = load.begin(10, 5);
+        load.admit(&mut b, router, (3, 1));
+        let mut c = load.begin(10, 5);
+        load.admit(&mut c, other, (9, 0));
+        let of = |from: NodeId| {
+            load.admitted()
+                .into_iter()
+                .find(|x| x.from == from)
+                .unwrap()
+        };
+        assert_eq!(of(router).ended(0), Some(false));
+        drop(a);
+        let r = of(router);
+        assert!(r.counts(0) && r.counts(1));
+        assert_eq!((r.ended(0), r.ended(1)), (Some(true), Some(false)));
+        assert_eq!(of(other).ended(0), Some(false), "another router's own");
+        assert_eq!(load.workload(4).running, 2);
+        drop(b);
+        assert_eq!(of(router).ended(1), Some(true));
+        drop(c);
+        assert_eq!(of(other).ended(0), Some(true));
+        // A guard of a request no router reserved ends nothing.
+        drop(load.begin(1, 1));
+        assert_eq!(load.admitted().len(), 2);
     }
 
     #[test]

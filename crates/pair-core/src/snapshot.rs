@@ -302,6 +302,13 @@ pub struct Admitted {
     /// Bit `i`: reservation `seq - 1 - i` was counted too.
     #[serde(default)]
     pub window: u64,
+    /// Of the newest and the [`Admitted::ENDS`] - 1 before it, those
+    /// counted whose answers have ended here since (bit `d`: reservation
+    /// `seq - d`): the workload read after this no longer counts them.
+    /// `None` from a node that does not say, where the router falls back
+    /// on when the report was made against when the answer ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<u64>,
 }
 
 impl Admitted {
@@ -311,6 +318,8 @@ impl Admitted {
     /// has arrived, or failed and been released, by the time 64 newer ones
     /// to the same node were made.
     pub const WINDOW: u64 = 64;
+    /// Reservations, the newest among them, whose end is kept.
+    pub const ENDS: u64 = 64;
 
     /// The first reservation of a router's process counted.
     pub fn first(from: NodeId, boot: u64, seq: u64) -> Self {
@@ -319,6 +328,7 @@ impl Admitted {
             boot,
             seq,
             window: 0,
+            ended: Some(0),
         }
     }
 
@@ -332,9 +342,34 @@ impl Admitted {
                 // The old newest becomes bit `shift - 1`.
                 (self.window << (shift - 1) << 1) | (1 << (shift - 1))
             };
+            if let Some(e) = self.ended.as_mut() {
+                *e = if shift >= Self::ENDS { 0 } else { *e << shift };
+            }
             self.seq = seq;
         } else if seq < self.seq && self.seq - seq <= Self::WINDOW {
             self.window |= 1 << (self.seq - seq - 1);
+        }
+    }
+
+    /// Reservation `seq`, counted, has ended: the workload no longer
+    /// counts it (call it after the workload dropped it).
+    pub fn end(&mut self, seq: u64) {
+        if let (Some(e), Some(d)) = (self.ended.as_mut(), self.seq.checked_sub(seq))
+            && d < Self::ENDS
+        {
+            *e |= 1 << d;
+        }
+    }
+
+    /// Whether reservation `seq`, counted, has ended here: `None` where
+    /// this does not say (a node that does not track ends, or one older
+    /// than the [`Admitted::ENDS`] newest).
+    pub fn ended(&self, seq: u64) -> Option<bool> {
+        let e = self.ended?;
+        match self.seq.checked_sub(seq) {
+            None => Some(false),
+            Some(d) if d < Self::ENDS => Some(e >> d & 1 == 1),
+            Some(_) => None,
         }
     }
 
@@ -554,6 +589,41 @@ mod tests {
                     prop_assert_eq!(a.counts(s), want, "seq {} after {:?}", s, arrived);
                 }
             }
+        }
+    }
+
+    proptest! {
+        /// However a router's reservations arrive and end, one counted
+        /// among the newest [`Admitted::ENDS`] is said to have ended exactly
+        /// when it did; older ones, and a node that does not say, are
+        /// unknown.
+        #[test]
+        fn ended_says_which_counted_answers_ended(
+            order in proptest::sample::subsequence((0u64..150).collect::<Vec<_>>(), 1..150)
+                .prop_shuffle(),
+            ends in proptest::collection::vec(any::<bool>(), 150),
+        ) {
+            let mut a = Admitted::first(NodeId::from_u128(1), 7, order[0]);
+            let mut ended = std::collections::BTreeSet::new();
+            for (i, &seq) in order.iter().enumerate() {
+                if i > 0 {
+                    a.admit(seq);
+                }
+                // An answer marked in `ends` ends right after it arrives.
+                if ends[seq as usize] {
+                    a.end(seq);
+                    ended.insert(seq);
+                }
+                for s in 0..=a.seq {
+                    if a.seq - s < Admitted::ENDS && a.counts(s) {
+                        prop_assert_eq!(a.ended(s), Some(ended.contains(&s)), "seq {}", s);
+                    } else if a.seq - s >= Admitted::ENDS {
+                        prop_assert_eq!(a.ended(s), None);
+                    }
+                }
+            }
+            a.ended = None;
+            prop_assert_eq!(a.ended(a.seq), None);
         }
     }
 

@@ -303,7 +303,7 @@ impl<'a> Attempts<'a> {
                     .map(|p| ms(p.first_token_ms())),
                 expect: predicted.map_or(Duration::ZERO, |p| ms(p.total_ms)),
                 guard: Some({
-                    let guard = st
+                    let mut guard = st
                         .load
                         .begin(profile.prompt_tokens, profile.answer_tokens());
                     // Relayed under the sender's reservation: this node's
@@ -316,7 +316,7 @@ impl<'a> Attempts<'a> {
                             .get(&pair_link::RESERVATION_HEADER)
                             .and_then(pair_link::parse_reservation)
                     {
-                        st.load.admit(origin, r);
+                        st.load.admit(&mut guard, origin, r);
                     }
                     guard
                 }),

@@ -71,6 +71,10 @@ pub(crate) struct NodeReservations {
     /// reservations it counted ([`NodeReservations::covered_by`]): `items`
     /// are exactly what it did not count.
     admitted_by: Option<u64>,
+    /// The newest report applied that also said which of those had ended:
+    /// `credits` are then exactly what it counts and has finished here,
+    /// whatever the clocks say.
+    ends_by: Option<u64>,
 }
 
 impl NodeReservations {
@@ -84,6 +88,7 @@ impl NodeReservations {
             credit_totals: Reserved::default(),
             finished: VecDeque::new(),
             admitted_by: None,
+            ends_by: None,
         }
     }
 
@@ -97,16 +102,25 @@ impl NodeReservations {
     /// A report made at `reported_ms`: the reservations it covers move to
     /// `covered`, the credits it makes stale go.
     fn covered_by(&mut self, reported_ms: u64, coverage: Coverage) {
+        let newest = |by: Option<u64>| Some(by.map_or(reported_ms, |s| s.max(reported_ms)));
         self.admitted_by = match coverage {
-            Coverage::Admitted(_) => {
-                Some(self.admitted_by.map_or(reported_ms, |s| s.max(reported_ms)))
-            }
+            Coverage::Admitted(_) => newest(self.admitted_by),
             Coverage::Time => None,
+        };
+        self.ends_by = match coverage {
+            Coverage::Admitted(Some(a)) if a.ended.is_some() => newest(self.ends_by),
+            _ => None,
         };
         let saw = |r: &Reservation| match coverage {
             Coverage::Admitted(Some(a)) => a.counts(r.wire),
             Coverage::Admitted(None) => false,
             Coverage::Time => r.at_ms <= reported_ms,
+        };
+        // What the report says of a request it counts: still running
+        // (`Some(false)`), ended (`Some(true)`), or nothing.
+        let ended = |r: &Reservation| match coverage {
+            Coverage::Admitted(Some(a)) if a.counts(r.wire) => a.ended(r.wire),
+            _ => None,
         };
         // Requests arrive out of order: every one the report counts is
         // covered, not only those before the first it does not.
@@ -122,25 +136,48 @@ impl NodeReservations {
             }
             self.take(&r);
             self.items.remove(i);
+            if ended(&r) == Some(true) {
+                // Counted and gone again: nothing of it is left to count.
+                continue;
+            }
             if self.covered.len() >= Reservations::MAX_PER_NODE {
                 self.covered.pop_front();
             }
             let at = self.covered.partition_point(|c| c.seq < r.seq);
             self.covered.insert(at, r);
         }
-        self.drop_credits_while(|c| c.at_ms <= reported_ms);
+        if self.ends_by.is_some() {
+            // The report says which have ended: those are gone from its
+            // workload, the rest it still counts.
+            self.covered.retain(|r| ended(r) != Some(true));
+            let mut credits = std::mem::take(&mut self.credits);
+            credits.retain(|c| match ended(c) {
+                Some(still) => !still,
+                None => c.at_ms > reported_ms,
+            });
+            self.credit_totals = Reserved::default();
+            for c in &credits {
+                add(&mut self.credit_totals, c);
+            }
+            self.credits = credits;
+        } else {
+            self.drop_credits_while(|c| c.at_ms <= reported_ms);
+        }
         // Finished requests this report saw running are credited; those it
         // was made after are gone from it; older reports never saw them.
         let mut waiting = std::mem::take(&mut self.finished);
-        waiting.retain(|&(r, finished_ms)| {
-            if finished_ms <= reported_ms {
-                false
-            } else if saw(&r) {
+        waiting.retain(|&(r, finished_ms)| match ended(&r) {
+            Some(false) => {
                 self.credit(r, finished_ms);
                 false
-            } else {
-                true
             }
+            Some(true) => false,
+            None if finished_ms <= reported_ms => false,
+            None if saw(&r) => {
+                self.credit(r, finished_ms);
+                false
+            }
+            None => true,
         });
         self.finished = waiting;
     }
@@ -172,8 +209,14 @@ impl NodeReservations {
     }
 
     /// Work a report made at `reported_at_ms` still counts that has
-    /// finished since (what ranking takes off the report).
+    /// finished since (what ranking takes off the report): where that
+    /// report (or a newer one) said which of this router's requests had
+    /// ended, exactly the credits; otherwise those finished after it was
+    /// made.
     pub(crate) fn credited(&self, reported_at_ms: u64) -> Reserved {
+        if self.ends_by.is_some_and(|s| reported_at_ms <= s) {
+            return self.credit_totals;
+        }
         newer_than(&self.credits, self.credit_totals, reported_at_ms)
     }
 
@@ -523,7 +566,7 @@ impl Reservations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pair_core::{ApiFlavor, NodeSnapshot};
+    use pair_core::{Admitted, ApiFlavor, NodeSnapshot};
 
     fn profile(prompt: u32, out: u32) -> RequestProfile {
         let mut p = RequestProfile::new("m", ApiFlavor::Ollama);
@@ -639,6 +682,64 @@ mod tests {
         r.sync(&ClusterSnapshot::new(3, 170, vec![n]));
         assert_eq!(r.credited(id(1), 150), Reserved::default());
         assert!(r.is_empty());
+    }
+
+    /// A report that says which of this router's requests it counts and
+    /// which of those have ended decides what is credited, on any clock:
+    /// here the peer's clock is ahead of the router's (its reports look
+    /// made after the router saw the answers end), then behind.
+    #[test]
+    fn a_report_that_says_what_ended_credits_exactly_that_on_any_clock() {
+        let (me, boot) = (id(9), 4);
+        for skew in [1_000i64, 0, -1_000] {
+            let mut r = Reservations::new();
+            r.set_origin(me, boot);
+            let report = |at: i64, admitted: Admitted| {
+                let mut n = NodeSnapshot::new(id(1), "a");
+                n.reported_at_ms = u64::try_from(at + skew).unwrap();
+                n.admitted = vec![admitted];
+                ClusterSnapshot::new(1, n.reported_at_ms, vec![n])
+            };
+            let a = r.reserve(id(1), &profile(10, 10), 5_000);
+            let b = r.reserve(id(1), &profile(20, 20), 5_001);
+            // Both counted, both running.
+            let mut seen = Admitted::first(me, boot, a.wire_seq());
+            seen.admit(b.wire_seq());
+            r.sync(&report(5_010, seen));
+            let at = |t: i64| u64::try_from(t + skew).unwrap();
+            assert_eq!(r.on_node(id(1), at(5_010)), Reserved::default());
+            // `a` ends here; the report still counts it.
+            assert!(r.release(a, 5_020));
+            assert_eq!(r.credited(id(1), at(5_010)).jobs, 1, "skew {skew}");
+            // A newer report still counts `a` running (its end had not
+            // reached the node's workload): still credited.
+            r.sync(&report(5_030, seen));
+            assert_eq!(r.credited(id(1), at(5_030)).jobs, 1, "skew {skew}");
+            // The next one says `a` ended: nothing is credited, `b` is
+            // still counted by the report and not added again.
+            seen.end(a.wire_seq());
+            r.sync(&report(5_040, seen));
+            assert_eq!(r.credited(id(1), at(5_040)), Reserved::default());
+            assert_eq!(r.on_node(id(1), at(5_040)), Reserved::default());
+            // `b` ends at the node before the router hears it: the report
+            // no longer counts it, so its release credits nothing.
+            seen.end(b.wire_seq());
+            r.sync(&report(5_050, seen));
+            assert!(!r.release(b, 5_060), "already gone");
+            assert_eq!(r.credited(id(1), at(5_050)), Reserved::default());
+            assert!(r.is_empty(), "skew {skew}");
+            // Released before any report covered it, then reported counted
+            // and running: credited, whatever the clocks say.
+            let c = r.reserve(id(1), &profile(5, 5), 5_070);
+            assert!(r.release(c, 5_080));
+            seen.admit(c.wire_seq());
+            r.sync(&report(5_090, seen));
+            assert_eq!(r.credited(id(1), at(5_090)).jobs, 1, "skew {skew}");
+            seen.end(c.wire_seq());
+            r.sync(&report(5_100, seen));
+            assert_eq!(r.credited(id(1), at(5_100)), Reserved::default());
+            assert!(r.is_empty(), "skew {skew}");
+        }
     }
 
     #[test]

@@ -29,9 +29,20 @@ pub async fn cluster(n: usize, tweak: impl FnOnce(&mut ClusterSpec)) -> Result<L
 /// of `nodes` (peers' reports arrive every gossip interval, engines are
 /// polled every second).
 pub async fn wait_loaded(c: &LocalCluster, model: &str, nodes: &[pair_core::NodeId]) {
+    wait_loaded_at(c, 0, model, nodes).await;
+}
+
+/// Waits until node `viewer`'s view of the cluster shows `model` loaded on
+/// each of `nodes`.
+pub async fn wait_loaded_at(
+    c: &LocalCluster,
+    viewer: usize,
+    model: &str,
+    nodes: &[pair_core::NodeId],
+) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let s = c.nodes[0].state.cluster();
+        let s = c.nodes[viewer].state.cluster();
         let loaded = nodes.iter().all(|id| {
             s.node(*id).is_some_and(|n| {
                 n.engines.iter().any(|e| {
@@ -46,14 +57,15 @@ pub async fn wait_loaded(c: &LocalCluster, model: &str, nodes: &[pair_core::Node
         }
         assert!(
             Instant::now() < deadline,
-            "{model} never loaded on {nodes:?}"
+            "node {viewer} never saw {model} loaded on {nodes:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// Loads `model` on every node (a request pinned to each, through node 0's
-/// Ollama face) and waits until node 0 sees it loaded everywhere.
+/// Ollama face) and waits until every node sees it loaded everywhere (a
+/// request sent to any node then finds the whole cluster warm).
 pub async fn warm(c: &LocalCluster, model: &str) {
     for node in &c.nodes {
         let r = http()
@@ -66,7 +78,9 @@ pub async fn warm(c: &LocalCluster, model: &str) {
         assert_eq!(r.status(), 200, "warming {model} on {}", node.name);
     }
     let ids: Vec<pair_core::NodeId> = c.nodes.iter().map(|n| n.id).collect();
-    wait_loaded(c, model, &ids).await;
+    for viewer in 0..c.nodes.len() {
+        wait_loaded_at(c, viewer, model, &ids).await;
+    }
 }
 
 /// Waits until every node of `c` lets the client `id` in (the node it
