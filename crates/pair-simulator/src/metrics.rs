@@ -198,11 +198,17 @@ impl Jobs {
             self.in_flight.remove(&key);
             if start >= warmup && ideal.whole_tasks.is_finite() {
                 self.done.push(FanOut {
+                    job: key,
                     makespan: end - start,
                     ideal,
                 });
             }
         }
+    }
+
+    /// The finished jobs, in the order they finished.
+    pub fn done(&self) -> &[FanOut] {
+        &self.done
     }
 
     /// The summary of the finished jobs, if any.
@@ -276,6 +282,10 @@ pub struct FanOutSummary {
 /// One finished agent job: makespan and ideals, µs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FanOut {
+    /// Its source and its number there: the same job in every run of a
+    /// scenario's seed (jobs are drawn whole, in order, from their
+    /// developer's stream), wherever its sub-agents ran.
+    pub job: (u16, u32),
     pub makespan: Micros,
     pub ideal: Ideal,
 }

@@ -47,6 +47,11 @@ pub struct Scenario {
     /// slots full, the request waits at its router as this says (`None`:
     /// it is committed to a node at once, as before).
     pub queue: Option<LateBinding>,
+    /// Sub-agent `k` of every agent-loop job runs all its turns on node
+    /// `homing[k]` (an index into `nodes`), whatever the router ranks: a
+    /// placement to compare routing against ([`Scenario::with_homing`]),
+    /// not a policy. `None` (and sub-agents past its end): routed.
+    pub homing: Option<Vec<usize>>,
 }
 
 /// How requests wait for a slot at their router.
@@ -374,6 +379,20 @@ impl Scenario {
     /// The same scenario on the named nodes only (e.g. the fastest node
     /// alone), or an error if a name is unknown or a source's models are
     /// then held by no node.
+    /// The scenario with every agent-loop job's sub-agent `k` homed on
+    /// node `homing[k]` ([`Scenario::homing`]).
+    pub fn with_homing(&self, homing: &[usize]) -> Result<Scenario, SimError> {
+        if homing.iter().any(|&i| i >= self.nodes.len()) {
+            return Err(SimError::invalid(
+                "homing",
+                "names a node past the scenario's last",
+            ));
+        }
+        let mut s = self.clone();
+        s.homing = Some(homing.to_vec());
+        Ok(s)
+    }
+
     pub fn with_only_nodes(&self, names: &[&str]) -> Result<Scenario, SimError> {
         for name in names {
             if !self.nodes.iter().any(|n| n.name == *name) {
@@ -788,6 +807,7 @@ impl RawScenario {
             routing,
             prefix_index: self.routing.prefix_index.unwrap_or(true),
             queue: parse_queue(self.routing.queue.as_deref().unwrap_or("off"))?,
+            homing: None,
         })
     }
 }

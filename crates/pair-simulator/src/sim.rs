@@ -43,7 +43,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::SimError;
-use crate::metrics::{Ideal, Jobs, Record, RunSummary, Turns, summarise};
+use crate::metrics::{FanOut, Ideal, Jobs, Record, RunSummary, Turns, summarise};
 use crate::pressure::{PairPressure, pair_pressure_seen};
 use crate::scenario::{Entry, Micros, Routing, Scenario, SeedPerf, US_PER_MS};
 use crate::workload::{AfterTurn, Demand, PlannedTurn, SourceState, stream_seed};
@@ -75,6 +75,8 @@ pub struct RunOutput {
     /// Batch jobs cut for interactive work (`queue = "preempt"`), each
     /// continued later.
     pub cuts: u64,
+    /// Every measured agent job, in the order they finished.
+    pub jobs: Vec<FanOut>,
 }
 
 /// The fixed part of a scenario's nodes, resolved once and shared by runs.
@@ -932,9 +934,16 @@ impl<'a> Sim<'a> {
         // first that took it), resolved to a node and its engine's model
         // index (both always exist: the snapshot is built from the plan).
         let snapshot = &router.snapshot;
-        let chosen = match cut_for {
-            Some(node) => self.ranking.iter().find(|c| c.node == node),
-            None => self.ranking.iter().nth(admitted_at.unwrap_or(0)),
+        let homed = self
+            .scn
+            .homing
+            .as_ref()
+            .zip(d.subagent)
+            .and_then(|(h, k)| h.get(usize::from(k)))
+            .map(|&i| self.plan.nodes[i].id);
+        let chosen = match (cut_for, homed) {
+            (Some(node), _) | (None, Some(node)) => self.ranking.iter().find(|c| c.node == node),
+            (None, None) => self.ranking.iter().nth(admitted_at.unwrap_or(0)),
         };
         let target = chosen.and_then(|c| {
             let i = self.by_snapshot[snapshot.index_of(c.node)?];
@@ -1687,6 +1696,7 @@ impl<'a> Sim<'a> {
             events: self.events,
             in_flight_at_end: self.live + self.inflight.iter().filter(|f| f.is_some()).count(),
             cuts: self.cuts,
+            jobs: self.jobs.done().to_vec(),
         }
     }
 }
@@ -1858,6 +1868,7 @@ mod tests {
                 user: None,
                 burst: Some(1),
                 agent: None,
+                subagent: None,
                 prompt: PromptChain::EMPTY,
             })
             .collect();
@@ -1894,6 +1905,7 @@ mod tests {
             user: None,
             burst: Some(1),
             agent: None,
+            subagent: None,
             prompt: PromptChain::EMPTY,
         };
         let scn = scenario(9, &["rtx4090", "laptop"], 1, 0.2, 8, false, false);

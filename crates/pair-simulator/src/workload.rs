@@ -54,6 +54,8 @@ pub struct Demand {
     pub burst: Option<u32>,
     /// The agent-loop sub-agent that sends the next turn after this answer.
     pub agent: Option<u32>,
+    /// Which of its job's sub-agents that is (from 0).
+    pub subagent: Option<u16>,
 }
 
 /// Mixes a seed with stream identifiers (SplitMix64 finaliser), so each
@@ -396,6 +398,7 @@ impl SourceState {
                 }
                 d.prompt_tokens = context.tokens();
                 d.burst = Some(job);
+                d.subagent = u16::try_from(a).ok();
                 d.tools = true;
                 let tool_result = tool_tokens.sample_count(&mut u.rng, 1);
                 let tool = (tool_ms.sample(&mut u.rng) * US_PER_MS as f64) as Micros;
@@ -510,6 +513,7 @@ fn draw<R: Rng + ?Sized>(
         user,
         burst: None,
         agent: None,
+        subagent: None,
     }
 }
 

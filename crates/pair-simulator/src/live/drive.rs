@@ -492,6 +492,7 @@ mod tests {
             user: Some(0),
             burst: None,
             agent: None,
+            subagent: None,
             prompt: pair_core::PromptChain::EMPTY,
         }
     }
