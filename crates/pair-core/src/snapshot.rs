@@ -627,6 +627,21 @@ mod tests {
         }
     }
 
+    /// A node from before `ended` sends none: it reads as "not said", and
+    /// a node that tracks ends sends them.
+    #[test]
+    fn ended_is_optional_on_the_wire() {
+        let old = r#"{"from":"00000000-0000-0000-0000-000000000001","boot":7,"seq":3,"window":1}"#;
+        let a: Admitted = serde_json::from_str(old).unwrap();
+        assert_eq!((a.ended, a.ended(3)), (None, None));
+        assert!(!serde_json::to_string(&a).unwrap().contains("ended"));
+        let mut b = Admitted::first(NodeId::from_u128(1), 7, 3);
+        b.end(3);
+        let back: Admitted = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
+        assert_eq!(back.ended(3), Some(true));
+    }
+
     #[test]
     fn a_reported_rate_must_be_finite_and_not_negative() {
         let perf = |p: &str| {

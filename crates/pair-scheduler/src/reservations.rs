@@ -742,6 +742,32 @@ mod tests {
         }
     }
 
+    /// A peer that names this router's reservations but says nothing of
+    /// their ends (a node from before `ended`): a finished request is
+    /// credited while the reports were made before it finished, by time,
+    /// as without names.
+    #[test]
+    fn a_report_silent_on_ends_credits_by_time() {
+        let (me, boot) = (id(9), 4);
+        let mut r = Reservations::new();
+        r.set_origin(me, boot);
+        let a = r.reserve(id(1), &profile(10, 10), 100);
+        let mut seen = Admitted::first(me, boot, a.wire_seq());
+        seen.ended = None;
+        let report = |at: u64| {
+            let mut n = NodeSnapshot::new(id(1), "a");
+            n.reported_at_ms = at;
+            n.admitted = vec![seen];
+            ClusterSnapshot::new(1, at, vec![n])
+        };
+        r.sync(&report(150));
+        assert!(r.release(a, 160));
+        assert_eq!(r.credited(id(1), 150).jobs, 1);
+        r.sync(&report(170));
+        assert_eq!(r.credited(id(1), 170), Reserved::default());
+        assert!(r.is_empty());
+    }
+
     #[test]
     fn memory_is_bounded_per_node_and_by_age() {
         let mut r = Reservations::with_ttl(10_000);
