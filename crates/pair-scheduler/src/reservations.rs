@@ -75,10 +75,14 @@ pub(crate) struct NodeReservations {
     /// `credits` are then exactly what it counts and has finished here,
     /// whatever the clocks say.
     ends_by: Option<u64>,
+    /// The router names itself to the nodes ([`Reservations::set_origin`]):
+    /// a report covers only what it says it counted, so what was reserved
+    /// after the last report applied is uncovered, whatever the clocks say.
+    named: bool,
 }
 
 impl NodeReservations {
-    fn new(node: NodeId) -> Self {
+    fn new(node: NodeId, named: bool) -> Self {
         Self {
             node,
             items: VecDeque::new(),
@@ -89,6 +93,7 @@ impl NodeReservations {
             finished: VecDeque::new(),
             admitted_by: None,
             ends_by: None,
+            named,
         }
     }
 
@@ -259,7 +264,10 @@ impl NodeReservations {
     /// did not count, an older one did not either); otherwise those
     /// dispatched after it was made. O(1) when the report was synced.
     pub(crate) fn uncovered(&self, reported_at_ms: u64) -> Reserved {
-        if self.admitted_by.is_some_and(|s| reported_at_ms <= s) {
+        // Named and not synced since these were reserved (the entry is new:
+        // ranking's snapshot was applied before it), none is covered.
+        let unsynced = self.named && self.admitted_by.is_none();
+        if unsynced || self.admitted_by.is_some_and(|s| reported_at_ms <= s) {
             return self.totals;
         }
         newer_than(&self.items, self.totals, reported_at_ms)
@@ -416,7 +424,8 @@ impl Reservations {
                     self.evict_stalest_node();
                 }
                 let i = self.nodes.partition_point(|n| n.node < node);
-                self.nodes.insert(i, NodeReservations::new(node));
+                self.nodes
+                    .insert(i, NodeReservations::new(node, self.origin.is_some()));
                 i
             }
         };
@@ -740,6 +749,35 @@ mod tests {
             assert_eq!(r.credited(id(1), at(5_100)), Reserved::default());
             assert!(r.is_empty(), "skew {skew}");
         }
+    }
+
+    /// A router that names itself counts a reservation on a node it had
+    /// none on until a report names it, however far ahead the node's clock
+    /// runs (its reports would look made after the dispatch).
+    #[test]
+    fn a_named_routers_new_reservation_counts_whatever_the_clocks_say() {
+        let mut r = Reservations::new();
+        r.set_origin(id(9), 4);
+        let ahead = 100_000;
+        let a = r.reserve(id(1), &profile(10, 10), 100);
+        assert_eq!(r.on_node(id(1), ahead).jobs, 1, "no report applied yet");
+        let mut n = NodeSnapshot::new(id(1), "a");
+        n.reported_at_ms = ahead;
+        r.sync(&ClusterSnapshot::new(1, ahead, vec![n.clone()]));
+        assert_eq!(
+            r.on_node(id(1), ahead).jobs,
+            1,
+            "the report did not name it"
+        );
+        n.admitted = vec![Admitted::first(id(9), 4, a.wire_seq())];
+        n.reported_at_ms = ahead + 10;
+        r.sync(&ClusterSnapshot::new(2, ahead + 10, vec![n]));
+        assert_eq!(r.on_node(id(1), ahead + 10).jobs, 0, "named: covered");
+        // Without a name, a reservation made before a report's time is
+        // taken as counted by it.
+        let mut t = Reservations::new();
+        t.reserve(id(1), &profile(10, 10), 100);
+        assert_eq!(t.on_node(id(1), ahead).jobs, 0);
     }
 
     /// A peer that names this router's reservations but says nothing of
