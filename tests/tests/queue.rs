@@ -166,6 +166,18 @@ async fn race(c: &LocalCluster) -> Vec<&'static str> {
 /// queue behind the long one that came before it; with late binding and
 /// shortest-first, it passes it, and its record says it waited at the
 /// cluster.
+/// Node `node`'s failovers of class `reason` so far.
+fn failovers(c: &LocalCluster, node: usize, reason: &str) -> u64 {
+    c.nodes[node]
+        .state
+        .metrics
+        .failovers
+        .get_or_create(&pair_proxy::metrics::FailoverLabels {
+            reason: reason.into(),
+        })
+        .get()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_request_passes_a_long_one_waiting_for_a_serial_engine() {
     let off = serial_node(None).await;
@@ -475,14 +487,7 @@ async fn a_peer_takes_a_held_request_only_into_a_free_slot() {
     let job = job_of(&r);
     assert_eq!(long0.await.unwrap().unwrap(), 200);
     assert!(!long1.is_finished(), "before node 1's long answer ended");
-    let refused = c.nodes[0]
-        .state
-        .metrics
-        .failovers
-        .get_or_create(&pair_proxy::metrics::FailoverLabels {
-            reason: "slots-full".into(),
-        })
-        .get();
+    let refused = failovers(&c, 0, "slots-full");
     assert!(refused >= 1, "node 1 refused it: {refused}");
     let rec = record(&c, 0, &job).await;
     assert_eq!(rec.ran_on, Some(node0));
@@ -604,14 +609,7 @@ async fn interactive_work_cuts_batch_work_before_its_first_byte() {
     let rec = record(&c, 0, &job).await;
     assert_eq!(rec.status, JobStatus::Completed, "{rec:?}");
     assert!(rec.resumed.is_empty(), "cut before its first byte: {rec:?}");
-    let cut = c.nodes[0]
-        .state
-        .metrics
-        .failovers
-        .get_or_create(&pair_proxy::metrics::FailoverLabels {
-            reason: "preempted".into(),
-        })
-        .get();
+    let cut = failovers(&c, 0, "preempted");
     assert_eq!(cut, 1, "its first attempt was cut");
     assert_eq!(
         rec.waited.map(|w| w.why),

@@ -271,18 +271,12 @@ impl Leg {
 
     /// The leg was committed: it holds `held` until it ends or is cut.
     pub(crate) fn commit(self: &Arc<Self>, held: Held) {
-        if self.over.load(Relaxed) {
-            held.release(&*self.owner);
-            return;
-        }
-        if let Ok(mut s) = self.state.lock() {
-            s.held = Some(held);
-        }
-        // Cut between its first byte and now: what it held goes too.
-        if self.over.load(Relaxed)
-            && let Some(held) = self.state.lock().ok().and_then(|mut s| s.held.take())
-        {
-            held.release(&*self.owner);
+        // Read under the lock `end` takes after marking the leg over: a
+        // leg ended or cut before now releases what it held at once, one
+        // ending after finds it here.
+        match self.state.lock() {
+            Ok(mut s) if !self.over.load(Relaxed) => s.held = Some(held),
+            _ => held.release(&*self.owner),
         }
     }
 

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pair_simulator::metrics::{CacheSummary, FanOutSummary};
+use pair_simulator::metrics::{CacheSummary, FanOut, FanOutSummary};
 use pair_simulator::scenario::{Entry, Routing};
-use pair_simulator::{Cluster, Policy, Scenario, simulate};
+use pair_simulator::{Cluster, Policy, RunOutput, Scenario, simulate};
 
 fn load(name: &str) -> Scenario {
     Scenario::load(
@@ -23,9 +23,14 @@ fn load(name: &str) -> Scenario {
     .unwrap()
 }
 
+/// One run of `scn`, routed by predicted-latency.
+fn output(scn: &Scenario) -> RunOutput {
+    simulate(scn, &Cluster::build(scn).unwrap(), Policy::PredictedLatency).unwrap()
+}
+
 /// The agent jobs' summary and the cache figures of one run.
 fn run(scn: &Scenario) -> (FanOutSummary, CacheSummary) {
-    let out = simulate(scn, &Cluster::build(scn).unwrap(), Policy::PredictedLatency).unwrap();
+    let out = output(scn);
     assert_eq!(out.in_flight_at_end, 0);
     assert_eq!(out.summary.generated, out.summary.completed);
     (
@@ -123,13 +128,14 @@ fn three_equal_nodes_beat_one_by_more_than_2_2x() {
     assert!(cache.of_oracle >= 0.9, "{cache:?}");
 }
 
+/// Per job of `out`, `of` it in s (from µs).
+fn per_job(out: &RunOutput, of: impl Fn(&FanOut) -> f64) -> BTreeMap<(u16, u32), f64> {
+    out.jobs.iter().map(|j| (j.job, of(j) / 1e6)).collect()
+}
+
 /// Per job, its makespan in s, over the jobs `scn` measures.
 fn makespans(scn: &Scenario) -> BTreeMap<(u16, u32), f64> {
-    let out = simulate(scn, &Cluster::build(scn).unwrap(), Policy::PredictedLatency).unwrap();
-    out.jobs
-        .iter()
-        .map(|j| (j.job, j.makespan as f64 / 1e6))
-        .collect()
+    per_job(&output(scn), |j| j.makespan as f64)
 }
 
 /// The median of `m` over `jobs`.
@@ -147,7 +153,7 @@ fn p50(m: &BTreeMap<(u16, u32), f64>, jobs: &[(u16, u32)]) -> f64 {
 /// Fan-out `n` of `agents-claude-code`: the routed makespan p50 against a
 /// clairvoyant placement of whole sub-agents, which tries every homing of
 /// a job's sub-agents on the 4090 and the 3060 (the laptop, a fifth of the
-/// 3060's speed, never helps) and takes the best per job, knowing how many
+/// 3060's speed, is left out) and takes the best per job, knowing how many
 /// turns and tokens each sub-agent will have. A router learns that only
 /// as the sub-agent runs; the same homing for every job (its last
 /// sub-agent on the 3060) is what placing blind gets. Over the jobs both
@@ -158,22 +164,9 @@ fn against_clairvoyant_homing(n: usize) -> Figures {
         .unwrap();
     let at = |name: &str| scn.nodes.iter().position(|x| x.name == name).unwrap();
     let (fast, next) = (at("desk-4090"), at("desk-3060"));
-    let out = simulate(
-        &scn,
-        &Cluster::build(&scn).unwrap(),
-        Policy::PredictedLatency,
-    )
-    .unwrap();
-    let routed: BTreeMap<(u16, u32), f64> = out
-        .jobs
-        .iter()
-        .map(|j| (j.job, j.makespan as f64 / 1e6))
-        .collect();
-    let ideal: BTreeMap<(u16, u32), f64> = out
-        .jobs
-        .iter()
-        .map(|j| (j.job, j.ideal.capacity / 1e6))
-        .collect();
+    let out = output(&scn);
+    let routed = per_job(&out, |j| j.makespan as f64);
+    let ideal = per_job(&out, |j| j.ideal.capacity);
     let alone = makespans(&scn.with_homing(&vec![fast; n]).unwrap());
     // Blind: the same homing for every job, the last sub-agent on the 3060.
     let mut last_moved = vec![fast; n];
@@ -232,8 +225,8 @@ fn against_clairvoyant_homing(n: usize) -> Figures {
 fn a_homed_sub_agent_runs_every_turn_on_its_node() {
     let scn = load("agents-claude-code.toml").with_fan_out(3).unwrap();
     let served = |scn: &Scenario| -> Vec<(String, u64)> {
-        let out = simulate(scn, &Cluster::build(scn).unwrap(), Policy::PredictedLatency).unwrap();
-        out.summary
+        output(scn)
+            .summary
             .nodes
             .iter()
             .map(|n| (n.name.clone(), n.requests))
